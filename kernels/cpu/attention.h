@@ -1,0 +1,47 @@
+#pragma once
+// Scaled dot-product attention, flash-style: the forward keeps an online softmax per
+// query row over tiles of keys and saves only logsumexp [B, H, Sq]; the backward
+// recomputes the probabilities tile by tile from it. Neither ever holds an Sq x Sk
+// matrix; each thread holds at most one row of one key tile.
+#include <cstdint>
+
+namespace nd::kernels::cpu {
+
+// Optional additive mask, broadcast by strides (0 = broadcast): element (b, h, i, j) is
+// data[b*stride_b + h*stride_h + i*stride_q + j*stride_k]. -inf removes a key.
+// data == nullptr means no mask.
+template <typename T>
+struct AttentionMask {
+  const T* data = nullptr;
+  int64_t stride_b = 0, stride_h = 0, stride_q = 0, stride_k = 0;
+};
+
+// For each (b, h) and query row i, over the allowed keys j (all j, or j <= i when
+// is_causal: PyTorch's top-left aligned tril(ones(Sq, Sk))):
+//   s_ij = scale * q_i . k_j + mask_ij
+//   lse_i = log sum_j exp(s_ij),   P_ij = exp(s_ij - lse_i),   out_i = sum_j P_ij v_j
+// A row with no allowed key (all masked) gets out_i = 0 and lse_i = -inf, and no gradient.
+// requires: q [B, H, Sq, E], k [B, H, Sk, E], v [B, H, Sk, Ev], out [B, H, Sq, Ev],
+//           logsumexp [B, H, Sq]; out does not alias q, k, v.
+// ensures: writes out and logsumexp.
+template <typename T>
+void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v,
+                                          AttentionMask<T> mask, int64_t B, int64_t H,
+                                          int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
+                                          bool is_causal, double scale, T* out, T* logsumexp);
+
+// With P recomputed from logsumexp and D_i = dout_i . out_i:
+//   dv_j = sum_i P_ij dout_i
+//   dS_ij = P_ij (dout_i . v_j - D_i)
+//   dq_i = scale sum_j dS_ij k_j,   dk_j = scale sum_i dS_ij q_i
+// requires: the forward's inputs and its out, logsumexp; dout [B, H, Sq, Ev];
+//           dq, dk, dv shaped like q, k, v, aliasing no input.
+// ensures: writes (not accumulates) dq, dk, dv. (No gradient for the mask.)
+template <typename T>
+void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k, const T* v,
+                                           AttentionMask<T> mask, const T* out,
+                                           const T* logsumexp, int64_t B, int64_t H, int64_t Sq,
+                                           int64_t Sk, int64_t E, int64_t Ev, bool is_causal,
+                                           double scale, T* dq, T* dk, T* dv);
+
+}  // namespace nd::kernels::cpu
