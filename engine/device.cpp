@@ -1,0 +1,50 @@
+#include "engine/device.h"
+
+#include "engine/error.h"
+#include "kernels/cuda/runtime.h"
+
+namespace nd {
+
+Device::Device(const std::string& spec) {
+  if (spec == "cpu") {
+    *this = Device(kCPU);
+    return;
+  }
+  if (spec == "cuda") {
+    *this = Device(kCUDA, 0);
+    return;
+  }
+  if (spec.rfind("cuda:", 0) == 0 && spec.size() > 5 && spec.size() < 9) {
+    int index = 0;
+    for (size_t i = 5; i < spec.size(); ++i) {
+      ND_CHECK(spec[i] >= '0' && spec[i] <= '9', "invalid device '", spec,
+               "': expected 'cpu', 'cuda' or 'cuda:N' with N a non-negative integer");
+      index = index * 10 + (spec[i] - '0');
+    }
+    *this = Device(kCUDA, index);
+    return;
+  }
+  throw Error("invalid device '" + spec + "': expected 'cpu', 'cuda' or 'cuda:N'");
+}
+
+std::string Device::str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
+
+namespace cuda {
+
+int device_count() { return kernels::cuda::device_count(); }
+bool is_available() { return device_count() > 0; }
+
+void check_device(const Device& device) {
+  if (device.is_cpu()) return;
+  ND_CHECK(kernels::cuda::built_with_cuda(), "device ", device.str(),
+           " requested, but nanoddp was built without CUDA (NANODDP_CUDA=OFF or no nvcc at "
+           "configure time); use device cpu or rebuild with -DNANODDP_CUDA=ON");
+  const int n = device_count();
+  ND_CHECK(n > 0, "device ", device.str(), " requested, but no CUDA GPU is available (",
+           kernels::cuda::unavailable_reason(), "); use device cpu");
+  ND_CHECK(device.index < n, "device ", device.str(), " requested, but only ", n,
+           " CUDA device(s) exist (cuda:0..cuda:", n - 1, ")");
+}
+
+}  // namespace cuda
+}  // namespace nd

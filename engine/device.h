@@ -1,0 +1,38 @@
+#pragma once
+// Where a tensor lives: `cpu` or `cuda:N`.
+#include <cstdint>
+#include <string>
+
+namespace nd {
+
+enum class DeviceType : uint8_t { CPU, CUDA };
+constexpr DeviceType kCPU = DeviceType::CPU;
+constexpr DeviceType kCUDA = DeviceType::CUDA;
+
+struct Device {
+  DeviceType type = kCPU;
+  int index = 0;  // CUDA ordinal; always 0 for cpu
+
+  Device() = default;
+  Device(DeviceType t, int i = 0) : type(t), index(t == kCPU ? 0 : i) {}
+  // Parses "cpu", "cuda" (= cuda:0) or "cuda:N"; anything else throws nd::Error.
+  Device(const std::string& spec);
+  Device(const char* spec) : Device(std::string(spec)) {}
+
+  bool is_cpu() const { return type == kCPU; }
+  bool is_cuda() const { return type == kCUDA; }
+  std::string str() const;  // "cpu" or "cuda:N"
+  bool operator==(const Device& o) const { return type == o.type && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+};
+
+namespace cuda {
+// Number of usable CUDA devices; 0 when built without CUDA or when no GPU/driver is present.
+int device_count();
+bool is_available();
+// Throws nd::Error saying why `device` cannot be used (not built with CUDA, no GPU,
+// ordinal out of range). No-op for cpu and for valid CUDA devices.
+void check_device(const Device& device);
+}  // namespace cuda
+
+}  // namespace nd

@@ -1,0 +1,157 @@
+#include "engine/ops/attention.h"
+
+#include <cmath>
+#include <limits>
+
+#include "engine/ops/common.h"
+#include "kernels/cpu/attention.h"
+
+namespace nd {
+
+namespace {
+
+struct Dims {
+  int64_t B = 0, H = 1, L = 0, S = 0, E = 0, Ev = 0;
+  bool heads = true;  // 4-D inputs; 3-D ones run with H = 1
+};
+
+// The additive mask in the kernel's broadcast-by-strides form; `storage` keeps the
+// converted tensor alive.
+struct MaskView {
+  Tensor storage;
+  Shape strides;  // [B, H, L, S] element strides, 0 on broadcast dims
+};
+
+MaskView prepare_mask(const Tensor& attn_mask, const Tensor& q, const Dims& d) {
+  if (!attn_mask.defined()) return {};
+  const char* op = "scaled_dot_product_attention";
+  ND_CHECK(attn_mask.device() == q.device(), op, ": expected attn_mask on ", q.device().str(), ", found ",
+           attn_mask.describe());
+  ND_CHECK(!attn_mask.requires_grad(), op, ": gradients for attn_mask are not supported; found ",
+           attn_mask.describe(), " that requires grad. Pass attn_mask.detach().");
+  // Broadcast against the query's own layout ([B, H, L, S] or [B, L, S]), as PyTorch.
+  const Shape full = d.heads ? Shape{d.B, d.H, d.L, d.S} : Shape{d.B, d.L, d.S};
+  ND_CHECK(attn_mask.dim() <= static_cast<int64_t>(full.size()) &&
+               ops::broadcast_shapes(op, attn_mask.sizes(), full) == full,
+           op, ": expected attn_mask broadcastable to ", shape_str(full), ", found ", attn_mask.describe());
+  Tensor additive;
+  if (attn_mask.dtype() == kBool) {
+    // true = attend: 0 where true, -inf where false.
+    const Tensor keep = attn_mask.contiguous();
+    additive = empty(keep.sizes(), q.options());
+    ops::dispatch_floating(op, q, [&]<class T>() {
+      const bool* src = keep.data_ptr<bool>();
+      T* dst = additive.data_ptr<T>();
+      for (int64_t i = 0; i < keep.numel(); ++i) dst[i] = src[i] ? T(0) : -std::numeric_limits<T>::infinity();
+    });
+  } else {
+    ND_CHECK(attn_mask.dtype() == q.dtype(), op, ": expected a bool attn_mask or one of the query's dtype (",
+             dtype_name(q.dtype()), "), found ", attn_mask.describe());
+    additive = attn_mask.detach();
+  }
+  Shape strides = ops::broadcast_strides(additive, full);
+  if (!d.heads) strides.insert(strides.begin() + 1, 0);
+  return {additive, strides};
+}
+
+template <class T>
+kernels::cpu::AttentionMask<T> kernel_mask(const MaskView& m) {
+  if (!m.storage.defined()) return {};
+  return {m.storage.data_ptr<T>(), m.strides[0], m.strides[1], m.strides[2], m.strides[3]};
+}
+
+struct ScaledDotProductAttentionBackward : autograd::Node {
+  autograd::SavedTensor q, k, v, out, logsumexp, mask;
+  Shape mask_strides;
+  Dims d;
+  bool is_causal = false;
+  double scale = 1;
+  std::string name() const override { return "ScaledDotProductAttentionBackward"; }
+  void release_saved_tensors() override {
+    q.reset();
+    k.reset();
+    v.reset();
+    out.reset();
+    logsumexp.reset();
+    mask.reset();
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    const Tensor qv = q.unpack(*this), kv = k.unpack(*this), vv = v.unpack(*this);
+    const Tensor o = out.unpack(*this), lse = logsumexp.unpack(*this);
+    const MaskView m{mask.unpack(*this), mask_strides};
+    const Tensor g = grads[0].contiguous();
+    Tensor dq = empty_like(qv), dk = empty_like(kv), dv = empty_like(vv);
+    ops::dispatch_floating("scaled_dot_product_attention backward", qv, [&]<class T>() {
+      kernels::cpu::scaled_dot_product_attention_backward<T>(
+          g.data_ptr<T>(), qv.data_ptr<T>(), kv.data_ptr<T>(), vv.data_ptr<T>(), kernel_mask<T>(m), o.data_ptr<T>(),
+          lse.data_ptr<T>(), d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, scale, dq.data_ptr<T>(), dk.data_ptr<T>(),
+          dv.data_ptr<T>());
+    });
+    return {next_edges[0].fn ? dq : Tensor(), next_edges[1].fn ? dk : Tensor(), next_edges[2].fn ? dv : Tensor()};
+  }
+};
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Tensor& attn_mask, double dropout_p, bool is_causal,
+                                    std::optional<double> scale) {
+  const char* op = "scaled_dot_product_attention";
+  ops::check_same_device_dtype(op, {query, key, value});
+  ops::check_cpu(op, {query, key, value, attn_mask});
+  ND_CHECK(query.dim() == 3 || query.dim() == 4, op, ": expected query of 3 or 4 dims ([B, H, L, E] or [B, L, E]), found ",
+           query.describe());
+  ND_CHECK(key.dim() == query.dim() && value.dim() == query.dim(), op,
+           ": expected query, key and value with the same number of dims, found query ", query.describe(), ", key ",
+           key.describe(), ", value ", value.describe());
+  Dims d;
+  d.heads = query.dim() == 4;
+  d.B = query.size(0);
+  d.H = d.heads ? query.size(1) : 1;
+  d.L = query.size(-2);
+  d.E = query.size(-1);
+  d.S = key.size(-2);
+  d.Ev = value.size(-1);
+  for (int64_t i = 0; i < query.dim() - 2; ++i) {
+    ND_CHECK(key.size(i) == query.size(i) && value.size(i) == query.size(i), op,
+             ": expected query, key and value with the same batch and head dims, found query ", query.describe(),
+             ", key ", key.describe(), ", value ", value.describe());
+  }
+  ND_CHECK(key.size(-1) == d.E, op, ": expected key's last dim to equal query's (", d.E, "), found key ",
+           key.describe());
+  ND_CHECK(value.size(-2) == d.S, op, ": expected value with as many rows as key (", d.S, "), found value ",
+           value.describe());
+  ND_CHECK(dropout_p == 0.0, op, ": attention dropout is not implemented yet; expected dropout_p == 0, found ",
+           dropout_p, ". Apply nd::dropout to the output instead, or pass 0.");
+  ND_CHECK(!(is_causal && attn_mask.defined()), op,
+           ": expected either attn_mask or is_causal, found both (as PyTorch, they may not be combined)");
+  const double sc = scale.value_or(d.E > 0 ? 1.0 / std::sqrt(static_cast<double>(d.E)) : 1.0);
+
+  const MaskView mask = prepare_mask(attn_mask, query, d);
+  const Tensor q = query.detach().contiguous(), k = key.detach().contiguous(), v = value.detach().contiguous();
+  Shape out_shape = query.sizes();
+  out_shape.back() = d.Ev;
+  Tensor out = empty(out_shape, query.options());
+  Tensor lse = empty({d.B, d.H, d.L}, query.options());
+  ops::dispatch_floating(op, query, [&]<class T>() {
+    kernels::cpu::scaled_dot_product_attention_forward<T>(q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(),
+                                                          kernel_mask<T>(mask), d.B, d.H, d.L, d.S, d.E, d.Ev,
+                                                          is_causal, sc, out.data_ptr<T>(), lse.data_ptr<T>());
+  });
+  autograd::record<ScaledDotProductAttentionBackward>(
+      {query, key, value}, {out}, [&](ScaledDotProductAttentionBackward& n) {
+        n.q = autograd::SavedTensor(q);
+        n.k = autograd::SavedTensor(k);
+        n.v = autograd::SavedTensor(v);
+        n.out = autograd::SavedTensor(out);
+        n.logsumexp = autograd::SavedTensor(lse);
+        n.mask = autograd::SavedTensor(mask.storage);
+        n.mask_strides = mask.strides;
+        n.d = d;
+        n.is_causal = is_causal;
+        n.scale = sc;
+      });
+  return out;
+}
+
+}  // namespace nd

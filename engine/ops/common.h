@@ -1,0 +1,58 @@
+#pragma once
+// Shared argument checks and dtype dispatch for engine/ops. Every op checks its
+// arguments here before touching a kernel, so errors read the same everywhere.
+#include <initializer_list>
+#include <string>
+
+#include "engine/autograd.h"
+#include "engine/error.h"
+#include "engine/factories.h"
+#include "engine/tensor.h"
+
+namespace nd::ops {
+
+// Calls fn.template operator()<T>() with T = float or double; any other dtype is an
+// nd::Error naming the op and the tensor.
+template <class Fn>
+decltype(auto) dispatch_floating(const char* op, const Tensor& t, Fn&& fn) {
+  switch (t.dtype()) {
+    case kFloat32: return fn.template operator()<float>();
+    case kFloat64: return fn.template operator()<double>();
+    default:
+      throw Error(std::string(op) + ": expected a f32 or f64 tensor, found " + t.describe());
+  }
+}
+
+// Every defined tensor is defined, on the same device and of the same dtype as the first one.
+void check_same_device_dtype(const char* op, std::initializer_list<Tensor> tensors);
+// The CPU reference runs here; CUDA tensors get a clear error until the op has a CUDA kernel.
+void check_cpu(const char* op, std::initializer_list<Tensor> tensors);
+// ndim == expected, else "op: expected a 4-D input ([N, C, H, W]), found [cpu f32 [3, 4]]".
+void check_dim(const char* op, const Tensor& t, int64_t expected, const char* layout);
+
+// Broadcast shape of a and b (NumPy rules), or an nd::Error naming both shapes.
+Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b);
+// Strides that read `t` as if expanded to `shape` (0 on broadcast dimensions).
+Shape broadcast_strides(const Tensor& t, const Shape& shape);
+
+// In-place ops: refuse to silently corrupt autograd state, bump the version.
+// `self` is about to be written by `op`.
+void check_inplace(const char* op, const Tensor& self, bool records_history);
+void bump_version(const Tensor& self, const char* op);
+
+// Names the in-place writer for version errors ("Adam.step" instead of "add_")
+// for as long as it lives. Optimizers hold one around their updates.
+class InplaceOpLabel {
+ public:
+  explicit InplaceOpLabel(std::string label);
+  ~InplaceOpLabel();
+  InplaceOpLabel(const InplaceOpLabel&) = delete;
+  InplaceOpLabel& operator=(const InplaceOpLabel&) = delete;
+  static const std::string* current();
+
+ private:
+  std::string label_;
+  const std::string* previous_;
+};
+
+}  // namespace nd::ops

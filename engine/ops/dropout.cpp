@@ -1,0 +1,48 @@
+#include "engine/ops/dropout.h"
+
+#include "engine/ops/common.h"
+#include "kernels/cpu/dropout.h"
+
+namespace nd {
+
+namespace {
+
+struct NativeDropoutBackward : autograd::Node {
+  double p = 0;
+  uint64_t seed = 0, offset = 0;
+  std::string name() const override { return "NativeDropoutBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    const Tensor g = grads[0].contiguous();
+    Tensor dx = empty_like(g);
+    ops::dispatch_floating("dropout backward", g, [&]<class T>() {
+      kernels::cpu::dropout_backward<T>(g.data_ptr<T>(), g.numel(), p, seed, offset, dx.data_ptr<T>());
+    });
+    return {dx};
+  }
+};
+
+}  // namespace
+
+Tensor dropout(const Tensor& x, double p, bool training) {
+  const char* op = "dropout";
+  ND_CHECK(p >= 0.0 && p <= 1.0, op, ": dropout probability has to be between 0 and 1, but got ", p);
+  ops::check_cpu(op, {x});
+  ops::dispatch_floating(op, x, []<class T>() {});
+  if (!training || p == 0.0) return x;
+  const Tensor xd = x.detach().contiguous();
+  Generator& gen = default_generator();
+  const uint64_t seed = gen.seed, offset = gen.offset;
+  gen.offset += static_cast<uint64_t>(xd.numel());
+  Tensor y = empty_like(xd);
+  ops::dispatch_floating(op, x, [&]<class T>() {
+    kernels::cpu::dropout_forward<T>(xd.data_ptr<T>(), xd.numel(), p, seed, offset, y.data_ptr<T>());
+  });
+  autograd::record<NativeDropoutBackward>({x}, {y}, [&](NativeDropoutBackward& n) {
+    n.p = p;
+    n.seed = seed;
+    n.offset = offset;
+  });
+  return y;
+}
+
+}  // namespace nd

@@ -1,0 +1,247 @@
+#include "engine/ops/loss.h"
+
+#include "engine/ops/common.h"
+#include "kernels/cpu/loss.h"
+
+namespace nd {
+
+namespace {
+
+using kernels::cpu::LossReduction;
+
+LossReduction to_kernel(Reduction r) {
+  switch (r) {
+    case Reduction::None: return LossReduction::None;
+    case Reduction::Sum: return LossReduction::Sum;
+    case Reduction::Mean: break;
+  }
+  return LossReduction::Mean;
+}
+
+// The loss tensor: the per-element shape for None, 0-d otherwise.
+Tensor loss_output(Reduction r, const Shape& per_element, TensorOptions options) {
+  return empty(r == Reduction::None ? per_element : Shape{}, options);
+}
+
+template <class T>
+T* ptr_or_null(const Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+void check_same_shape(const char* op, const Tensor& input, const Tensor& target) {
+  ND_CHECK(target.sizes() == input.sizes(), op, ": expected target of the same shape as input ",
+           shape_str(input.sizes()), ", found ", target.describe());
+}
+
+// ---- mse_loss ----
+
+struct MseLossBackward : autograd::Node {
+  autograd::SavedTensor input, target;
+  Reduction reduction = Reduction::Mean;
+  std::string name() const override { return "MseLossBackward"; }
+  void release_saved_tensors() override {
+    input.reset();
+    target.reset();
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    const Tensor x = input.unpack(*this), t = target.unpack(*this), g = grads[0].contiguous();
+    Tensor dx = next_edges[0].fn ? empty_like(x) : Tensor();
+    Tensor dt = next_edges[1].fn ? empty_like(t) : Tensor();
+    ops::dispatch_floating("mse_loss backward", x, [&]<class T>() {
+      kernels::cpu::mse_loss_backward<T>(g.data_ptr<T>(), x.data_ptr<T>(), t.data_ptr<T>(), x.numel(),
+                                         to_kernel(reduction), ptr_or_null<T>(dx), ptr_or_null<T>(dt));
+    });
+    return {dx, dt};
+  }
+};
+
+// ---- binary_cross_entropy_with_logits ----
+
+struct BinaryCrossEntropyWithLogitsBackward : autograd::Node {
+  autograd::SavedTensor input, target, weight, pos_weight;
+  Reduction reduction = Reduction::Mean;
+  int64_t C = 1;
+  std::string name() const override { return "BinaryCrossEntropyWithLogitsBackward"; }
+  void release_saved_tensors() override {
+    input.reset();
+    target.reset();
+    weight.reset();
+    pos_weight.reset();
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    const Tensor x = input.unpack(*this), t = target.unpack(*this), g = grads[0].contiguous();
+    const Tensor w = weight.unpack(*this), pw = pos_weight.unpack(*this);
+    Tensor dx = next_edges[0].fn ? empty_like(x) : Tensor();
+    Tensor dt = next_edges[1].fn ? empty_like(t) : Tensor();
+    ops::dispatch_floating("binary_cross_entropy_with_logits backward", x, [&]<class T>() {
+      kernels::cpu::binary_cross_entropy_with_logits_backward<T>(
+          g.data_ptr<T>(), x.data_ptr<T>(), t.data_ptr<T>(), ptr_or_null<T>(w), ptr_or_null<T>(pw), x.numel(), C,
+          to_kernel(reduction), ptr_or_null<T>(dx), ptr_or_null<T>(dt));
+    });
+    return {dx, dt};
+  }
+};
+
+// ---- cross_entropy ----
+
+// [N, C, d1, ...] is handled as rows of C logits: the class dim is moved last.
+struct ClassRows {
+  Shape perm;     // input -> [N, d1, ..., C]
+  Shape inverse;  // back
+  int64_t M = 0, C = 0;
+};
+
+ClassRows class_rows(const Tensor& input) {
+  ClassRows r;
+  const int64_t ndim = input.dim();
+  const int64_t class_dim = ndim == 1 ? 0 : 1;
+  r.C = input.size(class_dim);
+  r.M = r.C == 0 ? 0 : input.numel() / r.C;
+  for (int64_t i = 0; i < ndim; ++i)
+    if (i != class_dim) r.perm.push_back(i);
+  r.perm.push_back(class_dim);
+  r.inverse.resize(ndim);
+  for (int64_t i = 0; i < ndim; ++i) r.inverse[r.perm[i]] = i;
+  return r;
+}
+
+struct CrossEntropyBackward : autograd::Node {
+  autograd::SavedTensor logits, target, weight, lse;  // logits as [.., C] rows
+  ClassRows rows;
+  Reduction reduction = Reduction::Mean;
+  int64_t ignore_index = -100;
+  double label_smoothing = 0;
+  std::string name() const override { return "CrossEntropyBackward"; }
+  void release_saved_tensors() override {
+    logits.reset();
+    target.reset();
+    weight.reset();
+    lse.reset();
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    const Tensor x = logits.unpack(*this), t = target.unpack(*this), w = weight.unpack(*this);
+    const Tensor l = lse.unpack(*this), g = grads[0].contiguous();
+    Tensor dx = empty_like(x);
+    ops::dispatch_floating("cross_entropy backward", x, [&]<class T>() {
+      kernels::cpu::cross_entropy_backward<T>(g.data_ptr<T>(), x.data_ptr<T>(), t.data_ptr<int64_t>(),
+                                              ptr_or_null<T>(w), l.data_ptr<T>(), rows.M, rows.C, ignore_index,
+                                              label_smoothing, to_kernel(reduction), dx.data_ptr<T>());
+    });
+    return {dx.permute(rows.inverse).contiguous(), Tensor()};
+  }
+};
+
+}  // namespace
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  const char* op = "mse_loss";
+  ops::check_same_device_dtype(op, {input, target});
+  ops::check_cpu(op, {input, target});
+  check_same_shape(op, input, target);
+  const Tensor x = input.detach().contiguous(), t = target.detach().contiguous();
+  Tensor out = loss_output(reduction, x.sizes(), x.options());
+  ops::dispatch_floating(op, x, [&]<class T>() {
+    kernels::cpu::mse_loss_forward<T>(x.data_ptr<T>(), t.data_ptr<T>(), x.numel(), to_kernel(reduction),
+                                      out.data_ptr<T>());
+  });
+  autograd::record<MseLossBackward>({input, target}, {out}, [&](MseLossBackward& n) {
+    n.input = autograd::SavedTensor(x);
+    n.target = autograd::SavedTensor(t);
+    n.reduction = reduction;
+  });
+  return out;
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, const Tensor& weight,
+                                        const Tensor& pos_weight, Reduction reduction) {
+  const char* op = "binary_cross_entropy_with_logits";
+  ops::check_same_device_dtype(op, {input, target, weight, pos_weight});
+  ops::check_cpu(op, {input, target, weight, pos_weight});
+  check_same_shape(op, input, target);
+  for (const auto& [t, what] : {std::pair{weight, "weight"}, std::pair{pos_weight, "pos_weight"}}) {
+    ND_CHECK(!t.defined() || !t.requires_grad(), op, ": gradients for ", what, " are not supported; found ",
+             t.describe(), " that requires grad. Pass ", what, ".detach().");
+  }
+  const int64_t C = input.dim() == 0 ? 1 : input.size(-1);
+  Tensor w, pw;
+  if (weight.defined()) {
+    ND_CHECK(ops::broadcast_shapes(op, weight.sizes(), input.sizes()) == input.sizes(), op,
+             ": expected weight broadcastable to input ", shape_str(input.sizes()), ", found ", weight.describe());
+    w = weight.detach().expand(input.sizes()).contiguous();
+  }
+  if (pos_weight.defined()) {
+    ND_CHECK(pos_weight.numel() == C || pos_weight.numel() == 1, op, ": expected pos_weight with ", C,
+             " elements (one per class, the last dim of input ", shape_str(input.sizes()), "), found ",
+             pos_weight.describe());
+    pw = pos_weight.detach().reshape({-1}).expand({C}).contiguous();
+  }
+  const Tensor x = input.detach().contiguous(), t = target.detach().contiguous();
+  Tensor out = loss_output(reduction, x.sizes(), x.options());
+  ops::dispatch_floating(op, x, [&]<class T>() {
+    kernels::cpu::binary_cross_entropy_with_logits_forward<T>(x.data_ptr<T>(), t.data_ptr<T>(), ptr_or_null<T>(w),
+                                                              ptr_or_null<T>(pw), x.numel(), C, to_kernel(reduction),
+                                                              out.data_ptr<T>());
+  });
+  autograd::record<BinaryCrossEntropyWithLogitsBackward>(
+      {input, target}, {out}, [&](BinaryCrossEntropyWithLogitsBackward& n) {
+        n.input = autograd::SavedTensor(x);
+        n.target = autograd::SavedTensor(t);
+        n.weight = autograd::SavedTensor(w);
+        n.pos_weight = autograd::SavedTensor(pw);
+        n.reduction = reduction;
+        n.C = C;
+      });
+  return out;
+}
+
+Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight, Reduction reduction,
+                     int64_t ignore_index, double label_smoothing) {
+  const char* op = "cross_entropy";
+  ops::check_same_device_dtype(op, {input, weight});
+  ops::check_cpu(op, {input, target, weight});
+  ND_CHECK(input.dim() >= 1, op, ": expected input of at least 1 dim ([C], [N, C] or [N, C, d1, ...]), found ",
+           input.describe());
+  ND_CHECK(target.dtype() == kInt64, op, ": expected target of int64 class indices, found ", target.describe(),
+           is_floating_point(target.dtype()) ? " (class-probability targets are not supported yet)" : "");
+  ND_CHECK(target.device() == input.device(), op, ": expected target on ", input.device().str(), ", found ",
+           target.describe());
+  Shape expected_target = input.sizes();
+  expected_target.erase(expected_target.begin() + (input.dim() == 1 ? 0 : 1));
+  ND_CHECK(target.sizes() == expected_target, op, ": expected target of shape ", shape_str(expected_target),
+           " for input ", input.describe(), " (the class dim removed), found ", target.describe());
+  const ClassRows rows = class_rows(input);
+  ND_CHECK(!weight.defined() || (weight.dim() == 1 && weight.size(0) == rows.C), op,
+           ": expected weight of shape [", rows.C, "] (one per class), found ", weight.describe());
+  ND_CHECK(!weight.defined() || !weight.requires_grad(), op, ": gradients for weight are not supported; found ",
+           weight.describe(), " that requires grad. Pass weight.detach().");
+  ND_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
+           ": expected label_smoothing in [0, 1], found ", label_smoothing);
+
+  const Tensor x = input.detach().permute(rows.perm).contiguous();
+  const Tensor t = target.detach().contiguous();
+  const Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor();
+  Tensor out = loss_output(reduction, t.sizes(), x.options());
+  Tensor lse = empty({rows.M}, x.options());
+  ops::dispatch_floating(op, x, [&]<class T>() {
+    const int64_t bad = kernels::cpu::cross_entropy_forward<T>(x.data_ptr<T>(), t.data_ptr<int64_t>(),
+                                                               ptr_or_null<T>(w), rows.M, rows.C, ignore_index,
+                                                               label_smoothing, to_kernel(reduction),
+                                                               out.data_ptr<T>(), lse.data_ptr<T>());
+    ND_CHECK(bad < 0, op, ": target ", bad >= 0 ? t.data_ptr<int64_t>()[bad] : 0, " is out of bounds; expected class ",
+             "indices in [0, ", rows.C, ") or ignore_index ", ignore_index, ", found it at flat position ", bad,
+             " of target ", target.describe());
+  });
+  autograd::record<CrossEntropyBackward>({input, target}, {out}, [&](CrossEntropyBackward& n) {
+    n.logits = autograd::SavedTensor(x);
+    n.target = autograd::SavedTensor(t);
+    n.weight = autograd::SavedTensor(w);
+    n.lse = autograd::SavedTensor(lse);
+    n.rows = rows;
+    n.reduction = reduction;
+    n.ignore_index = ignore_index;
+    n.label_smoothing = label_smoothing;
+  });
+  return out;
+}
+
+}  // namespace nd

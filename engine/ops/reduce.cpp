@@ -1,0 +1,196 @@
+#include "engine/ops/reduce.h"
+
+#include <algorithm>
+
+#include "engine/ops/common.h"
+#include "kernels/cpu/reduce.h"
+
+namespace nd {
+
+namespace {
+
+// x viewed as contiguous [M, R] with the reduced dims last, plus the result shapes.
+struct Rows {
+  Tensor data;  // contiguous, reduced dims last
+  int64_t M = 1, R = 1;
+  Shape keep_shape;  // reduced dims kept as 1
+  Shape out_shape;   // as requested (keepdim or not)
+  Shape order;       // the permutation that moved the reduced dims last
+};
+
+Rows to_rows(const char* op, const Tensor& x, const Shape& dims, bool keepdim) {
+  std::vector<bool> reduced(x.dim(), dims.empty());  // empty dims = all
+  for (int64_t d : dims) {
+    const int64_t w = wrap_dim(d, x.dim(), op);
+    ND_CHECK(!reduced[w] || dims.empty(), op, ": dim ", w, " appears multiple times in ", shape_str(dims));
+    reduced[w] = true;
+  }
+  Shape order;
+  Rows r;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    if (!reduced[d]) {
+      order.push_back(d);
+      r.M *= x.size(d);
+      r.out_shape.push_back(x.size(d));
+    } else if (keepdim) {
+      r.out_shape.push_back(1);
+    }
+    r.keep_shape.push_back(reduced[d] ? 1 : x.size(d));
+  }
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (reduced[d]) {
+      order.push_back(d);
+      r.R *= x.size(d);
+    }
+  NoGradGuard no_grad;  // layout only; the caller records the op's own node
+  r.data = x.permute(order).contiguous();
+  r.order = order;
+  return r;
+}
+
+// sum/mean: the gradient is broadcast back (mean divides by the count).
+struct SumBackward : autograd::Node {
+  Shape input_shape, keep_shape;
+  double scale = 1;
+  std::string op = "SumBackward";
+  std::string name() const override { return op; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    Tensor gk = g[0].reshape(keep_shape);
+    if (scale != 1) gk = gk * scale;
+    return {gk.expand(input_shape).contiguous()};
+  }
+};
+
+// var: d/dx_i = 2 (x_i - mean) / (R - correction).
+struct VarBackward : autograd::Node {
+  autograd::SavedTensor x;
+  Shape dims, keep_shape;
+  double denom = 1;
+  std::string name() const override { return "VarBackward"; }
+  void release_saved_tensors() override { x.reset(); }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    Tensor xv = x.unpack(*this);
+    Tensor centered = xv - (dims.empty() ? mean(xv) : mean(xv, dims, /*keepdim=*/true));
+    return {centered * g[0].reshape(keep_shape) * (2.0 / denom)};
+  }
+};
+
+// max: the gradient goes to the (first) maximal element of each row.
+struct MaxBackward : autograd::Node {
+  Tensor indices;  // [M] int64, not a saved tensor: never written in place
+  Shape input_shape;
+  Shape order;  // permutation used to move the reduced dim last
+  int64_t M = 1, R = 1;
+  std::string name() const override { return "MaxBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    Tensor gc = g[0].contiguous();
+    Shape permuted_shape;
+    for (int64_t d : order) permuted_shape.push_back(input_shape[d]);
+    Tensor dx = empty(permuted_shape, gc.options());
+    ops::dispatch_floating("max backward", gc, [&]<class T>() {
+      kernels::cpu::scatter_rows<T>(M, R, indices.data_ptr<int64_t>(), gc.data_ptr<T>(), dx.data_ptr<T>());
+    });
+    Shape inverse(order.size());
+    for (size_t i = 0; i < order.size(); ++i) inverse[order[i]] = static_cast<int64_t>(i);
+    return {dx.permute(inverse).contiguous()};
+  }
+};
+
+Tensor sum_impl(const char* op, const Tensor& x, const Shape& dims, bool keepdim, bool is_mean) {
+  ops::check_cpu(op, {x});
+  Rows r = to_rows(op, x, dims, keepdim);
+  ND_CHECK(!is_mean || r.R > 0, op, ": mean over zero elements of ", x.describe());
+  Tensor out = empty(r.out_shape, x.options());
+  ops::dispatch_floating(op, x, [&]<class T>() {
+    kernels::cpu::sum_rows<T>(r.M, r.R, r.data.data_ptr<T>(), out.data_ptr<T>());
+  });
+  if (is_mean) {
+    NoGradGuard no_grad;
+    out = out / static_cast<double>(r.R);
+  }
+  autograd::record<SumBackward>({x}, {out}, [&](SumBackward& n) {
+    n.input_shape = x.sizes();
+    n.keep_shape = r.keep_shape;
+    n.scale = is_mean ? 1.0 / static_cast<double>(r.R) : 1.0;
+    n.op = is_mean ? "MeanBackward" : "SumBackward";
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x) { return sum_impl("sum", x, {}, false, false); }
+Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
+  ND_CHECK(!dims.empty() || x.dim() == 0, "sum: expected at least one dim; use sum(x) to reduce everything");
+  return sum_impl("sum", x, dims, keepdim, false);
+}
+Tensor mean(const Tensor& x) { return sum_impl("mean", x, {}, false, true); }
+Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
+  ND_CHECK(!dims.empty() || x.dim() == 0, "mean: expected at least one dim; use mean(x) to reduce everything");
+  return sum_impl("mean", x, dims, keepdim, true);
+}
+
+Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim) {
+  ops::check_cpu("var", {x});
+  Rows r = to_rows("var", x, dims, keepdim);
+  ND_CHECK(r.R - correction > 0, "var: ", r.R, " element(s) per reduction with correction ", correction,
+           " leaves no degrees of freedom (input ", x.describe(), ")");
+  Tensor out = empty(r.out_shape, x.options());
+  ops::dispatch_floating("var", x, [&]<class T>() {
+    kernels::cpu::var_rows<T>(r.M, r.R, correction, r.data.data_ptr<T>(), out.data_ptr<T>());
+  });
+  autograd::record<VarBackward>({x}, {out}, [&](VarBackward& n) {
+    n.x = autograd::SavedTensor(x);
+    n.dims = dims;
+    n.keep_shape = r.keep_shape;
+    n.denom = static_cast<double>(r.R - correction);
+  });
+  return out;
+}
+
+namespace {
+std::tuple<Tensor, Tensor> max_impl(const char* op, const Tensor& x, const Shape& dims, bool keepdim) {
+  ops::check_cpu(op, {x});
+  Rows r = to_rows(op, x, dims, keepdim);
+  ND_CHECK(r.R > 0, op, ": cannot take the maximum of zero elements of ", x.describe());
+  Tensor values = empty(r.out_shape, x.options());
+  Tensor indices = empty(r.out_shape, TensorOptions(kInt64));
+  dispatch_all(x.dtype(), [&]<class T>() {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, int64_t> ||
+                  std::is_same_v<T, int32_t>)
+      kernels::cpu::max_rows<T>(r.M, r.R, r.data.data_ptr<T>(), values.data_ptr<T>(), indices.data_ptr<int64_t>());
+    else
+      throw Error(std::string(op) + ": unsupported dtype in " + x.describe());
+  });
+  if (x.is_floating_point())
+    autograd::record<MaxBackward>({x}, {values}, [&](MaxBackward& n) {
+      n.indices = indices;
+      n.input_shape = x.sizes();
+      n.M = r.M;
+      n.R = r.R;
+      n.order = r.order;
+    });
+  return {values, indices};
+}
+}  // namespace
+
+Tensor max(const Tensor& x) { return std::get<0>(max_impl("max", x, {}, false)); }
+std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
+  return max_impl("max", x, {wrap_dim(dim, x.dim(), "max")}, keepdim);
+}
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
+  NoGradGuard no_grad;
+  return std::get<1>(max_impl("argmax", x, {wrap_dim(dim, x.dim(), "argmax")}, keepdim));
+}
+
+Tensor Tensor::sum() const { return nd::sum(*this); }
+Tensor Tensor::sum(const Shape& dims, bool keepdim) const { return nd::sum(*this, dims, keepdim); }
+Tensor Tensor::mean() const { return nd::mean(*this); }
+Tensor Tensor::mean(const Shape& dims, bool keepdim) const { return nd::mean(*this, dims, keepdim); }
+Tensor Tensor::var(const Shape& dims, int64_t correction, bool keepdim) const {
+  return nd::var(*this, dims, correction, keepdim);
+}
+Tensor Tensor::max() const { return nd::max(*this); }
+Tensor Tensor::argmax(int64_t dim, bool keepdim) const { return nd::argmax(*this, dim, keepdim); }
+
+}  // namespace nd

@@ -1,0 +1,21 @@
+#pragma once
+// Reductions over dimensions (PyTorch semantics). Members: x.sum(), x.sum({1}, true),
+// x.mean(...), x.var(...), x.max(), x.argmax(dim).
+#include <tuple>
+
+#include "engine/tensor.h"
+
+namespace nd {
+
+Tensor sum(const Tensor& x);
+Tensor sum(const Tensor& x, const Shape& dims, bool keepdim = false);
+Tensor mean(const Tensor& x);
+Tensor mean(const Tensor& x, const Shape& dims, bool keepdim = false);
+// Variance with Bessel-style correction (1 = unbiased, 0 = population).
+Tensor var(const Tensor& x, const Shape& dims, int64_t correction = 1, bool keepdim = false);
+Tensor max(const Tensor& x);
+// (values, indices) of the maximum along dim; the gradient flows to the first maximum.
+std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+
+}  // namespace nd

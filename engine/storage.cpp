@@ -1,0 +1,36 @@
+#include "engine/storage.h"
+
+#include <cstdlib>
+
+#include "engine/error.h"
+#include "kernels/cuda/runtime.h"
+
+namespace nd {
+
+std::atomic<int64_t> Storage::live_{0};
+
+Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+  if (device.is_cpu()) {
+    if (nbytes > 0) {
+      const size_t rounded = (nbytes + 63) / 64 * 64;
+      data_ = std::aligned_alloc(64, rounded);
+      ND_CHECK(data_ != nullptr, "out of CPU memory: failed to allocate ", nbytes, " bytes");
+    }
+  } else {
+    cuda::check_device(device);
+    data_ = kernels::cuda::device_malloc(device.index, nbytes);
+  }
+  ++live_;
+}
+
+Storage::~Storage() {
+  if (device_.is_cpu())
+    std::free(data_);
+  else
+    kernels::cuda::device_free(device_.index, data_);
+  --live_;
+}
+
+int64_t Storage::live_count() { return live_.load(); }
+
+}  // namespace nd

@@ -1,0 +1,48 @@
+#pragma once
+// Storage: one allocation plus its version counter. Every view and every
+// detach() of a tensor shares the Storage, hence the counter: an in-place
+// write through any alias is seen by every SavedTensor that recorded a version.
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/device.h"
+
+namespace nd {
+
+class Storage {
+ public:
+  // Allocates nbytes on `device` (64-byte aligned on cpu); contents uninitialised.
+  Storage(size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+  // Version counter: bumped by every in-place write; `op` names the writer
+  // ("add_", "copy_", "Adam.step") and is reported by version errors.
+  int64_t version() const { return version_; }
+  void bump_version(const std::string& op) {
+    ++version_;
+    last_modified_by_ = op;
+  }
+  const std::string& last_modified_by() const { return last_modified_by_; }
+
+  // Number of Storage objects alive in this process (leak and cycle tests).
+  static int64_t live_count();
+
+ private:
+  void* data_ = nullptr;
+  size_t nbytes_ = 0;
+  Device device_;
+  int64_t version_ = 0;
+  std::string last_modified_by_;
+  static std::atomic<int64_t> live_;
+};
+
+}  // namespace nd

@@ -1,0 +1,47 @@
+#pragma once
+// Elementwise math: unary ops with their derivatives, broadcasting binary ops and
+// comparisons. Operands are strided (a broadcast dimension has stride 0), so the
+// engine never materialises an expanded input.
+#include <cstdint>
+
+namespace nd::kernels::cpu {
+
+enum class UnaryOp {
+  neg, exp, log, sqrt, rsqrt, abs, tanh, sigmoid, relu,
+  leaky_relu,  // p.a = negative slope
+  gelu,        // exact: x * Phi(x)
+  gelu_tanh,   // tanh approximation
+  clamp,       // p.a = min, p.b = max
+};
+struct UnaryParams {
+  double a = 0, b = 0;
+};
+
+enum class BinaryOp { add, sub, mul, div, pow, maximum, minimum };
+enum class CompareOp { eq, ne, lt, le, gt, ge };
+
+// out = op(x), N-d strided. requires: out does not partially overlap x
+// (out == x with equal strides, i.e. in place, is supported).
+template <class T>
+void unary(UnaryOp op, UnaryParams p, int64_t ndim, const int64_t* shape, const T* x, const int64_t* x_strides,
+           T* out, const int64_t* out_strides);
+
+// dx = dy * op'(x), contiguous, n elements. y = op(x) is passed because several
+// derivatives are cheapest from the result (exp, tanh, sigmoid, sqrt, rsqrt).
+// requires: x, y, dy, dx have n elements; dx may alias dy.
+template <class T>
+void unary_backward(UnaryOp op, UnaryParams p, int64_t n, const T* x, const T* y, const T* dy, T* dx);
+
+// out = a (op) alpha*b for add/sub, a (op) b otherwise; N-d strided with broadcasting
+// expressed as zero strides. requires: out does not partially overlap a or b
+// (out == a with equal strides, i.e. in place, is supported).
+template <class T>
+void binary(BinaryOp op, T alpha, int64_t ndim, const int64_t* shape, const T* a, const int64_t* a_strides,
+            const T* b, const int64_t* b_strides, T* out, const int64_t* out_strides);
+
+// out = (a op b) as bool, N-d strided with broadcasting; out contiguous.
+template <class T>
+void compare(CompareOp op, int64_t ndim, const int64_t* shape, const T* a, const int64_t* a_strides, const T* b,
+             const int64_t* b_strides, bool* out);
+
+}  // namespace nd::kernels::cpu

@@ -1,0 +1,125 @@
+#include "harness.h"
+
+#include <cmath>
+
+namespace nd::testing {
+
+std::vector<double> to_vector(const Tensor& t) {
+  Tensor c = t.to(kFloat64).contiguous().cpu();
+  const double* p = c.data_ptr<double>();
+  return std::vector<double>(p, p + c.numel());
+}
+
+Tensor random_input(const Shape& shape, uint64_t seed, bool non_contiguous, double lo, double hi) {
+  Generator g{seed, 0};
+  NoGradGuard no_grad;
+  if (!non_contiguous || shape.size() < 2) {
+    Tensor t = rand(shape, kFloat64, &g) * (hi - lo) + lo;
+    if (non_contiguous && shape.size() == 1) {  // every other element of a 2x longer tensor
+      Tensor big = rand({shape[0] * 2}, kFloat64, &g) * (hi - lo) + lo;
+      return big.slice(0, 0, shape[0] * 2, 2).detach();
+    }
+    return t.detach();
+  }
+  Shape swapped = shape;
+  std::swap(swapped[swapped.size() - 1], swapped[swapped.size() - 2]);
+  Tensor t = rand(swapped, kFloat64, &g) * (hi - lo) + lo;
+  return t.transpose(-1, -2).detach();
+}
+
+void check_close(const Tensor& actual, const std::vector<double>& expected, double atol, double rtol,
+                 const std::string& what) {
+  std::vector<double> a = to_vector(actual);
+  REQUIRE_MESSAGE(a.size() == expected.size(), what, ": ", a.size(), " elements, expected ", expected.size());
+  int reported = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double tol = atol + rtol * std::abs(expected[i]);
+    const bool ok = std::abs(a[i] - expected[i]) <= tol || (std::isnan(a[i]) && std::isnan(expected[i]));
+    if (!ok && reported++ < 5) FAIL_CHECK(what, ": element ", i, " is ", a[i], ", expected ", expected[i]);
+  }
+  CHECK_MESSAGE(reported == 0, what, ": ", reported, " element(s) out of tolerance");
+}
+
+void check_close(const Tensor& actual, const Tensor& expected, double atol, double rtol, const std::string& what) {
+  REQUIRE_MESSAGE(actual.sizes() == expected.sizes(), what, ": shape ", shape_str(actual.sizes()), " vs expected ",
+                  shape_str(expected.sizes()));
+  check_close(actual, to_vector(expected), atol, rtol, what);
+}
+
+namespace {
+double loss_value(const OpFn& fn, const std::vector<Tensor>& inputs, const Tensor& w) {
+  NoGradGuard no_grad;
+  return (fn(inputs) * w).sum().item();
+}
+}  // namespace
+
+void gradcheck(const std::string& name, const OpFn& fn, const std::vector<Tensor>& inputs, double eps, double atol,
+               double rtol) {
+  Tensor y = fn(inputs);
+  Generator g{1234, 0};
+  Tensor w = randn(y.sizes(), y.options(), &g);
+  Tensor loss = (y * w).sum();
+  std::vector<Tensor> wrt;
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) wrt.push_back(t);
+  REQUIRE_MESSAGE(!wrt.empty(), name, ": no input requires grad");
+  std::vector<Tensor> analytic = autograd::grad({loss}, wrt, {}, false, /*allow_unused=*/true);
+  for (size_t k = 0; k < wrt.size(); ++k) {
+    const Tensor& x = wrt[k];
+    REQUIRE_MESSAGE(x.dtype() == kFloat64, name, ": gradcheck needs f64 inputs");
+    std::vector<double> numeric(x.numel());
+    Shape index(x.dim(), 0);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      int64_t offset = 0;
+      for (int64_t d = 0; d < x.dim(); ++d) offset += index[d] * x.stride(d);
+      double* p = x.data_ptr<double>() + offset;
+      const double orig = *p;
+      *p = orig + eps;
+      const double plus = loss_value(fn, inputs, w);
+      *p = orig - eps;
+      const double minus = loss_value(fn, inputs, w);
+      *p = orig;
+      numeric[i] = (plus - minus) / (2 * eps);
+      for (int64_t d = x.dim() - 1; d >= 0; --d) {
+        if (++index[d] < x.size(d)) break;
+        index[d] = 0;
+      }
+    }
+    const std::string what = name + ": d/d(input " + std::to_string(k) + " " + shape_str(x.sizes()) + ")";
+    if (!analytic[k].defined()) {
+      for (double v : numeric) CHECK_MESSAGE(std::abs(v) <= atol, what, ": no analytic gradient but numeric ", v);
+      continue;
+    }
+    check_close(analytic[k], numeric, atol, rtol, what);
+  }
+}
+
+void run_gradcheck(const OpCase& c) {
+  for (bool non_contiguous : {false, true}) {
+    std::vector<Tensor> inputs;
+    uint64_t seed = 17;
+    for (size_t i = 0; i < c.shapes.size(); ++i) {
+      Tensor t = random_input(c.shapes[i], seed++, non_contiguous, c.lo, c.hi);
+      if (c.differentiable.empty() || c.differentiable[i]) t.requires_grad_(true);
+      inputs.push_back(t);
+    }
+    gradcheck(c.name + (non_contiguous ? " (non-contiguous)" : ""), c.fn, inputs);
+  }
+}
+
+WarningCapture::WarningCapture() {
+  previous_ = set_warning_handler([this](const std::string& m) { messages.push_back(m); });
+}
+WarningCapture::~WarningCapture() { set_warning_handler(previous_); }
+
+std::string error_message(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  FAIL_CHECK("expected an nd::Error, but nothing was thrown");
+  return "";
+}
+
+}  // namespace nd::testing

@@ -1,0 +1,60 @@
+#pragma once
+// The shared op-test harness (ggml's test-backend-ops idea): each op case is a
+// small struct that builds its inputs; the same harness runs finite-difference
+// gradchecks on contiguous, non-contiguous and batch-1 variants, compares tensors,
+// and captures warnings. Tests include this and doctest.
+#include <doctest/doctest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nanoddp.h>
+
+namespace nd::testing {
+
+using OpFn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// Values of t (any dtype, any layout) as doubles in row-major order.
+std::vector<double> to_vector(const Tensor& t);
+
+// Random f64 tensor in [lo, hi); non_contiguous makes it a transposed view (same
+// shape) so kernels see real strides.
+Tensor random_input(const Shape& shape, uint64_t seed, bool non_contiguous = false, double lo = -1, double hi = 1);
+
+// CHECKs |actual - expected| <= atol + rtol*|expected| elementwise (and equal shapes).
+void check_close(const Tensor& actual, const Tensor& expected, double atol, double rtol, const std::string& what);
+void check_close(const Tensor& actual, const std::vector<double>& expected, double atol, double rtol,
+                 const std::string& what);
+
+// Compares autograd's gradients of sum(fn(inputs) * w) (w random, fixed) with central
+// finite differences, for every input that requires grad. Inputs must be f64.
+void gradcheck(const std::string& name, const OpFn& fn, const std::vector<Tensor>& inputs, double eps = 1e-6,
+               double atol = 1e-6, double rtol = 1e-5);
+
+// A table row: op name, input shapes, the function, and the input range.
+struct OpCase {
+  std::string name;
+  std::vector<Shape> shapes;
+  OpFn fn;
+  double lo = -1, hi = 1;           // input value range (log/sqrt want lo > 0)
+  std::vector<bool> differentiable;  // per input; empty = all
+};
+// Runs gradcheck on the case with contiguous and with non-contiguous inputs.
+void run_gradcheck(const OpCase& c);
+
+// Collects nd::warn messages while alive.
+class WarningCapture {
+ public:
+  WarningCapture();
+  ~WarningCapture();
+  std::vector<std::string> messages;
+
+ private:
+  WarningHandler previous_;
+};
+
+// The message of the nd::Error that fn throws; FAILs when it throws nothing.
+std::string error_message(const std::function<void()>& fn);
+
+}  // namespace nd::testing
