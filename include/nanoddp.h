@@ -5,6 +5,7 @@
 #include "engine/dtype.h"
 #include "engine/error.h"
 #include "engine/factories.h"
+#include "engine/ops/common.h"
 #include "engine/ops/copy.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/index.h"
@@ -12,3 +13,4 @@
 #include "engine/ops/view.h"
 #include "engine/storage.h"
 #include "engine/tensor.h"
+#include "engine/data.h"
