@@ -35,14 +35,18 @@ template <class T, bool TA, bool TB>
 void gemm_impl(int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
                int64_t ldb, T beta, T* C, int64_t ldc) {
   OutMap<T> c(C, M, N, Stride(ldc));
-  if (beta == T(0)) {
-    c.setZero();  // C may hold garbage; Eigen's product kernel accumulates into it.
-  } else if (beta != T(1)) {
-    c *= beta;
-  }
-  if (K == 0 || alpha == T(0)) return;
   auto a = op_map<T, TA>(A, M, K, lda);
   auto b = op_map<T, TB>(B, K, N, ldb);
+  if (beta == T(0)) {
+    if (K == 0 || alpha == T(0)) {
+      c.setZero();
+    } else {
+      c.noalias() = alpha * a * b;  // assignment never reads C (garbage/NaN ignored)
+    }
+    return;
+  }
+  if (beta != T(1)) c *= beta;
+  if (K == 0 || alpha == T(0)) return;
   c.noalias() += alpha * a * b;
 }
 
