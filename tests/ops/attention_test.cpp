@@ -1,0 +1,131 @@
+// scaled_dot_product_attention op: gradcheck table (masks, causal, 3-D and 4-D),
+// comparison with an explicit full score matrix, argument errors.
+#include <cmath>
+#include <limits>
+
+#include "engine/ops/attention.h"
+#include "harness.h"
+
+using namespace nd;
+using nd::testing::OpCase;
+
+namespace {
+
+// out = softmax(scale q k^T + mask) v for one [L, E] x [S, E] x [S, Ev] head, written out
+// with the full L x S matrix. mask_fn(i, j) is the additive mask.
+template <class MaskFn>
+std::vector<double> naive_attention(const std::vector<double>& q, const std::vector<double>& k,
+                                    const std::vector<double>& v, int64_t heads, int64_t L, int64_t S, int64_t E,
+                                    int64_t Ev, double scale, MaskFn mask_fn) {
+  std::vector<double> out(heads * L * Ev, 0.0);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < L; ++i) {
+      std::vector<double> p(S);
+      double mx = -std::numeric_limits<double>::infinity(), z = 0;
+      for (int64_t j = 0; j < S; ++j) {
+        double s = 0;
+        for (int64_t e = 0; e < E; ++e) s += q[(h * L + i) * E + e] * k[(h * S + j) * E + e];
+        p[j] = scale * s + mask_fn(h, i, j);
+        mx = std::max(mx, p[j]);
+      }
+      for (int64_t j = 0; j < S; ++j) z += (p[j] = std::exp(p[j] - mx));
+      for (int64_t j = 0; j < S; ++j)
+        for (int64_t e = 0; e < Ev; ++e) out[(h * L + i) * Ev + e] += p[j] / z * v[(h * S + j) * Ev + e];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("attention: gradcheck table (f64, non-contiguous, batch size 1)") {
+  using V = std::vector<Tensor>;
+  const Tensor float_mask = nd::testing::random_input({3, 5}, 99, false, -2, 1);
+  // Bool mask [B, 1, L, S] broadcast over heads; row (0, 0, 1) keeps only key 2.
+  Tensor bool_mask = nd::testing::random_input({2, 1, 3, 5}, 98).gt(-0.5);
+  {
+    NoGradGuard g;
+    Tensor row = bool_mask.select(0, 0).select(0, 0).select(0, 1);
+    for (int64_t j = 0; j < 5; ++j) row.data_ptr<bool>()[j * row.stride(0)] = j == 2;
+  }
+  const std::vector<OpCase> cases = {
+      {"sdpa 4-D", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 3}},
+       [](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); }, -2, 2},
+      {"sdpa causal L > S", {{1, 2, 6, 3}, {1, 2, 4, 3}, {1, 2, 4, 2}},
+       [](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, true); }, -2, 2},
+      {"sdpa causal square, scale", {{2, 1, 5, 3}, {2, 1, 5, 3}, {2, 1, 5, 4}},
+       [](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, true, 0.9); }, -2, 2},
+      {"sdpa 3-D with float mask [L, S]", {{2, 3, 4}, {2, 5, 4}, {2, 5, 2}},
+       [&](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2], float_mask); }, -2, 2},
+      {"sdpa bool mask [B, 1, L, S]", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 3}},
+       [&](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2], bool_mask); }, -2, 2},
+      {"sdpa batch size 1, one query", {{1, 1, 1, 4}, {1, 1, 3, 4}, {1, 1, 3, 4}},
+       [](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); }, -2, 2},
+      {"sdpa q only", {{1, 2, 3, 4}, {1, 2, 3, 4}, {1, 2, 3, 4}},
+       [](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); }, -2, 2, {true, false, false}},
+  };
+  for (const OpCase& c : cases) {
+    CAPTURE(c.name);
+    nd::testing::run_gradcheck(c);
+  }
+}
+
+TEST_CASE("attention: matches the explicit full matrix (f32 and f64, masks, causal)") {
+  const int64_t B = 2, H = 3, L = 5, S = 70, E = 8, Ev = 6;  // S spans two key tiles
+  const Tensor q = nd::testing::random_input({B, H, L, E}, 1, true, -2, 2);
+  const Tensor k = nd::testing::random_input({B, H, S, E}, 2, false, -2, 2);
+  const Tensor v = nd::testing::random_input({B, H, S, Ev}, 3, false, -2, 2);
+  const auto qv = nd::testing::to_vector(q), kv = nd::testing::to_vector(k), vv = nd::testing::to_vector(v);
+  const double scale = 1 / std::sqrt(8.0), inf = std::numeric_limits<double>::infinity();
+
+  const auto plain = naive_attention(qv, kv, vv, B * H, L, S, E, Ev, scale, [](int64_t, int64_t, int64_t) { return 0.0; });
+  nd::testing::check_close(scaled_dot_product_attention(q, k, v), plain, 1e-12, 1e-10, "f64");
+  nd::testing::check_close(scaled_dot_product_attention(q.to(kFloat32), k.to(kFloat32), v.to(kFloat32)), plain,
+                           1e-5, 1e-4, "f32");
+
+  const auto causal = naive_attention(qv, kv, vv, B * H, L, S, E, Ev, scale,
+                                      [&](int64_t, int64_t i, int64_t j) { return j > i ? -inf : 0.0; });
+  nd::testing::check_close(scaled_dot_product_attention(q, k, v, {}, 0.0, true), causal, 1e-12, 1e-10, "causal");
+
+  const Tensor mask = nd::testing::random_input({L, S}, 4, false, -3, 3);
+  const auto mv = nd::testing::to_vector(mask);
+  const auto masked = naive_attention(qv, kv, vv, B * H, L, S, E, Ev, scale,
+                                      [&](int64_t, int64_t i, int64_t j) { return mv[i * S + j]; });
+  nd::testing::check_close(scaled_dot_product_attention(q, k, v, mask), masked, 1e-12, 1e-10, "float mask");
+}
+
+TEST_CASE("attention: known values") {
+  // Equal scores for both keys average the values; causal query 0 sees only key 0.
+  Tensor q = tensor({1, 0}, kFloat64).reshape({1, 1, 1, 2});
+  Tensor k = tensor({2, 5, 2, -3}, kFloat64).reshape({1, 1, 2, 2});
+  Tensor v = tensor({1, 10, 3, 20}, kFloat64).reshape({1, 1, 2, 2});
+  nd::testing::check_close(scaled_dot_product_attention(q, k, v), {2, 15}, 1e-12, 0, "average");
+  nd::testing::check_close(scaled_dot_product_attention(q, k, v, {}, 0.0, true), {1, 10}, 1e-12, 0, "causal");
+  // A bool mask hiding key 0 selects key 1.
+  Tensor keep = tensor({0, 1}).gt(0.5);
+  nd::testing::check_close(scaled_dot_product_attention(q, k, v, keep), {3, 20}, 1e-12, 0, "bool mask");
+}
+
+TEST_CASE("attention: argument errors") {
+  using nd::testing::error_message;
+  const Tensor q = ones({1, 2, 3, 4}), k = ones({1, 2, 5, 4}), v = ones({1, 2, 5, 3});
+  CHECK(error_message([&] { scaled_dot_product_attention(q, k, v, {}, 0.1); })
+            .find("attention dropout is not implemented yet; expected dropout_p == 0, found 0.1") != std::string::npos);
+  CHECK(error_message([&] { scaled_dot_product_attention(q, ones({1, 2, 5, 3}), v); })
+            .find("expected key's last dim to equal query's (4), found key [cpu f32 [1, 2, 5, 3]]") !=
+        std::string::npos);
+  CHECK(error_message([&] { scaled_dot_product_attention(q, k, ones({1, 2, 4, 3})); })
+            .find("expected value with as many rows as key (5)") != std::string::npos);
+  CHECK(error_message([&] { scaled_dot_product_attention(ones({2, 3, 4}), k, v); })
+            .find("expected query, key and value with the same number of dims") != std::string::npos);
+  CHECK(error_message([&] { scaled_dot_product_attention(q, ones({2, 2, 5, 4}), ones({2, 2, 5, 3})); })
+            .find("same batch and head dims") != std::string::npos);
+  CHECK(error_message([&] { scaled_dot_product_attention(q, k, v, ones({3, 5}), 0.0, true); })
+            .find("expected either attn_mask or is_causal, found both") != std::string::npos);
+  CHECK(error_message([&] { scaled_dot_product_attention(q, k, v, ones({3, 4})); })
+            .find("cannot be broadcast") != std::string::npos);
+  CHECK(error_message([&] { scaled_dot_product_attention(q, k, v, ones({3, 5}).requires_grad_()); })
+            .find("gradients for attn_mask are not supported") != std::string::npos);
+  CHECK(error_message([&] { scaled_dot_product_attention(q, k, v, ones({3, 5}, kFloat64)); })
+            .find("expected a bool attn_mask or one of the query's dtype (f32)") != std::string::npos);
+}
