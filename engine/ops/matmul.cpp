@@ -131,8 +131,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (db <= 2) {
     // [..., n, m] x [m, p] (or [m]): fold the batch into the rows, one GEMM.
     Shape out(a.sizes().begin(), a.sizes().end() - 1);
+    const Tensor rows = a.reshape({shape_numel(out), m});
     if (db == 2) out.push_back(b.size(1));
-    Tensor rows = a.reshape({-1, m});
     return mm(rows, db == 2 ? b : b.unsqueeze(1)).reshape(out);
   }
   // Batched: 1-D operands become matrices, batch dims broadcast, bmm over the flat batch.

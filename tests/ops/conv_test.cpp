@@ -66,6 +66,7 @@ TEST_CASE("conv: known values worked by hand") {
   // DCGAN shapes: 7x7 -> 14x14 -> 28x28, and 28 -> 14 -> 7 back down.
   CHECK(conv_transpose2d(ones({2, 8, 7, 7}), ones({8, 4, 4, 4}), {}, {2}, {1}).sizes() == Shape{2, 4, 14, 14});
   CHECK(conv2d(ones({2, 1, 28, 28}), ones({4, 1, 4, 4}), {}, {2}, {1}).sizes() == Shape{2, 4, 14, 14});
+  CHECK(conv2d(ones({0, 2, 5, 5}), ones({3, 2, 3, 3})).sizes() == Shape{0, 3, 3, 3});  // empty batch
 }
 
 TEST_CASE("conv: argument errors name what was expected and found") {

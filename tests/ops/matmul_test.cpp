@@ -62,6 +62,9 @@ TEST_CASE("matmul: result shapes follow torch.matmul") {
   CHECK(matmul(ones({2, 1, 3, 4}), ones({5, 4, 6})).sizes() == Shape{2, 5, 3, 6});
   CHECK(matmul(ones({3, 0}), ones({0, 2})).sizes() == Shape{3, 2});
   nd::testing::check_close(matmul(ones({3, 0}), ones({0, 2})), std::vector<double>(6, 0.0), 0, 0, "empty K");
+  CHECK(matmul(ones({2, 3, 0}), ones({0, 4})).sizes() == Shape{2, 3, 4});
+  CHECK(matmul(ones({0, 3, 2}), ones({2, 4})).sizes() == Shape{0, 3, 4});
+  CHECK(matmul(ones({2, 0, 3}), ones({2, 3, 4})).sizes() == Shape{2, 0, 4});
   Tensor big = matmul(ones({2, 3, 5}), full({5, 2}, 2.0));
   nd::testing::check_close(big, std::vector<double>(12, 10.0), 0, 0, "folded batch");
 }
