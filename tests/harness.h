@@ -34,6 +34,10 @@ void gradcheck(const std::string& name, const OpFn& fn, const std::vector<Tensor
 
 // A table row: op name, input shapes, the function, and the input range.
 struct OpCase {
+  OpCase(std::string name_, std::vector<Shape> shapes_, OpFn fn_, double lo_ = -1, double hi_ = 1,
+         std::vector<bool> differentiable_ = {})
+      : name(std::move(name_)), shapes(std::move(shapes_)), fn(std::move(fn_)), lo(lo_), hi(hi_),
+        differentiable(std::move(differentiable_)) {}
   std::string name;
   std::vector<Shape> shapes;
   OpFn fn;
