@@ -28,7 +28,7 @@ TEST_CASE("dropout forward: mask from counter_uniform(seed, offset + i) < p, sca
   CHECK(dropped < 300 + 75);
 }
 
-TEST_CASE("dropout backward regenerates the same mask; in place works") {
+TEST_CASE("dropout backward regenerates the same mask, also in place") {
   const int64_t n = 257;
   const double p = 0.5;
   std::vector<float> x(n, 1.0f), y(n), dy(n), dx(n);

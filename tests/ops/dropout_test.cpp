@@ -49,7 +49,7 @@ TEST_CASE("dropout: mask from the default generator, scaling, offset advance, ba
   CHECK(nd::testing::to_vector(y2) != nd::testing::to_vector(dropout(ones({n}, kFloat64), p, true)));
 }
 
-TEST_CASE("dropout: eval and p = 0 return the input; p = 1 gives zeros") {
+TEST_CASE("dropout: eval and p = 0 return the input, p = 1 gives zeros") {
   Tensor x = ones({3, 4});
   CHECK(dropout(x, 0.5, false).impl_ptr() == x.impl_ptr());
   CHECK(dropout(x, 0.0, true).impl_ptr() == x.impl_ptr());
