@@ -1,7 +1,5 @@
 #include "engine/ops/batch_norm.h"
 
-#include <cmath>
-
 #include "engine/ops/common.h"
 #include "kernels/cpu/batch_norm.h"
 
@@ -92,8 +90,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
       mean = running_mean.detach().contiguous();
       const Tensor var = running_var.detach().contiguous();
       invstd = empty({C}, x.options());
-      for (int64_t c = 0; c < C; ++c)
-        invstd.data_ptr<T>()[c] = static_cast<T>(1.0 / std::sqrt(static_cast<double>(var.data_ptr<T>()[c]) + eps));
+      kernels::cpu::batch_norm_invstd<T>(var.data_ptr<T>(), C, eps, invstd.data_ptr<T>());
       kernels::cpu::batch_norm_apply<T>(x.data_ptr<T>(), mean.data_ptr<T>(), invstd.data_ptr<T>(), ptr(w), ptr(b),
                                         N, C, S, y.data_ptr<T>());
     }

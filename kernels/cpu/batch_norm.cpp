@@ -46,6 +46,13 @@ void batch_norm_stats_to_mean_invstd(const double* sum, const double* sumsq, dou
 }
 
 template <typename T>
+void batch_norm_invstd(const T* var, int64_t C, double eps, T* invstd) {
+  for (int64_t c = 0; c < C; ++c) {
+    invstd[c] = static_cast<T>(1.0 / std::sqrt(static_cast<double>(var[c]) + eps));
+  }
+}
+
+template <typename T>
 void batch_norm_apply(const T* x, const T* mean, const T* invstd, const T* weight,
                       const T* bias, int64_t N, int64_t C, int64_t S, T* y) {
 #pragma omp parallel for collapse(2) schedule(static)
@@ -124,9 +131,7 @@ void batch_norm_forward_eval(const T* x, const T* running_mean, const T* running
                              const T* weight, const T* bias, int64_t N, int64_t C, int64_t S,
                              double eps, T* y) {
   std::vector<T> invstd(C);
-  for (int64_t c = 0; c < C; ++c) {
-    invstd[c] = static_cast<T>(1.0 / std::sqrt(static_cast<double>(running_var[c]) + eps));
-  }
+  batch_norm_invstd(running_var, C, eps, invstd.data());
   batch_norm_apply(x, running_mean, invstd.data(), weight, bias, N, C, S, y);
 }
 
@@ -163,6 +168,7 @@ void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd
                                             double*);                                          \
   template void batch_norm_stats_to_mean_invstd<T>(const double*, const double*, double,      \
                                                    int64_t, double, double, T*, T*, T*, T*);   \
+  template void batch_norm_invstd<T>(const T*, int64_t, double, T*);                          \
   template void batch_norm_apply<T>(const T*, const T*, const T*, const T*, const T*, int64_t, \
                                     int64_t, int64_t, T*);                                     \
   template void batch_norm_backward_reduce<T>(const T*, const T*, const T*, int64_t, int64_t,  \

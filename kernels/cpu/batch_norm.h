@@ -32,6 +32,11 @@ void batch_norm_stats_to_mean_invstd(const double* sum, const double* sumsq, dou
                                      int64_t C, double eps, double momentum, T* mean,
                                      T* invstd, T* running_mean, T* running_var);
 
+// invstd[c] = 1 / sqrt(var[c] + eps)   (eval mode: var = running_var).
+// requires: var, invstd [C].  ensures: writes invstd.  in-place: invstd may equal var.
+template <typename T>
+void batch_norm_invstd(const T* var, int64_t C, double eps, T* invstd);
+
 // y[n,c,s] = (x[n,c,s] - mean[c]) * invstd[c] * weight[c] + bias[c]
 // (weight = 1 and bias = 0 when null).
 // requires: x, y [N, C, S]; mean, invstd [C]; weight, bias [C] or null.
@@ -67,7 +72,8 @@ void batch_norm_forward_training(const T* x, const T* weight, const T* bias, T* 
                                  double momentum, double eps, T* y, T* save_mean,
                                  T* save_invstd);
 
-// Eval forward: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias.
+// Eval forward: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias
+// (batch_norm_invstd, then batch_norm_apply).
 // requires: x, y [N, C, S]; running stats [C]; weight, bias [C] or null.
 // ensures: writes y.  in-place: y may equal x.
 template <typename T>

@@ -129,6 +129,17 @@ TEST_CASE("batch_norm statistics pieces combine across shards like one batch") {
     CHECK(sd1[c] + sd2[c] == doctest::Approx(sd[c]));
     CHECK(sdx1[c] + sdx2[c] == doctest::Approx(sdx[c]));
   }
+  // Each shard's dx from the global sums and count equals its slice of the whole batch's dx.
+  const auto w = randn(C, 9);
+  std::vector<double> dx(x.size()), dx2(N2 * C * S);
+  batch_norm_backward<double>(dy.data(), x.data(), mean.data(), invstd.data(), w.data(), N1 + N2, C, S,
+                              true, dx.data(), nullptr, nullptr);
+  batch_norm_backward_elemt<double>(dy.data() + N1 * C * S, x.data() + N1 * C * S, mean.data(),
+                                    invstd.data(), w.data(), sd.data(), sdx.data(), (N1 + N2) * S, N2,
+                                    C, S, dx2.data());
+  for (size_t i = 0; i < dx2.size(); ++i) {
+    CHECK(dx2[i] == doctest::Approx(dx[N1 * C * S + i]).epsilon(1e-12));
+  }
 }
 
 TEST_CASE("batch_norm backward (training) matches finite differences") {
@@ -185,7 +196,9 @@ TEST_CASE("batch_norm eval forward and backward use running stats") {
   batch_norm_forward_eval<double>(x.data(), rm.data(), rv.data(), w.data(), b.data(), N, C, S, eps,
                                   y.data());
   CHECK(y[0] == doctest::Approx((x[0] - 0.5) / std::sqrt(2.0 + eps) * w[0] + b[0]));
-  std::vector<double> invstd = {1 / std::sqrt(2.0 + eps), 1 / std::sqrt(0.25 + eps)};
+  std::vector<double> invstd(C);
+  batch_norm_invstd<double>(rv.data(), C, eps, invstd.data());
+  CHECK(invstd[1] == doctest::Approx(1 / std::sqrt(0.25 + eps)));
   std::vector<double> dx(x.size()), dw(C), db(C);
   batch_norm_backward<double>(r.data(), x.data(), rm.data(), invstd.data(), w.data(), N, C, S,
                               false, dx.data(), dw.data(), db.data());
