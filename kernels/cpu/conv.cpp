@@ -12,6 +12,10 @@
 // with single-threaded GEMMs when there are enough of them; otherwise chunks run in order
 // and Eigen threads each GEMM. wgrad gives each thread its own dW accumulator and sums
 // them at the end (no atomics, deterministic for a fixed thread count).
+// im2col reads a zero-padded copy of the chunk's input, so its loops carry no bounds
+// checks; for narrow output maps (DCGAN's 7x7 and 14x14) a per-call offset table turns
+// each kernel tap into one flat gather over all OH*OW pixels instead of OH short rows.
+// col2im is the same walk with += into padded planes whose interior is copied to dx.
 // Workspaces are thread_local and grow on demand, so the steady state does not allocate.
 #include "kernels/cpu/conv.h"
 
@@ -28,15 +32,30 @@ namespace {
 
 // Columns per GEMM below which Eigen's efficiency drops noticeably (bench_cpu_ops).
 constexpr int64_t kTargetCols = 512;
+// Output rows at least this wide are copied row by row; narrower maps use a gather table.
+constexpr int64_t kWideRow = 32;
 
 struct Geometry {
   int64_t Cg, Og, K, OH, OW, OHW, HW;  // K = Cg*kH*kW, the GEMM depth per group
-  bool direct;                         // 1x1, stride 1, no padding: col_g is the input itself
+  int64_t Hp, Wp;                      // input size after zero padding
+  bool padded;
+  bool direct;  // 1x1, stride 1, no padding: col_g is the input itself
+  bool gather;  // narrow output rows: walk the offset table instead of rows
+  // Where output pixel p = oh*OW + ow reads, relative to its tap's first element, in the
+  // padded input: oh*stride_h*Wp + ow*stride_w. Used for narrow outputs, where looping
+  // over rows of OW would cost more than the gather.
+  std::vector<int32_t> offsets;
   explicit Geometry(const Conv2dShape& s)
       : Cg(s.C_in / s.groups), Og(s.C_out / s.groups), K(Cg * s.kH * s.kW), OH(s.out_h()),
-        OW(s.out_w()), OHW(OH * OW), HW(s.H * s.W),
-        direct(s.kH == 1 && s.kW == 1 && s.stride[0] == 1 && s.stride[1] == 1 &&
-               s.padding[0] == 0 && s.padding[1] == 0) {}
+        OW(s.out_w()), OHW(OH * OW), HW(s.H * s.W), Hp(s.H + 2 * s.padding[0]),
+        Wp(s.W + 2 * s.padding[1]), padded(s.padding[0] > 0 || s.padding[1] > 0),
+        direct(s.kH == 1 && s.kW == 1 && s.stride[0] == 1 && s.stride[1] == 1 && !padded),
+        gather(OW < kWideRow && Hp * Wp < (int64_t(1) << 31)) {
+    if (gather)
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow)
+          offsets.push_back(static_cast<int32_t>(oh * s.stride[0] * Wp + ow * s.stride[1]));
+  }
 };
 
 template <class T>
@@ -46,71 +65,105 @@ T* workspace(size_t n) {
   return buf.data();
 }
 
-// Valid output range [lo, hi) along one axis for kernel tap offset `off` = k*dil - pad:
-// the input index o*stride + off must lie in [0, size).
-struct Span { int64_t lo, hi; };
-Span valid_span(int64_t off, int64_t stride, int64_t size, int64_t out) {
-  int64_t lo = off >= 0 ? 0 : (-off + stride - 1) / stride;
-  int64_t hi = size - 1 - off >= 0 ? (size - 1 - off) / stride + 1 : 0;
-  lo = std::min(lo, out);
-  hi = std::clamp(hi, lo, out);
-  return {lo, hi};
+// The chunk's input (or input gradient) for one group as im2col/col2im address it.
+template <class T>
+struct Planes {
+  T* data;
+  int64_t sample_stride, channel_stride;  // row stride is Geometry::Wp
+};
+
+// x (sample n0, channel g*Cg) zero-padded into buf, so every tap of every output pixel
+// is in bounds and the loops below need no bounds checks. Without padding, x itself.
+template <class T>
+Planes<const T> padded_input(const Conv2dShape& s, const Geometry& q, const T* x, int64_t nb, T* buf) {
+  if (!q.padded) return {x, s.C_in * q.HW, q.HW};
+  const int64_t plane = q.Hp * q.Wp, ph = s.padding[0], pw = s.padding[1];
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t c = 0; c < q.Cg; ++c) {
+      const T* src = x + b * s.C_in * q.HW + c * q.HW;
+      T* dst = buf + (b * q.Cg + c) * plane;
+      std::fill(dst, dst + ph * q.Wp, T(0));
+      for (int64_t ih = 0; ih < s.H; ++ih) {
+        T* row = dst + (ih + ph) * q.Wp;
+        std::fill(row, row + pw, T(0));
+        std::copy(src + ih * s.W, src + (ih + 1) * s.W, row + pw);
+        std::fill(row + pw + s.W, row + q.Wp, T(0));
+      }
+      std::fill(dst + (s.H + ph) * q.Wp, dst + plane, T(0));
+    }
+  return {buf, q.Cg * plane, plane};
 }
 
-// col[(c*kH + kh)*kW + kw, s*OHW + oh*OW + ow] = x[n0 + s, g*Cg + c, ih, iw] (0 outside).
-// x points at sample n0, channel g*Cg.
+// Element offset of tap (c, kh, kw) in a padded plane set.
+int64_t tap_offset(const Conv2dShape& s, const Geometry& q, int64_t channel_stride, int64_t c,
+                   int64_t kh, int64_t kw) {
+  return c * channel_stride + kh * s.dilation[0] * q.Wp + kw * s.dilation[1];
+}
+
+// col[(c*kH + kh)*kW + kw, b*OHW + oh*OW + ow] = xp[b, c, oh*sh + kh*dh, ow*sw + kw*dw]
+// (xp: the padded input of the chunk's nb samples, one group).
 template <class T>
-void im2col(const Conv2dShape& s, const Geometry& q, const T* x, int64_t nb, T* col) {
-  const int64_t cols = nb * q.OHW, sw = s.stride[1];
+void im2col(const Conv2dShape& s, const Geometry& q, Planes<const T> xp, int64_t nb, T* col) {
+  const int64_t cols = nb * q.OHW, sh = s.stride[0], sw = s.stride[1];
+  const int32_t* off = q.offsets.data();
   for (int64_t c = 0; c < q.Cg; ++c)
     for (int64_t kh = 0; kh < s.kH; ++kh)
       for (int64_t kw = 0; kw < s.kW; ++kw) {
         T* row = col + ((c * s.kH + kh) * s.kW + kw) * cols;
-        const int64_t off_h = kh * s.dilation[0] - s.padding[0];
-        const int64_t off_w = kw * s.dilation[1] - s.padding[1];
-        const Span rows = valid_span(off_h, s.stride[0], s.H, q.OH);
-        const Span span = valid_span(off_w, sw, s.W, q.OW);
+        const int64_t tap = tap_offset(s, q, xp.channel_stride, c, kh, kw);
         for (int64_t b = 0; b < nb; ++b) {
-          const T* xc = x + b * s.C_in * q.HW + c * q.HW;
-          T* out = row + b * q.OHW;
-          std::fill(out, out + rows.lo * q.OW, T(0));
-          for (int64_t oh = rows.lo; oh < rows.hi; ++oh) {
-            T* o = out + oh * q.OW;
-            const T* xr = xc + (oh * s.stride[0] + off_h) * s.W + off_w;
-            std::fill(o, o + span.lo, T(0));
-            if (sw == 1) {
-              std::copy(xr + span.lo, xr + span.hi, o + span.lo);
-            } else {
-              for (int64_t ow = span.lo; ow < span.hi; ++ow) o[ow] = xr[ow * sw];
+          const T* x = xp.data + b * xp.sample_stride + tap;
+          T* o = row + b * q.OHW;
+          if (q.gather) {
+            for (int64_t p = 0; p < q.OHW; ++p) o[p] = x[off[p]];
+          } else {
+            for (int64_t oh = 0; oh < q.OH; ++oh) {
+              const T* xr = x + oh * sh * q.Wp;
+              T* orow = o + oh * q.OW;
+              for (int64_t ow = 0; ow < q.OW; ++ow) orow[ow] = xr[ow * sw];
             }
-            std::fill(o + span.hi, o + q.OW, T(0));
           }
-          std::fill(out + rows.hi * q.OW, out + q.OHW, T(0));
         }
       }
 }
 
-// Adjoint of im2col: dx[n0 + s, g*Cg + c, ih, iw] += col[...]. dx points like x above.
+// Adjoint of im2col: dxp[b, c, oh*sh + kh*dh, ow*sw + kw*dw] += col[...]. Within one tap
+// no two output pixels hit the same input pixel, so each row is a conflict-free scatter.
 template <class T>
-void col2im(const Conv2dShape& s, const Geometry& q, const T* col, int64_t nb, T* dx) {
-  const int64_t cols = nb * q.OHW, sw = s.stride[1];
+void col2im(const Conv2dShape& s, const Geometry& q, const T* col, int64_t nb, Planes<T> dxp) {
+  const int64_t cols = nb * q.OHW, sh = s.stride[0], sw = s.stride[1];
+  const int32_t* off = q.offsets.data();
   for (int64_t c = 0; c < q.Cg; ++c)
     for (int64_t kh = 0; kh < s.kH; ++kh)
       for (int64_t kw = 0; kw < s.kW; ++kw) {
         const T* row = col + ((c * s.kH + kh) * s.kW + kw) * cols;
-        const int64_t off_h = kh * s.dilation[0] - s.padding[0];
-        const int64_t off_w = kw * s.dilation[1] - s.padding[1];
-        const Span rows = valid_span(off_h, s.stride[0], s.H, q.OH);
-        const Span span = valid_span(off_w, sw, s.W, q.OW);
+        const int64_t tap = tap_offset(s, q, dxp.channel_stride, c, kh, kw);
         for (int64_t b = 0; b < nb; ++b) {
-          T* xc = dx + b * s.C_in * q.HW + c * q.HW;
-          for (int64_t oh = rows.lo; oh < rows.hi; ++oh) {
-            const T* o = row + b * q.OHW + oh * q.OW;
-            T* xr = xc + (oh * s.stride[0] + off_h) * s.W + off_w;
-            for (int64_t ow = span.lo; ow < span.hi; ++ow) xr[ow * sw] += o[ow];
+          T* x = dxp.data + b * dxp.sample_stride + tap;
+          const T* o = row + b * q.OHW;
+          if (q.gather) {
+            for (int64_t p = 0; p < q.OHW; ++p) x[off[p]] += o[p];
+          } else {
+            for (int64_t oh = 0; oh < q.OH; ++oh) {
+              T* xr = x + oh * sh * q.Wp;
+              const T* orow = o + oh * q.OW;
+              for (int64_t ow = 0; ow < q.OW; ++ow) xr[ow * sw] += orow[ow];
+            }
           }
         }
       }
+}
+
+// Copies the interior of the padded gradient planes back into dx (sample n0, channel g*Cg).
+template <class T>
+void unpad_into(const Conv2dShape& s, const Geometry& q, const T* padded, int64_t nb, T* dx) {
+  const int64_t plane = q.Hp * q.Wp;
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t c = 0; c < q.Cg; ++c) {
+      const T* src = padded + (b * q.Cg + c) * plane + s.padding[0] * q.Wp + s.padding[1];
+      T* dst = dx + b * s.C_in * q.HW + c * q.HW;
+      for (int64_t ih = 0; ih < s.H; ++ih) std::copy(src + ih * q.Wp, src + ih * q.Wp + s.W, dst + ih * s.W);
+    }
 }
 
 // Samples per chunk, and whether chunks go to threads (true) or Eigen threads each GEMM.
@@ -157,6 +210,21 @@ void add_bias(int64_t N, int64_t C, int64_t HW, const T* bias, T* y) {
   }
 }
 
+// One thread's scratch for a chunk of nb samples: col [K, cols] (when im2col is needed),
+// the gathered [C_out, cols] matrix of y or dy (when nb > 1), and one group's padded planes.
+template <class T>
+struct Scratch {
+  T *col, *mat, *pad;
+  Scratch(const Conv2dShape& s, const Geometry& q, int64_t nb, bool need_col) {
+    const int64_t cols = nb * q.OHW;
+    const int64_t n_col = need_col ? q.K * cols : 0, n_mat = nb > 1 ? s.C_out * cols : 0;
+    const int64_t n_pad = need_col && q.padded ? nb * q.Cg * q.Hp * q.Wp : 0;
+    col = workspace<T>(static_cast<size_t>(n_col + n_mat + n_pad));
+    mat = col + n_col;
+    pad = mat + n_mat;
+  }
+};
+
 }  // namespace
 
 template <class T>
@@ -166,15 +234,14 @@ void conv2d_forward(const Conv2dShape& s, const T* input, const T* weight, const
   for_each_chunk(p, s.N, [&](int64_t n0, int64_t nb) {
     const int64_t cols = nb * q.OHW;
     const bool need_col = !(q.direct && nb == 1);
-    T* ws = workspace<T>((need_col ? q.K * cols : 0) + (nb > 1 ? s.C_out * cols : 0));
-    T* col = ws;
-    T* y = nb > 1 ? ws + (need_col ? q.K * cols : 0) : output + n0 * s.C_out * q.OHW;
+    const Scratch<T> w(s, q, nb, need_col);
+    T* y = nb > 1 ? w.mat : output + n0 * s.C_out * q.OHW;
     const T* x = input + n0 * s.C_in * q.HW;
     for (int64_t g = 0; g < s.groups; ++g) {
       const T* xg = x + g * q.Cg * q.HW;
-      if (need_col) im2col(s, q, xg, nb, col);
+      if (need_col) im2col(s, q, padded_input(s, q, xg, nb, w.pad), nb, w.col);
       gemm<T>(false, false, q.Og, cols, q.K, T(1), weight + g * q.Og * q.K, q.K,
-              need_col ? col : xg, cols, T(0), y + g * q.Og * cols, cols);
+              need_col ? w.col : xg, cols, T(0), y + g * q.Og * cols, cols);
     }
     if (nb > 1) {  // scatter [C_out, nb*OHW] back to [nb, C_out, OHW], adding the bias
       for (int64_t b = 0; b < nb; ++b)
@@ -197,16 +264,23 @@ void conv2d_backward_input(const Conv2dShape& s, const T* grad_output, const T* 
   for_each_chunk(p, s.N, [&](int64_t n0, int64_t nb) {
     const int64_t cols = nb * q.OHW;
     const bool direct = q.direct && nb == 1;  // dcol is dx itself: write it directly
-    T* ws = workspace<T>((direct ? 0 : q.K * cols) + (nb > 1 ? s.C_out * cols : 0));
-    T* dcol = ws;
-    const T* dy = gather_output_grad(s, q, grad_output, n0, nb, ws + (direct ? 0 : q.K * cols));
+    const Scratch<T> w(s, q, nb, !direct);
+    const T* dy = gather_output_grad(s, q, grad_output, n0, nb, w.mat);
     T* dx = grad_input + n0 * s.C_in * q.HW;
-    if (!direct) std::fill(dx, dx + nb * s.C_in * q.HW, T(0));
+    if (!direct && !q.padded) std::fill(dx, dx + nb * s.C_in * q.HW, T(0));
     for (int64_t g = 0; g < s.groups; ++g) {
       T* dxg = dx + g * q.Cg * q.HW;
       gemm<T>(true, false, q.K, cols, q.Og, T(1), weight + g * q.Og * q.K, q.K,
-              dy + g * q.Og * cols, cols, T(0), direct ? dxg : dcol, cols);
-      if (!direct) col2im(s, q, dcol, nb, dxg);
+              dy + g * q.Og * cols, cols, T(0), direct ? dxg : w.col, cols);
+      if (direct) continue;
+      if (q.padded) {  // accumulate into zeroed padded planes, then keep their interior
+        const int64_t plane = q.Hp * q.Wp;
+        std::fill(w.pad, w.pad + nb * q.Cg * plane, T(0));
+        col2im(s, q, w.col, nb, Planes<T>{w.pad, q.Cg * plane, plane});
+        unpad_into(s, q, w.pad, nb, dxg);
+      } else {
+        col2im(s, q, w.col, nb, Planes<T>{dxg, s.C_in * q.HW, q.HW});
+      }
     }
   });
 }
@@ -226,15 +300,14 @@ void conv2d_backward_weight(const Conv2dShape& s, const T* input, const T* grad_
     const int t = p.parallel ? omp_get_thread_num() : 0;
     T* dw = t == 0 ? grad_weight : partial.data() + (t - 1) * wsize;
     const bool need_col = !(q.direct && nb == 1);
-    T* ws = workspace<T>((need_col ? q.K * cols : 0) + (nb > 1 ? s.C_out * cols : 0));
-    T* col = ws;
-    const T* dy = gather_output_grad(s, q, grad_output, n0, nb, ws + (need_col ? q.K * cols : 0));
+    const Scratch<T> w(s, q, nb, need_col);
+    const T* dy = gather_output_grad(s, q, grad_output, n0, nb, w.mat);
     const T* x = input + n0 * s.C_in * q.HW;
     for (int64_t g = 0; g < s.groups; ++g) {
       const T* xg = x + g * q.Cg * q.HW;
-      if (need_col) im2col(s, q, xg, nb, col);
+      if (need_col) im2col(s, q, padded_input(s, q, xg, nb, w.pad), nb, w.col);
       gemm<T>(false, true, q.Og, q.K, cols, T(1), dy + g * q.Og * cols, cols,
-              need_col ? col : xg, cols, T(1), dw + g * q.Og * q.K, q.K);
+              need_col ? w.col : xg, cols, T(1), dw + g * q.Og * q.K, q.K);
     }
   });
   for (int t = 1; t < slots; ++t) {

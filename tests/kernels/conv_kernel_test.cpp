@@ -106,7 +106,8 @@ Conv2dShape shape(int64_t N, int64_t C_in, int64_t C_out, int64_t H, int64_t W, 
 
 // The cases that matter: batch 1 and many (chunks of several samples when OH*OW is
 // small, chunks on threads), 1x1 (the no-im2col path), stride > kernel (untouched
-// pixels), padding up to the kernel size, dilation, groups and depthwise, non-square.
+// pixels), padding up to the kernel size, dilation, groups and depthwise, non-square,
+// narrow (gather table) and wide (row loop) output maps.
 std::vector<Conv2dShape> cases() {
   return {
       shape(1, 3, 5, 7, 9, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1),
@@ -121,6 +122,8 @@ std::vector<Conv2dShape> cases() {
       shape(7, 3, 4, 4, 3, 2, 3, {1, 1}, {1, 2}, {1, 2}, 1),      // many samples, tiny maps
       shape(2, 8, 16, 17, 15, 5, 5, {2, 3}, {2, 2}, {1, 1}, 2),
       shape(1, 2, 2, 9, 9, 3, 3, {2, 2}, {0, 0}, {3, 3}, 1),      // dilation 3, no padding
+      shape(2, 2, 3, 9, 70, 3, 3, {1, 2}, {1, 1}, {1, 1}, 1),     // wide rows (OW >= 32), stride 2
+      shape(1, 2, 2, 4, 40, 3, 3, {1, 1}, {0, 2}, {1, 2}, 2),     // wide rows, dilation, groups
   };
 }
 
