@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -220,6 +221,9 @@ Tensor operator-(const Tensor& a);
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 std::string shape_str(const Shape& shape);  // "[2, 3]"
+
+// Named tensors in name order: state dicts and checkpoint contents.
+using TensorDict = std::map<std::string, Tensor>;
 
 // Contiguous row-major strides for `shape`.
 Shape contiguous_strides(const Shape& shape);
