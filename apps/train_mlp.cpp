@@ -16,8 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "engine/ops/loss.h"
-#include "engine/ops/matmul.h"
 
 namespace {
 
