@@ -7,6 +7,7 @@
 #include "engine/error.h"
 #include "engine/factories.h"
 #include "engine/nn/module.h"
+#include "engine/optim/optim.h"
 #include "engine/ops/attention.h"
 #include "engine/ops/batch_norm.h"
 #include "engine/ops/common.h"

@@ -1,0 +1,64 @@
+#include "engine/optim/adam.h"
+
+#include "engine/error.h"
+#include "engine/factories.h"
+#include "engine/ops/common.h"
+#include "kernels/cpu/optim.h"
+
+namespace nd::optim {
+
+std::map<std::string, double> AdamOptions::to_map() const {
+  return {{"lr", lr_}, {"beta1", betas_.first}, {"beta2", betas_.second}, {"eps", eps_},
+          {"weight_decay", weight_decay_}, {"amsgrad", amsgrad_ ? 1.0 : 0.0}};
+}
+
+void AdamOptions::from_map(const std::map<std::string, double>& v) {
+  if (v.count("lr")) lr_ = v.at("lr");
+  if (v.count("beta1")) betas_.first = v.at("beta1");
+  if (v.count("beta2")) betas_.second = v.at("beta2");
+  if (v.count("eps")) eps_ = v.at("eps");
+  if (v.count("weight_decay")) weight_decay_ = v.at("weight_decay");
+  if (v.count("amsgrad")) amsgrad_ = v.at("amsgrad") != 0;
+}
+
+namespace {
+void check(const std::string& name, const AdamOptions& o) {
+  ND_CHECK(o.lr_ >= 0, name, ": invalid learning rate ", o.lr_, " (expected >= 0)");
+  ND_CHECK(o.eps_ >= 0, name, ": invalid epsilon ", o.eps_, " (expected >= 0)");
+  ND_CHECK(o.betas_.first >= 0 && o.betas_.first < 1, name, ": invalid beta1 ", o.betas_.first,
+           " (expected in [0, 1))");
+  ND_CHECK(o.betas_.second >= 0 && o.betas_.second < 1, name, ": invalid beta2 ", o.betas_.second,
+           " (expected in [0, 1))");
+  ND_CHECK(o.weight_decay_ >= 0, name, ": invalid weight_decay ", o.weight_decay_, " (expected >= 0)");
+}
+}  // namespace
+
+Adam::Adam(std::vector<OptimizerParamGroup> groups, const AdamOptions& defaults)
+    : Adam("Adam", std::move(groups), defaults, false) {}
+
+Adam::Adam(std::string name, std::vector<OptimizerParamGroup> groups, const AdamOptions& defaults, bool decoupled)
+    : Optimizer(name, std::move(groups), defaults), decoupled_(decoupled) {
+  check(name, defaults);
+  for (auto& g : param_groups()) check(name, static_cast<const AdamOptions&>(g.options()));
+}
+
+void Adam::update(const OptimizerOptions& options, const Tensor& p, const Tensor& g, ParamState& state) {
+  const auto& o = static_cast<const AdamOptions&>(options);
+  ops::check_cpu("Adam.step", {p});
+  if (state.buffers.empty()) {
+    state.buffers["exp_avg"] = zeros_like(p);
+    state.buffers["exp_avg_sq"] = zeros_like(p);
+  }
+  if (o.amsgrad_ && !state.buffers.count("max_exp_avg_sq")) state.buffers["max_exp_avg_sq"] = zeros_like(p);
+  ++state.step;
+  kernels::cpu::AdamParams hp{o.lr_, o.betas_.first, o.betas_.second, o.eps_, o.weight_decay_, decoupled_,
+                              o.amsgrad_, state.step};
+  Tensor m = state.buffers["exp_avg"], v = state.buffers["exp_avg_sq"];
+  Tensor vmax = o.amsgrad_ ? state.buffers["max_exp_avg_sq"] : Tensor();
+  ops::dispatch_floating("Adam.step", p, [&]<class T>() {
+    kernels::cpu::adam_step<T>(p.numel(), hp, p.data_ptr<T>(), g.data_ptr<T>(), m.data_ptr<T>(), v.data_ptr<T>(),
+                               vmax.defined() ? vmax.data_ptr<T>() : nullptr);
+  });
+}
+
+}  // namespace nd::optim

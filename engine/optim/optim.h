@@ -1,0 +1,6 @@
+#pragma once
+// All optimizers and schedulers.
+#include "engine/optim/adam.h"
+#include "engine/optim/lr_scheduler.h"
+#include "engine/optim/optimizer.h"
+#include "engine/optim/sgd.h"

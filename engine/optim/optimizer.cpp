@@ -1,0 +1,139 @@
+#include "engine/optim/optimizer.h"
+
+#include <set>
+
+#include "engine/autograd.h"
+#include "engine/error.h"
+#include "engine/factories.h"
+#include "engine/ops/common.h"
+#include "engine/ops/copy.h"
+
+namespace nd::optim {
+
+Optimizer::Optimizer(std::string name, std::vector<OptimizerParamGroup> groups, const OptimizerOptions& defaults)
+    : name_(std::move(name)), defaults_(defaults.clone()) {
+  for (const auto& g : groups) add_param_group(g);
+}
+
+void Optimizer::add_param_group(const OptimizerParamGroup& group) {
+  OptimizerParamGroup g(group);
+  if (!g.has_options()) g.set_options(defaults_->clone());
+  std::set<const TensorImpl*> seen;
+  for (const auto& existing : groups_)
+    for (const Tensor& p : existing.params()) seen.insert(p.impl_ptr().get());
+  for (const Tensor& p : g.params()) {
+    ND_CHECK(p.defined(), name_, ": a parameter group holds an undefined tensor");
+    ND_CHECK(p.is_leaf() && p.is_floating_point(), name_, ": can only optimize floating point leaf tensors, found ",
+             p.describe());
+    ND_CHECK(seen.insert(p.impl_ptr().get()).second, name_, ": parameter ", p.describe(),
+             " appears in more than one parameter group");
+  }
+  groups_.push_back(std::move(g));
+}
+
+int64_t Optimizer::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& g : groups_) n += static_cast<int64_t>(g.params().size());
+  return n;
+}
+
+void Optimizer::step() {
+  NoGradGuard no_grad;
+  ops::InplaceOpLabel label(name_ + ".step");
+  int64_t updated = 0;
+  for (auto& group : groups_) {
+    for (const Tensor& p : group.params()) {
+      if (!p.impl().grad) continue;
+      Tensor g = p.grad();
+      ND_CHECK(g.sizes() == p.sizes() && g.dtype() == p.dtype() && g.device() == p.device(), name_,
+               ".step: gradient ", g.describe(), " does not match parameter ", p.describe());
+      ND_CHECK(p.is_contiguous(), name_, ".step: parameter ", p.describe(), " is not contiguous");
+      update(group.options(), p, g.contiguous(), state_[p.impl_ptr().get()]);
+      p.storage()->bump_version(name_ + ".step");
+      ++updated;
+    }
+  }
+  if (updated == 0 && num_parameters() > 0 && !warned_no_grad_) {
+    warned_no_grad_ = true;
+    warn(name_ + ".step(): none of its " + std::to_string(num_parameters()) +
+         " parameters has a gradient, so nothing was updated. Did backward reach this model? (A loss computed "
+         "under NoGradGuard, from detach()ed outputs, or made a leaf with requires_grad_(true) trains nothing.)");
+  }
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  NoGradGuard no_grad;
+  for (auto& group : groups_)
+    for (const Tensor& p : group.params()) {
+      if (!p.impl().grad) continue;
+      if (set_to_none)
+        p.set_grad(Tensor());
+      else
+        p.grad().zero_();
+    }
+}
+
+TensorDict Optimizer::state_dict() const {
+  TensorDict out;
+  int64_t k = 0;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    for (const auto& [opt, value] : groups_[gi].options().to_map())
+      out["param_groups." + std::to_string(gi) + "." + opt] = scalar_tensor(value, kFloat64);
+    for (const Tensor& p : groups_[gi].params()) {
+      auto it = state_.find(p.impl_ptr().get());
+      if (it != state_.end()) {
+        const std::string prefix = "state." + std::to_string(k) + ".";
+        out[prefix + "step"] = scalar_tensor(static_cast<double>(it->second.step), kFloat64);
+        for (const auto& [buf, t] : it->second.buffers) out[prefix + buf] = t;
+      }
+      ++k;
+    }
+  }
+  return out;
+}
+
+void Optimizer::load_state_dict(const TensorDict& state) {
+  std::vector<Tensor> flat;
+  for (const auto& g : groups_)
+    for (const Tensor& p : g.params()) flat.push_back(p);
+  std::map<int64_t, ParamState> loaded;
+  std::vector<std::map<std::string, double>> group_options(groups_.size());
+  for (const auto& [key, t] : state) {
+    const auto dot1 = key.find('.'), dot2 = key.find('.', dot1 + 1);
+    ND_CHECK(dot1 != std::string::npos && dot2 != std::string::npos, name_, ".load_state_dict: unexpected key '",
+             key, "'");
+    const std::string kind = key.substr(0, dot1), field = key.substr(dot2 + 1);
+    int64_t index = -1;
+    try {
+      index = std::stoll(key.substr(dot1 + 1, dot2 - dot1 - 1));
+    } catch (const std::exception&) {
+      throw Error(name_ + ".load_state_dict: unexpected key '" + key + "'");
+    }
+    if (kind == "param_groups") {
+      ND_CHECK(index >= 0 && index < static_cast<int64_t>(groups_.size()), name_, ".load_state_dict: the state has "
+               "parameter group ", index, " but this optimizer has ", groups_.size(), " group(s)");
+      group_options[index][field] = t.item();
+    } else if (kind == "state") {
+      ND_CHECK(index >= 0 && index < static_cast<int64_t>(flat.size()), name_, ".load_state_dict: the state has "
+               "parameter ", index, " but this optimizer holds ", flat.size(), " parameter(s)");
+      if (field == "step") {
+        loaded[index].step = static_cast<int64_t>(t.item());
+      } else {
+        const Tensor& p = flat[index];
+        ND_CHECK(t.sizes() == p.sizes(), name_, ".load_state_dict: '", key, "' has shape ", shape_str(t.sizes()),
+                 " but parameter ", index, " ", p.describe(), " has shape ", shape_str(p.sizes()));
+        Tensor buf = empty(p.sizes(), p.options());
+        copy_data(buf, t);
+        loaded[index].buffers[field] = buf;
+      }
+    } else {
+      throw Error(name_ + ".load_state_dict: unexpected key '" + key + "'");
+    }
+  }
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    if (!group_options[gi].empty()) groups_[gi].options().from_map(group_options[gi]);
+  state_.clear();
+  for (auto& [index, s] : loaded) state_[flat[index].impl_ptr().get()] = std::move(s);
+}
+
+}  // namespace nd::optim

@@ -1,0 +1,84 @@
+#pragma once
+// Optimizer base: parameter groups with per-group options, per-parameter state,
+// a step that runs under NoGradGuard and bumps each parameter's version under the
+// label "<Name>.step" (so a stale graph reports "last modified by Adam.step"),
+// and a state_dict of plain tensors that checkpoints can store.
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace nd::optim {
+
+// Options every optimizer has; each optimizer extends it. Numeric options are
+// exposed by name so param groups can be saved, loaded and scheduled uniformly.
+struct OptimizerOptions {
+  virtual ~OptimizerOptions() = default;
+  virtual std::unique_ptr<OptimizerOptions> clone() const = 0;
+  virtual std::map<std::string, double> to_map() const = 0;
+  virtual void from_map(const std::map<std::string, double>& values) = 0;
+  virtual double get_lr() const = 0;
+  virtual void set_lr(double lr) = 0;
+};
+
+struct OptimizerParamGroup {
+  OptimizerParamGroup(std::vector<Tensor> params) : params_(std::move(params)) {}
+  OptimizerParamGroup(std::vector<Tensor> params, const OptimizerOptions& options)
+      : params_(std::move(params)), options_(options.clone()) {}
+  OptimizerParamGroup(const OptimizerParamGroup& o)
+      : params_(o.params_), options_(o.options_ ? o.options_->clone() : nullptr) {}
+  std::vector<Tensor>& params() { return params_; }
+  const std::vector<Tensor>& params() const { return params_; }
+  OptimizerOptions& options() const { return *options_; }
+  bool has_options() const { return options_ != nullptr; }
+  void set_options(std::unique_ptr<OptimizerOptions> o) { options_ = std::move(o); }
+
+ private:
+  std::vector<Tensor> params_;
+  std::unique_ptr<OptimizerOptions> options_;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Updates every parameter that has a gradient. When none has one, warns once
+  // (naming the optimizer and its parameter count): a model that never trains.
+  void step();
+  void zero_grad(bool set_to_none = true);
+  void add_param_group(const OptimizerParamGroup& group);
+  std::vector<OptimizerParamGroup>& param_groups() { return groups_; }
+  const std::vector<OptimizerParamGroup>& param_groups() const { return groups_; }
+  int64_t num_parameters() const;
+  const std::string& name() const { return name_; }
+
+  // "state.<k>.step", "state.<k>.<buffer>" (k = parameter index across groups, as
+  // PyTorch numbers them) and "param_groups.<g>.<option>", all tensors.
+  TensorDict state_dict() const;
+  // Restores state saved by state_dict(); the groups must hold the same number of
+  // parameters of the same shapes, else an nd::Error says which differs.
+  void load_state_dict(const TensorDict& state);
+
+ protected:
+  struct ParamState {
+    int64_t step = 0;
+    std::map<std::string, Tensor> buffers;  // "momentum_buffer", "exp_avg", ...
+  };
+  Optimizer(std::string name, std::vector<OptimizerParamGroup> groups, const OptimizerOptions& defaults);
+  // One parameter's update; param and grad are contiguous, same dtype, shape and device.
+  virtual void update(const OptimizerOptions& options, const Tensor& param, const Tensor& grad,
+                      ParamState& state) = 0;
+
+ private:
+  std::string name_;
+  std::unique_ptr<OptimizerOptions> defaults_;
+  std::vector<OptimizerParamGroup> groups_;
+  std::map<const TensorImpl*, ParamState> state_;
+  bool warned_no_grad_ = false;
+};
+
+}  // namespace nd::optim

@@ -1,0 +1,55 @@
+#include "engine/optim/sgd.h"
+
+#include "engine/error.h"
+#include "engine/factories.h"
+#include "engine/ops/common.h"
+#include "kernels/cpu/optim.h"
+
+namespace nd::optim {
+
+std::map<std::string, double> SGDOptions::to_map() const {
+  return {{"lr", lr_}, {"momentum", momentum_}, {"dampening", dampening_}, {"weight_decay", weight_decay_},
+          {"nesterov", nesterov_ ? 1.0 : 0.0}};
+}
+
+void SGDOptions::from_map(const std::map<std::string, double>& v) {
+  if (v.count("lr")) lr_ = v.at("lr");
+  if (v.count("momentum")) momentum_ = v.at("momentum");
+  if (v.count("dampening")) dampening_ = v.at("dampening");
+  if (v.count("weight_decay")) weight_decay_ = v.at("weight_decay");
+  if (v.count("nesterov")) nesterov_ = v.at("nesterov") != 0;
+}
+
+namespace {
+void check(const SGDOptions& o) {
+  ND_CHECK(o.lr_ >= 0, "SGD: invalid learning rate ", o.lr_, " (expected >= 0)");
+  ND_CHECK(o.momentum_ >= 0, "SGD: invalid momentum ", o.momentum_, " (expected >= 0)");
+  ND_CHECK(o.weight_decay_ >= 0, "SGD: invalid weight_decay ", o.weight_decay_, " (expected >= 0)");
+  ND_CHECK(!o.nesterov_ || (o.momentum_ > 0 && o.dampening_ == 0),
+           "SGD: Nesterov momentum requires a momentum and zero dampening");
+}
+}  // namespace
+
+SGD::SGD(std::vector<OptimizerParamGroup> groups, const SGDOptions& defaults)
+    : Optimizer("SGD", std::move(groups), defaults) {
+  check(defaults);
+  for (auto& g : param_groups()) check(static_cast<const SGDOptions&>(g.options()));
+}
+
+void SGD::update(const OptimizerOptions& options, const Tensor& p, const Tensor& g, ParamState& state) {
+  const auto& o = static_cast<const SGDOptions&>(options);
+  ops::check_cpu("SGD.step", {p});
+  kernels::cpu::SgdParams hp{o.lr_, o.momentum_, o.dampening_, o.weight_decay_, o.nesterov_, false};
+  Tensor buf;
+  if (o.momentum_ != 0) {
+    auto it = state.buffers.find("momentum_buffer");
+    hp.first_step = it == state.buffers.end();
+    buf = hp.first_step ? (state.buffers["momentum_buffer"] = empty_like(p)) : it->second;
+  }
+  ++state.step;
+  ops::dispatch_floating("SGD.step", p, [&]<class T>() {
+    kernels::cpu::sgd_step<T>(p.numel(), hp, p.data_ptr<T>(), g.data_ptr<T>(), buf.defined() ? buf.data_ptr<T>() : nullptr);
+  });
+}
+
+}  // namespace nd::optim
