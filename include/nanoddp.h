@@ -7,6 +7,7 @@
 #include "engine/error.h"
 #include "engine/factories.h"
 #include "engine/nn/module.h"
+#include "engine/nn/nn.h"
 #include "engine/optim/optim.h"
 #include "engine/ops/attention.h"
 #include "engine/ops/batch_norm.h"
@@ -25,4 +26,5 @@
 #include "engine/ops/view.h"
 #include "engine/storage.h"
 #include "engine/tensor.h"
+#include "engine/train_state.h"
 #include "engine/checkpoint.h"
