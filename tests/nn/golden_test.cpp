@@ -1,0 +1,112 @@
+// nn layers against PyTorch: tests/golden/make_nn_golden.py ran each layer in PyTorch
+// (float64, from float32 weights and inputs) and wrote weights, input, output and every
+// gradient; here the same weights go in through load_state_dict, the same forward and
+// backward run in f32, and everything must match to 1e-4 (relative to the tensor's scale).
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "harness.h"
+
+using namespace nd;
+
+namespace {
+
+// Reads tests/golden/nn_<name>.txt: lines "name|d0,d1|v0 v1 ..." ('#' lines are comments).
+TensorDict read_golden(const std::string& name) {
+  const auto path = std::filesystem::path(__FILE__).parent_path().parent_path() / "golden" / ("nn_" + name + ".txt");
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), "cannot open ", path.string(), " (run tests/golden/make_nn_golden.py)");
+  TensorDict out;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t a = line.find('|'), b = line.find('|', a + 1);
+    REQUIRE(b != std::string::npos);
+    Shape shape;
+    std::stringstream dims(line.substr(a + 1, b - a - 1));
+    for (std::string d; std::getline(dims, d, ',');) shape.push_back(std::stoll(d));
+    std::vector<double> values;
+    std::stringstream vs(line.substr(b + 1));
+    for (double v; vs >> v;) values.push_back(v);
+    REQUIRE(static_cast<int64_t>(values.size()) == shape_numel(shape));
+    out[line.substr(0, a)] = tensor(values).reshape(shape);
+  }
+  return out;
+}
+
+// Entries "<prefix>name" without the prefix.
+TensorDict with_prefix(const TensorDict& golden, const std::string& prefix) {
+  TensorDict out;
+  for (const auto& [k, v] : golden)
+    if (k.rfind(prefix, 0) == 0) out[k.substr(prefix.size())] = v;
+  return out;
+}
+
+void check_golden(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  double scale = 0;
+  for (double v : nd::testing::to_vector(expected)) scale = std::max(scale, std::abs(v));
+  nd::testing::check_close(actual, expected, 1e-4 * scale + 1e-7, 1e-4, what);
+}
+
+// Loads the golden weights, makes the inputs leaves requiring grad, runs `call`,
+// backpropagates grad_out and compares the output and every gradient.
+template <class Call>
+void run_golden(const std::string& name, nn::Module& module, Call call) {
+  CAPTURE(name);
+  const TensorDict g = read_golden(name);
+  module.load_state_dict(with_prefix(g, "param."));
+  TensorDict inputs = with_prefix(g, "input.");
+  for (auto& [k, v] : inputs)
+    if (v.is_floating_point()) v.requires_grad_(true);
+  const Tensor out = call(inputs);
+  check_golden(out, g.at("out"), name + " output");
+  out.backward(g.at("grad_out"));
+  for (const auto& [k, p] : module.named_parameters()) check_golden(p.grad(), g.at("grad." + k), name + " grad " + k);
+  for (const auto& [k, v] : inputs)
+    if (g.count("grad." + k)) check_golden(v.grad(), g.at("grad." + k), name + " grad input " + k);
+  const TensorDict state = module.state_dict();
+  for (const auto& [k, v] : with_prefix(g, "after.")) check_golden(state.at(k), v, name + " " + k + " after forward");
+}
+
+}  // namespace
+
+TEST_CASE("golden: Linear, 3-D input") {
+  nn::Linear m(nn::LinearOptions(5, 3));
+  run_golden("linear", *m, [&](TensorDict& in) { return m(in.at("x")); });
+}
+
+TEST_CASE("golden: Conv2d, stride 2, padding 2, dilation 2, groups 2") {
+  nn::Conv2d m(nn::Conv2dOptions(4, 4, 3).stride(2).padding(2).dilation(2).groups(2));
+  run_golden("conv2d", *m, [&](TensorDict& in) { return m(in.at("x")); });
+}
+
+TEST_CASE("golden: ConvTranspose2d, stride 2, padding 1, output_padding 1, groups 2") {
+  nn::ConvTranspose2d m(nn::ConvTranspose2dOptions(4, 4, 3).stride(2).padding(1).output_padding(1).groups(2));
+  run_golden("conv_transpose2d", *m, [&](TensorDict& in) { return m(in.at("x")); });
+}
+
+TEST_CASE("golden: BatchNorm2d training, running stats and num_batches_tracked") {
+  nn::BatchNorm2d m(nn::BatchNormOptions(3).momentum(0.2));
+  run_golden("batch_norm2d", *m, [&](TensorDict& in) { return m(in.at("x")); });
+}
+
+TEST_CASE("golden: LayerNorm over two trailing dims") {
+  nn::LayerNorm m(nn::LayerNormOptions({4, 5}));
+  run_golden("layer_norm", *m, [&](TensorDict& in) { return m(in.at("x")); });
+}
+
+TEST_CASE("golden: MultiheadAttention, batch_first cross-attention with a bool mask") {
+  nn::MultiheadAttention m(nn::MultiheadAttentionOptions(4, 2).batch_first(true));
+  run_golden("mha", *m, [&](TensorDict& in) {
+    return m(in.at("q"), in.at("k"), in.at("v"), in.at("mask").to(kBool));
+  });
+}
+
+TEST_CASE("golden: MultiheadAttention, causal self-attention, sequence first") {
+  nn::MultiheadAttention m(nn::MultiheadAttentionOptions(4, 2));
+  run_golden("mha_causal", *m, [&](TensorDict& in) {
+    const Tensor& x = in.at("x");
+    return m(x, x, x, Tensor(), /*need_weights=*/false, /*is_causal=*/true);
+  });
+}

@@ -1,0 +1,398 @@
+// nn layers: PyTorch's state_dict names for a nested tree, tensor names, init
+// distributions (PyTorch's bounds, checked statistically), train/eval behaviour,
+// forward values against the functional ops, strict loading, and option errors.
+#include <cmath>
+#include <set>
+
+#include "harness.h"
+
+using namespace nd;
+using nd::testing::check_close;
+using nd::testing::error_message;
+using nd::testing::to_vector;
+
+namespace {
+
+// A discriminator-like tree; PyTorch's state_dict for the same tree (printed by
+// torch 2.x) is `expected` below.
+struct TreeImpl : nn::Module {
+  TreeImpl() : nn::Module("Tree") {
+    main = register_module("main", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 8, 4).stride(2).padding(1)),
+                                                  nn::BatchNorm2d(8),
+                                                  nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)),
+                                                  nn::Conv2d(nn::Conv2dOptions(8, 1, 3).bias(false)), nn::Flatten()));
+    attn = register_module("attn", nn::MultiheadAttention(nn::MultiheadAttentionOptions(8, 2).batch_first(true)));
+    norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({8})));
+    emb = register_module("emb", nn::Embedding(nn::EmbeddingOptions(10, 8).padding_idx(0)));
+    blocks = register_module("blocks", nn::ModuleList(nn::Linear(8, 8), nn::Dropout(0.1),
+                                                      nn::Linear(nn::LinearOptions(8, 4).bias(false))));
+  }
+  nn::Sequential main{nullptr};
+  nn::MultiheadAttention attn{nullptr};
+  nn::LayerNorm norm{nullptr};
+  nn::Embedding emb{nullptr};
+  nn::ModuleList blocks{nullptr};
+};
+ND_MODULE_DEFAULT(Tree);
+
+const std::vector<std::pair<std::string, Shape>> kTorchStateDict = {
+    {"main.0.weight", {8, 1, 4, 4}}, {"main.0.bias", {8}}, {"main.1.weight", {8}}, {"main.1.bias", {8}},
+    {"main.1.running_mean", {8}}, {"main.1.running_var", {8}}, {"main.1.num_batches_tracked", {}},
+    {"main.3.weight", {1, 8, 3, 3}}, {"attn.in_proj_weight", {24, 8}}, {"attn.in_proj_bias", {24}},
+    {"attn.out_proj.weight", {8, 8}}, {"attn.out_proj.bias", {8}}, {"norm.weight", {8}}, {"norm.bias", {8}},
+    {"emb.weight", {10, 8}}, {"blocks.0.weight", {8, 8}}, {"blocks.0.bias", {8}}, {"blocks.2.weight", {4, 8}}};
+
+struct Stats {
+  double mean = 0, var = 0, max_abs = 0;
+};
+Stats stats(const Tensor& t) {
+  const auto v = to_vector(t);
+  Stats s;
+  for (double x : v) s.mean += x, s.max_abs = std::max(s.max_abs, std::abs(x));
+  s.mean /= static_cast<double>(v.size());
+  for (double x : v) s.var += (x - s.mean) * (x - s.mean);
+  s.var /= static_cast<double>(v.size());
+  return s;
+}
+
+// U(-bound, bound): mean 0, variance bound^2 / 3, samples reaching close to the bound
+// and never past it. Tolerances are ~10 standard errors for the sizes used here.
+void check_uniform(const Tensor& t, double bound, const std::string& what) {
+  CAPTURE(what);
+  const Stats s = stats(t);
+  CHECK(s.max_abs <= bound * (1 + 1e-6));
+  CHECK(s.max_abs >= bound * 0.98);
+  CHECK(std::abs(s.mean) <= 0.05 * bound);
+  CHECK(s.var == doctest::Approx(bound * bound / 3).epsilon(0.06));
+}
+
+}  // namespace
+
+TEST_CASE("state_dict: a nested tree has PyTorch's keys, shapes and parameter order") {
+  Tree tree;
+  const TensorDict sd = tree->state_dict();
+  std::set<std::string> ours, torch_keys;
+  for (const auto& [k, v] : sd) ours.insert(k);
+  for (const auto& [k, shape] : kTorchStateDict) {
+    torch_keys.insert(k);
+    REQUIRE_MESSAGE(sd.count(k), "missing ", k);
+    CHECK_MESSAGE(sd.at(k).sizes() == shape, k, " has shape ", shape_str(sd.at(k).sizes()));
+  }
+  CHECK(ours == torch_keys);
+  CHECK(sd.at("main.1.num_batches_tracked").dtype() == kInt64);
+  // named_parameters in registration order, as PyTorch's (buffers left out).
+  std::vector<std::string> expected_params;
+  for (const auto& [k, shape] : kTorchStateDict)
+    if (k.find("running_") == std::string::npos && k.find("num_batches") == std::string::npos)
+      expected_params.push_back(k);
+  std::vector<std::string> params;
+  for (const auto& [k, p] : tree->named_parameters()) {
+    params.push_back(k);
+    CHECK_MESSAGE(p.name() == k, "tensor name ", p.name(), " for ", k);
+    CHECK(p.requires_grad());
+  }
+  CHECK(params == expected_params);
+  CHECK(sd.at("main.1.running_mean").name() == "main.1.running_mean");
+  CHECK(!sd.at("main.1.running_mean").requires_grad());
+}
+
+TEST_CASE("containers: Sequential and ModuleList") {
+  nn::Sequential seq;
+  seq->push_back(nn::Linear(3, 4));
+  seq->push_back(std::make_shared<nn::ReLUImpl>());
+  seq->push_back(nn::Linear(4, 2));
+  CHECK(seq->size() == 3);
+  std::vector<std::string> names;
+  for (const auto& [name, child] : seq->named_children()) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"0", "1", "2"});
+  CHECK(seq[1]->type_name() == "ReLU");
+  auto first = seq->ptr<nn::LinearImpl>(0);
+  auto last = seq->ptr<nn::LinearImpl>(2);
+  CHECK(error_message([&] { seq->ptr<nn::LinearImpl>(1); }).find("module 1 is a ReLU") != std::string::npos);
+  CHECK(error_message([&] { (void)seq[3]; }).find("index 3 is out of range") != std::string::npos);
+
+  const Tensor x = randn({5, 3});
+  const Tensor manual = nn::functional::linear(relu(nn::functional::linear(x, first->weight, first->bias)),
+                                               last->weight, last->bias);
+  check_close(seq->forward(x), manual, 1e-6, 1e-6, "Sequential chains its children");
+  check_close(nn::Sequential()(x), x, 0, 0, "an empty Sequential is the identity");
+
+  nn::ModuleList list(nn::Linear(2, 2), nn::Tanh());
+  list->push_back(nn::GELU());
+  CHECK(list->size() == 3);
+  int count = 0;
+  for (const auto& m : *list) count += m != nullptr;
+  CHECK(count == 3);
+  CHECK(list->state_dict().count("0.weight") == 1);
+  CHECK(error_message([&] { list->forward(x); }).find("ModuleList has no single-tensor forward") !=
+        std::string::npos);
+  CHECK(error_message([&] { seq->push_back(nn::Linear(nullptr)); }).find("empty module") != std::string::npos);
+}
+
+TEST_CASE("init: PyTorch's distributions and bounds") {
+  manual_seed(7);
+  SUBCASE("Linear: kaiming_uniform_(a=sqrt(5)) weight, U(+-1/sqrt(in)) bias") {
+    nn::Linear m(nn::LinearOptions(400, 300));
+    check_uniform(m->weight, 1 / std::sqrt(400.0), "Linear.weight");
+    nn::Linear wide(nn::LinearOptions(100, 4000));
+    check_uniform(wide->bias, 1 / std::sqrt(100.0), "Linear.bias");
+  }
+  SUBCASE("Conv2d: fan_in = in/groups * kH * kW") {
+    nn::Conv2d m(nn::Conv2dOptions(64, 512, {4, 2}).groups(4));
+    check_uniform(m->weight, 1 / std::sqrt(16.0 * 8), "Conv2d.weight");
+    nn::Conv2d wide(nn::Conv2dOptions(8, 4096, 1));
+    check_uniform(wide->bias, 1 / std::sqrt(8.0), "Conv2d.bias");
+  }
+  SUBCASE("ConvTranspose2d: fan_in from weight [in, out/groups, kH, kW], as PyTorch") {
+    nn::ConvTranspose2d m(nn::ConvTranspose2dOptions(512, 64, 4).groups(2));
+    CHECK(m->weight.sizes() == Shape{512, 32, 4, 4});
+    check_uniform(m->weight, 1 / std::sqrt(32.0 * 16), "ConvTranspose2d.weight");
+    nn::ConvTranspose2d wide(nn::ConvTranspose2dOptions(8, 3000, 2));
+    check_uniform(wide->bias, 1 / std::sqrt(3000.0 * 4), "ConvTranspose2d.bias");
+  }
+  SUBCASE("MultiheadAttention: xavier in_proj, zero biases, Linear out_proj") {
+    nn::MultiheadAttention m(nn::MultiheadAttentionOptions(128, 8));
+    check_uniform(m->in_proj_weight, std::sqrt(6.0 / (128 + 384)), "in_proj_weight");
+    check_uniform(m->out_proj->weight, 1 / std::sqrt(128.0), "out_proj.weight");
+    CHECK(stats(m->in_proj_bias).max_abs == 0);
+    CHECK(stats(m->out_proj->bias).max_abs == 0);
+  }
+  SUBCASE("Embedding: N(0, 1) with the padding row zeroed; norms: ones and zeros") {
+    nn::Embedding e(nn::EmbeddingOptions(1000, 64).padding_idx(-1));
+    CHECK(*e->options.padding_idx() == 999);
+    const Stats s = stats(e->weight.narrow(0, 0, 999));
+    CHECK(std::abs(s.mean) < 0.02);
+    CHECK(s.var == doctest::Approx(1).epsilon(0.03));
+    CHECK(stats(e->weight.select(0, 999)).max_abs == 0);
+    nn::BatchNorm2d bn(4);
+    check_close(bn->weight, {1, 1, 1, 1}, 0, 0, "bn.weight");
+    check_close(bn->bias, {0, 0, 0, 0}, 0, 0, "bn.bias");
+    check_close(bn->running_var, {1, 1, 1, 1}, 0, 0, "bn.running_var");
+    nn::LayerNorm ln(nn::LayerNormOptions({2, 3}));
+    check_close(ln->weight.flatten(), {1, 1, 1, 1, 1, 1}, 0, 0, "ln.weight");
+  }
+  SUBCASE("init functions: gains, fan modes, normal variants, errors") {
+    CHECK(nn::init::calculate_gain(nn::init::Nonlinearity::kLeakyReLU, std::sqrt(5.0)) ==
+          doctest::Approx(std::sqrt(1.0 / 3)));
+    CHECK(nn::init::calculate_gain(nn::init::Nonlinearity::kTanh) == doctest::Approx(5.0 / 3));
+    const Tensor w = empty({200, 50, 3, 3});
+    CHECK(nn::init::calculate_fan_in_and_fan_out(w) == std::pair<int64_t, int64_t>{450, 1800});
+    nn::init::kaiming_uniform_(w, 0, nn::init::FanMode::kFanOut, nn::init::Nonlinearity::kReLU);
+    check_uniform(w, std::sqrt(2.0) * std::sqrt(3.0 / 1800), "kaiming_uniform_ fan_out relu");
+    const int64_t v0 = w._version();
+    nn::init::kaiming_normal_(w, 0, nn::init::FanMode::kFanIn, nn::init::Nonlinearity::kReLU);
+    CHECK(w._version() == v0 + 1);
+    CHECK(stats(w).var == doctest::Approx(2.0 / 450).epsilon(0.03));
+    nn::init::xavier_normal_(w, 2.0);
+    CHECK(stats(w).var == doctest::Approx(4.0 * 2 / (450 + 1800)).epsilon(0.03));
+    const Tensor u = empty({100000});
+    nn::init::uniform_(u, 2, 5);
+    const Stats su = stats(u);
+    CHECK(su.mean == doctest::Approx(3.5).epsilon(0.01));
+    nn::init::normal_(u, -1, 3);
+    CHECK(stats(u).mean == doctest::Approx(-1).epsilon(0.05));
+    CHECK(stats(u).var == doctest::Approx(9).epsilon(0.03));
+    // Parameters are filled under no-grad: no history, still leaves.
+    nn::Linear m(2, 2);
+    nn::init::normal_(m->weight);
+    CHECK(m->weight.is_leaf());
+    CHECK(error_message([] { nn::init::xavier_uniform_(empty({5})); }).find("fewer than 2 dimensions") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("forward: layers equal their functional ops") {
+  manual_seed(3);
+  const Tensor img = randn({2, 4, 6, 6});
+  nn::Conv2d conv(nn::Conv2dOptions(4, 6, {3, 2}).stride({2, 1}).padding(1).dilation({1, 2}).groups(2));
+  check_close(conv(img), conv2d(img, conv->weight, conv->bias, {2, 1}, {1}, {1, 2}, 2), 0, 0, "Conv2d");
+  nn::ConvTranspose2d convt(nn::ConvTranspose2dOptions(4, 2, 4).stride(2).padding(1).bias(false));
+  CHECK(!convt->bias.defined());
+  const Tensor up = convt(img);
+  CHECK(up.sizes() == Shape{2, 2, 12, 12});
+  check_close(up, conv_transpose2d(img, convt->weight, {}, {2}, {1}), 0, 0, "ConvTranspose2d");
+
+  const Tensor x = randn({3, 5, 8});
+  nn::Linear lin(8, 2);
+  check_close(lin(x), x.matmul(lin->weight.t()) + lin->bias, 1e-6, 1e-6, "Linear on [3, 5, 8]");
+  nn::LayerNorm ln(nn::LayerNormOptions({8}).eps(1e-3).elementwise_affine(false));
+  CHECK(ln->parameters().empty());
+  check_close(ln(x), layer_norm(x, {8}, {}, {}, 1e-3), 0, 0, "LayerNorm");
+
+  check_close(nn::ReLU()(x), relu(x), 0, 0, "ReLU");
+  check_close(nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2))(x), leaky_relu(x, 0.2), 0, 0, "LeakyReLU");
+  check_close(nn::Tanh()(x), tanh(x), 0, 0, "Tanh");
+  check_close(nn::Sigmoid()(x), sigmoid(x), 0, 0, "Sigmoid");
+  check_close(nn::GELU(nn::GELUOptions().approximate("tanh"))(x), gelu(x, "tanh"), 0, 0, "GELU tanh");
+  CHECK(nn::Flatten()(img).sizes() == Shape{2, 144});
+  CHECK(nn::Flatten(nn::FlattenOptions().start_dim(0).end_dim(1))(img).sizes() == Shape{8, 6, 6});
+
+  nn::Embedding emb(nn::EmbeddingOptions(7, 3).padding_idx(2));
+  const Tensor idx = tensor({1, 2, 6, 2}, kInt64).reshape({2, 2});
+  check_close(emb(idx), embedding(emb->weight, idx, 2), 0, 0, "Embedding");
+  emb(idx).sum().backward();
+  check_close(emb->weight.grad().select(0, 2), {0, 0, 0}, 0, 0, "no gradient into the padding row");
+
+  // Losses.
+  const Tensor logits = randn({4, 5}), labels = tensor({0, 4, -100, 2}, kInt64);
+  const Tensor w = tensor({1, 2, 1, 0.5, 1});
+  nn::CrossEntropyLoss ce(nn::CrossEntropyLossOptions().weight(w).label_smoothing(0.1).reduction(Reduction::Sum));
+  CHECK(ce->state_dict().count("weight") == 1);
+  CHECK(nn::CrossEntropyLoss()->state_dict().empty());
+  check_close(ce(logits, labels), cross_entropy(logits, labels, w, Reduction::Sum, -100, 0.1), 0, 0,
+              "CrossEntropyLoss");
+  nn::CrossEntropyLoss ce_ignore(nn::CrossEntropyLossOptions().ignore_index(0));
+  const Tensor labels2 = tensor({0, 4, 0, 2}, kInt64);
+  check_close(ce_ignore(logits, labels2), cross_entropy(logits, labels2, {}, Reduction::Mean, 0), 0, 0,
+              "CrossEntropyLoss ignore_index");
+  const Tensor target = rand({4, 5});
+  check_close(nn::MSELoss()(logits, target), mse_loss(logits, target), 0, 0, "MSELoss");
+  check_close(nn::MSELoss(Reduction::None)(logits, target), mse_loss(logits, target, Reduction::None), 0, 0,
+              "MSELoss none");
+  const Tensor pw = tensor({1, 2, 3, 4, 5});
+  nn::BCEWithLogitsLoss bce(nn::BCEWithLogitsLossOptions().pos_weight(pw));
+  CHECK(bce->state_dict().count("pos_weight") == 1);
+  check_close(bce(logits, target), binary_cross_entropy_with_logits(logits, target, {}, pw), 0, 0,
+              "BCEWithLogitsLoss");
+}
+
+TEST_CASE("MultiheadAttention: masks, layouts and self-attention") {
+  manual_seed(11);
+  nn::MultiheadAttention mha(nn::MultiheadAttentionOptions(8, 2).batch_first(true));
+  const Tensor q = randn({2, 3, 8}), kv = randn({2, 4, 8});
+  // PyTorch's bool mask blocks where true; the same as -inf added to the scores.
+  const Tensor blocked = tensor({0, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0}).reshape({3, 4});
+  const Tensor additive = blocked * -1e30;
+  check_close(mha(q, kv, kv, blocked.to(kBool)), mha(q, kv, kv, additive), 1e-6, 1e-5, "bool mask == float mask");
+  // A per-(batch, head) mask [B * H, L, S] equal for all heads gives the same.
+  check_close(mha(q, kv, kv, additive.unsqueeze(0).expand({4, 3, 4}).contiguous()), mha(q, kv, kv, additive), 1e-6,
+              1e-5, "3-D mask");
+  // Unbatched input and self-attention through the single-tensor forward.
+  check_close(mha(q.select(0, 1), kv.select(0, 1), kv.select(0, 1)), mha(q, kv, kv).select(0, 1), 1e-6, 1e-5,
+              "unbatched [L, E]");
+  check_close(mha->forward(q), mha(q, q, q), 0, 0, "forward(x) is self-attention");
+  // batch_first = false: the same module on [L, B, E].
+  nn::MultiheadAttention seq_first(nn::MultiheadAttentionOptions(8, 2));
+  seq_first->load_state_dict(mha->state_dict());
+  check_close(seq_first(q.transpose(0, 1), kv.transpose(0, 1), kv.transpose(0, 1)).transpose(0, 1), mha(q, kv, kv),
+              1e-6, 1e-5, "sequence-first layout");
+  nn::MultiheadAttention nobias(nn::MultiheadAttentionOptions(8, 2).bias(false));
+  CHECK(nobias->state_dict().size() == 2);
+  CHECK(error_message([&] { mha(q, kv, kv, Tensor(), /*need_weights=*/true); }).find("need_weights=true is not supported") !=
+        std::string::npos);
+  CHECK(error_message([&] { mha(q, kv, kv, blocked.to(kBool), false, true); }).find("not both") !=
+        std::string::npos);
+  CHECK(error_message([&] { mha(q, randn({2, 4, 6}), kv); }).find("must end in embed_dim=8") != std::string::npos);
+}
+
+TEST_CASE("train/eval: BatchNorm2d running stats and Dropout") {
+  manual_seed(5);
+  nn::BatchNorm2d bn(nn::BatchNormOptions(3).momentum(0.5));
+  const Tensor x = randn({4, 3, 2, 2}) * 3 + 1;
+  const int64_t v_mean = bn->running_mean._version(), v_count = bn->num_batches_tracked._version();
+  const Tensor y = bn(x);
+  // Training normalises with batch stats and moves the running stats halfway.
+  const Tensor batch_mean = x.mean({0, 2, 3}), batch_var = x.var({0, 2, 3}, 1);
+  check_close(y, batch_norm(x, {}, {}, bn->weight, bn->bias, true), 1e-6, 1e-5, "training output");
+  check_close(bn->running_mean, batch_mean * 0.5, 1e-6, 1e-5, "running_mean");
+  check_close(bn->running_var, batch_var * 0.5 + 0.5, 1e-6, 1e-5, "running_var");
+  CHECK(bn->num_batches_tracked.item<int64_t>() == 1);
+  CHECK(bn->running_mean._version() == v_mean + 1);
+  CHECK(bn->num_batches_tracked._version() > v_count);
+
+  bn->eval();
+  CHECK(!bn->is_training());
+  const Tensor mean_before = bn->running_mean.clone();
+  const Tensor ye = bn(x);
+  check_close(bn->running_mean, mean_before, 0, 0, "eval leaves running stats alone");
+  CHECK(bn->num_batches_tracked.item<int64_t>() == 1);
+  check_close(ye, batch_norm(x, bn->running_mean, bn->running_var, bn->weight, bn->bias, false), 1e-6, 1e-5,
+              "eval uses running stats");
+
+  // momentum = nullopt: cumulative average of the batch statistics.
+  nn::BatchNorm2d cumulative(nn::BatchNormOptions(3).momentum(std::nullopt));
+  const Tensor x2 = randn({4, 3, 2, 2});
+  cumulative(x);
+  cumulative(x2);
+  check_close(cumulative->running_mean, (batch_mean + x2.mean({0, 2, 3})) * 0.5, 1e-6, 1e-5, "cumulative mean");
+
+  // No running stats: batch statistics in training and eval, no buffers.
+  nn::BatchNorm2d stateless(nn::BatchNormOptions(3).track_running_stats(false).affine(false));
+  CHECK(stateless->state_dict().empty());
+  stateless->eval();
+  check_close(stateless(x), batch_norm(x, {}, {}, {}, {}, true), 1e-6, 1e-5, "eval without running stats");
+
+  nn::Dropout drop(nn::DropoutOptions(0.25));
+  const Tensor ones_in = ones({100000});
+  const auto kept = to_vector(drop(ones_in));
+  double zeros_seen = 0, survivors_scaled = 0;
+  for (double v : kept) {
+    zeros_seen += v == 0;
+    survivors_scaled += std::abs(v - 1 / 0.75) < 1e-6;
+  }
+  CHECK(zeros_seen + survivors_scaled == 100000);  // survivors are scaled by 1 / (1 - p)
+  CHECK(zeros_seen / 100000 == doctest::Approx(0.25).epsilon(0.04));
+  drop->eval();
+  CHECK(drop(ones_in).impl_ptr() == ones_in.impl_ptr());
+  nn::Sequential net(nn::Linear(2, 2), nn::Dropout());
+  net->eval();
+  CHECK(!net[1]->is_training());
+}
+
+TEST_CASE("load_state_dict: strict errors list every key; a 'module.' prefix is stripped") {
+  Tree a, b;
+  TensorDict sd;
+  for (const auto& [k, v] : a->state_dict()) sd["module." + k] = v;
+  b->load_state_dict(sd);
+  check_close(b->main[0]->state_dict().at("weight"), a->main[0]->state_dict().at("weight"), 0, 0, "loaded weight");
+
+  TensorDict bad = a->state_dict();
+  bad.erase("norm.bias");
+  bad.erase("main.1.running_var");
+  bad["extra.weight"] = zeros({2});
+  bad["emb.weight"] = zeros({11, 8});
+  const std::string msg = error_message([&] { b->load_state_dict(bad); });
+  for (const char* part : {"Missing key(s)", "\"norm.bias\"", "\"main.1.running_var\"", "Unexpected key(s)",
+                           "\"extra.weight\"", "Size mismatch", "emb.weight: checkpoint [11, 8] vs module [10, 8]"})
+    CHECK_MESSAGE(msg.find(part) != std::string::npos, part, " not in: ", msg);
+  const nn::LoadStateDictResult r = b->load_state_dict(bad, /*strict=*/false);
+  CHECK(r.missing_keys.size() == 2);
+  CHECK(r.unexpected_keys == std::vector<std::string>{"extra.weight"});
+  CHECK(r.mismatched_keys.size() == 1);
+}
+
+TEST_CASE("options: bad values give errors naming the layer and the option") {
+  const std::vector<std::pair<std::function<void()>, std::string>> cases = {
+      {[] { nn::Linear(-1, 3); }, "Linear: in_features must be non-negative, got -1"},
+      {[] { nn::Conv2d(nn::Conv2dOptions(3, 8, 3).groups(2)); }, "Conv2d: in_channels must be divisible by groups"},
+      {[] { nn::Conv2d(nn::Conv2dOptions(4, 8, 0)); }, "Conv2d: kernel_size must be positive"},
+      {[] { nn::Conv2d(nn::Conv2dOptions(4, 8, 3).stride({1, 0})); }, "Conv2d: stride must be positive, got [1, 0]"},
+      {[] { nn::Conv2d(nn::Conv2dOptions(4, 8, 3).padding(-1)); }, "Conv2d: padding must be non-negative"},
+      {[] { nn::Conv2d(nn::Conv2dOptions(4, 8, {3, 3, 3})); }, "expected 1 or 2 values"},
+      {[] { nn::ConvTranspose2d(nn::ConvTranspose2dOptions(4, 6, 3).groups(4)); },
+       "ConvTranspose2d: out_channels must be divisible by groups"},
+      {[] { nn::ConvTranspose2d(nn::ConvTranspose2dOptions(4, 4, 3).stride(2).output_padding(2)); },
+       "ConvTranspose2d: output_padding must be non-negative and smaller than stride or dilation"},
+      {[] { nn::BatchNorm2d(0); }, "BatchNorm2d: num_features must be positive, got 0"},
+      {[] { nn::BatchNorm2d(nn::BatchNormOptions(3).momentum(1.5)); }, "BatchNorm2d: momentum must be in [0, 1]"},
+      {[] { nn::LayerNorm(nn::LayerNormOptions({4, -2})); }, "LayerNorm: normalized_shape must be positive"},
+      {[] { nn::MultiheadAttention(10, 3); },
+       "MultiheadAttention: embed_dim must be divisible by num_heads, got embed_dim=10, num_heads=3"},
+      {[] { nn::MultiheadAttention(nn::MultiheadAttentionOptions(8, 2).dropout(0.1)); },
+       "MultiheadAttention: dropout=0.1 is not supported"},
+      {[] { nn::Dropout(1.5); }, "Dropout: p must be in [0, 1], got 1.5"},
+      {[] { nn::Embedding(nn::EmbeddingOptions(5, 3).padding_idx(5)); },
+       "Embedding: padding_idx must be within num_embeddings (5), got 5"},
+      {[] { nn::GELU(nn::GELUOptions().approximate("fast")); }, "GELU: approximate must be \"none\" or \"tanh\""},
+      {[] { nn::CrossEntropyLoss(nn::CrossEntropyLossOptions().label_smoothing(-0.1)); },
+       "CrossEntropyLoss: label_smoothing must be in [0, 1]"},
+      {[] { nn::BatchNorm2d(3)(randn({2, 3, 4})); }, "BatchNorm2d: expected 4D input [N, C, H, W]"},
+      {[] { nn::BatchNorm2d(3)(randn({2, 4, 1, 1})); }, "BatchNorm2d: expected 3 channels (num_features)"},
+      {[] { nn::Linear(4, 2)(randn({3, 5})); }, "linear: input [cpu f32 [3, 5]] does not end in in_features=4"},
+      {[] { nn::Linear l; l->forward(randn({1})); }, "use of an empty module holder"},
+  };
+  for (const auto& [fn, expected] : cases) {
+    const std::string msg = error_message(fn);
+    CHECK_MESSAGE(msg.find(expected) != std::string::npos, "expected '", expected, "' in: ", msg);
+  }
+}
