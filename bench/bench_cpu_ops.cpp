@@ -10,8 +10,8 @@
 // ratio = our GFLOP/s / baseline GFLOP/s (> 1: faster than the baseline).
 // Output: a human table on stdout, then one JSON line per row
 //   {"op","shape","dtype","impl","ms","gflops","gbps","baseline","ratio"}.
-// Timing: warm-up, then the median of several runs (steady_clock); Eigen/OpenMP threads
-// as the environment sets them (OMP_NUM_THREADS).
+// Timing: warm-up, then baseline and ours alternately, median of each (steady_clock), so
+// load from other processes hits both alike; threads as OMP_NUM_THREADS sets them.
 // Usage: bench_cpu_ops [NAME...]  runs only the kBenches entries named (default: all).
 // To add an op: write `void bench_<op>(Report&)` and append it to kBenches at the bottom.
 // GCC 12 false positives inside Eigen's AVX-512 code (see kernels/cpu/matmul.cpp).
@@ -21,10 +21,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -43,46 +45,57 @@ struct Row {
   double ratio = 0;
 };
 
-struct Report {
-  std::vector<Row> rows;
-  // Adds the baseline row and ours, ratio = ours / baseline in GFLOP/s.
-  void pair(const std::string& op, const std::string& shape, Row base, Row ours) {
-    base.op = ours.op = op;
-    base.shape = ours.shape = shape;
-    ours.baseline = base.impl;
-    ours.ratio = ours.gflops / base.gflops;
-    rows.push_back(base);
-    rows.push_back(ours);
-  }
+// One side of a comparison: a name and a callable that owns its buffers.
+struct Timed {
+  std::string impl;
+  std::function<void()> run;
 };
 
-// Median wall time in ms of fn() after warm-up; enough repetitions for ~0.3 s per case.
-double time_ms(const std::function<void()>& fn) {
-  using clock = std::chrono::steady_clock;
+double elapsed_ms(const std::function<void()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
   fn();
-  const auto t0 = clock::now();
-  fn();
-  const double first = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
-  const int reps = std::clamp(int(300.0 / std::max(first, 1e-3)), 5, 200);
-  std::vector<double> t(static_cast<size_t>(reps));
-  for (auto& x : t) {
-    const auto a = clock::now();
-    fn();
-    x = std::chrono::duration<double, std::milli>(clock::now() - a).count();
-  }
-  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
-  return t[size_t(reps / 2)];
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-Row measure(const std::string& impl, double flops, double bytes, const std::function<void()>& fn) {
-  Row r;
-  r.dtype = "f32";
-  r.impl = impl;
-  r.ms = time_ms(fn);
-  r.gflops = flops / (r.ms * 1e6);
-  r.gbps = bytes / (r.ms * 1e6);
-  return r;
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
 }
+
+struct Report {
+  std::vector<Row> rows;
+  // Times baseline and ours alternately, one run each per round, so both see the same
+  // machine load (this box is shared); median of each over ~0.6 s after a warm-up.
+  // Adds both rows, ratio = ours / baseline in GFLOP/s.
+  void pair(const std::string& op, const std::string& shape, double flops, double bytes, const Timed& base,
+            const Timed& ours) {
+    base.run();
+    ours.run();
+    const double first = elapsed_ms(base.run) + elapsed_ms(ours.run);
+    const int rounds = std::clamp(int(600.0 / std::max(first, 1e-3)), 5, 200);
+    std::vector<double> tb, to;
+    for (int r = 0; r < rounds; ++r) {
+      tb.push_back(elapsed_ms(base.run));
+      to.push_back(elapsed_ms(ours.run));
+    }
+    auto row = [&](const Timed& t, double ms) {
+      Row r;
+      r.op = op;
+      r.shape = shape;
+      r.dtype = "f32";
+      r.impl = t.impl;
+      r.ms = ms;
+      r.gflops = flops / (ms * 1e6);
+      r.gbps = bytes / (ms * 1e6);
+      return r;
+    };
+    Row b = row(base, median(tb)), o = row(ours, median(to));
+    o.baseline = b.impl;
+    o.ratio = o.gflops / b.gflops;
+    rows.push_back(b);
+    rows.push_back(o);
+  }
+};
 
 std::vector<float> random_vec(int64_t n, uint32_t seed) {
   std::mt19937 gen(seed);
@@ -95,20 +108,24 @@ std::vector<float> random_vec(int64_t n, uint32_t seed) {
 using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // Bare Eigen C = A * B on its own row-major matrices: the baseline for gemm.
-Row eigen_gemm_row(int64_t M, int64_t N, int64_t K) {
-  RowMat a = RowMat::Random(M, K), b = RowMat::Random(K, N), c(M, N);
-  return measure("eigen", 2.0 * M * N * K, 4.0 * (M * K + K * N + M * N),
-                 [&] { c.noalias() = a * b; });
+Timed eigen_gemm(int64_t M, int64_t N, int64_t K) {
+  auto m = std::make_shared<std::array<RowMat, 3>>();
+  (*m)[0] = RowMat::Random(M, K);
+  (*m)[1] = RowMat::Random(K, N);
+  (*m)[2].resize(M, N);
+  return {"eigen", [m] { (*m)[2].noalias() = (*m)[0] * (*m)[1]; }};
 }
 
-// Our gemm with beta = 0, no transposes.
-Row our_gemm_row(int64_t M, int64_t N, int64_t K, const std::string& impl = "nd::gemm") {
-  auto a = random_vec(M * K, 1), b = random_vec(K * N, 2);
-  std::vector<float> c(size_t(M * N));
-  return measure(impl, 2.0 * M * N * K, 4.0 * (M * K + K * N + M * N), [&] {
-    cpu::gemm(false, false, M, N, K, 1.f, a.data(), K, b.data(), N, 0.f, c.data(), N);
-  });
+// Our gemm, C[M, N] = A[M, K] B[K, N] (beta = 0, no transposes).
+Timed our_gemm(int64_t M, int64_t N, int64_t K, const std::string& impl = "nd::gemm") {
+  auto a = std::make_shared<std::vector<float>>(random_vec(M * K, 1));
+  auto b = std::make_shared<std::vector<float>>(random_vec(K * N, 2));
+  auto c = std::make_shared<std::vector<float>>(static_cast<size_t>(M * N));
+  return {impl, [=] { cpu::gemm(false, false, M, N, K, 1.f, a->data(), K, b->data(), N, 0.f, c->data(), N); }};
 }
+
+double gemm_flops(int64_t M, int64_t N, int64_t K) { return 2.0 * M * N * K; }
+double gemm_bytes(int64_t M, int64_t N, int64_t K) { return 4.0 * (M * K + K * N + M * N); }
 
 std::string mnk(int64_t M, int64_t N, int64_t K) {
   return "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
@@ -119,8 +136,8 @@ void bench_matmul(Report& rep) {
                                {2048, 2048, 2048}, {64, 6272, 100},  // DCGAN G's Linear(100, 128*7*7), batch 64
                                {64, 1, 6272}};                       // DCGAN D's last Linear(6272, 1)
   for (auto& s : shapes)
-    rep.pair("matmul", mnk(s[0], s[1], s[2]), eigen_gemm_row(s[0], s[1], s[2]),
-             our_gemm_row(s[0], s[1], s[2]));
+    rep.pair("matmul", mnk(s[0], s[1], s[2]), gemm_flops(s[0], s[1], s[2]), gemm_bytes(s[0], s[1], s[2]),
+             eigen_gemm(s[0], s[1], s[2]), our_gemm(s[0], s[1], s[2]));
 }
 
 // bmm: batch threading (ours decides) vs a serial loop of bare Eigen products, each using
@@ -131,21 +148,22 @@ void bench_bmm(Report& rep) {
                                {8, 512, 512, 512}};
   for (auto& s : shapes) {
     const int64_t B = s[0], M = s[1], N = s[2], K = s[3];
-    const double flops = 2.0 * B * M * N * K, bytes = 4.0 * B * (M * K + K * N + M * N);
-    auto a = random_vec(B * M * K, 3), b = random_vec(B * K * N, 4);
-    std::vector<float> c(size_t(B * M * N));
-    Row base = measure("eigen_loop", flops, bytes, [&] {
-      for (int64_t i = 0; i < B; ++i) {
-        Eigen::Map<const RowMat> x(a.data() + i * M * K, M, K), y(b.data() + i * K * N, K, N);
-        Eigen::Map<RowMat> z(c.data() + i * M * N, M, N);
-        z.noalias() = x * y;
-      }
-    });
-    Row ours = measure("nd::bmm", flops, bytes, [&] {
-      cpu::bmm(false, false, B, M, N, K, 1.f, a.data(), K, M * K, b.data(), N, K * N, 0.f,
-               c.data(), N, M * N);
-    });
-    rep.pair("bmm", "B=" + std::to_string(B) + " " + mnk(M, N, K), base, ours);
+    auto a = std::make_shared<std::vector<float>>(random_vec(B * M * K, 3));
+    auto b = std::make_shared<std::vector<float>>(random_vec(B * K * N, 4));
+    auto c = std::make_shared<std::vector<float>>(static_cast<size_t>(B * M * N));
+    const Timed base{"eigen_loop", [=] {
+                       for (int64_t i = 0; i < B; ++i) {
+                         Eigen::Map<const RowMat> x(a->data() + i * M * K, M, K), y(b->data() + i * K * N, K, N);
+                         Eigen::Map<RowMat> z(c->data() + i * M * N, M, N);
+                         z.noalias() = x * y;
+                       }
+                     }};
+    const Timed ours{"nd::bmm", [=] {
+                       cpu::bmm(false, false, B, M, N, K, 1.f, a->data(), K, M * K, b->data(), N, K * N, 0.f,
+                                c->data(), N, M * N);
+                     }};
+    rep.pair("bmm", "B=" + std::to_string(B) + " " + mnk(M, N, K), B * gemm_flops(M, N, K),
+             B * gemm_bytes(M, N, K), base, ours);
   }
 }
 
@@ -155,6 +173,11 @@ std::string conv_name(const cpu::Conv2dShape& s) {
                 long(s.C_out), long(s.kH), long(s.stride[0]), long(s.padding[0]), long(s.H), long(s.W));
   return buf;
 }
+
+// Buffers for one conv shape, shared by the timed closures.
+struct ConvData {
+  std::vector<float> x, w, b, y, dy, dx, dw;
+};
 
 // conv2d fwd / dgrad / wgrad vs the equivalent whole-batch GEMM (groups = 1).
 void bench_conv2d(Report& rep) {
@@ -168,21 +191,19 @@ void bench_conv2d(Report& rep) {
   };
   for (const auto& s : shapes) {
     const int64_t OHW = s.out_h() * s.out_w(), Kc = s.C_in * s.kH * s.kW, cols = s.N * OHW;
-    const double flops = 2.0 * s.C_out * cols * Kc;
     const int64_t nx = s.N * s.C_in * s.H * s.W, ny = s.N * s.C_out * OHW, nw = s.C_out * Kc;
-    const double bytes = 4.0 * (nx + ny + nw);
-    auto x = random_vec(nx, 5), w = random_vec(nw, 6), dy = random_vec(ny, 7), b = random_vec(s.C_out, 8);
-    std::vector<float> y(static_cast<size_t>(ny)), dx(static_cast<size_t>(nx)), dw(static_cast<size_t>(nw));
+    const double flops = gemm_flops(s.C_out, cols, Kc), bytes = 4.0 * (nx + ny + nw);
+    auto d = std::make_shared<ConvData>(ConvData{random_vec(nx, 5), random_vec(nw, 6), random_vec(s.C_out, 8),
+                                                 std::vector<float>(static_cast<size_t>(ny)), random_vec(ny, 7),
+                                                 std::vector<float>(static_cast<size_t>(nx)),
+                                                 std::vector<float>(static_cast<size_t>(nw))});
     const std::string name = conv_name(s);
-    rep.pair("conv2d_fwd", name, our_gemm_row(s.C_out, cols, Kc, "gemm_equiv"),
-             measure("nd::im2col_gemm", flops, bytes,
-                     [&] { cpu::conv2d_forward(s, x.data(), w.data(), b.data(), y.data()); }));
-    rep.pair("conv2d_dgrad", name, our_gemm_row(Kc, cols, s.C_out, "gemm_equiv"),
-             measure("nd::im2col_gemm", flops, bytes,
-                     [&] { cpu::conv2d_backward_input(s, dy.data(), w.data(), dx.data()); }));
-    rep.pair("conv2d_wgrad", name, our_gemm_row(s.C_out, Kc, cols, "gemm_equiv"),
-             measure("nd::im2col_gemm", flops, bytes,
-                     [&] { cpu::conv2d_backward_weight(s, x.data(), dy.data(), dw.data()); }));
+    rep.pair("conv2d_fwd", name, flops, bytes, our_gemm(s.C_out, cols, Kc, "gemm_equiv"),
+             {"nd::im2col_gemm", [=] { cpu::conv2d_forward(s, d->x.data(), d->w.data(), d->b.data(), d->y.data()); }});
+    rep.pair("conv2d_dgrad", name, flops, bytes, our_gemm(Kc, cols, s.C_out, "gemm_equiv"),
+             {"nd::im2col_gemm", [=] { cpu::conv2d_backward_input(s, d->dy.data(), d->w.data(), d->dx.data()); }});
+    rep.pair("conv2d_wgrad", name, flops, bytes, our_gemm(s.C_out, Kc, cols, "gemm_equiv"),
+             {"nd::im2col_gemm", [=] { cpu::conv2d_backward_weight(s, d->x.data(), d->dy.data(), d->dw.data()); }});
   }
 }
 
@@ -197,16 +218,19 @@ void bench_conv_transpose2d(Report& rep) {
   const cpu::ConvTranspose2dShape shapes[] = {tconv(64, 128, 64, 7), tconv(64, 64, 1, 14)};
   for (const auto& s : shapes) {
     const int64_t OHW = s.out_h() * s.out_w(), HW = s.H * s.W, Kc = s.C_out * s.kH * s.kW;
-    const double flops = 2.0 * s.C_in * s.N * HW * Kc;
     const int64_t nx = s.N * s.C_in * HW, ny = s.N * s.C_out * OHW, nw = s.C_in * Kc;
-    auto x = random_vec(nx, 9), w = random_vec(nw, 10), b = random_vec(s.C_out, 11);
-    std::vector<float> y(static_cast<size_t>(ny));
+    auto d = std::make_shared<ConvData>();
+    d->x = random_vec(nx, 9);
+    d->w = random_vec(nw, 10);
+    d->b = random_vec(s.C_out, 11);
+    d->y.resize(static_cast<size_t>(ny));
     char name[160];
     std::snprintf(name, sizeof name, "N=%ld %ld->%ld k4 s2 p1 %ldx%ld", long(s.N), long(s.C_in),
                   long(s.C_out), long(s.H), long(s.W));
-    rep.pair("conv_transpose2d_fwd", name, our_gemm_row(Kc, s.N * HW, s.C_in, "gemm_equiv"),
-             measure("nd::im2col_gemm", flops, 4.0 * (nx + ny + nw),
-                     [&] { cpu::conv_transpose2d_forward(s, x.data(), w.data(), b.data(), y.data()); }));
+    rep.pair("conv_transpose2d_fwd", name, gemm_flops(Kc, s.N * HW, s.C_in), 4.0 * (nx + ny + nw),
+             our_gemm(Kc, s.N * HW, s.C_in, "gemm_equiv"),
+             {"nd::im2col_gemm",
+              [=] { cpu::conv_transpose2d_forward(s, d->x.data(), d->w.data(), d->b.data(), d->y.data()); }});
   }
 }
 
