@@ -22,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <unordered_set>
 
 #include "engine/error.h"
 #include "engine/factories.h"
@@ -53,8 +54,8 @@ const char* safetensors_dtype(ScalarType t) {
 struct Json {
   enum Kind { Null, Bool, Number, String, Array, Object } kind = Null;
   std::string text;  // String: the decoded value; Number: the literal
-  std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> members;  // in file order
+  std::vector<Json> items;        // Array elements, or Object values
+  std::vector<std::string> keys;  // Object keys (keys[i] names items[i]), in file order
 };
 
 const char* kind_name(Json::Kind k) {
@@ -108,14 +109,15 @@ class JsonParser {
       v.kind = Json::Object;
       ++pos_;
       if (eat('}')) return v;
+      std::unordered_set<std::string> seen;  // a set, so a huge header cannot make this quadratic
       do {
         skip_ws();
         const size_t key_pos = pos_;
         std::string key = string();
-        for (const auto& m : v.members)
-          if (m.first == key) pos_ = key_pos, fail("unique keys", "duplicate key \"" + key + "\"");
+        if (!seen.insert(key).second) pos_ = key_pos, fail("unique keys", "duplicate key \"" + key + "\"");
         expect(':');
-        v.members.emplace_back(std::move(key), value(depth + 1));
+        v.keys.push_back(std::move(key));
+        v.items.push_back(value(depth + 1));
       } while (eat(','));
       expect('}');
     } else if (c == '[') {
@@ -246,7 +248,9 @@ std::string json_object(const std::map<std::string, std::string>& m) {
 std::map<std::string, std::string> string_map(const Json& j, const std::string& what) {
   ND_CHECK(j.kind == Json::Object, what, ": expected an object of strings, found ", kind_name(j.kind));
   std::map<std::string, std::string> out;
-  for (const auto& [k, v] : j.members) {
+  for (size_t i = 0; i < j.keys.size(); ++i) {
+    const std::string& k = j.keys[i];
+    const Json& v = j.items[i];
     ND_CHECK(v.kind == Json::String, what, ": expected a string value for key \"", k, "\", found ",
              kind_name(v.kind));
     out[k] = v.text;
@@ -487,7 +491,9 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t data_
 
   SafetensorsHeader h;
   h.data_start = 8 + json.size();
-  for (const auto& [name, v] : root.members) {
+  for (size_t i = 0; i < root.keys.size(); ++i) {
+    const std::string& name = root.keys[i];
+    const Json& v = root.items[i];
     if (name == "__metadata__") {
       if (v.kind != Json::Null) h.metadata = string_map(v, where + ": \"__metadata__\"");
       continue;
@@ -496,7 +502,9 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t data_
     ND_CHECK(v.kind == Json::Object, what, ": expected an object with dtype, shape, data_offsets, found ",
              kind_name(v.kind));
     const Json *dtype = nullptr, *shape = nullptr, *offsets = nullptr;
-    for (const auto& [field, fv] : v.members) {
+    for (size_t f = 0; f < v.keys.size(); ++f) {
+      const std::string& field = v.keys[f];
+      const Json& fv = v.items[f];
       if (field == "dtype") dtype = &fv;
       else if (field == "shape") shape = &fv;
       else if (field == "data_offsets") offsets = &fv;

@@ -17,6 +17,7 @@
 #include "harness.h"
 
 using namespace nd;
+using nd::testing::check_close;
 using nd::testing::error_message;
 using nd::testing::to_vector;
 namespace fs = std::filesystem;
@@ -133,7 +134,7 @@ TEST_CASE("save copies non-contiguous tensors (transposed, strided, expanded) in
   }
 }
 
-TEST_CASE("metadata round-trips, with nanoddp's devices and format version; nanoddp.* keys are reserved") {
+TEST_CASE("metadata round-trips, with nanoddp's devices and format version, and reserves the nanoddp. prefix") {
   TempDir dir;
   const std::string path = dir.file("m.safetensors");
   const std::map<std::string, std::string> meta = {{"epoch", "3"}, {"note", "a \"quote\", a \\ and\na newline, é"}, {"", ""}};
@@ -154,7 +155,7 @@ TEST_CASE("metadata round-trips, with nanoddp's devices and format version; nano
   CHECK(load(dir.file("empty.safetensors")).empty());
 }
 
-TEST_CASE("map_location: device, map and function; saved CUDA devices and CUDA targets fail clearly without a GPU") {
+TEST_CASE("map_location: device, map and function, while saved CUDA devices and CUDA targets fail clearly without a GPU") {
   TempDir dir;
   // A checkpoint as a rank on cuda:0 would write it: w on cuda:0, step on cpu.
   const std::string header =
@@ -187,7 +188,17 @@ TEST_CASE("map_location: device, map and function; saved CUDA devices and CUDA t
   }));
   CHECK(seen == std::map<std::string, std::string>{{"step", "cpu"}, {"w", "cuda:0"}});
 
-  if (cuda::is_available()) return;
+  if (cuda::is_available()) {
+    const TensorDict kept = load(path, {{"cuda:1", "cpu"}});  // unmapped cuda:0 stays on cuda:0
+    CHECK(kept.at("w").device() == Device("cuda:0"));
+    CHECK(kept.at("step").device() == Device(kCPU));
+    CHECK(to_vector(kept.at("w").cpu()) == std::vector<double>{1.5, -2});
+    const std::string gpu_path = dir.file("gpu.safetensors");
+    save({{"w", kept.at("w")}}, gpu_path);  // copied to cpu for writing, device recorded
+    CHECK(load_metadata(gpu_path).at("nanoddp.devices") == R"({"w":"cuda:0"})");
+    check_close(load(gpu_path).at("w"), {1.5, -2}, 0, 0, "w saved from cuda:0");
+    return;
+  }
   // The map leaves cuda:0 alone, so w would stay on a device that does not exist here.
   std::string msg = error_message([&] { load(path, {{"cuda:1", "cpu"}}); });
   CHECK(msg.find("tensor 'w' was saved on cuda:0 and would be placed on cuda:0 by map_location {cuda:1 -> cpu}") !=
@@ -276,6 +287,17 @@ TEST_CASE("malformed files are nd::Errors that name the file and what was expect
   msg = error_message([&] { load(dir.file("missing.safetensors")); });
   CHECK(msg.find("cannot open safetensors file '" + dir.file("missing.safetensors") + "': No such file") != std::string::npos);
   CHECK(detail::parse_safetensors(st_file("{}  "), "mem").tensors.empty());  // trailing spaces are padding
+}
+
+TEST_CASE("a header with very many keys parses (duplicate detection is not quadratic)") {
+  TempDir dir;
+  std::map<std::string, std::string> meta;
+  for (int i = 0; i < 200'000; ++i) meta["k" + std::to_string(i)] = std::to_string(i);
+  const std::string path = dir.file("many.safetensors");
+  save({{"w", ones({1})}}, path, meta);
+  const auto back = load_metadata(path);
+  CHECK(back.size() == meta.size() + 2);
+  CHECK(back.at("k199999") == "199999");
 }
 
 TEST_CASE("a failing save leaves the existing file untouched and no temp file behind") {
