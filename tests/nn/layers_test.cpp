@@ -396,3 +396,25 @@ TEST_CASE("options: bad values give errors naming the layer and the option") {
     CHECK_MESSAGE(msg.find(expected) != std::string::npos, "expected '", expected, "' in: ", msg);
   }
 }
+
+TEST_CASE("layers in f64: Module::to(kFloat64) and finite-difference gradients through a small net") {
+  manual_seed(13);
+  nn::Sequential net(nn::Conv2d(nn::Conv2dOptions(2, 4, 3).padding(1)), nn::BatchNorm2d(4), nn::GELU(),
+                     nn::ConvTranspose2d(nn::ConvTranspose2dOptions(4, 2, 2).stride(2)), nn::Flatten(),
+                     nn::Linear(32, 8));
+  net->to(kFloat64);
+  for (const Tensor& p : net->parameters()) CHECK(p.dtype() == kFloat64);
+  CHECK(net->state_dict().at("1.num_batches_tracked").dtype() == kInt64);  // integer buffers keep their dtype
+  nd::testing::gradcheck("Conv2d-BatchNorm2d-GELU-ConvTranspose2d-Flatten-Linear",
+                         [&](const std::vector<Tensor>& x) { return net->forward(x[0]); },
+                         {nd::testing::random_input({2, 2, 2, 2}, 1).requires_grad_(true)});
+
+  nn::MultiheadAttention mha(nn::MultiheadAttentionOptions(4, 2).batch_first(true));
+  nn::LayerNorm ln(nn::LayerNormOptions({4}));
+  mha->to(kFloat64);
+  ln->to(kFloat64);
+  nd::testing::gradcheck("LayerNorm-MultiheadAttention",
+                         [&](const std::vector<Tensor>& x) { return mha->forward(ln(x[0]), x[1], x[1]); },
+                         {nd::testing::random_input({2, 3, 4}, 2).requires_grad_(true),
+                          nd::testing::random_input({2, 5, 4}, 3).requires_grad_(true)});
+}
