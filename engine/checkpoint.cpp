@@ -53,7 +53,7 @@ const char* safetensors_dtype(ScalarType t) {
 
 struct Json {
   enum Kind { Null, Bool, Number, String, Array, Object } kind = Null;
-  std::string text;  // String: the decoded value; Number: the literal
+  std::string text;               // String: the decoded value; Number: the literal
   std::vector<Json> items;        // Array elements, or Object values
   std::vector<std::string> keys;  // Object keys (keys[i] names items[i]), in file order
 };
@@ -78,8 +78,8 @@ class JsonParser {
   static constexpr int kMaxDepth = 32;  // the header needs 3
 
   [[noreturn]] void fail(const std::string& expected, const std::string& found) const {
-    throw Error(detail::str_cat(what_, " is not valid JSON: expected ", expected, " at byte ", pos_, ", found ",
-                                found));
+    throw Error(
+        detail::str_cat(what_, " is not valid JSON: expected ", expected, " at byte ", pos_, ", found ", found));
   }
   std::string found() const {
     if (pos_ >= s_.size()) return "end of header";
@@ -152,7 +152,10 @@ class JsonParser {
     uint32_t u = 0;
     for (int i = 0; i < 4; ++i, ++pos_) {
       const char h = s_[pos_];
-      const int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+      const int d = h >= '0' && h <= '9'   ? h - '0'
+                    : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                    : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                           : -1;
       if (d < 0) fail("a hex digit", found());
       u = u * 16 + static_cast<uint32_t>(d);
     }
@@ -174,29 +177,24 @@ class JsonParser {
       }
       if (++pos_ >= s_.size()) fail("an escape", found());
       const char e = s_[pos_++];
-      switch (e) {
-        case '"': case '\\': case '/': out += e; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          uint32_t cp = hex4();
-          if (cp >= 0xd800 && cp < 0xdc00) {  // high surrogate: a low one must follow
-            if (s_.substr(pos_, 2) != "\\u") fail("a low surrogate \\uDC00-\\uDFFF", found());
-            pos_ += 2;
-            const uint32_t lo = hex4();
-            if (lo < 0xdc00 || lo >= 0xe000) fail("a low surrogate \\uDC00-\\uDFFF", "another code unit");
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-          } else if (cp >= 0xdc00 && cp < 0xe000) {
-            fail("a high surrogate before a low one", "a lone low surrogate");
-          }
-          append_utf8(out, cp);
-          break;
-        }
-        default: --pos_, fail("one of \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u", found());
+      if (e != 'u') {
+        static constexpr std::string_view kEscapes = "\"\\/bfnrt", kMeanings = "\"\\/\b\f\n\r\t";
+        const size_t k = kEscapes.find(e);
+        if (k == std::string_view::npos) --pos_, fail("one of \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u", found());
+        out += kMeanings[k];
+        continue;
       }
+      uint32_t cp = hex4();
+      if (cp >= 0xd800 && cp < 0xdc00) {  // high surrogate: a low one must follow
+        if (s_.substr(pos_, 2) != "\\u") fail("a low surrogate \\uDC00-\\uDFFF", found());
+        pos_ += 2;
+        const uint32_t lo = hex4();
+        if (lo < 0xdc00 || lo >= 0xe000) fail("a low surrogate \\uDC00-\\uDFFF", "another code unit");
+        cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+      } else if (cp >= 0xdc00 && cp < 0xe000) {
+        fail("a high surrogate before a low one", "a lone low surrogate");
+      }
+      append_utf8(out, cp);
     }
   }
 
@@ -251,8 +249,7 @@ std::map<std::string, std::string> string_map(const Json& j, const std::string& 
   for (size_t i = 0; i < j.keys.size(); ++i) {
     const std::string& k = j.keys[i];
     const Json& v = j.items[i];
-    ND_CHECK(v.kind == Json::String, what, ": expected a string value for key \"", k, "\", found ",
-             kind_name(v.kind));
+    ND_CHECK(v.kind == Json::String, what, ": expected a string value for key \"", k, "\", found ", kind_name(v.kind));
     out[k] = v.text;
   }
   return out;
@@ -306,8 +303,8 @@ void write_all(int fd, const void* src, uint64_t n, const std::string& tmp) {
 detail::SafetensorsHeader read_header(const Fd& f, uint64_t file_size, const std::string& path) {
   char first8[8] = {};
   read_exact(f, first8, std::min<uint64_t>(8, file_size), 0, path);
-  const uint64_t n =
-      detail::parse_safetensors_header_length(std::string_view(first8, std::min<uint64_t>(8, file_size)), file_size, path);
+  const uint64_t n = detail::parse_safetensors_header_length(std::string_view(first8, std::min<uint64_t>(8, file_size)),
+                                                             file_size, path);
   std::string json(n, '\0');
   read_exact(f, json.data(), n, 8, path);
   return detail::parse_safetensors_header(json, file_size - 8 - n, path);
@@ -332,7 +329,9 @@ std::map<std::string, Device> saved_devices(const detail::SafetensorsHeader& h, 
 
 // ---- MapLocation ----
 
-MapLocation::MapLocation() : fn_([](const std::string&, const Device&) { return Device(kCPU); }), describe_("the default map_location (cpu)") {}
+MapLocation::MapLocation()
+    : fn_([](const std::string&, const Device&) { return Device(kCPU); }),
+      describe_("the default map_location (cpu)") {}
 
 MapLocation::MapLocation(Device device)
     : fn_([device](const std::string&, const Device&) { return device; }), describe_("map_location " + device.str()) {}
@@ -408,7 +407,8 @@ void save(const TensorDict& tensors, const std::string& path, const std::map<std
     const int fd = f.fd;
     f.fd = -1;
     if (::close(fd) != 0) throw_errno("save('" + path + "'): closing '" + tmp + "' failed");
-    if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno("save('" + path + "'): cannot rename '" + tmp + "' over it");
+    if (::rename(tmp.c_str(), path.c_str()) != 0)
+      throw_errno("save('" + path + "'): cannot rename '" + tmp + "' over it");
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;
@@ -416,7 +416,8 @@ void save(const TensorDict& tensors, const std::string& path, const std::map<std
   // Make the rename itself durable.
   Fd d;
   d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (d.fd < 0 || ::fsync(d.fd) != 0) throw_errno("save('" + path + "'): fsync of folder '" + dir.string() + "' failed");
+  if (d.fd < 0 || ::fsync(d.fd) != 0)
+    throw_errno("save('" + path + "'): fsync of folder '" + dir.string() + "' failed");
 }
 
 // ---- load ----
@@ -443,9 +444,11 @@ TensorDict load(const std::string& path, const MapLocation& map_location) {
       cuda::check_device(to);
     } catch (const Error& err) {
       throw Error(detail::str_cat("load('", path, "'): tensor '", e.name, "' was saved on ", from.str(),
-                                  " and would be placed on ", to.str(), " by ", map_location.describe(), ", which is not usable here: ",
-                                  err.what(), ". Pass a map_location that names a device available here, e.g. "
-                                  "nd::load(path, \"cpu\") or nd::load(path, {{\"", from.str(), "\", \"cpu\"}})"));
+                                  " and would be placed on ", to.str(), " by ", map_location.describe(),
+                                  ", which is not usable here: ", err.what(),
+                                  ". Pass a map_location that names a device available here, e.g. "
+                                  "nd::load(path, \"cpu\") or nd::load(path, {{\"",
+                                  from.str(), "\", \"cpu\"}})"));
     }
     targets.push_back(to);
   }
@@ -474,7 +477,8 @@ namespace detail {
 
 uint64_t parse_safetensors_header_length(std::string_view first8, uint64_t file_size, const std::string& file) {
   ND_CHECK(first8.size() >= 8 && file_size >= 8, "safetensors file '", file,
-           "' is truncated: expected at least 8 bytes (the header length), found ", std::min<uint64_t>(file_size, first8.size()));
+           "' is truncated: expected at least 8 bytes (the header length), found ",
+           std::min<uint64_t>(file_size, first8.size()));
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(first8[i]);
   ND_CHECK(n <= kMaxSafetensorsHeaderBytes, "safetensors file '", file, "': header length ", n,
@@ -505,23 +509,29 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t data_
     for (size_t f = 0; f < v.keys.size(); ++f) {
       const std::string& field = v.keys[f];
       const Json& fv = v.items[f];
-      if (field == "dtype") dtype = &fv;
-      else if (field == "shape") shape = &fv;
-      else if (field == "data_offsets") offsets = &fv;
-      else throw Error(what + ": unknown field \"" + field + "\" (expected dtype, shape, data_offsets)");
+      if (field == "dtype")
+        dtype = &fv;
+      else if (field == "shape")
+        shape = &fv;
+      else if (field == "data_offsets")
+        offsets = &fv;
+      else
+        throw Error(what + ": unknown field \"" + field + "\" (expected dtype, shape, data_offsets)");
     }
-    const std::pair<const char*, const Json*> required[] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", offsets}};
+    const std::pair<const char*, const Json*> required[] = {
+        {"dtype", dtype}, {"shape", shape}, {"data_offsets", offsets}};
     for (const auto& [field, p] : required) ND_CHECK(p != nullptr, what, ": missing field \"", field, "\"");
     ND_CHECK(dtype->kind == Json::String, what, ": expected \"dtype\" to be a string, found ", kind_name(dtype->kind));
     ND_CHECK(shape->kind == Json::Array, what, ": expected \"shape\" to be an array, found ", kind_name(shape->kind));
     ND_CHECK(offsets->kind == Json::Array && offsets->items.size() == 2, what,
              ": expected \"data_offsets\" to be an array [begin, end], found ",
-             offsets->kind == Json::Array ? detail::str_cat("an array of ", offsets->items.size()) : kind_name(offsets->kind));
+             offsets->kind == Json::Array ? detail::str_cat("an array of ", offsets->items.size())
+                                          : kind_name(offsets->kind));
 
     SafetensorsEntry e;
     e.name = name;
-    const DtypeName* d = std::find_if(std::begin(kDtypes), std::end(kDtypes),
-                                      [&](const DtypeName& x) { return dtype->text == x.name; });
+    const DtypeName* d =
+        std::find_if(std::begin(kDtypes), std::end(kDtypes), [&](const DtypeName& x) { return dtype->text == x.name; });
     ND_CHECK(d != std::end(kDtypes), what, ": unsupported dtype \"", dtype->text,
              "\" (expected one of F32, F64, BF16, F16, I64, I32, U8, BOOL)");
     e.dtype = d->dtype;
@@ -535,7 +545,8 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t data_
       uint64_t x = 0;
       for (const char c : j.text) {
         const uint64_t digit = static_cast<uint64_t>(c - '0');
-        ND_CHECK(x <= (limit - digit) / 10, what, ": \"", field, "\" value ", j.text, " is too large (limit ", limit, ")");
+        ND_CHECK(x <= (limit - digit) / 10, what, ": \"", field, "\" value ", j.text, " is too large (limit ", limit,
+                 ")");
         x = x * 10 + digit;
       }
       return x;
@@ -546,8 +557,10 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t data_
     for (const Json& dim : shape->items) {
       const uint64_t n = integer(dim, "shape", kInt64Max);
       e.shape.push_back(static_cast<int64_t>(n));
-      if (n != 0 && numel > kInt64Max / n) overflow = true;
-      else numel *= n;
+      if (n != 0 && numel > kInt64Max / n)
+        overflow = true;
+      else
+        numel *= n;
     }
     const bool zero = std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end();
     ND_CHECK(zero || !overflow, what, ": shape ", shape_str(e.shape), " has more elements than fit in int64");
@@ -564,8 +577,9 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t data_
   }
 
   // The tensors must tile the data section exactly: no overlap, no gap, nothing past it.
-  std::sort(h.tensors.begin(), h.tensors.end(),
-            [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+  std::sort(h.tensors.begin(), h.tensors.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+    return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+  });
   uint64_t pos = 0;
   const SafetensorsEntry* prev = nullptr;
   for (const auto& e : h.tensors) {

@@ -48,9 +48,7 @@ std::string read_bytes(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
+void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
 // A safetensors file: 8-byte little-endian length (default: the header's), header, data.
 std::string st_file(const std::string& header, const std::string& data = "", std::optional<uint64_t> length = {}) {
@@ -83,7 +81,8 @@ TEST_CASE("save/load round-trips every dtype exactly, with names, shapes and cpu
   TempDir dir;
   TensorDict d;
   const std::vector<double> values = {0.1, -2.5, 3e-5, 65504, -0.0, 1.0 / 3};
-  for (ScalarType t : {kFloat32, kFloat64, kBFloat16, kFloat16}) d[std::string("float.") + dtype_name(t)] = tensor(values, t).view({2, 3});
+  for (ScalarType t : {kFloat32, kFloat64, kBFloat16, kFloat16})
+    d[std::string("float.") + dtype_name(t)] = tensor(values, t).view({2, 3});
   Tensor i64 = empty({3}, kInt64);
   i64.data_ptr<int64_t>()[0] = std::numeric_limits<int64_t>::min();
   i64.data_ptr<int64_t>()[1] = (int64_t{1} << 53) + 1;  // not a double
@@ -124,7 +123,9 @@ TEST_CASE("save/load round-trips every dtype exactly, with names, shapes and cpu
 TEST_CASE("save copies non-contiguous tensors (transposed, strided, expanded) in logical order") {
   TempDir dir;
   const Tensor base = arange(24, kFloat64).view({4, 6});
-  TensorDict d{{"t", base.t()}, {"step", base.slice(1, 0, 6, 2)}, {"expanded", tensor({1, 2, 3}).expand({2, 3})},
+  TensorDict d{{"t", base.t()},
+               {"step", base.slice(1, 0, 6, 2)},
+               {"expanded", tensor({1, 2, 3}).expand({2, 3})},
                {"row", base.select(0, 2)}};
   save(d, dir.file("nc.safetensors"));
   const TensorDict back = load(dir.file("nc.safetensors"));
@@ -137,7 +138,8 @@ TEST_CASE("save copies non-contiguous tensors (transposed, strided, expanded) in
 TEST_CASE("metadata round-trips, with nanoddp's devices and format version, and reserves the nanoddp. prefix") {
   TempDir dir;
   const std::string path = dir.file("m.safetensors");
-  const std::map<std::string, std::string> meta = {{"epoch", "3"}, {"note", "a \"quote\", a \\ and\na newline, é"}, {"", ""}};
+  const std::map<std::string, std::string> meta = {
+      {"epoch", "3"}, {"note", "a \"quote\", a \\ and\na newline, é"}, {"", ""}};
   save({{"w", ones({2})}, {"b", zeros({1}, kInt64)}}, path, meta);
   auto back = load_metadata(path);
   CHECK(back.at("nanoddp.devices") == R"({"b":"cpu","w":"cpu"})");
@@ -146,16 +148,20 @@ TEST_CASE("metadata round-trips, with nanoddp's devices and format version, and 
   back.erase("nanoddp.format_version");
   CHECK(back == meta);
 
-  const std::string msg = error_message([&] { save({{"w", ones({1})}}, dir.file("r.safetensors"), {{"nanoddp.devices", "{}"}}); });
+  const std::string msg = error_message([&] {
+    save({{"w", ones({1})}}, dir.file("r.safetensors"), {{"nanoddp.devices", "{}"}});
+  });
   CHECK(msg.find("metadata key 'nanoddp.devices' is reserved") != std::string::npos);
-  CHECK(error_message([&] { save({{"__metadata__", ones({1})}}, dir.file("r.safetensors")); }).find("__metadata__") !=
-        std::string::npos);
+  CHECK(error_message([&] {
+          save({{"__metadata__", ones({1})}}, dir.file("r.safetensors"));
+        }).find("__metadata__") != std::string::npos);
   CHECK_FALSE(fs::exists(dir.file("r.safetensors")));
   save({}, dir.file("empty.safetensors"));
   CHECK(load(dir.file("empty.safetensors")).empty());
 }
 
-TEST_CASE("map_location: device, map and function, while saved CUDA devices and CUDA targets fail clearly without a GPU") {
+TEST_CASE(
+    "map_location: device, map and function, while saved CUDA devices and CUDA targets fail clearly without a GPU") {
   TempDir dir;
   // A checkpoint as a rank on cuda:0 would write it: w on cuda:0, step on cpu.
   const std::string header =
@@ -240,39 +246,54 @@ TEST_CASE("malformed files are nd::Errors that name the file and what was expect
   has(st_file(R"({"w":5})"), "tensor 'w': expected an object with dtype, shape, data_offsets, found a number");
   has(st_file(R"({"w":{"dtype":"F32","shape":[2]}})", d8), "tensor 'w': missing field \"data_offsets\"");
   has(st_file(R"({"w":{"shape":[2],"data_offsets":[0,8]}})", d8), "missing field \"dtype\"");
-  has(st_file(R"({"w":{"dtype":3,"shape":[2],"data_offsets":[0,8]}})", d8), "expected \"dtype\" to be a string, found a number");
-  has(st_file(R"({"w":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", d8), "expected \"shape\" to be an array, found a string");
-  has(st_file(R"({"w":{)" + f32x2 + R"(,"data_offsets":[0]}})", d8), "expected \"data_offsets\" to be an array [begin, end], found an array of 1");
+  has(st_file(R"({"w":{"dtype":3,"shape":[2],"data_offsets":[0,8]}})", d8),
+      "expected \"dtype\" to be a string, found a number");
+  has(st_file(R"({"w":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", d8),
+      "expected \"shape\" to be an array, found a string");
+  has(st_file(R"({"w":{)" + f32x2 + R"(,"data_offsets":[0]}})", d8),
+      "expected \"data_offsets\" to be an array [begin, end], found an array of 1");
   has(st_file(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", d8), "non-negative integers, found -2");
   has(st_file(R"({"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,8]}})", d8), "non-negative integers, found 1.5");
   has(st_file(R"({"w":{"dtype":"F32","shape":[null],"data_offsets":[0,8]}})", d8), "non-negative integers, found null");
   has(st_file(R"({"w":{)" + f32x2 + R"(,"data_offsets":[0,8],"extra":1}})", d8), "unknown field \"extra\"");
-  has(st_file(R"({"w":{"dtype":"I8","shape":[8],"data_offsets":[0,8]}})", d8), "unsupported dtype \"I8\" (expected one of F32");
-  has(st_file(R"({"__metadata__":{"a":1}})"), "\"__metadata__\": expected a string value for key \"a\", found a number");
+  has(st_file(R"({"w":{"dtype":"I8","shape":[8],"data_offsets":[0,8]}})", d8),
+      "unsupported dtype \"I8\" (expected one of F32");
+  has(st_file(R"({"__metadata__":{"a":1}})"),
+      "\"__metadata__\": expected a string value for key \"a\", found a number");
   has(st_file(R"({"__metadata__":[]})"), "\"__metadata__\": expected an object of strings, found an array");
-  has(st_file(R"({"__metadata__":{"nanoddp.devices":"{\"w\":\"tpu\"}"},"w":{)" + f32x2 + R"(,"data_offsets":[0,8]}})", d8),
+  has(st_file(R"({"__metadata__":{"nanoddp.devices":"{\"w\":\"tpu\"}"},"w":{)" + f32x2 + R"(,"data_offsets":[0,8]}})",
+              d8),
       "metadata \"nanoddp.devices\": tensor 'w': invalid device 'tpu'");
   // Duplicate keys, at the top and inside an entry.
   has(st_file(R"({"w":{)" + f32x2 + R"(,"data_offsets":[0,8]},"w":{)" + f32x2 + R"(,"data_offsets":[0,8]}})", d8),
       "duplicate key \"w\"");
-  has(st_file(R"({"w":{"dtype":"F32","dtype":"F64","shape":[2],"data_offsets":[0,8]}})", d8), "duplicate key \"dtype\"");
+  has(st_file(R"({"w":{"dtype":"F32","dtype":"F64","shape":[2],"data_offsets":[0,8]}})", d8),
+      "duplicate key \"dtype\"");
   // Sizes and offsets.
-  has(st_file(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", d8), "F32 [3] needs 12 bytes, but data_offsets [0, 8] span 8");
+  has(st_file(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", d8),
+      "F32 [3] needs 12 bytes, but data_offsets [0, 8] span 8");
   has(st_file(R"({"w":{)" + f32x2 + R"(,"data_offsets":[8,0]}})", d8), "data_offsets [8, 0]: expected begin <= end");
-  has(st_file(R"({"a":{)" + f32x2 + R"(,"data_offsets":[0,8]},"b":{)" + f32x2 + R"(,"data_offsets":[4,12]}})", std::string(12, '\0')),
+  has(st_file(R"({"a":{)" + f32x2 + R"(,"data_offsets":[0,8]},"b":{)" + f32x2 + R"(,"data_offsets":[4,12]}})",
+              std::string(12, '\0')),
       "tensor 'b' data_offsets [4, 12] overlap tensor 'a' [0, 8]");
-  has(st_file(R"({"a":{)" + f32x2 + R"(,"data_offsets":[0,8]},"b":{)" + f32x2 + R"(,"data_offsets":[12,20]}})", std::string(20, '\0')),
+  has(st_file(R"({"a":{)" + f32x2 + R"(,"data_offsets":[0,8]},"b":{)" + f32x2 + R"(,"data_offsets":[12,20]}})",
+              std::string(20, '\0')),
       "gap in the data: bytes [8, 12) belong to no tensor");
-  has(st_file(R"({"a":{)" + f32x2 + R"(,"data_offsets":[4,12]}})", std::string(12, '\0')), "bytes [0, 4) belong to no tensor");
+  has(st_file(R"({"a":{)" + f32x2 + R"(,"data_offsets":[4,12]}})", std::string(12, '\0')),
+      "bytes [0, 4) belong to no tensor");
   has(st_file(R"({"w":{)" + f32x2 + R"(,"data_offsets":[0,8]}})", std::string(4, '\0')),
       "is truncated: tensor 'w' data_offsets [0, 8] reach past the 4 bytes of data");
-  has(st_file(R"({"w":{)" + f32x2 + R"(,"data_offsets":[0,8]}})", std::string(12, '\0')), "(4 trailing bytes belong to no tensor)");
+  has(st_file(R"({"w":{)" + f32x2 + R"(,"data_offsets":[0,8]}})", std::string(12, '\0')),
+      "(4 trailing bytes belong to no tensor)");
   has(st_file(R"({"w":{"dtype":"U8","shape":[4294967296,4294967296,4],"data_offsets":[0,8]}})", d8),
       "shape [4294967296, 4294967296, 4] has more elements than fit in int64");
-  has(st_file(R"({"w":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]}})", d8), "has more bytes than fit in 64 bits");
-  has(st_file(R"({"w":{"dtype":"U8","shape":[99999999999999999999],"data_offsets":[0,8]}})", d8), "\"shape\" value 99999999999999999999 is too large");
+  has(st_file(R"({"w":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]}})", d8),
+      "has more bytes than fit in 64 bits");
+  has(st_file(R"({"w":{"dtype":"U8","shape":[99999999999999999999],"data_offsets":[0,8]}})", d8),
+      "\"shape\" value 99999999999999999999 is too large");
   has(st_file(R"({"w":{"dtype":"U8","shape":[8],"data_offsets":[0,99999999999999999999]}})", d8), "is too large");
-  has(st_file(R"({"w":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", std::string("\x01\x02", 2)), "element 1: expected byte 0 or 1, found 2");
+  has(st_file(R"({"w":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", std::string("\x01\x02", 2)),
+      "element 1: expected byte 0 or 1, found 2");
 
   // A saved file cut short, a directory, a missing file; load_metadata checks as much.
   const std::string path = dir.file("cut.safetensors");
@@ -285,8 +306,20 @@ TEST_CASE("malformed files are nd::Errors that name the file and what was expect
   std::string msg = error_message([&] { load(dir.path.string()); });
   CHECK(msg.find("expected a safetensors file, found a directory") != std::string::npos);
   msg = error_message([&] { load(dir.file("missing.safetensors")); });
-  CHECK(msg.find("cannot open safetensors file '" + dir.file("missing.safetensors") + "': No such file") != std::string::npos);
+  CHECK(msg.find("cannot open safetensors file '" + dir.file("missing.safetensors") + "': No such file") !=
+        std::string::npos);
   CHECK(detail::parse_safetensors(st_file("{}  "), "mem").tensors.empty());  // trailing spaces are padding
+}
+
+TEST_CASE("JSON escapes in names decode, including surrogate pairs") {
+  TempDir dir;
+  const std::string path = dir.file("esc.safetensors");
+  write_bytes(path,
+              st_file(R"({"a\n\u00e9\ud83d\ude00\/\"":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "\x05"));
+  const TensorDict d = load(path);
+  REQUIRE(d.size() == 1);
+  CHECK(d.begin()->first == "a\n\xc3\xa9\xf0\x9f\x98\x80/\"");
+  CHECK(d.begin()->second.item<uint8_t>() == 5);
 }
 
 TEST_CASE("a header with very many keys parses (duplicate detection is not quadratic)") {

@@ -20,13 +20,16 @@ fi
 # does not run, but load()/save() link against) only AddressSanitizer. Objects are cached.
 common=(-std=c++20 -O1 -g -fopenmp -I"$root" -I"$root/include" $(pkg-config --cflags eigen3 2>/dev/null || echo -I/usr/include/eigen3))
 mkdir -p "$work/obj"
+# An object is rebuilt when its source or any header is newer.
+stamp="$work/obj/.newest_header"
+touch -r "$(find "$root/engine" "$root/kernels" "$root/include" -name '*.h' -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2-)" "$stamp"
 compile() {  # source, extra flags...
   local src="$1" obj="$work/obj/$(echo "${1#$root/}" | tr / _).o"
   shift
-  if [[ ! "$obj" -nt "$src" ]]; then "$cxx" "${common[@]}" "$@" -c "$src" -o "$obj"; fi
+  if [[ ! "$obj" -nt "$src" || ! "$obj" -nt "$stamp" ]]; then "$cxx" "${common[@]}" "$@" -c "$src" -o "$obj"; fi
   echo "$obj"
 }
-export -f compile; export root work cxx
+export -f compile; export root work cxx stamp
 echo "building $work/safetensors_header_fuzz with $cxx ..."
 engine=$(find "$root/engine" "$root/kernels/cpu" "$root/kernels/cuda" -name '*.cpp' ! -path '*/engine/checkpoint.cpp' | sort)
 # In an archive, so the linker takes only what the target reaches.
