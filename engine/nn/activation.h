@@ -14,7 +14,7 @@ class ReLUImpl : public Module {
   ReLUImpl() : Module("ReLU") {}
   Tensor forward(const Tensor& input) override;
 };
-ND_MODULE_DEFAULT(ReLU);
+ND_MODULE(ReLU);
 
 struct LeakyReLUOptions {
   LeakyReLUOptions() = default;
@@ -26,21 +26,21 @@ class LeakyReLUImpl : public Module {
   Tensor forward(const Tensor& input) override;
   LeakyReLUOptions options;
 };
-ND_MODULE_DEFAULT(LeakyReLU);
+ND_MODULE(LeakyReLU);
 
 class TanhImpl : public Module {
  public:
   TanhImpl() : Module("Tanh") {}
   Tensor forward(const Tensor& input) override;
 };
-ND_MODULE_DEFAULT(Tanh);
+ND_MODULE(Tanh);
 
 class SigmoidImpl : public Module {
  public:
   SigmoidImpl() : Module("Sigmoid") {}
   Tensor forward(const Tensor& input) override;
 };
-ND_MODULE_DEFAULT(Sigmoid);
+ND_MODULE(Sigmoid);
 
 struct GELUOptions {
   GELUOptions() = default;
@@ -53,7 +53,7 @@ class GELUImpl : public Module {
   Tensor forward(const Tensor& input) override;
   GELUOptions options;
 };
-ND_MODULE_DEFAULT(GELU);
+ND_MODULE(GELU);
 
 struct FlattenOptions {
   FlattenOptions() = default;
@@ -67,6 +67,6 @@ class FlattenImpl : public Module {
   Tensor forward(const Tensor& input) override;
   FlattenOptions options;
 };
-ND_MODULE_DEFAULT(Flatten);
+ND_MODULE(Flatten);
 
 }  // namespace nd::nn

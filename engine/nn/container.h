@@ -40,13 +40,11 @@ class ModuleListBase : public Module {
   std::vector<std::shared_ptr<Module>> modules_;
 };
 
-// Holders with a default constructor (an empty container, as LibTorch's) and
-// operator[] forwarded to the container.
+// Holders with operator[] forwarded to the container.
 template <class Impl>
 class ContainerHolder : public ModuleHolder<Impl> {
  public:
   using ModuleHolder<Impl>::ModuleHolder;
-  ContainerHolder() : ModuleHolder<Impl>(std::make_shared<Impl>()) {}
   const std::shared_ptr<Module>& operator[](size_t index) const { return (*this->get())[index]; }
 };
 

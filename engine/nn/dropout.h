@@ -19,6 +19,6 @@ class DropoutImpl : public Module {
 
   DropoutOptions options;
 };
-ND_MODULE_DEFAULT(Dropout);
+ND_MODULE(Dropout);
 
 }  // namespace nd::nn

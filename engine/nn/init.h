@@ -3,36 +3,12 @@
 // torch::nn::init), drawing from nd's seeded default generator. Every function fills
 // its tensor in place under NoGradGuard (bumping its version) and returns it.
 // Values differ from PyTorch's (another generator); distributions and bounds match.
-// Also home of the two helpers every layer header uses: ND_ARG (an options field with
-// a chainable setter) and ND_MODULE_DEFAULT (a holder whose default constructor builds
-// the layer with default options, as LibTorch's does for nn::ReLU()).
 // Tests: tests/nn/layers_test.cpp ("init").
 #include <cstdint>
 #include <utility>
 
 #include "engine/nn/module.h"
 #include "engine/tensor.h"
-
-// ND_ARG(int64_t, stride) declares field stride_, getter stride() and chainable setter
-// stride(value) (LibTorch's TORCH_ARG).
-#define ND_ARG(T, name)                                                   \
- public:                                                                  \
-  auto name(const T& new_##name)->decltype(*this) {                       \
-    this->name##_ = new_##name;                                           \
-    return *this;                                                         \
-  }                                                                       \
-  const T& name() const noexcept { return this->name##_; }                \
-                                                                          \
- private:                                                                 \
-  T name##_
-
-// Like ND_MODULE, plus a default constructor that builds NameImpl() (nn::ReLU()).
-#define ND_MODULE_DEFAULT(Name)                                               \
-  class Name : public ::nd::nn::ModuleHolder<Name##Impl> {                    \
-   public:                                                                    \
-    using ::nd::nn::ModuleHolder<Name##Impl>::ModuleHolder;                   \
-    Name() : ::nd::nn::ModuleHolder<Name##Impl>(std::make_shared<Name##Impl>()) {} \
-  }
 
 namespace nd::nn::init {
 

@@ -19,7 +19,7 @@ class MSELossImpl : public Module {
   Tensor forward(const Tensor& input, const Tensor& target);
   MSELossOptions options;
 };
-ND_MODULE_DEFAULT(MSELoss);
+ND_MODULE(MSELoss);
 
 struct BCEWithLogitsLossOptions {
   BCEWithLogitsLossOptions() = default;
@@ -35,7 +35,7 @@ class BCEWithLogitsLossImpl : public Module {
   BCEWithLogitsLossOptions options;
   Tensor weight, pos_weight;
 };
-ND_MODULE_DEFAULT(BCEWithLogitsLoss);
+ND_MODULE(BCEWithLogitsLoss);
 
 struct CrossEntropyLossOptions {
   CrossEntropyLossOptions() = default;
@@ -53,6 +53,6 @@ class CrossEntropyLossImpl : public Module {
   CrossEntropyLossOptions options;
   Tensor weight;
 };
-ND_MODULE_DEFAULT(CrossEntropyLoss);
+ND_MODULE(CrossEntropyLoss);
 
 }  // namespace nd::nn

@@ -50,8 +50,20 @@ Tensor Module::register_buffer(const std::string& name, Tensor tensor) {
 void Module::add_child(const std::string& name, std::shared_ptr<Module> child) {
   check_new_name(name, "submodule");
   ND_CHECK(child != nullptr, type_name_, ": submodule '", name, "' is null");
+  child->parent_ = this;
   children_.emplace_back(name, std::move(child));
-  name_tensors();
+  rename_from_root();
+}
+
+Module::~Module() {
+  for (auto& [name, child] : children_)
+    if (child->parent_ == this) child->parent_ = nullptr;
+}
+
+void Module::rename_from_root() {
+  Module* root = this;
+  while (root->parent_) root = root->parent_;
+  root->name_tensors(root->name_prefix_);
 }
 
 template <class Visit>
@@ -225,6 +237,7 @@ void Module::apply(const std::function<void(Module&)>& fn) {
 }
 
 void Module::name_tensors(const std::string& prefix) {
+  name_prefix_ = prefix;
   visit(prefix, [](const std::string& path, Module& m) {
     for (auto& [name, t] : m.parameters_) t.set_name(join(path, name));
     for (auto& [name, t] : m.buffers_) t.set_name(join(path, name));

@@ -23,7 +23,7 @@ struct LoadStateDictResult {
 class Module : public std::enable_shared_from_this<Module> {
  public:
   explicit Module(std::string type_name = "Module") : type_name_(std::move(type_name)) {}
-  virtual ~Module() = default;
+  virtual ~Module();
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
@@ -79,8 +79,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // Calls fn on this module and every descendant, depth first.
   void apply(const std::function<void(Module&)>& fn);
   // Sets every parameter's and buffer's tensor name to prefix + "." + dotted path
-  // (or the bare path when prefix is empty): errors then say 'D.main.0.weight'.
-  void name_tensors(const std::string& prefix = "");
+  // (or the bare path when prefix is empty): errors then say 'D.main.0.weight'. The
+  // prefix is kept: modules registered later anywhere in the tree are named the same way.
+  void name_tensors(const std::string& prefix);
 
  protected:
   std::vector<std::pair<std::string, Tensor>> parameters_;
@@ -90,12 +91,16 @@ class Module : public std::enable_shared_from_this<Module> {
 
  private:
   void add_child(const std::string& name, std::shared_ptr<Module> child);
+  // Renames this tree's tensors from its root (the module with no parent).
+  void rename_from_root();
   void check_new_name(const std::string& name, const char* what) const;
   template <class Visit>
   void visit(const std::string& prefix, Visit&& visit_module);
   template <class Visit>
   void visit(const std::string& prefix, Visit&& visit_module) const;
   std::string type_name_;
+  Module* parent_ = nullptr;  // the module this one was last registered into (cleared when it dies)
+  std::string name_prefix_;   // set on a root by name_tensors
 };
 
 // LibTorch-style holder: nn::Linear(nn::LinearOptions(4, 3)) owns a shared LinearImpl.
@@ -103,7 +108,11 @@ template <class Impl>
 class ModuleHolder {
  public:
   using ImplType = Impl;
-  ModuleHolder() = default;
+  // Like LibTorch: a default-constructible layer is built (nn::ReLU(), nn::Sequential());
+  // otherwise the holder is empty until assigned. nullptr always gives an empty holder.
+  ModuleHolder() {
+    if constexpr (std::is_default_constructible_v<Impl>) impl_ = std::make_shared<Impl>();
+  }
   ModuleHolder(std::nullptr_t) {}
   explicit ModuleHolder(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   template <class First, class... Rest>
@@ -142,3 +151,16 @@ Impl* ModuleHolder<Impl>::get() const {
    public:                                            \
     using ::nd::nn::ModuleHolder<Name##Impl>::ModuleHolder; \
   }
+
+// ND_ARG(int64_t, stride) declares field stride_, getter stride() and chainable setter
+// stride(value) (LibTorch's TORCH_ARG).
+#define ND_ARG(T, name)                                                   \
+ public:                                                                  \
+  auto name(const T& new_##name)->decltype(*this) {                       \
+    this->name##_ = new_##name;                                           \
+    return *this;                                                         \
+  }                                                                       \
+  const T& name() const noexcept { return this->name##_; }                \
+                                                                          \
+ private:                                                                 \
+  T name##_

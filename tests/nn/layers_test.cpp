@@ -33,7 +33,7 @@ struct TreeImpl : nn::Module {
   nn::Embedding emb{nullptr};
   nn::ModuleList blocks{nullptr};
 };
-ND_MODULE_DEFAULT(Tree);
+ND_MODULE(Tree);
 
 const std::vector<std::pair<std::string, Shape>> kTorchStateDict = {
     {"main.0.weight", {8, 1, 4, 4}}, {"main.0.bias", {8}}, {"main.1.weight", {8}}, {"main.1.bias", {8}},
