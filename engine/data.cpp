@@ -119,8 +119,9 @@ Tensor read_idx(const std::string& path) {
   int64_t expected = 1;
   for (int d = 0; d < ndims; ++d) {
     shape.push_back(big_endian(dims_raw + 4 * d));
-    ND_CHECK(shape.back() == 0 || expected <= kMaxBytes / shape.back(), "read_idx: '", path, "' is corrupt: its header promises more than ",
-             kMaxBytes, " bytes of data (sizes ", shape_str(shape), "...)");
+    ND_CHECK(shape.back() == 0 || expected <= kMaxBytes / shape.back(), "read_idx: '", path,
+             "' is corrupt: its header promises more than ", kMaxBytes, " bytes of data (sizes ",
+             shape_str(shape), "...)");
     expected *= shape.back();
   }
 
@@ -131,8 +132,10 @@ Tensor read_idx(const std::string& path) {
   for (;;) {
     const size_t got = in.read(chunk.data(), chunk.size());
     if (got == 0) break;
-    const size_t keep = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(got), expected - total));
-    if (total < expected) bytes.insert(bytes.end(), chunk.begin(), chunk.begin() + static_cast<ptrdiff_t>(keep));
+    if (total < expected) {
+      const int64_t keep = std::min(static_cast<int64_t>(got), expected - total);
+      bytes.insert(bytes.end(), chunk.begin(), chunk.begin() + keep);
+    }
     total += static_cast<int64_t>(got);
   }
   ND_CHECK(total >= expected, "read_idx: '", path, "' is truncated: its header says shape ", shape_str(shape),
