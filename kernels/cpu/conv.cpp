@@ -30,8 +30,10 @@
 namespace nd::kernels::cpu {
 namespace {
 
-// Columns per GEMM below which Eigen's efficiency drops noticeably (bench_cpu_ops).
-constexpr int64_t kTargetCols = 512;
+// Columns per GEMM below which Eigen's efficiency drops (skinny products); more columns
+// than this only add the cost of gathering/scattering y and dy (bench_cpu_ops, 1 and 2
+// threads: 128 beat 1, 256 and 512 on the DCGAN and ResNet rows).
+constexpr int64_t kTargetCols = 128;
 // Output rows at least this wide are copied row by row; narrower maps use a gather table.
 constexpr int64_t kWideRow = 32;
 
