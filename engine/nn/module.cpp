@@ -55,6 +55,19 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> child) {
   rename_from_root();
 }
 
+void Module::replace_module(const std::string& name, std::shared_ptr<Module> module) {
+  ND_CHECK(module != nullptr, type_name_, ": replacement for submodule '", name, "' is null");
+  for (auto& [child_name, child] : children_) {
+    if (child_name != name) continue;
+    if (child->parent_ == this) child->parent_ = nullptr;
+    module->parent_ = this;
+    child = std::move(module);
+    rename_from_root();
+    return;
+  }
+  throw Error(type_name_ + ": no submodule named '" + name + "' to replace");
+}
+
 Module::~Module() {
   for (auto& [name, child] : children_)
     if (child->parent_ == this) child->parent_ = nullptr;

@@ -51,6 +51,11 @@ class Module : public std::enable_shared_from_this<Module> {
     return holder;
   }
 
+  // Puts `module` in place of the child registered as `name`, keeping its position
+  // (dist::convert_sync_batchnorm swaps BatchNorm2d layers this way). Throws when there
+  // is no such child.
+  virtual void replace_module(const std::string& name, std::shared_ptr<Module> module);
+
   std::vector<Tensor> parameters(bool recurse = true) const;
   std::vector<std::pair<std::string, Tensor>> named_parameters(bool recurse = true) const;
   std::vector<Tensor> buffers(bool recurse = true) const;

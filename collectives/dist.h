@@ -1,0 +1,9 @@
+#pragma once
+// nd::dist: data parallelism on top of the engine (DESIGN.md "Data parallel").
+// One include for process groups, the watchdog, DistributedSampler and
+// SyncBatchNorm; <nanoddp.h> includes it.
+#include "collectives/local_process_group.h"
+#include "collectives/process_group.h"
+#include "collectives/sampler.h"
+#include "collectives/sync_batch_norm.h"
+#include "collectives/watchdog.h"

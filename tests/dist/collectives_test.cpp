@@ -1,0 +1,247 @@
+// Process groups: every collective, op and dtype against closed forms computed from
+// rank-dependent inputs (so a mismatched or reordered exchange fails), at any world
+// size (1 alone; 2 and 4 under mpirun), plus Work semantics and argument errors.
+#include "harness.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "collectives/dist.h"
+
+using namespace nd;
+using nd::testing::error_message;
+using nd::testing::to_vector;
+
+namespace {
+
+const std::vector<ScalarType> kDtypes = {kFloat32, kFloat64, kInt64, kInt32, kUInt8, kBFloat16, kFloat16};
+const std::vector<int64_t> kSizes = {1, 7, 1001};
+
+// Rank r's i-th value: small integers (exact in every dtype, sums of 4 ranks fit u8 and
+// bf16) that differ by rank and position.
+double value(int r, int64_t i) { return static_cast<double>((r * 5 + 1 + i % 7 + (i * (r + 3)) % 4) % 13); }
+
+Tensor rank_tensor(int r, int64_t n, ScalarType dtype, int64_t base = 0) {
+  std::vector<double> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = value(r, base + i);
+  return tensor(v, dtype);
+}
+
+bool is_integral(ScalarType t) { return t == kInt64 || t == kInt32 || t == kUInt8; }
+
+double reduce_expected(dist::ReduceOp op, int world, int64_t i, ScalarType dtype) {
+  double acc = op == dist::ReduceOp::MAX ? -1e300 : op == dist::ReduceOp::MIN ? 1e300 : 0;
+  for (int r = 0; r < world; ++r) {
+    const double v = value(r, i);
+    acc = op == dist::ReduceOp::MAX ? std::max(acc, v) : op == dist::ReduceOp::MIN ? std::min(acc, v) : acc + v;
+  }
+  if (op == dist::ReduceOp::AVG) acc = is_integral(dtype) ? std::trunc(acc / world) : acc / world;
+  return acc;
+}
+
+double tolerance(ScalarType dtype) { return dtype == kBFloat16 ? 1e-2 : dtype == kFloat16 ? 1e-3 : 1e-6; }
+
+std::string label(const char* op, ScalarType dtype, int64_t n) {
+  return std::string(op) + " " + dtype_name(dtype) + " x" + std::to_string(n);
+}
+
+std::shared_ptr<dist::ProcessGroup> world() { return dist::world(); }
+
+}  // namespace
+
+TEST_CASE("world: rank, size, local rank and backend") {
+  auto w = world();
+  CHECK(w->size() >= 1);
+  CHECK(w->rank() >= 0);
+  CHECK(w->rank() < w->size());
+  CHECK(dist::local_rank() >= 0);
+  CHECK(dist::local_rank() < w->size());
+  CHECK(dist::get_rank() == w->rank());
+  CHECK(dist::get_world_size() == w->size());
+  CHECK(w.get() == dist::world().get());
+#ifdef NANODDP_WITH_MPI
+  CHECK(w->backend() == "mpi");
+#else
+  CHECK(w->backend() == "local");
+#endif
+}
+
+TEST_CASE("allreduce: SUM, AVG, MAX, MIN for every dtype and awkward sizes") {
+  auto w = world();
+  for (dist::ReduceOp op : {dist::ReduceOp::SUM, dist::ReduceOp::AVG, dist::ReduceOp::MAX, dist::ReduceOp::MIN}) {
+    for (ScalarType dtype : kDtypes) {
+      for (int64_t n : kSizes) {
+        Tensor t = rank_tensor(w->rank(), n, dtype);
+        w->allreduce(t, {op})->wait();
+        std::vector<double> expected(n);
+        for (int64_t i = 0; i < n; ++i) expected[i] = reduce_expected(op, w->size(), i, dtype);
+        nd::testing::check_close(t, expected, tolerance(dtype), tolerance(dtype),
+                                 label("allreduce", dtype, n) + " " + dist::reduce_op_name(op));
+      }
+    }
+  }
+}
+
+TEST_CASE("broadcast: every root, every dtype") {
+  auto w = world();
+  for (int root = 0; root < w->size(); ++root) {
+    for (ScalarType dtype : {kFloat32, kFloat64, kInt64, kInt32, kUInt8, kBFloat16, kFloat16, kBool}) {
+      for (int64_t n : kSizes) {
+        std::vector<double> v(n), expected(n);
+        for (int64_t i = 0; i < n; ++i) {
+          v[i] = dtype == kBool ? (value(w->rank(), i) > 6) : value(w->rank(), i);
+          expected[i] = dtype == kBool ? (value(root, i) > 6) : value(root, i);
+        }
+        Tensor t = tensor(v, dtype).view({n});
+        w->broadcast(t, root)->wait();
+        nd::testing::check_close(t, expected, 0, 0, label("broadcast", dtype, n) + " root " + std::to_string(root));
+      }
+    }
+  }
+}
+
+TEST_CASE("allgather: equal and unequal sizes") {
+  auto w = world();
+  for (ScalarType dtype : kDtypes) {
+    for (bool equal : {true, false}) {
+      // Unequal: rank r contributes 3r + 1 values (1, 4, 7, 10).
+      auto count = [&](int r) { return equal ? int64_t{7} : int64_t{3 * r + 1}; };
+      Tensor input = rank_tensor(w->rank(), count(w->rank()), dtype);
+      std::vector<Tensor> outputs;
+      for (int r = 0; r < w->size(); ++r) outputs.push_back(zeros({count(r)}, dtype));
+      w->allgather(outputs, input)->wait();
+      for (int r = 0; r < w->size(); ++r) {
+        std::vector<double> expected(count(r));
+        for (int64_t i = 0; i < count(r); ++i) expected[i] = value(r, i);
+        nd::testing::check_close(outputs[r], expected, 0, 0,
+                                 label("allgather", dtype, count(r)) + " from rank " + std::to_string(r));
+      }
+    }
+  }
+}
+
+TEST_CASE("reduce_scatter: every op and dtype, unequal chunks") {
+  auto w = world();
+  // Chunk q has 2q + 1 values; rank s puts value(s, 100q + i) in chunk q.
+  auto count = [](int q) { return int64_t{2 * q + 1}; };
+  for (dist::ReduceOp op : {dist::ReduceOp::SUM, dist::ReduceOp::AVG, dist::ReduceOp::MAX, dist::ReduceOp::MIN}) {
+    for (ScalarType dtype : kDtypes) {
+      std::vector<Tensor> inputs;
+      for (int q = 0; q < w->size(); ++q) inputs.push_back(rank_tensor(w->rank(), count(q), dtype, 100 * q));
+      Tensor output = zeros({count(w->rank())}, dtype);
+      w->reduce_scatter(output, inputs, op)->wait();
+      std::vector<double> expected(count(w->rank()));
+      for (int64_t i = 0; i < count(w->rank()); ++i)
+        expected[i] = reduce_expected(op, w->size(), 100 * w->rank() + i, dtype);
+      nd::testing::check_close(output, expected, tolerance(dtype), tolerance(dtype),
+                               label("reduce_scatter", dtype, count(w->rank())) + " " + dist::reduce_op_name(op));
+    }
+  }
+}
+
+TEST_CASE("barrier and Work: completion, info, sequence numbers") {
+  auto w = world();
+  auto b = w->barrier();
+  b->wait();
+  CHECK(b->is_completed());
+  CHECK(b->error() == nullptr);
+  CHECK(b->info().op == "barrier");
+
+  Tensor t = ones({5});
+  auto a = w->allreduce(t, {dist::ReduceOp::SUM, /*bucket=*/3});
+  a->wait();
+  CHECK(a->is_completed());
+  CHECK(a->error() == nullptr);
+  CHECK(a->info().op == "allreduce");
+  CHECK(a->info().sequence == b->info().sequence + 1);
+  CHECK(a->info().numel == 5);
+  CHECK(a->info().dtype == kFloat32);
+  CHECK(a->info().bucket == 3);
+  CHECK(a->info().describe() == "allreduce #" + std::to_string(a->info().sequence) + " (bucket 3, 5 x f32)");
+  CHECK(b->info().describe() == "barrier #" + std::to_string(b->info().sequence));
+  a->wait();  // waiting again is fine
+}
+
+TEST_CASE("many collectives issued back to back complete in order") {
+  auto w = world();
+  // Different sizes and ops interleaved, waited for in reverse order.
+  std::vector<Tensor> tensors;
+  std::vector<std::shared_ptr<dist::Work>> works;
+  for (int k = 0; k < 60; ++k) {
+    const int64_t n = 1 + (k * 37) % 101;
+    tensors.push_back(rank_tensor(w->rank(), n, kFloat64, k));
+    const auto op = k % 3 == 0 ? dist::ReduceOp::MAX : dist::ReduceOp::SUM;
+    works.push_back(w->allreduce(tensors.back(), {op}));
+  }
+  for (int k = 59; k >= 0; --k) {
+    works[k]->wait();
+    CHECK(works[k]->info().sequence == works[0]->info().sequence + k);
+    std::vector<double> expected(tensors[k].numel());
+    for (size_t i = 0; i < expected.size(); ++i)
+      expected[i] = reduce_expected(k % 3 == 0 ? dist::ReduceOp::MAX : dist::ReduceOp::SUM, w->size(), k + i,
+                                    kFloat64);
+    nd::testing::check_close(tensors[k], expected, 0, 0, "collective " + std::to_string(k));
+  }
+  // The same tensor five times without waiting in between: each sees the previous result.
+  Tensor same = ones({13}, kInt64);
+  std::vector<std::shared_ptr<dist::Work>> chain;
+  for (int k = 0; k < 5; ++k) chain.push_back(w->allreduce(same));
+  chain.back()->wait();
+  for (auto& work : chain) CHECK(work->is_completed());
+  nd::testing::check_close(same, std::vector<double>(13, std::pow(w->size(), 5)), 0, 0, "chained allreduce");
+}
+
+TEST_CASE("collectives write in place and bump the version counter") {
+  Tensor t = ones({3});
+  const int64_t before = t._version();
+  world()->allreduce(t)->wait();
+  CHECK(t._version() == before + 1);
+}
+
+TEST_CASE("argument errors name the collective and the problem") {
+  for (auto g : {world(), std::shared_ptr<dist::ProcessGroup>(std::make_shared<dist::LocalProcessGroup>())}) {
+    CAPTURE(g->backend());
+    const int W = g->size();
+    Tensor strided = zeros({4, 3}).t();
+    CHECK(error_message([&] { g->allreduce(strided); }).find("allreduce: expected a contiguous tensor") !=
+          std::string::npos);
+    CHECK(error_message([&] { g->allreduce(Tensor()); }).find("allreduce: expected a defined tensor") !=
+          std::string::npos);
+    CHECK(error_message([&] { g->allreduce(zeros({2}, kBool)); }).find("bool tensors cannot be reduced") !=
+          std::string::npos);
+    CHECK(error_message([&] { g->broadcast(zeros({2}), W); }).find("broadcast: root") != std::string::npos);
+    CHECK(error_message([&] { g->allgather({}, zeros({2})); }).find("allgather: expected one output per rank") !=
+          std::string::npos);
+    std::vector<Tensor> wrong_dtype(W, zeros({2}, kFloat64));
+    CHECK(error_message([&] { g->allgather(wrong_dtype, zeros({2})); }).find("expected every output to be f32") !=
+          std::string::npos);
+    std::vector<Tensor> wrong_size(W, zeros({3}));
+    const std::string own_size = g->backend() == "local" ? "must hold rank 0's input" : "must hold this rank's input";
+    CHECK(error_message([&] { g->allgather(wrong_size, zeros({2})); }).find(own_size) != std::string::npos);
+    CHECK(error_message([&] { g->reduce_scatter(zeros({2}), {}); }).find("reduce_scatter: expected one input per "
+                                                                         "rank") != std::string::npos);
+    // Nothing was issued by the failed calls: the group still works.
+    Tensor t = ones({2});
+    g->allreduce(t)->wait();
+    nd::testing::check_close(t, std::vector<double>(2, W), 0, 0, "allreduce after errors");
+  }
+}
+
+TEST_CASE("LocalProcessGroup: one rank, collectives are identities") {
+  dist::LocalProcessGroup g;
+  CHECK(g.rank() == 0);
+  CHECK(g.size() == 1);
+  Tensor t = tensor({1, 2, 3});
+  for (auto op : {dist::ReduceOp::SUM, dist::ReduceOp::AVG, dist::ReduceOp::MAX, dist::ReduceOp::MIN})
+    g.allreduce(t, {op})->wait();
+  nd::testing::check_close(t, {1, 2, 3}, 0, 0, "local allreduce");
+  Tensor out = zeros({3});
+  g.allgather({out}, t)->wait();
+  nd::testing::check_close(out, {1, 2, 3}, 0, 0, "local allgather");
+  Tensor rs = zeros({3});
+  g.reduce_scatter(rs, {tensor({4, 5, 6})})->wait();
+  nd::testing::check_close(rs, {4, 5, 6}, 0, 0, "local reduce_scatter");
+  auto work = g.barrier();
+  CHECK(work->is_completed());
+  CHECK(work->info().sequence == 6);
+}
