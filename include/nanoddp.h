@@ -2,6 +2,7 @@
 // nanoddp: the one header a program includes. Names follow LibTorch under nd::.
 #include "engine/autograd.h"
 #include "engine/data.h"
+#include "engine/data_loader.h"
 #include "engine/device.h"
 #include "engine/dtype.h"
 #include "engine/error.h"
@@ -28,3 +29,4 @@
 #include "engine/tensor.h"
 #include "engine/train_state.h"
 #include "engine/checkpoint.h"
+#include "models/models.h"
