@@ -151,6 +151,9 @@ MAEImpl::MAEImpl(const MAEConfig& c) : nn::Module("MAE"), config(c) {
 }
 
 MAEEncoderOutput MAEImpl::forward_encoder(const Tensor& images, double mask_ratio, const Tensor& noise) {
+  ND_CHECK(images.dim() == 4 && images.size(1) == 1 && images.size(2) == config.img_size &&
+               images.size(3) == config.img_size,
+           "MAE: expected images [N, 1, ", config.img_size, ", ", config.img_size, "], found ", images.describe());
   const int64_t n = images.size(0), len = config.num_patches();
   Tensor x = patch_embed(patchify(images, config.patch_size)) + pos_embed.slice(1, 1, len + 1);
   MAEEncoderOutput out;
@@ -159,13 +162,14 @@ MAEEncoderOutput MAEImpl::forward_encoder(const Tensor& images, double mask_rati
     out.ids_restore = arange(static_cast<double>(len), TensorOptions(kInt64)).reshape({1, len}).expand({n, len})
                           .contiguous().to(images.device());
   } else {
-    const Tensor draw = noise.defined() ? noise : rand({n, len}, images.options().device(Device(kCPU)));
+    // The noise may live anywhere: argsort runs on the host.
+    const Tensor draw = noise.defined() ? noise : rand({n, len}, images.dtype());
     ND_CHECK(draw.dim() == 2 && draw.size(0) == n && draw.size(1) == len, "MAE: expected noise [", n, ", ", len,
              "], found ", draw.describe());
-    Masking m = random_masking(draw.to(images.device()), mask_ratio);
+    const Masking m = random_masking(draw, mask_ratio);
     x = gather_tokens(x, m.ids_keep);
-    out.mask = m.mask.to(images.dtype());
-    out.ids_restore = m.ids_restore;
+    out.mask = m.mask.to(images.device()).to(images.dtype());
+    out.ids_restore = m.ids_restore.to(images.device());
   }
   const Tensor cls = (cls_token + pos_embed.slice(1, 0, 1)).expand({n, 1, config.embed_dim});
   x = cat({cls, x}, 1);
@@ -195,9 +199,6 @@ Tensor MAEImpl::forward_loss(const Tensor& images, const Tensor& pred, const Ten
 }
 
 MAEOutput MAEImpl::forward(const Tensor& images, const Tensor& noise) {
-  ND_CHECK(images.dim() == 4 && images.size(1) == 1 && images.size(2) == config.img_size &&
-               images.size(3) == config.img_size,
-           "MAE: expected images [N, 1, ", config.img_size, ", ", config.img_size, "], found ", images.describe());
   MAEEncoderOutput enc = forward_encoder(images, config.mask_ratio, noise);
   Tensor pred = forward_decoder(enc.latent, enc.ids_restore);
   Tensor loss = forward_loss(images, pred, enc.mask);
