@@ -20,14 +20,9 @@ DataLoader::DataLoader(Dataset dataset, DataLoaderOptions options)
            dataset_.labels.defined() ? shape_str(dataset_.labels.sizes()) : "undefined labels");
   ND_CHECK(options_.batch_size() >= 1, "DataLoader: batch_size must be at least 1, got ", options_.batch_size());
   ND_CHECK(options_.prefetch() >= 1, "DataLoader: prefetch must be at least 1, got ", options_.prefetch());
-  const int64_t n = dataset_.images.size(0);
-  indices_ = options_.indices();
-  if (indices_.empty()) {
-    indices_.resize(n);
-    std::iota(indices_.begin(), indices_.end(), 0);
-  }
-  for (int64_t i : indices_)
-    ND_CHECK(i >= 0 && i < n, "DataLoader: index ", i, " is out of range for a dataset of ", n, " samples");
+  ND_CHECK(!options_.sampler() || options_.indices().empty(),
+           "DataLoader: give either indices or a sampler, not both");
+  if (!options_.sampler()) epoch_indices(0);  // a bad index list is an error here, not at the first batch
   worker_ = std::thread([this] { run_worker(); });
 }
 
@@ -40,12 +35,28 @@ DataLoader::~DataLoader() {
   worker_.join();
 }
 
-int64_t DataLoader::num_samples() const {
-  const auto n = static_cast<int64_t>(indices_.size());
-  return options_.drop_last() ? n / options_.batch_size() * options_.batch_size() : n;
+std::vector<int64_t> DataLoader::epoch_indices(int64_t epoch) const {
+  const int64_t n = dataset_.images.size(0);
+  std::vector<int64_t> indices = options_.sampler() ? options_.sampler()(epoch) : options_.indices();
+  if (!options_.sampler() && indices.empty()) {
+    indices.resize(n);
+    std::iota(indices.begin(), indices.end(), 0);
+  }
+  for (int64_t i : indices)
+    ND_CHECK(i >= 0 && i < n, "DataLoader: index ", i, " is out of range for a dataset of ", n, " samples");
+  return indices;
 }
 
-int64_t DataLoader::size() const { return (num_samples() + options_.batch_size() - 1) / options_.batch_size(); }
+int64_t DataLoader::batches_for(int64_t n) const {
+  return options_.drop_last() ? n / options_.batch_size() : (n + options_.batch_size() - 1) / options_.batch_size();
+}
+
+int64_t DataLoader::num_samples() const {
+  const auto n = static_cast<int64_t>(epoch_indices(epoch()).size());
+  return std::min(n, batches_for(n) * options_.batch_size());
+}
+
+int64_t DataLoader::size() const { return batches_for(static_cast<int64_t>(epoch_indices(epoch()).size())); }
 
 int64_t DataLoader::epoch() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -53,7 +64,7 @@ int64_t DataLoader::epoch() const {
 }
 
 std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
-  std::vector<int64_t> order = indices_;
+  std::vector<int64_t> order = epoch_indices(epoch);
   if (!options_.shuffle()) return order;
   // Fisher-Yates, draw i of epoch e at counter (e << 32) + i: epochs get disjoint streams.
   const uint64_t base = static_cast<uint64_t>(epoch) << 32;
@@ -90,7 +101,7 @@ void DataLoader::run_worker() {
         order = epoch_order(item.epoch);
         order_epoch = item.epoch;
       }
-      if (batch_index < size()) item.batch = make_batch(order, batch_index * options_.batch_size());
+      if (batch_index < batches_for(static_cast<int64_t>(order.size()))) item.batch = make_batch(order, batch_index * options_.batch_size());
     } catch (...) {
       item.error = std::current_exception();
     }

@@ -37,6 +37,11 @@ struct DataLoaderOptions {
   ND_ARG(bool, drop_last) = false;
   // The samples to iterate (a rank's shard); empty = all of the dataset, in order.
   ND_ARG(std::vector<int64_t>, indices);
+  // Instead of `indices`: the samples of each epoch, e.g. a DistributedSampler's
+  //   [s](int64_t e) { auto r = s; r.set_epoch(e); return r.indices(); }
+  // (so N ranks' k-th batches together are the k-th batch of one process). Called from
+  // the background thread and from size(): it must be a pure function of the epoch.
+  ND_ARG(std::function<std::vector<int64_t>(int64_t epoch)>, sampler);
   // Batches the background thread prepares ahead of the caller (>= 1).
   ND_ARG(int64_t, prefetch) = 2;
   // Applied to each batch in the background thread (augmentation, a move to the GPU);
@@ -61,11 +66,11 @@ class DataLoader {
   void set_epoch(int64_t epoch);
   // The epoch next() is serving.
   int64_t epoch() const;
-  // Batches per epoch and samples per epoch (after drop_last).
+  // Batches and samples (after drop_last) in the current epoch.
   int64_t size() const;
   int64_t num_samples() const;
   const Dataset& dataset() const { return dataset_; }
-  // The sample order of `epoch` (before batching): the index list, shuffled if asked.
+  // The sample order of `epoch` (before batching): its index list, shuffled if asked.
   std::vector<int64_t> epoch_order(int64_t epoch) const;
 
   class Iterator {
@@ -96,10 +101,13 @@ class DataLoader {
   };
   void run_worker();
   Batch make_batch(const std::vector<int64_t>& order, int64_t first) const;
+  // The index list of `epoch` (options' indices, the sampler's, or all), range-checked.
+  std::vector<int64_t> epoch_indices(int64_t epoch) const;
+  // Batches for n samples, after drop_last.
+  int64_t batches_for(int64_t n) const;
 
   Dataset dataset_;
   DataLoaderOptions options_;
-  std::vector<int64_t> indices_;
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "collectives/sampler.h"
 #include "harness.h"
 
 using namespace nd;
@@ -98,6 +99,41 @@ TEST_CASE("DataLoader: shard indices restrict the samples, and shards cover the 
   const std::string msg =
       nd::testing::error_message([] { data::DataLoader bad(numbered(5), data::DataLoaderOptions(2).indices({0, 5})); });
   CHECK(msg.find("index 5 is out of range") != std::string::npos);
+}
+
+TEST_CASE("DataLoader: with DistributedSampler shards, the ranks' k-th batches make up one process's k-th batch") {
+  // 2 ranks with batch 3 vs 1 process with batch 6, every epoch reshuffled by the sampler.
+  auto sampler_of = [](int replicas, int rank) {
+    return [s = dist::DistributedSampler(24, replicas, rank, /*shuffle=*/true, /*seed=*/7)](int64_t epoch) {
+      auto r = s;
+      r.set_epoch(static_cast<uint64_t>(epoch));
+      return r.indices();
+    };
+  };
+  data::DataLoader whole(numbered(24), data::DataLoaderOptions(6).sampler(sampler_of(1, 0)));
+  data::DataLoader rank0(numbered(24), data::DataLoaderOptions(3).sampler(sampler_of(2, 0)));
+  data::DataLoader rank1(numbered(24), data::DataLoaderOptions(3).sampler(sampler_of(2, 1)));
+  CHECK(rank0.size() == 4);
+  std::vector<int64_t> epoch0;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<int64_t> seen;
+    while (auto global = whole.next()) {
+      auto b0 = rank0.next(), b1 = rank1.next();
+      REQUIRE((b0 && b1));
+      std::vector<int64_t> both = labels_of(*b0);
+      const auto l1 = labels_of(*b1);
+      both.insert(both.end(), l1.begin(), l1.end());
+      CHECK(sorted(both) == sorted(labels_of(*global)));
+      seen.insert(seen.end(), both.begin(), both.end());
+    }
+    CHECK((!rank0.next() && !rank1.next()));
+    CHECK(sorted(seen) == iota(24));
+    if (epoch == 0) epoch0 = seen;
+    else CHECK(seen != epoch0);
+  }
+  const std::string both = nd::testing::error_message(
+      [&] { data::DataLoader l(numbered(4), data::DataLoaderOptions(2).indices({0}).sampler(sampler_of(1, 0))); });
+  CHECK(both.find("either indices or a sampler") != std::string::npos);
 }
 
 TEST_CASE("DataLoader: next() ends an epoch with nullopt and set_epoch restarts any epoch exactly") {
