@@ -101,7 +101,8 @@ void DataLoader::run_worker() {
         order = epoch_order(item.epoch);
         order_epoch = item.epoch;
       }
-      if (batch_index < batches_for(static_cast<int64_t>(order.size()))) item.batch = make_batch(order, batch_index * options_.batch_size());
+      if (batch_index < batches_for(static_cast<int64_t>(order.size())))
+        item.batch = make_batch(order, batch_index * options_.batch_size());
     } catch (...) {
       item.error = std::current_exception();
     }

@@ -106,7 +106,8 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t num_heads, doubl
     : nn::Module("TransformerBlock") {
   const auto hidden = static_cast<int64_t>(dim * mlp_ratio);
   norm1 = register_module("norm1", nn::LayerNorm(nn::LayerNormOptions({dim}).eps(1e-6)));
-  attn = register_module("attn", nn::MultiheadAttention(nn::MultiheadAttentionOptions(dim, num_heads).batch_first(true)));
+  attn = register_module("attn",
+                         nn::MultiheadAttention(nn::MultiheadAttentionOptions(dim, num_heads).batch_first(true)));
   norm2 = register_module("norm2", nn::LayerNorm(nn::LayerNormOptions({dim}).eps(1e-6)));
   mlp = register_module("mlp", nn::Sequential(nn::Linear(dim, hidden), nn::GELU(), nn::Linear(hidden, dim)));
 }
@@ -124,7 +125,8 @@ MAEImpl::MAEImpl(const MAEConfig& c) : nn::Module("MAE"), config(c) {
   const int64_t len = c.num_patches();
   cls_token = register_parameter("cls_token", zeros({1, 1, c.embed_dim}));
   mask_token = register_parameter("mask_token", zeros({1, 1, c.decoder_embed_dim}));
-  pos_embed = register_buffer("pos_embed", get_2d_sincos_pos_embed(c.embed_dim, c.grid(), true).reshape({1, len + 1, c.embed_dim}));
+  pos_embed = register_buffer(
+      "pos_embed", get_2d_sincos_pos_embed(c.embed_dim, c.grid(), true).reshape({1, len + 1, c.embed_dim}));
   decoder_pos_embed = register_buffer(
       "decoder_pos_embed",
       get_2d_sincos_pos_embed(c.decoder_embed_dim, c.grid(), true).reshape({1, len + 1, c.decoder_embed_dim}));

@@ -45,7 +45,10 @@ void check_step(const Tensor& actual, const Tensor& expected, const Tensor& befo
   const auto a = nd::testing::to_vector(actual), e = nd::testing::to_vector(expected);
   const auto b = nd::testing::to_vector(before), g = nd::testing::to_vector(grad);
   double scale = 0, grad_scale = 0;
-  for (size_t i = 0; i < e.size(); ++i) scale = std::max(scale, std::abs(e[i])), grad_scale = std::max(grad_scale, std::abs(g[i]));
+  for (size_t i = 0; i < e.size(); ++i) {
+    scale = std::max(scale, std::abs(e[i]));
+    grad_scale = std::max(grad_scale, std::abs(g[i]));
+  }
   REQUIRE(a.size() == e.size());
   int64_t bad = 0;
   for (size_t i = 0; i < a.size(); ++i) {

@@ -34,7 +34,8 @@ TEST_CASE("MAE: state_dict names and parameter counts are PyTorch's (tiny and sm
   };
   add_block("blocks.0.");
   add_block("blocks.1.");
-  for (const char* k : {"norm.weight", "norm.bias", "decoder_embed.weight", "decoder_embed.bias"}) expected.push_back(k);
+  for (const char* k : {"norm.weight", "norm.bias", "decoder_embed.weight", "decoder_embed.bias"})
+    expected.push_back(k);
   add_block("decoder_blocks.0.");
   for (const char* k : {"decoder_norm.weight", "decoder_norm.bias", "decoder_pred.weight", "decoder_pred.bias"})
     expected.push_back(k);
@@ -124,7 +125,8 @@ TEST_CASE("MAE: gather_tokens picks rows per sample and passes gradients back (g
   const Tensor ids = tensor({2, 0, 1, 1}, kInt64).reshape({2, 2});
   const Tensor x = arange(2 * 3 * 2.0).reshape({2, 3, 2});
   nd::testing::check_close(models::gather_tokens(x, ids), {4, 5, 0, 1, 8, 9, 8, 9}, 0, 0, "gather");
-  nd::testing::gradcheck("gather_tokens", [&](const std::vector<Tensor>& in) { return models::gather_tokens(in[0], ids); },
+  nd::testing::gradcheck("gather_tokens",
+                         [&](const std::vector<Tensor>& in) { return models::gather_tokens(in[0], ids); },
                          {nd::testing::random_input({2, 3, 2}, 1).requires_grad_(true)});
 }
 
