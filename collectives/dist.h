@@ -1,7 +1,8 @@
 #pragma once
 // nd::dist: data parallelism on top of the engine (DESIGN.md "Data parallel").
-// One include for process groups, the watchdog, DistributedSampler and
-// SyncBatchNorm; <nanoddp.h> includes it.
+// One include for process groups, DistributedDataParallel, the watchdog,
+// DistributedSampler and SyncBatchNorm; <nanoddp.h> includes it.
+#include "collectives/ddp.h"
 #include "collectives/local_process_group.h"
 #include "collectives/process_group.h"
 #include "collectives/sampler.h"

@@ -129,6 +129,8 @@ void mark_untracked(std::initializer_list<Tensor> inputs, std::initializer_list<
 // ---- the engine ----
 namespace {
 
+thread_local std::vector<std::function<void()>>* t_callbacks = nullptr;
+
 struct ReadyOrder {  // higher sequence_nr first: reverse creation order
   bool operator()(const Node* a, const Node* b) const { return a->sequence_nr < b->sequence_nr; }
 };
@@ -151,6 +153,13 @@ struct Capture {
 void run_backward(const std::vector<Edge>& root_edges, const std::vector<Tensor>& root_grads, bool retain_graph,
                   const std::vector<Capture>* captures, std::vector<Tensor>* captured) {
   NoGradGuard no_grad;
+  std::vector<std::function<void()>> callbacks;
+  auto* outer_callbacks = t_callbacks;  // a backward started from a hook has its own list
+  t_callbacks = &callbacks;
+  struct Restore {
+    std::vector<std::function<void()>>* saved;
+    ~Restore() { t_callbacks = saved; }
+  } restore{outer_callbacks};
   std::unordered_map<Node*, int> deps;
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
   std::unordered_map<Node*, std::shared_ptr<Node>> keep_alive;
@@ -229,6 +238,10 @@ void run_backward(const std::vector<Edge>& root_edges, const std::vector<Tensor>
       if (--deps[next] == 0) ready.push(next);
     }
   }
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    auto callback = std::move(callbacks[i]);  // it may queue more, growing the vector
+    callback();
+  }
 }
 
 std::vector<Edge> root_edges_of(const std::vector<Tensor>& roots, std::vector<Tensor>& grads) {
@@ -299,6 +312,12 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
     }
   }
   return result;
+}
+
+void queue_callback(std::function<void()> callback) {
+  ND_CHECK(t_callbacks != nullptr, "autograd::queue_callback: called outside a backward pass (only hooks that "
+           "run during backward may queue callbacks)");
+  t_callbacks->push_back(std::move(callback));
 }
 
 Tensor sum_to(const Tensor& grad, const Shape& shape) {

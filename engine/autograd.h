@@ -11,6 +11,7 @@
 // instead of reading freed memory. SavedTensor holds a detached alias (same
 // storage, same version counter, no grad_fn), so a node never owns its own
 // output's history and the graph has no reference cycles.
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -131,6 +132,11 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
                          bool allow_unused = false);
+
+// Runs `callback` when the backward pass now running finishes, before backward()
+// returns (DDP waits for its last all-reduces here). Only valid from inside a
+// backward pass (a hook); throws nd::Error otherwise.
+void queue_callback(std::function<void()> callback);
 
 // Sums `grad` over broadcast dimensions so it has `shape` (backward of broadcasting).
 Tensor sum_to(const Tensor& grad, const Shape& shape);

@@ -1,0 +1,382 @@
+#include "collectives/ddp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "engine/autograd.h"
+#include "engine/error.h"
+#include "engine/factories.h"
+#include "engine/ops/copy.h"
+
+namespace nd::dist {
+
+namespace {
+
+// Layout signature of one parameter: ndim, up to 6 dims, dtype.
+constexpr int64_t kSigWidth = 8;
+
+uint64_t mix(uint64_t h, uint64_t v) { return (h ^ (v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2))); }
+
+Tensor as_bytes_tensor(const std::string& s) {
+  std::vector<double> v(s.begin(), s.end());
+  return tensor(v, kUInt8);
+}
+
+std::string from_bytes_tensor(const Tensor& t) {
+  std::string s;
+  const uint8_t* p = t.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) s.push_back(static_cast<char>(p[i]));
+  return s;
+}
+
+}  // namespace
+
+std::shared_ptr<Reducer> Reducer::create(nn::Module& module, std::string name,
+                                         const DistributedDataParallelOptions& options) {
+  std::shared_ptr<Reducer> r(new Reducer(module, std::move(name), options));
+  r->install_hooks();
+  return r;
+}
+
+Reducer::Reducer(nn::Module& module, std::string name, const DistributedDataParallelOptions& options)
+    : module_(module), name_(std::move(name)), options_(options), pg_(options.process_group()) {
+  if (!pg_) pg_ = world();
+  ND_CHECK(options_.bucket_cap_mb() > 0 && options_.first_bucket_cap_mb() > 0, "DistributedDataParallel '", name_,
+           "': bucket_cap_mb and first_bucket_cap_mb must be positive");
+  for (auto& [pname, p] : module.named_parameters()) {
+    if (!p.requires_grad()) continue;
+    params_.push_back(p);
+    param_names_.push_back(p.name().empty() ? pname : p.name());
+  }
+  ND_CHECK(!params_.empty(), "DistributedDataParallel '", name_, "': the module has no parameter that requires grad");
+  for (const Tensor& p : params_)
+    ND_CHECK(p.device() == params_[0].device(), "DistributedDataParallel '", name_,
+             "': parameters on several devices (", params_[0].describe(), " and ", p.describe(),
+             "); put the whole module on one device");
+  buffers_ = module.buffers();
+  verify_layout();
+  broadcast_state(/*params_too=*/true);
+  std::vector<size_t> order(params_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;  // reverse registration order
+  build_buckets(order);
+  ready_.assign(params_.size(), false);
+}
+
+Reducer::~Reducer() = default;
+
+void Reducer::install_hooks() {
+  std::weak_ptr<Reducer> weak = weak_from_this();
+  for (size_t i = 0; i < params_.size(); ++i)
+    params_[i].register_post_accumulate_grad_hook([weak, i](const Tensor&) {
+      if (auto self = weak.lock()) self->on_grad_ready(i);
+    });
+}
+
+// Every rank must hold the same parameters in the same order: compare signatures.
+void Reducer::verify_layout() {
+  const int W = pg_->size();
+  if (W == 1) return;
+  std::vector<Tensor> counts;
+  for (int r = 0; r < W; ++r) counts.push_back(empty({1}, kInt64));
+  pg_->allgather(counts, tensor({static_cast<double>(params_.size())}, kInt64))->wait();
+  for (int r = 0; r < W; ++r) {
+    const int64_t n = counts[r].data_ptr<int64_t>()[0];
+    ND_CHECK(n == static_cast<int64_t>(params_.size()), "DistributedDataParallel '", name_, "': rank ", pg_->rank(),
+             " has ", params_.size(), " parameters that require grad but rank ", r, " has ", n,
+             ". Every rank must build the same model.");
+  }
+  const int64_t P = static_cast<int64_t>(params_.size());
+  Tensor sig = full({P * kSigWidth}, -1, kInt64);
+  int64_t* s = sig.data_ptr<int64_t>();
+  for (int64_t i = 0; i < P; ++i) {
+    const Tensor& p = params_[i];
+    s[i * kSigWidth] = p.dim();
+    for (int64_t d = 0; d < std::min<int64_t>(p.dim(), 6); ++d) s[i * kSigWidth + 1 + d] = p.size(d);
+    s[i * kSigWidth + 7] = static_cast<int64_t>(p.dtype());
+  }
+  std::vector<Tensor> all;
+  for (int r = 0; r < W; ++r) all.push_back(empty({P * kSigWidth}, kInt64));
+  pg_->allgather(all, sig)->wait();
+  for (int64_t i = 0; i < P; ++i) {
+    for (int r = 1; r < W; ++r) {
+      const int64_t* a = all[0].data_ptr<int64_t>() + i * kSigWidth;
+      const int64_t* b = all[r].data_ptr<int64_t>() + i * kSigWidth;
+      if (std::equal(a, a + kSigWidth, b)) continue;
+      auto describe = [](const int64_t* x) {
+        Shape shape(x + 1, x + 1 + std::min<int64_t>(x[0], 6));
+        return std::string(dtype_name(static_cast<ScalarType>(x[7]))) + " " + shape_str(shape);
+      };
+      throw Error("DistributedDataParallel '" + name_ + "': parameter " + std::to_string(i) + " ('" +
+                  param_names_[i] + "' here) differs across ranks: rank 0 has " + describe(a) + ", rank " +
+                  std::to_string(r) + " has " + describe(b) + ". Every rank must build the same model.");
+    }
+  }
+}
+
+void Reducer::broadcast_state(bool params_too) {
+  if (pg_->size() == 1) return;
+  NoGradGuard no_grad;
+  std::vector<std::shared_ptr<Work>> works;
+  auto send = [&](const Tensor& t) {
+    ND_CHECK(t.is_contiguous(), "DistributedDataParallel '", name_, "': cannot broadcast non-contiguous ",
+             t.describe());
+    works.push_back(pg_->broadcast(t, 0));
+  };
+  if (params_too)
+    for (const Tensor& p : params_) send(p);
+  for (const Tensor& b : buffers_) send(b);
+  for (auto& w : works) w->wait();
+  if (params_too)
+    for (const Tensor& p : params_) p.storage()->bump_version("DistributedDataParallel.broadcast");
+  for (const Tensor& b : buffers_) b.storage()->bump_version("DistributedDataParallel.broadcast_buffers");
+}
+
+void Reducer::build_buckets(const std::vector<size_t>& order) {
+  // Keep the gradients accumulated so far (no_sync, or the first iteration's) across a rebuild.
+  std::vector<Tensor> old_grads(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].impl().grad) old_grads[i] = params_[i].grad().clone();
+
+  buckets_.clear();
+  bucket_of_.assign(params_.size(), 0);
+  index_in_bucket_.assign(params_.size(), 0);
+  const double mib = 1024.0 * 1024.0;
+  Bucket current;
+  int64_t bytes = 0;
+  auto close = [&]() {
+    if (current.params.empty()) return;
+    buckets_.push_back(std::move(current));
+    current = Bucket();
+    bytes = 0;
+  };
+  for (size_t i : order) {
+    const Tensor& p = params_[i];
+    const double cap = (buckets_.empty() ? options_.first_bucket_cap_mb() : options_.bucket_cap_mb()) * mib;
+    const bool dtype_change = !current.params.empty() && params_[current.params[0]].dtype() != p.dtype();
+    if (dtype_change || (!current.params.empty() && bytes + p.numel() * static_cast<int64_t>(element_size(p.dtype())) > cap))
+      close();
+    current.offsets.push_back(current.grad_numel);
+    current.params.push_back(i);
+    current.grad_numel += p.numel();
+    bytes += p.numel() * static_cast<int64_t>(element_size(p.dtype()));
+  }
+  close();
+  // The last bucket also carries, per parameter, the number of ranks that produced its
+  // gradient, then the non-finite vote (see the header).
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    const int64_t status = b + 1 == buckets_.size() ? static_cast<int64_t>(params_.size()) + 1 : 0;
+    const Tensor& first = params_[bucket.params[0]];
+    bucket.flat = zeros({bucket.grad_numel + status}, first.options());
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      bucket_of_[bucket.params[k]] = b;
+      index_in_bucket_[bucket.params[k]] = k;
+    }
+  }
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor view = slot(i);
+    if (old_grads[i].defined()) copy_data(view, old_grads[i]);
+    if (options_.gradient_as_bucket_view() && old_grads[i].defined()) params_[i].set_grad(view);
+  }
+}
+
+Tensor Reducer::slot(size_t i) const {
+  const Bucket& b = buckets_[bucket_of_[i]];
+  NoGradGuard no_grad;
+  return b.flat.narrow(0, b.offsets[index_in_bucket_[i]], params_[i].numel()).view(params_[i].sizes());
+}
+
+void Reducer::prepare_forward() {
+  if (!options_.broadcast_buffers() || !buffers_stale_) return;
+  broadcast_state(/*params_too=*/false);
+  buffers_stale_ = false;
+}
+
+void Reducer::on_grad_ready(size_t i) {
+  if (!sync_) return;  // no_sync: gradients accumulate locally
+  if (!active_) begin_iteration();
+  ready_[i] = true;
+  ready_order_.push_back(i);
+  // Move the gradient into its bucket slot (a no-op when .grad already is that view).
+  Tensor view = slot(i);
+  Tensor g = params_[i].grad();
+  if (g.storage() != view.storage() || g.storage_offset() != view.storage_offset()) {
+    NoGradGuard no_grad;
+    copy_data(view, g);
+    if (options_.gradient_as_bucket_view()) params_[i].set_grad(view);
+  }
+  Bucket& b = buckets_[bucket_of_[i]];
+  --b.pending;
+  launch_ready_buckets();
+}
+
+void Reducer::begin_iteration() {
+  active_ = true;
+  std::fill(ready_.begin(), ready_.end(), false);
+  ready_order_.clear();
+  for (Bucket& b : buckets_) {
+    b.pending = b.params.size();
+    b.work.reset();
+  }
+  next_bucket_ = 0;
+  // Fingerprint: which model, which iteration, which layout. Two residues and their
+  // squares, so that every rank sees the same verdict: equal iff the variance is 0.
+  uint64_t h = std::hash<std::string>{}(name_);
+  h = mix(h, static_cast<uint64_t>(iteration_));
+  h = mix(h, buckets_.size());
+  h = mix(h, params_.size());
+  const double f1 = static_cast<double>(h % 1009), f2 = static_cast<double>((h / 1009) % 1013);
+  fingerprint_ = tensor({f1, f1 * f1, f2, f2 * f2}, kFloat64);
+  if (pg_->size() > 1) fingerprint_work_ = pg_->allreduce(fingerprint_);
+  std::weak_ptr<Reducer> weak = weak_from_this();
+  autograd::queue_callback([weak] {
+    if (auto self = weak.lock()) self->finish_iteration();
+  });
+}
+
+void Reducer::check_fingerprint() {
+  if (!fingerprint_work_) return;
+  fingerprint_work_->wait();
+  fingerprint_work_.reset();
+  const double* f = fingerprint_.data_ptr<double>();
+  const double W = pg_->size();
+  const bool same = std::abs(f[1] / W - (f[0] / W) * (f[0] / W)) < 1e-6 && std::abs(f[3] / W - (f[2] / W) * (f[2] / W)) < 1e-6;
+  if (same) return;
+  // Every rank got the same sums, so every rank is here: tell each other what we were doing.
+  active_ = false;
+  const std::string mine = describe_iteration();
+  std::vector<Tensor> lengths;
+  for (int r = 0; r < pg_->size(); ++r) lengths.push_back(empty({1}, kInt64));
+  pg_->allgather(lengths, tensor({static_cast<double>(mine.size())}, kInt64))->wait();
+  std::vector<Tensor> texts;
+  for (int r = 0; r < pg_->size(); ++r) texts.push_back(empty({lengths[r].data_ptr<int64_t>()[0]}, kUInt8));
+  pg_->allgather(texts, as_bytes_tensor(mine))->wait();
+  std::string msg = "DistributedDataParallel: ranks diverged: they are not in the same backward pass.";
+  for (int r = 0; r < pg_->size(); ++r) msg += "\n  rank " + std::to_string(r) + ": " + from_bytes_tensor(texts[r]);
+  msg += "\nEvery rank must run the same forward/backward sequence for each DDP model.";
+  throw Error(msg);
+}
+
+std::string Reducer::describe_iteration() const {
+  return "backward of DDP model '" + name_ + "', iteration " + std::to_string(iteration_) + ", " +
+         std::to_string(buckets_.size()) + " bucket(s), " + std::to_string(params_.size()) + " parameter(s)";
+}
+
+void Reducer::launch(size_t b) {
+  if (b == 0) check_fingerprint();
+  AllreduceOptions opts;
+  opts.op = ReduceOp::SUM;
+  opts.bucket = static_cast<int64_t>(b);
+  buckets_[b].work = pg_->allreduce(buckets_[b].flat, opts);
+}
+
+void Reducer::launch_ready_buckets() {
+  // The last bucket waits for the end of backward: it carries the status slots.
+  while (next_bucket_ + 1 < buckets_.size() && buckets_[next_bucket_].pending == 0) launch(next_bucket_++);
+}
+
+void Reducer::finish_iteration() {
+  NoGradGuard no_grad;
+  const size_t P = params_.size();
+  Bucket& last = buckets_.back();
+  Tensor status = last.flat.narrow(0, last.grad_numel, static_cast<int64_t>(P) + 1);
+  {
+    std::vector<double> flags(P + 1, 0.0);
+    for (size_t i = 0; i < P; ++i) flags[i] = ready_[i] ? 1.0 : 0.0;
+    if (options_.skip_nonfinite_steps()) {
+      for (size_t i = 0; i < P && flags[P] == 0; ++i)
+        if (ready_[i]) {
+          Tensor g = slot(i);
+          Tensor finite_sum = g.sum();
+          if (!std::isfinite(finite_sum.item())) flags[P] = 1.0;
+        }
+    }
+    copy_data(status, tensor(flags, status.dtype()));
+  }
+  // A parameter this backward did not reach contributes its current gradient (an
+  // earlier backward's, already equal on every rank, so the average keeps it) or zeros.
+  for (size_t i = 0; i < P; ++i) {
+    if (ready_[i]) continue;
+    if (params_[i].impl().grad)
+      copy_data(slot(i), params_[i].grad());
+    else
+      slot(i).zero_();
+  }
+  try {
+    while (next_bucket_ < buckets_.size()) launch(next_bucket_++);
+    for (Bucket& b : buckets_) b.work->wait();
+  } catch (...) {
+    active_ = false;
+    throw;
+  }
+  const double W = pg_->size();
+  for (Bucket& b : buckets_) {
+    Tensor grads = b.flat.narrow(0, 0, b.grad_numel);
+    if (W > 1) grads.div_(W);
+  }
+  Tensor status64 = status.to(kFloat64).contiguous();
+  const double* used = status64.data_ptr<double>();
+  active_ = false;
+  ++iteration_;
+  buffers_stale_ = true;
+  skip_step_ = options_.skip_nonfinite_steps() && used[P] > 0;
+
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < P; ++i) {
+    const bool used_somewhere = used[i] > 0;
+    if (used_somewhere || params_[i].impl().grad) {
+      if (options_.gradient_as_bucket_view())
+        params_[i].set_grad(slot(i));
+      else if (params_[i].impl().grad)
+        copy_data(params_[i].grad(), slot(i));
+      else
+        params_[i].set_grad(slot(i).clone());
+    }
+    if (used[i] < W)
+      missing.push_back(param_names_[i] + " (gradient on " + std::to_string(static_cast<int64_t>(used[i])) + " of " +
+                        std::to_string(pg_->size()) + " ranks)");
+  }
+  if (!rebuilt_) {
+    rebuilt_ = true;
+    rebuild_buckets_in_ready_order();
+  }
+  if (!missing.empty() && !options_.find_unused_parameters() && !options_.static_graph()) {
+    std::string msg = "DistributedDataParallel '" + name_ + "': " + std::to_string(missing.size()) +
+                      " parameter(s) received no gradient in this backward:";
+    for (const auto& m : missing) msg += "\n  " + m;
+    msg += "\nEither make every parameter take part in the loss you call backward on, or construct "
+           "DistributedDataParallel with DistributedDataParallelOptions().find_unused_parameters(true) to reduce "
+           "them as zeros.";
+    throw Error(msg);
+  }
+}
+
+void Reducer::rebuild_buckets_in_ready_order() {
+  // Rank 0's order of readiness, then the parameters it never saw, in reverse registration order.
+  std::vector<double> order;
+  std::vector<bool> seen(params_.size(), false);
+  for (size_t i : ready_order_) {
+    order.push_back(static_cast<double>(i));
+    seen[i] = true;
+  }
+  for (size_t i = params_.size(); i-- > 0;)
+    if (!seen[i]) order.push_back(static_cast<double>(i));
+  Tensor t = tensor(order, kInt64);
+  if (pg_->size() > 1) pg_->broadcast(t, 0)->wait();
+  std::vector<size_t> agreed(params_.size());
+  for (size_t k = 0; k < agreed.size(); ++k) agreed[k] = static_cast<size_t>(t.data_ptr<int64_t>()[k]);
+  build_buckets(agreed);
+}
+
+std::vector<std::vector<std::string>> Reducer::bucket_parameter_names() const {
+  std::vector<std::vector<std::string>> out;
+  for (const Bucket& b : buckets_) {
+    out.emplace_back();
+    for (size_t i : b.params) out.back().push_back(param_names_[i]);
+  }
+  return out;
+}
+
+}  // namespace nd::dist

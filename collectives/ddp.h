@@ -1,0 +1,166 @@
+#pragma once
+// DistributedDataParallel: data-parallel training of one module over a process group.
+//
+// Why it looks like this (after PyTorch's reducer and flashlight's coalescing
+// reducer): every parameter's post-accumulate hook marks it ready; parameters are
+// packed into buckets (reverse registration order; 1 MiB first bucket, 25 MiB
+// after; rebuilt after the first iteration in the order gradients became ready on
+// rank 0, so every rank agrees) and a bucket whose gradients are all ready is
+// all-reduced asynchronously while backward goes on. Buckets launch in index order
+// on every rank, so collectives always pair up. `.grad` is a view into its bucket,
+// so there is no copy in or out.
+//
+// Where we go beyond PyTorch DDP:
+// - Buffers are broadcast once per iteration (at the first forward after a
+//   backward), not before every forward, so calling a module twice before one
+//   backward (D(real), D(fake)) never overwrites a tensor the first call saved.
+// - Which parameters took no part is known from our own graph (their hooks never
+//   fired), so there is no per-iteration graph search. The last bucket is always
+//   launched at the end of backward and carries, per parameter, how many ranks
+//   produced its gradient (plus an optional non-finite vote), so every rank reaches
+//   the same verdict from one collective that runs anyway: an error naming the
+//   parameters (find_unused_parameters off) or zeros (on).
+// - Each backward starts with a 4-number fingerprint all-reduce (which model,
+//   which iteration, which bucket layout): ranks on different code paths get an
+//   error naming what each rank was doing instead of a hang.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/process_group.h"
+#include "engine/nn/module.h"
+
+namespace nd::dist {
+
+struct DistributedDataParallelOptions {
+  DistributedDataParallelOptions() = default;
+  ND_ARG(double, bucket_cap_mb) = 25;
+  ND_ARG(double, first_bucket_cap_mb) = 1;
+  // Off: a parameter that got no gradient in an iteration is an error naming it.
+  // On: it is reduced as zero.
+  ND_ARG(bool, find_unused_parameters) = false;
+  ND_ARG(bool, broadcast_buffers) = true;
+  // The set of parameters used is the same every iteration: unused ones are zeros, no error.
+  ND_ARG(bool, static_graph) = false;
+  ND_ARG(bool, gradient_as_bucket_view) = true;
+  // Vote across ranks whether any gradient is non-finite (see Reducer::skip_step()).
+  ND_ARG(bool, skip_nonfinite_steps) = false;
+  // Default: dist::world().
+  ND_ARG(std::shared_ptr<ProcessGroup>, process_group) = nullptr;
+};
+
+class Reducer : public std::enable_shared_from_this<Reducer> {
+ public:
+  // Verifies that every rank holds the same parameters (names the first difference
+  // and the ranks), broadcasts parameters and buffers from rank 0, builds buckets and
+  // installs the gradient hooks. `name` identifies the model in messages ("D").
+  static std::shared_ptr<Reducer> create(nn::Module& module, std::string name,
+                                         const DistributedDataParallelOptions& options);
+  ~Reducer();
+
+  // Before each forward: broadcasts buffers from rank 0 once per iteration.
+  void prepare_forward();
+  // no_sync(): while disabled, backward only accumulates local gradients.
+  void set_sync(bool enabled) { sync_ = enabled; }
+  bool sync_enabled() const { return sync_; }
+  // With skip_nonfinite_steps: true when some rank saw a non-finite gradient in the
+  // last synchronised backward; every rank gets the same answer.
+  bool skip_step() const { return skip_step_; }
+  // Parameter names per bucket, in launch order (for tests and benchmarks).
+  std::vector<std::vector<std::string>> bucket_parameter_names() const;
+  const std::string& name() const { return name_; }
+  ProcessGroup& process_group() const { return *pg_; }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;    // indices into params_
+    std::vector<int64_t> offsets;  // element offset of each param in `flat`
+    int64_t grad_numel = 0;        // gradient elements (status slots follow in the last bucket)
+    Tensor flat;
+    size_t pending = 0;
+    std::shared_ptr<Work> work;
+  };
+  Reducer(nn::Module& module, std::string name, const DistributedDataParallelOptions& options);
+  void install_hooks();
+  void verify_layout();
+  void broadcast_state(bool params_too);
+  void build_buckets(const std::vector<size_t>& order);
+  Tensor slot(size_t param) const;  // param's view into its bucket
+  void on_grad_ready(size_t param);
+  void begin_iteration();
+  void launch_ready_buckets();
+  void launch(size_t bucket_index);
+  void check_fingerprint();
+  void finish_iteration();
+  void rebuild_buckets_in_ready_order();
+  std::string describe_iteration() const;
+
+  nn::Module& module_;
+  std::string name_;
+  DistributedDataParallelOptions options_;
+  std::shared_ptr<ProcessGroup> pg_;
+  std::vector<Tensor> params_;
+  std::vector<std::string> param_names_;
+  std::vector<Tensor> buffers_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;  // param -> bucket
+  std::vector<size_t> index_in_bucket_;
+  std::vector<bool> ready_;
+  std::vector<size_t> ready_order_;
+  size_t next_bucket_ = 0;
+  bool active_ = false;
+  bool sync_ = true;
+  bool buffers_stale_ = true;
+  bool rebuilt_ = false;
+  bool skip_step_ = false;
+  int64_t iteration_ = 0;
+  Tensor fingerprint_;
+  std::shared_ptr<Work> fingerprint_work_;
+};
+
+// The wrapper users hold, around a holder (nn::Sequential) or a std::shared_ptr to a
+// Module: ddp(x) runs the module's forward with DDP's bookkeeping;
+// state_dict()/load_state_dict() are the module's own (no "module." prefix).
+template <class ModuleHolder>
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(ModuleHolder module, std::string name = "model",
+                          const DistributedDataParallelOptions& options = {})
+      : module_(std::move(module)), reducer_(Reducer::create(*module_, std::move(name), options)) {}
+
+  template <class... Args>
+  decltype(auto) operator()(Args&&... args) {
+    reducer_->prepare_forward();
+    if constexpr (requires { module_(std::forward<Args>(args)...); })
+      return module_(std::forward<Args>(args)...);  // a holder (nn::Sequential)
+    else
+      return module_->forward(std::forward<Args>(args)...);  // a std::shared_ptr<Module>
+  }
+  ModuleHolder& module() { return module_; }
+  auto* operator->() { return module_.operator->(); }
+  Reducer& reducer() { return *reducer_; }
+  TensorDict state_dict() const { return module_->state_dict(); }
+  nn::LoadStateDictResult load_state_dict(const TensorDict& state, bool strict = true) {
+    return module_->load_state_dict(state, strict);
+  }
+
+  // Gradient accumulation: while the guard lives, backward does not communicate.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(Reducer& r) : reducer_(r), previous_(r.sync_enabled()) { r.set_sync(false); }
+    ~NoSyncGuard() { reducer_.set_sync(previous_); }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    Reducer& reducer_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*reducer_); }
+
+ private:
+  ModuleHolder module_;
+  std::shared_ptr<Reducer> reducer_;
+};
+
+}  // namespace nd::dist

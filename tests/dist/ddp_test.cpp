@@ -1,0 +1,299 @@
+// DistributedDataParallel, run at 1, 2 and 4 ranks: N ranks on N shards end with the
+// same parameters as one process on the whole batch, for the cases users get stuck on.
+#include <cmath>
+
+#include "collectives/ddp.h"
+#include "harness.h"
+
+using namespace nd;
+using dist::DistributedDataParallel;
+using dist::DistributedDataParallelOptions;
+
+namespace {
+
+int rank() { return dist::world()->rank(); }
+int world_size() { return dist::world()->size(); }
+
+// Rows [rank * n / W, (rank + 1) * n / W) of a global batch.
+Tensor shard(const Tensor& global) {
+  const int64_t n = global.size(0), W = world_size();
+  return global.narrow(0, rank() * n / W, n / W);
+}
+
+void check_same_params(const nn::Module& a, const nn::Module& b, double tol) {
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  REQUIRE(pa.size() == pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    CAPTURE(pa[i].first);
+    nd::testing::check_close(pa[i].second, pb[i].second, tol, tol, pa[i].first);
+  }
+}
+
+nn::Sequential make_mlp() {
+  return nn::Sequential(nn::Linear(nn::LinearOptions(6, 16)), nn::Tanh(), nn::Linear(nn::LinearOptions(16, 3)));
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("ddp: an MLP on N shards equals one process on the whole batch") {
+  manual_seed(1);
+  nn::Sequential reference = make_mlp();
+  manual_seed(1);
+  nn::Sequential model = make_mlp();
+  reference->to(kFloat64);
+  model->to(kFloat64);
+  DistributedDataParallel ddp(model, "mlp");
+  optim::SGD opt_ref(reference->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  optim::SGD opt(model->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  Generator data{5, 0};
+  for (int step = 0; step < 5; ++step) {
+    Tensor x = randn({12, 6}, kFloat64, &data), y = randn({12, 3}, kFloat64, &data);
+    opt_ref.zero_grad();
+    mse_loss(reference(x), y).backward();
+    opt_ref.step();
+    opt.zero_grad();
+    mse_loss(ddp(shard(x)), shard(y)).backward();
+    opt.step();
+  }
+  check_same_params(*model, *reference, 1e-10);
+  // Buckets were rebuilt in gradient-ready order, the same on every rank.
+  CHECK(ddp.reducer().bucket_parameter_names().size() >= 1);
+}
+
+TEST_CASE("ddp: small buckets, several launched while backward runs, give the same result") {
+  manual_seed(2);
+  nn::Sequential reference = make_mlp();
+  manual_seed(2);
+  nn::Sequential model = make_mlp();
+  reference->to(kFloat64);
+  model->to(kFloat64);
+  // 100-byte buckets: one parameter per bucket.
+  DistributedDataParallel ddp(model, "mlp", DistributedDataParallelOptions().bucket_cap_mb(1e-4).first_bucket_cap_mb(1e-4));
+  CHECK(ddp.reducer().bucket_parameter_names().size() == 4);
+  CHECK(ddp.reducer().bucket_parameter_names()[0][0] == "2.bias");  // reverse registration order
+  optim::Adam opt_ref(reference->parameters(), optim::AdamOptions(0.01));
+  optim::Adam opt(model->parameters(), optim::AdamOptions(0.01));
+  Generator data{6, 0};
+  for (int step = 0; step < 4; ++step) {
+    Tensor x = randn({8, 6}, kFloat64, &data), y = randn({8, 3}, kFloat64, &data);
+    opt_ref.zero_grad();
+    mse_loss(reference(x), y).backward();
+    opt_ref.step();
+    opt.zero_grad();
+    mse_loss(ddp(shard(x)), shard(y)).backward();
+    opt.step();
+  }
+  check_same_params(*model, *reference, 1e-10);
+}
+
+TEST_CASE("ddp: a discriminator called twice before one backward works with default options (story 4)") {
+  auto make_d = [] {
+    nn::Sequential d(nn::Conv2d(nn::Conv2dOptions(1, 4, 3).stride(2)), nn::BatchNorm2d(nn::BatchNorm2dOptions(4)),
+                     nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)), nn::Flatten(),
+                     nn::Linear(nn::LinearOptions(4 * 3 * 3, 1)));
+    d->to(kFloat64);
+    d->eval();  // eval BatchNorm saves running statistics for backward: a buffer overwrite would be caught
+    return d;
+  };
+  manual_seed(3);
+  nn::Sequential reference = make_d();
+  manual_seed(3);
+  nn::Sequential D = make_d();
+  DistributedDataParallel ddp(D, "D");  // default options: broadcast_buffers on
+  optim::Adam opt_ref(reference->parameters(), optim::AdamOptions(1e-2));
+  optim::Adam opt(D->parameters(), optim::AdamOptions(1e-2));
+  Generator data{7, 0};
+  for (int step = 0; step < 3; ++step) {
+    Tensor real = randn({8, 1, 7, 7}, kFloat64, &data), fake = randn({8, 1, 7, 7}, kFloat64, &data);
+    auto loss = [](const Tensor& on_real, const Tensor& on_fake) {
+      return binary_cross_entropy_with_logits(on_real, ones_like(on_real)) +
+             binary_cross_entropy_with_logits(on_fake, zeros_like(on_fake));
+    };
+    opt_ref.zero_grad();
+    loss(reference(real), reference(fake)).backward();
+    opt_ref.step();
+    opt.zero_grad();
+    loss(ddp(shard(real)), ddp(shard(fake))).backward();
+    opt.step();
+  }
+  check_same_params(*D, *reference, 1e-10);
+}
+
+TEST_CASE("ddp: no_sync accumulates locally, the next backward averages the sum") {
+  manual_seed(4);
+  nn::Sequential reference = make_mlp();
+  manual_seed(4);
+  nn::Sequential model = make_mlp();
+  reference->to(kFloat64);
+  model->to(kFloat64);
+  DistributedDataParallel ddp(model, "mlp");
+  optim::SGD opt_ref(reference->parameters(), optim::SGDOptions(0.1));
+  optim::SGD opt(model->parameters(), optim::SGDOptions(0.1));
+  Generator data{8, 0};
+  for (int step = 0; step < 3; ++step) {
+    Tensor x1 = randn({8, 6}, kFloat64, &data), y1 = randn({8, 3}, kFloat64, &data);
+    Tensor x2 = randn({8, 6}, kFloat64, &data), y2 = randn({8, 3}, kFloat64, &data);
+    opt_ref.zero_grad();
+    (mse_loss(reference(x1), y1) * 0.5).backward();
+    (mse_loss(reference(x2), y2) * 0.5).backward();
+    opt_ref.step();
+    opt.zero_grad();
+    {
+      auto guard = ddp.no_sync();
+      (mse_loss(ddp(shard(x1)), shard(y1)) * 0.5).backward();
+    }
+    (mse_loss(ddp(shard(x2)), shard(y2)) * 0.5).backward();
+    opt.step();
+  }
+  check_same_params(*model, *reference, 1e-10);
+}
+
+namespace {
+// Two heads; head "b" is used only when asked.
+struct Branchy : nn::Module {
+  nn::Linear trunk{nn::LinearOptions(4, 8)}, a{nn::LinearOptions(8, 2)}, b{nn::LinearOptions(8, 2)};
+  Branchy() : nn::Module("Branchy") {
+    register_module("trunk", trunk);
+    register_module("a", a);
+    register_module("b", b);
+  }
+  Tensor forward(const Tensor& x, bool use_b) {
+    Tensor h = tanh(trunk(x));
+    return use_b ? a(h) + b(h) : a(h);
+  }
+};
+}  // namespace
+
+TEST_CASE("ddp: find_unused_parameters with a branch skipped on some steps") {
+  manual_seed(5);
+  auto reference = std::make_shared<Branchy>();
+  manual_seed(5);
+  auto model = std::make_shared<Branchy>();
+  reference->to(kFloat64);
+  model->to(kFloat64);
+  DistributedDataParallel ddp(model, "branchy", DistributedDataParallelOptions().find_unused_parameters(true));
+  optim::SGD opt_ref(reference->parameters(), optim::SGDOptions(0.1));
+  optim::SGD opt(model->parameters(), optim::SGDOptions(0.1));
+  Generator data{9, 0};
+  for (int step = 0; step < 4; ++step) {
+    const bool use_b = step % 2 == 1;
+    Tensor x = randn({8, 4}, kFloat64, &data), y = randn({8, 2}, kFloat64, &data);
+    opt_ref.zero_grad();
+    mse_loss(reference->forward(x, use_b), y).backward();
+    opt_ref.step();
+    opt.zero_grad();
+    mse_loss(ddp(shard(x), use_b), shard(y)).backward();
+    opt.step();
+  }
+  check_same_params(*model, *reference, 1e-10);
+}
+
+TEST_CASE("ddp: a parameter without a gradient is an error naming it (story 9)") {
+  manual_seed(6);
+  auto model = std::make_shared<Branchy>();
+  model->name_tensors("net");
+  DistributedDataParallel ddp(model, "branchy");
+  Tensor x = randn({4, 4});
+  const std::string msg = nd::testing::error_message([&] { ddp(x, /*use_b=*/false).sum().backward(); });
+  CHECK(contains(msg, "DistributedDataParallel 'branchy': 2 parameter(s) received no gradient in this backward"));
+  CHECK(contains(msg, "net.b.weight (gradient on 0 of " + std::to_string(world_size()) + " ranks)"));
+  CHECK(contains(msg, "find_unused_parameters(true)"));
+  // The reducer is usable again afterwards.
+  ddp(x, true).sum().backward();
+  CHECK(model->b->weight.grad().defined());
+}
+
+TEST_CASE("ddp: G, D and an MAE with Adam, Adam and AdamW + cosine equal one process") {
+  auto build = [](uint64_t seed) {
+    manual_seed(seed);
+    nn::Sequential G(nn::Linear(nn::LinearOptions(4, 8)), nn::ReLU(), nn::Linear(nn::LinearOptions(8, 6)));
+    nn::Sequential D(nn::Linear(nn::LinearOptions(6, 8)), nn::LeakyReLU(), nn::Linear(nn::LinearOptions(8, 1)));
+    nn::Sequential M(nn::Linear(nn::LinearOptions(6, 8)), nn::GELU(), nn::Linear(nn::LinearOptions(8, 6)));
+    G->to(kFloat64);
+    D->to(kFloat64);
+    M->to(kFloat64);
+    return std::make_tuple(G, D, M);
+  };
+  auto [G0, D0, M0] = build(10);
+  auto [G, D, M] = build(10);
+  DistributedDataParallel g(G, "G"), d(D, "D"), m(M, "MAE");
+  optim::Adam og0(G0->parameters(), optim::AdamOptions(1e-2).betas({0.5, 0.999}));
+  optim::Adam od0(D0->parameters(), optim::AdamOptions(1e-2).betas({0.5, 0.999}));
+  optim::AdamW om0(M0->parameters(), optim::AdamWOptions(1e-2));
+  optim::CosineAnnealingLR s0(om0, 4);
+  optim::Adam og(G->parameters(), optim::AdamOptions(1e-2).betas({0.5, 0.999}));
+  optim::Adam od(D->parameters(), optim::AdamOptions(1e-2).betas({0.5, 0.999}));
+  optim::AdamW om(M->parameters(), optim::AdamWOptions(1e-2));
+  optim::CosineAnnealingLR s(om, 4);
+
+  // One joint step: D on real vs detached fake, G through D, MAE on masked real.
+  auto step = [](auto&& Gf, auto&& Df, auto&& Mf, optim::Optimizer& og, optim::Optimizer& od, optim::Optimizer& om,
+                 optim::LRScheduler& sched, const Tensor& z, const Tensor& real, const Tensor& mask) {
+    Tensor fake = Gf(z);
+    od.zero_grad();
+    Tensor on_real = Df(real), on_fake = Df(fake.detach());
+    (binary_cross_entropy_with_logits(on_real, ones_like(on_real)) +
+     binary_cross_entropy_with_logits(on_fake, zeros_like(on_fake)))
+        .backward();
+    od.step();
+    og.zero_grad();
+    Tensor judged = Df(fake);
+    binary_cross_entropy_with_logits(judged, ones_like(judged)).backward();
+    og.step();
+    om.zero_grad();
+    mse_loss(Mf(real * mask), real).backward();
+    om.step();
+    sched.step();
+  };
+  Generator data{11, 0};
+  for (int k = 0; k < 3; ++k) {
+    Tensor z = randn({8, 4}, kFloat64, &data), real = randn({8, 6}, kFloat64, &data);
+    Tensor mask = rand({8, 6}, kFloat64, &data).gt(0.5).to(kFloat64);
+    step(G0, D0, M0, og0, od0, om0, s0, z, real, mask);
+    step(g, d, m, og, od, om, s, shard(z), shard(real), shard(mask));
+  }
+  check_same_params(*G, *G0, 1e-10);
+  check_same_params(*D, *D0, 1e-10);
+  check_same_params(*M, *M0, 1e-10);
+}
+
+TEST_CASE("ddp: ranks with different models get an error naming the parameter and the ranks") {
+  if (world_size() == 1) {
+    MESSAGE("SKIPPED: needs 2 or more ranks (run under mpirun)");
+    return;
+  }
+  nn::Sequential model(nn::Linear(nn::LinearOptions(4, rank() == 1 ? 5 : 4)));
+  const std::string msg = nd::testing::error_message([&] { DistributedDataParallel ddp(model, "mismatch"); });
+  CHECK(contains(msg, "parameter 0 ('0.weight' here) differs across ranks: rank 0 has f32 [4, 4], rank 1 has f32 [5, 4]"));
+}
+
+TEST_CASE("ddp: ranks in different backward passes get an error, not a hang") {
+  if (world_size() == 1) {
+    MESSAGE("SKIPPED: needs 2 or more ranks (run under mpirun)");
+    return;
+  }
+  manual_seed(12);
+  nn::Sequential A(nn::Linear(nn::LinearOptions(3, 2)));
+  nn::Sequential B(nn::Linear(nn::LinearOptions(3, 2)));
+  DistributedDataParallel a(A, "A"), b(B, "B");
+  Tensor x = randn({2, 3});
+  // Rank 0 runs A's backward while the others run B's.
+  const std::string msg = nd::testing::error_message([&] { (rank() == 0 ? a(x) : b(x)).sum().backward(); });
+  CHECK(contains(msg, "ranks diverged"));
+  CHECK(contains(msg, "rank 0: backward of DDP model 'A'"));
+  CHECK(contains(msg, "rank 1: backward of DDP model 'B'"));
+}
+
+TEST_CASE("ddp: one rank's non-finite gradient makes every rank skip the step") {
+  manual_seed(13);
+  nn::Sequential model = make_mlp();
+  DistributedDataParallel ddp(model, "mlp", DistributedDataParallelOptions().skip_nonfinite_steps(true));
+  Tensor x = randn({4, 6});
+  ddp(x).sum().backward();
+  CHECK_FALSE(ddp.reducer().skip_step());
+  Tensor scale = scalar_tensor(rank() == world_size() - 1 ? std::nan("") : 1.0);
+  (ddp(x).sum() * scale).backward();
+  CHECK(ddp.reducer().skip_step());
+}
