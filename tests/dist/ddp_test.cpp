@@ -297,3 +297,43 @@ TEST_CASE("ddp: one rank's non-finite gradient makes every rank skip the step") 
   (ddp(x).sum() * scale).backward();
   CHECK(ddp.reducer().skip_step());
 }
+
+TEST_CASE("ddp: conv + SyncBatchNorm, called twice per step, unequal per-rank batches, equals one process") {
+  auto make_d = [] {
+    nn::Sequential d(nn::Conv2d(nn::Conv2dOptions(1, 4, 3).stride(2)), nn::BatchNorm2d(nn::BatchNorm2dOptions(4)),
+                     nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)), nn::Flatten(),
+                     nn::Linear(nn::LinearOptions(4 * 3 * 3, 1)));
+    d->to(kFloat64);
+    return d;
+  };
+  manual_seed(14);
+  nn::Sequential reference = make_d();  // plain BatchNorm2d over the whole batch
+  manual_seed(14);
+  nn::Sequential D = make_d();
+  nn::convert_sync_batchnorm(D.ptr());
+  DistributedDataParallel ddp(D, "D");
+  optim::Adam opt_ref(reference->parameters(), optim::AdamOptions(1e-2));
+  optim::Adam opt(D->parameters(), optim::AdamOptions(1e-2));
+  // Rank r holds r + 1 samples: a global batch of W (W + 1) / 2.
+  const int64_t W = world_size(), N = W * (W + 1) / 2, begin = rank() * (rank() + 1) / 2, count = rank() + 1;
+  // Losses are sums scaled by W / N, so DDP's average over ranks is the mean over all N samples.
+  auto loss = [](const Tensor& on_real, const Tensor& on_fake, double scale) {
+    return (binary_cross_entropy_with_logits(on_real, ones_like(on_real), {}, {}, Reduction::Sum) +
+            binary_cross_entropy_with_logits(on_fake, zeros_like(on_fake), {}, {}, Reduction::Sum)) *
+           scale;
+  };
+  Generator data{15, 0};
+  for (int step = 0; step < 3; ++step) {
+    Tensor real = randn({N, 1, 7, 7}, kFloat64, &data), fake = randn({N, 1, 7, 7}, kFloat64, &data);
+    opt_ref.zero_grad();
+    loss(reference(real), reference(fake), 1.0 / N).backward();
+    opt_ref.step();
+    opt.zero_grad();
+    loss(ddp(real.narrow(0, begin, count)), ddp(fake.narrow(0, begin, count)), double(W) / N).backward();
+    opt.step();
+  }
+  check_same_params(*D, *reference, 1e-9);
+  auto rb = reference->named_buffers(), db = D->named_buffers();
+  REQUIRE(rb.size() == db.size());
+  for (size_t i = 0; i < rb.size(); ++i) nd::testing::check_close(db[i].second, rb[i].second, 1e-9, 1e-9, db[i].first);
+}
