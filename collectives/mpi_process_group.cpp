@@ -105,15 +105,16 @@ struct MpiProcessGroup::State {
   std::deque<Task> queue;
   bool stop = false;
   uint64_t sequence = 0;
+  std::promise<void> started;  // MPI is up (or failed to start)
   std::thread worker;
   std::unique_ptr<Watchdog> watchdog;
 
-  void run(std::promise<void>& ready) {
+  void run() {
     try {
       start_mpi();
-      ready.set_value();
+      started.set_value();
     } catch (...) {
-      ready.set_exception(std::current_exception());
+      started.set_exception(std::current_exception());
       return;
     }
     for (;;) {
@@ -178,9 +179,8 @@ struct MpiProcessGroup::State {
 };
 
 MpiProcessGroup::MpiProcessGroup() : state_(std::make_unique<State>()) {
-  std::promise<void> ready;
-  std::future<void> started = ready.get_future();
-  state_->worker = std::thread([this, &ready] { state_->run(ready); });
+  std::future<void> started = state_->started.get_future();
+  state_->worker = std::thread([state = state_.get()] { state->run(); });
   try {
     started.get();
   } catch (...) {

@@ -29,4 +29,5 @@
 #include "engine/tensor.h"
 #include "engine/train_state.h"
 #include "engine/checkpoint.h"
+#include "collectives/dist.h"
 #include "models/models.h"

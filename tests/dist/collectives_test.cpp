@@ -162,6 +162,19 @@ TEST_CASE("barrier and Work: completion, info, sequence numbers") {
   a->wait();  // waiting again is fine
 }
 
+TEST_CASE("Work: a failed collective rethrows its nd::Error from wait()") {
+  dist::CollectiveInfo info;
+  info.op = "allreduce";
+  info.sequence = 4;
+  info.numel = 7;
+  dist::AsyncWork work(info, {ones({7})});
+  CHECK_FALSE(work.is_completed());
+  work.mark_done(std::make_exception_ptr(Error(info.describe() + " failed: MPI_Allreduce: message truncated")));
+  CHECK(work.is_completed());
+  CHECK(work.error() != nullptr);
+  CHECK(error_message([&] { work.wait(); }) == "allreduce #4 (7 x f32) failed: MPI_Allreduce: message truncated");
+}
+
 TEST_CASE("many collectives issued back to back complete in order") {
   auto w = world();
   // Different sizes and ops interleaved, waited for in reverse order.
@@ -244,4 +257,62 @@ TEST_CASE("LocalProcessGroup: one rank, collectives are identities") {
   auto work = g.barrier();
   CHECK(work->is_completed());
   CHECK(work->info().sequence == 6);
+}
+
+TEST_CASE("nccl: collectives on this rank's GPU match the closed forms") {
+#ifndef NANODDP_WITH_NCCL
+  CHECK(error_message([] { dist::nccl_world(); }).find("built without NCCL") != std::string::npos);
+  MESSAGE("SKIPPED: built without NCCL");
+#else
+  if (!cuda::is_available()) {
+    MESSAGE("SKIPPED: no CUDA device");
+    return;
+  }
+  auto g = dist::nccl_world();
+  CHECK(g->backend() == "nccl");
+  CHECK(g->size() == world()->size());
+  CHECK(g->rank() == world()->rank());
+  const Device gpu(kCUDA, dist::local_rank() % cuda::device_count());
+  for (auto op : {dist::ReduceOp::SUM, dist::ReduceOp::AVG, dist::ReduceOp::MAX, dist::ReduceOp::MIN}) {
+    for (ScalarType dtype : {kFloat32, kFloat64, kInt64, kInt32, kBFloat16, kFloat16}) {
+      for (int64_t n : kSizes) {
+        Tensor t = rank_tensor(g->rank(), n, dtype).to(gpu);
+        g->allreduce(t, {op})->wait();
+        std::vector<double> expected(n);
+        for (int64_t i = 0; i < n; ++i) expected[i] = reduce_expected(op, g->size(), i, dtype);
+        nd::testing::check_close(t.cpu(), expected, tolerance(dtype), tolerance(dtype),
+                                 label("nccl allreduce", dtype, n) + " " + dist::reduce_op_name(op));
+      }
+    }
+  }
+  for (int root = 0; root < g->size(); ++root) {
+    Tensor t = rank_tensor(g->rank(), 1001, kFloat32).to(gpu);
+    g->broadcast(t, root)->wait();
+    std::vector<double> expected(1001);
+    for (int64_t i = 0; i < 1001; ++i) expected[i] = value(root, i);
+    nd::testing::check_close(t.cpu(), expected, 0, 0, "nccl broadcast root " + std::to_string(root));
+  }
+  auto count = [](int r) { return int64_t{3 * r + 1}; };
+  std::vector<Tensor> outputs;
+  for (int r = 0; r < g->size(); ++r) outputs.push_back(zeros({count(r)}, kFloat32).to(gpu));
+  g->allgather(outputs, rank_tensor(g->rank(), count(g->rank()), kFloat32).to(gpu))->wait();
+  for (int r = 0; r < g->size(); ++r) {
+    std::vector<double> expected(count(r));
+    for (int64_t i = 0; i < count(r); ++i) expected[i] = value(r, i);
+    nd::testing::check_close(outputs[r].cpu(), expected, 0, 0, "nccl allgather from rank " + std::to_string(r));
+  }
+  std::vector<Tensor> inputs;
+  for (int q = 0; q < g->size(); ++q) inputs.push_back(rank_tensor(g->rank(), 2 * q + 1, kFloat32, 100 * q).to(gpu));
+  Tensor output = zeros({2 * g->rank() + 1}, kFloat32).to(gpu);
+  g->reduce_scatter(output, inputs)->wait();
+  std::vector<double> expected(2 * g->rank() + 1);
+  for (size_t i = 0; i < expected.size(); ++i)
+    expected[i] = reduce_expected(dist::ReduceOp::SUM, g->size(), 100 * g->rank() + i, kFloat32);
+  nd::testing::check_close(output.cpu(), expected, 0, 0, "nccl reduce_scatter");
+  auto b = g->barrier();
+  b->wait();
+  CHECK(b->is_completed());
+  CHECK(b->error() == nullptr);
+  CHECK(error_message([&] { g->allreduce(ones({2})); }).find("expects tensors on cuda") != std::string::npos);
+#endif
 }
