@@ -95,6 +95,12 @@ TEST_CASE("SyncBatchNorm: unequal shards (rank r has r + 1 samples) match BatchN
   check_matches_single_process([](int r) { return int64_t{r + 1}; }, "unequal shards");
 }
 
+TEST_CASE("SyncBatchNorm: a rank with an empty shard still takes part") {
+  // Rank 0 has no samples when there are other ranks to hold the batch.
+  const bool alone = dist::world()->size() == 1;
+  check_matches_single_process([&](int r) { return r == 0 && !alone ? int64_t{0} : int64_t{2}; }, "empty shard");
+}
+
 TEST_CASE("SyncBatchNorm: f32 and a cumulative-average momentum") {
   auto w = dist::world();
   nn::BatchNorm2d ref(nn::BatchNormOptions(kC).momentum(std::nullopt));
