@@ -266,11 +266,11 @@ std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const Tensor& output, con
   ops::bump_version(output, op);
   std::vector<Tensor> keep(inputs);
   keep.push_back(output);
-  // Chunk r is reduced onto rank r (recvbuff is ignored on the other ranks).
+  // Chunk r is reduced onto rank r (the other ranks ignore recvbuff; given a valid one anyway).
   return state_->issue(make_info(op, output), std::move(keep), timeout(), [&] {
     ncclGroupStart();
     for (int r = 0; r < size(); ++r)
-      ncclReduce(inputs[r].data_ptr(), r == rank() ? output.data_ptr() : nullptr, inputs[r].numel(),
+      ncclReduce(inputs[r].data_ptr(), r == rank() ? output.data_ptr() : inputs[r].data_ptr(), inputs[r].numel(),
                  nccl_datatype(output.dtype()), nccl_op(reduce), r, state_->comm, state_->stream);
     return ncclGroupEnd();
   });
