@@ -1,6 +1,6 @@
 #pragma once
 // nd::dist: data parallelism on top of the engine (DESIGN.md "Data parallel").
-// One include for process groups, DistributedDataParallel, the watchdog,
+// One include for process groups, the watchdog, DistributedDataParallel,
 // DistributedSampler and SyncBatchNorm; <nanoddp.h> includes it.
 #include "collectives/ddp.h"
 #include "collectives/local_process_group.h"
