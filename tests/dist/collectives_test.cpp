@@ -7,6 +7,9 @@
 #include <cmath>
 
 #include "collectives/dist.h"
+#ifdef NANODDP_WITH_MPI
+#include "collectives/mpi_process_group.h"
+#endif
 
 using namespace nd;
 using nd::testing::error_message;
@@ -203,6 +206,25 @@ TEST_CASE("many collectives issued back to back complete in order") {
   for (auto& work : chain) CHECK(work->is_completed());
   nd::testing::check_close(same, std::vector<double>(13, std::pow(w->size(), 5)), 0, 0, "chained allreduce");
 }
+
+#ifdef NANODDP_WITH_MPI
+TEST_CASE("MpiProcessGroup: destroying a group runs every collective already issued") {
+  world();  // MPI is up (with MPI_THREAD_MULTIPLE, so a second group may run beside it)
+  std::vector<Tensor> tensors;
+  {
+    dist::MpiProcessGroup group;  // a duplicate of MPI_COMM_WORLD
+    CHECK(group.rank() == world()->rank());
+    CHECK(group.size() == world()->size());
+    for (int k = 0; k < 10; ++k) {
+      tensors.push_back(full({3}, k + 1));
+      group.allreduce(tensors.back());  // never waited for
+    }
+  }
+  for (int k = 0; k < 10; ++k)
+    nd::testing::check_close(tensors[k], std::vector<double>(3, (k + 1) * world()->size()), 0, 0,
+                             "drained allreduce " + std::to_string(k));
+}
+#endif
 
 TEST_CASE("collectives write in place and bump the version counter") {
   Tensor t = ones({3});
