@@ -1,0 +1,118 @@
+#include "common/flags.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+
+namespace app {
+
+namespace {
+
+std::string format_double(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+}  // namespace
+
+Flags::Flags(std::string program, std::string description)
+    : program_(std::move(program)), description_(std::move(description)) {}
+
+void Flags::add(const std::string& name, int64_t* target, const std::string& help, int64_t min_value) {
+  flags_.push_back({name, help, Kind::Int, target, min_value, std::to_string(*target)});
+}
+void Flags::add(const std::string& name, double* target, const std::string& help) {
+  flags_.push_back({name, help, Kind::Double, target, 0, format_double(*target)});
+}
+void Flags::add(const std::string& name, std::string* target, const std::string& help) {
+  flags_.push_back({name, help, Kind::String, target, 0, *target});
+}
+void Flags::add(const std::string& name, bool* target, const std::string& help) {
+  flags_.push_back({name, help, Kind::Bool, target, 0, ""});
+}
+
+const Flags::Flag* Flags::find(const std::string& name) const {
+  for (const Flag& f : flags_)
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+std::string Flags::usage() const {
+  std::ostringstream out;
+  out << "Usage: " << program_ << " [options]\n" << description_ << "\n\nOptions:\n";
+  for (const Flag& f : flags_) {
+    std::string left = "  " + f.name;
+    if (f.kind == Kind::Int) left += " N";
+    if (f.kind == Kind::Double) left += " X";
+    if (f.kind == Kind::String) left += " S";
+    if (left.size() < 22) left.resize(22, ' ');
+    else left += "\n" + std::string(22, ' ');
+    out << left << f.help;
+    if (f.kind != Kind::Bool && !f.default_text.empty()) out << " (default " << f.default_text << ")";
+    out << "\n";
+  }
+  out << "  --help              print this help and exit\n";
+  return out.str();
+}
+
+void Flags::set(const Flag& flag, const std::string& value) {
+  switch (flag.kind) {
+    case Kind::Int: {
+      int64_t v = 0;
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+      if (ec != std::errc() || end != value.data() + value.size() || v < flag.min_value)
+        throw UsageError{flag.name + " expects an integer >= " + std::to_string(flag.min_value) + ", got '" +
+                         value + "'"};
+      *static_cast<int64_t*>(flag.target) = v;
+      break;
+    }
+    case Kind::Double: {
+      char* end = nullptr;
+      const double v = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(v > 0) || !std::isfinite(v))
+        throw UsageError{flag.name + " expects a positive number, got '" + value + "'"};
+      *static_cast<double*>(flag.target) = v;
+      break;
+    }
+    case Kind::String:
+      if (value.empty()) throw UsageError{flag.name + " needs a non-empty value"};
+      *static_cast<std::string*>(flag.target) = value;
+      break;
+    case Kind::Bool:
+      *static_cast<bool*>(flag.target) = true;
+      break;
+  }
+}
+
+void Flags::parse(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string name = argv[i];
+    if (name == "--help" || name == "-h") {
+      std::cout << usage();
+      std::exit(0);
+    }
+    std::string value;
+    bool has_value = false;
+    if (const size_t eq = name.find('='); name.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+      has_value = true;
+    }
+    const Flag* flag = find(name);
+    if (!flag) throw UsageError{"unknown option '" + name + "'"};
+    if (flag->kind == Kind::Bool) {
+      if (has_value) throw UsageError{name + " takes no value"};
+    } else if (!has_value) {
+      if (i + 1 >= argc) throw UsageError{name + " needs a value"};
+      value = argv[++i];
+    }
+    set(*flag, value);
+    given_.insert(name);
+  }
+}
+
+}  // namespace app

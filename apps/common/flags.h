@@ -1,0 +1,55 @@
+#pragma once
+// Command-line flags for the training apps: each app declares its flags (name, target
+// variable, help), parse() fills the targets. "--flag value" and "--flag=value" both
+// work; --help prints the usage and exits 0; an unknown flag, a missing or malformed
+// value is a UsageError (the app prints it on one line and exits with status 2).
+// Tests: tests/apps/apps_test.cpp.
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace app {
+
+// A bad command line: run_main prints "<program>: <message>" and exits with status 2.
+struct UsageError {
+  std::string message;
+};
+
+class Flags {
+ public:
+  Flags(std::string program, std::string description);
+
+  // An integer >= min_value.
+  void add(const std::string& name, int64_t* target, const std::string& help, int64_t min_value = 1);
+  // A finite number > 0.
+  void add(const std::string& name, double* target, const std::string& help);
+  void add(const std::string& name, std::string* target, const std::string& help);
+  // A switch: present = true (no value).
+  void add(const std::string& name, bool* target, const std::string& help);
+
+  // Fills the targets; prints usage and exits 0 on --help; throws UsageError.
+  void parse(int argc, char** argv);
+  // Whether `name` ("--lr") was given on the command line.
+  bool given(const std::string& name) const { return given_.count(name) != 0; }
+  std::string usage() const;
+  const std::string& program() const { return program_; }
+
+ private:
+  enum class Kind { Int, Double, String, Bool };
+  struct Flag {
+    std::string name, help;
+    Kind kind;
+    void* target;
+    int64_t min_value = 0;
+    std::string default_text;
+  };
+  const Flag* find(const std::string& name) const;
+  void set(const Flag& flag, const std::string& value);
+
+  std::string program_, description_;
+  std::vector<Flag> flags_;
+  std::set<std::string> given_;
+};
+
+}  // namespace app

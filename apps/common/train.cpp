@@ -1,0 +1,376 @@
+#include "common/train.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+namespace app {
+
+namespace fs = std::filesystem;
+
+void add_common_flags(Flags& flags, CommonOptions& o, bool has_batch_norm) {
+  flags.add("--device", &o.device, "cpu or cuda (cuda:N)");
+  flags.add("--steps", &o.steps, "training steps (optimizer updates); 0 with --resume only evaluates", 0);
+  flags.add("--batch-size", &o.batch_size, "global batch, split evenly over the ranks");
+  flags.add("--lr", &o.lr, "learning rate");
+  flags.add("--out", &o.out, "output folder: metrics.jsonl, PNGs, ckpt/ (default out/<app>)");
+  flags.add("--resume", &o.resume, "continue from DIR/ckpt/latest.safetensors");
+  flags.add("--seed", &o.seed, "seed of the weights, the data order and the noise", 0);
+  flags.add("--data", &o.data, "folder with the Fashion-MNIST IDX files");
+  flags.add("--log-every", &o.log_every, "steps between log lines / metrics.jsonl entries");
+  flags.add("--sample-every", &o.sample_every, "steps between sample PNGs");
+  flags.add("--ckpt-every", &o.ckpt_every, "steps between checkpoints (one is also written at the end)");
+  flags.add("--exit-after", &o.exit_after,
+            "stop right after this step and its checkpoint, as if killed (tests --resume; 0: off)", 0);
+  if (has_batch_norm) flags.add("--sync-bn", &o.sync_bn, "SyncBatchNorm: BatchNorm statistics over all ranks");
+  flags.add("--amp", &o.amp, "mixed precision (cuda only)");
+}
+
+World world() {
+  const auto pg = nd::dist::world();
+  return World{pg->rank(), pg->size()};
+}
+
+nd::Device setup(const std::string& program, CommonOptions& o, const World& world) {
+  nd::Device device = nd::kCPU;
+  try {
+    device = nd::Device(o.device);
+  } catch (const nd::Error& e) {
+    throw UsageError{std::string("--device: ") + e.what()};
+  }
+  if (o.amp && device.is_cpu()) throw UsageError{"--amp needs --device cuda (mixed precision is a GPU feature)"};
+  nd::cuda::check_device(device);  // one clear line when CUDA or the GPU is missing
+  if (o.amp) throw UsageError{"--amp: mixed precision is not implemented by the engine yet; run without --amp"};
+  if (o.batch_size % world.size != 0)
+    throw UsageError{"--batch-size " + std::to_string(o.batch_size) + " does not divide by the world size " +
+                     std::to_string(world.size) + " (each rank takes batch-size / world-size samples)"};
+  if (o.out.empty()) o.out = "out/" + program;
+  if (world.rank0()) {
+    std::error_code ec;
+    fs::create_directories(fs::path(o.out) / "ckpt", ec);
+    ND_CHECK(!ec, "cannot create the output folder ", o.out, "/ckpt: ", ec.message());
+  }
+  return device;
+}
+
+int run_main(const std::string& program, const std::function<int()>& body) {
+  auto one_line = [](std::string s) {
+    for (char& c : s)
+      if (c == '\n') c = ' ';
+    return s;
+  };
+  try {
+    return body();
+  } catch (const UsageError& e) {
+    // Every rank checks the same command line: one message for the job, from rank 0.
+    if (world().rank0())
+      std::cerr << program << ": " << one_line(e.message) << " (run '" << program << " --help' for the options)\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << program << ": error: " << one_line(e.what()) << "\n";
+    return 1;
+  }
+}
+
+nd::Tensor shard_rows(const nd::Tensor& global, const World& world) {
+  if (world.size == 1) return global;
+  const int64_t n = global.size(0) / world.size;
+  nd::Tensor idx = nd::empty({n}, nd::TensorOptions(nd::kInt64));
+  for (int64_t i = 0; i < n; ++i) idx.data_ptr<int64_t>()[i] = i * world.size + world.rank;
+  return global.index_select(0, idx.to(global.device()));
+}
+
+BatchStream::BatchStream(nd::data::Dataset dataset, int64_t global_batch, uint64_t seed, const World& world,
+                         nd::Device device)
+    : device_(device) {
+  const int64_t n = dataset.labels.size(0), local = global_batch / world.size;
+  ND_CHECK(global_batch <= n, "--batch-size ", global_batch, " exceeds the ", n, " training images");
+  nd::dist::DistributedSampler sampler(n, world.size, world.rank, /*shuffle=*/true, seed, /*drop_last=*/true);
+  auto options = nd::data::DataLoaderOptions(local).drop_last(true).sampler([sampler](int64_t epoch) {
+    auto s = sampler;
+    s.set_epoch(static_cast<uint64_t>(epoch));
+    return s.indices();
+  });
+  loader_ = std::make_unique<nd::data::DataLoader>(std::move(dataset), options);
+  per_epoch_ = loader_->size();
+}
+
+nd::data::Batch BatchStream::next() {
+  std::optional<nd::data::Batch> batch = loader_->next();
+  if (!batch) batch = loader_->next();  // the end of an epoch: the next one starts
+  ++consumed_;
+  return {batch->images.to(device_), batch->labels.to(device_)};
+}
+
+void BatchStream::seek(int64_t consumed) {
+  loader_->set_epoch(consumed / per_epoch_);
+  for (int64_t i = 0; i < consumed % per_epoch_; ++i) loader_->next();
+  consumed_ = consumed;
+}
+
+void UpdateNorm::before() {
+  nd::NoGradGuard no_grad;
+  snapshot_.clear();
+  for (const nd::Tensor& p : params_) snapshot_.push_back(p.detach().clone());
+}
+
+double UpdateNorm::after() {
+  nd::NoGradGuard no_grad;
+  double sq = 0;
+  unchanged_ = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const nd::Tensor d = params_[i].detach() - snapshot_[i];
+    const double s = d.mul(d).sum().item();
+    sq += s;
+    unchanged_ += s == 0;
+  }
+  return std::sqrt(sq);
+}
+
+namespace {
+
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const long s = std::lround(seconds);
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, s / 60 % 60);
+  else if (s >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+  else std::snprintf(buf, sizeof buf, "%lds", s);
+  return buf;
+}
+
+// The "key":number pairs of one of our own metrics lines (strings and nulls skipped).
+std::vector<std::pair<std::string, double>> parse_numbers(const std::string& line) {
+  std::vector<std::pair<std::string, double>> out;
+  size_t i = 0;
+  while ((i = line.find('"', i)) != std::string::npos) {
+    const size_t end = line.find('"', i + 1);
+    if (end == std::string::npos || end + 1 >= line.size() || line[end + 1] != ':') break;
+    const std::string key = line.substr(i + 1, end - i - 1);
+    const char* start = line.c_str() + end + 2;
+    char* stop = nullptr;
+    const double v = std::strtod(start, &stop);
+    if (stop != start) out.emplace_back(key, v);
+    i = (stop != start ? static_cast<size_t>(stop - line.c_str()) : end + 2);
+    if (i < line.size() && line[i] == '"') i = line.find('"', i + 1) + 1;  // a string value
+  }
+  return out;
+}
+
+}  // namespace
+
+Logger::Logger(std::string program, const CommonOptions& o, const World& world, int64_t start_step)
+    : program_(std::move(program)), out_(o.out), world_(world), total_(o.steps), log_every_(o.log_every),
+      start_step_(start_step), terminal_(world.size == 1 && isatty(fileno(stdout)) != 0), started_(std::chrono::steady_clock::now()),
+      last_draw_(started_) {
+  if (!world_.rank0()) return;
+  // On resume keep the lines up to the checkpoint (and their losses for the curve);
+  // lines a killed run wrote after it are dropped.
+  const std::string path = out_ + "/metrics.jsonl";
+  std::vector<std::string> kept;
+  if (start_step > 0) {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      const auto numbers = parse_numbers(line);
+      if (numbers.empty() || numbers[0].first != "step" || numbers[0].second > static_cast<double>(start_step))
+        continue;
+      kept.push_back(line);
+      for (const auto& [key, v] : numbers) {
+        if (key.rfind("loss", 0) != 0) continue;
+        auto it = std::find_if(curves_.begin(), curves_.end(), [&](const Series& s) { return s.name == key; });
+        if (it == curves_.end()) it = curves_.insert(curves_.end(), Series{key, {}});
+        it->points.emplace_back(numbers[0].second, v);
+      }
+    }
+  }
+  std::ofstream out(path, std::ios::trunc);
+  for (const std::string& line : kept) out << line << "\n";
+  ND_CHECK(out.good(), "cannot write ", path);
+}
+
+void Logger::print_line(const std::string& line, bool permanent) {
+  if (!world_.rank0()) return;
+  if (terminal_) {
+    std::printf("\r\033[K%s%s", line.c_str(), permanent ? "\n" : "");
+    bar_open_ = !permanent;
+  } else if (permanent) {
+    std::printf("%s\n", line.c_str());
+  }
+  std::fflush(stdout);
+}
+
+void Logger::say(const std::string& text) {
+  if (!world_.rank0()) return;
+  if (terminal_ && bar_open_) std::printf("\r\033[K");
+  std::printf("%s\n", text.c_str());
+  bar_open_ = false;
+  std::fflush(stdout);
+}
+
+void Logger::write_line(int64_t step, const Values& values, const std::map<std::string, std::string>& text) {
+  if (!world_.rank0()) return;
+  std::ostringstream line;
+  line << "{\"step\":" << step;
+  for (const auto& [k, v] : values) line << "," << json_string(k) << ":" << json_number(v);
+  for (const auto& [k, v] : text) line << "," << json_string(k) << ":" << json_string(v);
+  line << "}\n";
+  std::ofstream out(out_ + "/metrics.jsonl", std::ios::app);
+  out << line.str();
+  ND_CHECK(out.good(), "cannot write ", out_, "/metrics.jsonl");
+}
+
+void Logger::step(int64_t step, const Values& losses, const Values& update_norms, const Values& counts) {
+  if (window_sums_.empty()) {
+    window_sums_.assign(losses.size(), 0.0);
+    for (const auto& [k, v] : losses) loss_names_.push_back(k);
+  }
+  for (size_t i = 0; i < losses.size(); ++i) window_sums_[i] += losses[i].second;
+  ++window_;
+  const bool log_now = step % log_every_ == 0 || step == total_;
+  const auto now = std::chrono::steady_clock::now();
+  const double elapsed = std::chrono::duration<double>(now - started_).count();
+  const double rate = static_cast<double>(step - start_step_) / std::max(elapsed, 1e-9);
+  const double eta = static_cast<double>(total_ - step) / rate;
+  Values shown = losses;  // on log steps: the window means
+  if (log_now) {
+    // Every rank joins this all-reduce: the logged loss is the mean over the global batch.
+    nd::Tensor sums = nd::empty({static_cast<int64_t>(window_sums_.size())}, nd::TensorOptions(nd::kFloat64));
+    for (size_t i = 0; i < window_sums_.size(); ++i) sums.data_ptr<double>()[i] = window_sums_[i];
+    if (world_.size > 1 && !window_sums_.empty()) nd::dist::world()->allreduce(sums)->wait();
+    Values values;
+    for (size_t i = 0; i < window_sums_.size(); ++i) {
+      const double mean = sums.data_ptr<double>()[i] / static_cast<double>(window_ * world_.size);
+      values.emplace_back(loss_names_[i], mean);
+      shown[i].second = mean;
+      if (world_.rank0()) {
+        auto it = std::find_if(curves_.begin(), curves_.end(), [&](const Series& s) { return s.name == loss_names_[i]; });
+        if (it == curves_.end()) it = curves_.insert(curves_.end(), Series{loss_names_[i], {}});
+        it->points.emplace_back(static_cast<double>(step), mean);
+      }
+    }
+    for (const auto& [k, v] : update_norms) values.emplace_back("update_norm_" + k, v);
+    values.insert(values.end(), counts.begin(), counts.end());
+    values.emplace_back("steps_per_s", rate);
+    write_line(step, values, {});
+    std::fill(window_sums_.begin(), window_sums_.end(), 0.0);
+    window_ = 0;
+  }
+  if (!world_.rank0() || (!log_now && !terminal_)) return;
+  if (!log_now && now - last_draw_ < std::chrono::milliseconds(200)) return;
+  last_draw_ = now;
+  char buf[128];
+  std::string line;
+  const int width = std::to_string(total_).size();
+  std::snprintf(buf, sizeof buf, "step %*lld/%lld", width, static_cast<long long>(step), static_cast<long long>(total_));
+  line += buf;
+  if (terminal_) {
+    const int filled = total_ > 0 ? static_cast<int>(20 * step / total_) : 20;
+    line += " [" + std::string(filled, '#') + std::string(20 - filled, '.') + "]";
+  }
+  for (const auto& [k, v] : shown) {
+    std::snprintf(buf, sizeof buf, "  %s %.4f", k.c_str(), v);
+    line += buf;
+  }
+  line += "  |update|";
+  for (const auto& [k, v] : update_norms) {
+    std::snprintf(buf, sizeof buf, " %s %.2e", k.c_str(), v);
+    line += buf;
+  }
+  std::snprintf(buf, sizeof buf, "  %.2f steps/s  ETA %s", rate, duration(eta).c_str());
+  line += buf;
+  print_line(line, log_now && !terminal_);
+}
+
+void Logger::record(int64_t step, const Values& values, const std::map<std::string, std::string>& text) {
+  write_line(step, values, text);
+  std::string line = "step " + std::to_string(step) + ":";
+  char buf[96];
+  for (const auto& [k, v] : values) {
+    std::snprintf(buf, sizeof buf, " %s %.6g", k.c_str(), v);
+    line += buf;
+  }
+  for (const auto& [k, v] : text) line += " " + k + " " + v;
+  say(line);
+}
+
+void Logger::finish() {
+  if (!world_.rank0()) return;
+  if (terminal_ && bar_open_) std::printf("\n");
+  bar_open_ = false;
+  if (!curves_.empty()) {
+    write_png(out_ + "/loss_curve.png", plot_series(curves_));
+    say("wrote " + out_ + "/loss_curve.png");
+  }
+}
+
+std::string checkpoint_path(const CommonOptions& o) { return o.out + "/ckpt/latest.safetensors"; }
+
+void save_checkpoint(const CommonOptions& o, const World& world, nd::TrainState& state, const BatchStream& batches) {
+  if (!world.rank0()) return;
+  nd::save_train_state(checkpoint_path(o), state,
+                       {{"batches_consumed", std::to_string(batches.consumed())},
+                        {"epoch", std::to_string(batches.epoch())},
+                        {"global_batch_size", std::to_string(o.batch_size)},
+                        {"seed", std::to_string(o.seed)}},
+                       world.size);
+}
+
+int64_t load_checkpoint(const CommonOptions& o, nd::TrainState& state, BatchStream& batches) {
+  const std::string path = checkpoint_path(o);
+  ND_CHECK(fs::exists(path), "--resume: no checkpoint at ", path, " (train without --resume first)");
+  auto meta = nd::load_train_state(path, state);
+  ND_CHECK(meta.count("batches_consumed") && meta.count("global_batch_size"), path,
+           " was not written by a training app (no batches_consumed / global_batch_size metadata)");
+  ND_CHECK(meta["global_batch_size"] == std::to_string(o.batch_size), "--resume: ", path, " was trained with --batch-size ",
+           meta["global_batch_size"], ", this run has ", o.batch_size, "; use the same global batch");
+  ND_CHECK(meta["seed"] == std::to_string(o.seed), "--resume: ", path, " was trained with --seed ", meta["seed"],
+           ", this run has ", o.seed);
+  batches.seek(std::stoll(meta["batches_consumed"]));
+  return state.step;
+}
+
+void save_png(Logger& logger, const World& world, const std::string& path, const Image& image) {
+  if (!world.rank0()) return;
+  write_png(path, image);
+  logger.say("wrote " + path);
+}
+
+nd::Tensor map_chunks(const nd::Tensor& images, int64_t chunk, nd::Device device,
+                      const std::function<nd::Tensor(const nd::Tensor&)>& fn) {
+  nd::NoGradGuard no_grad;
+  std::vector<nd::Tensor> parts;
+  for (int64_t start = 0; start < images.size(0); start += chunk) {
+    const int64_t len = std::min(chunk, images.size(0) - start);
+    parts.push_back(fn(images.narrow(0, start, len).to(device)).cpu());
+  }
+  return nd::cat(parts, 0);
+}
+
+}  // namespace app

@@ -1,0 +1,158 @@
+#pragma once
+// What every training app shares: the common flags, start-up checks, the rank's view
+// of the world, a stream of this rank's batches that can seek (exact resume), the
+// per-model "norm of the last update" tracker, the logger (progress bar on a terminal,
+// plain lines otherwise, metrics.jsonl, the loss-curve PNG) and checkpoint glue over
+// save_train_state. Rank 0 writes every file; every rank runs the same collectives.
+// Tests: tests/apps/apps_test.cpp, tests/dist/apps_dist_test.cpp.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nanoddp.h>
+
+#include "common/flags.h"
+#include "common/png.h"
+
+namespace app {
+
+struct CommonOptions {
+  std::string device = "cpu";
+  int64_t steps = 1000;
+  int64_t batch_size = 64;  // global: split evenly over the ranks
+  double lr = 1e-3;
+  std::string out;          // default out/<program>
+  bool resume = false;
+  int64_t seed = 0;
+  std::string data = nd::data::kFashionMnistDir;
+  int64_t log_every = 50;
+  int64_t sample_every = 500;
+  int64_t ckpt_every = 500;
+  bool sync_bn = false;
+  bool amp = false;
+  int64_t exit_after = 0;  // stop after this step, checkpoint written (as if killed); 0: off
+
+  // Whether `step` ends with a checkpoint: every ckpt_every, the last and the exit step.
+  bool checkpoint_at(int64_t step) const { return step % ckpt_every == 0 || step == steps || step == exit_after; }
+};
+
+// Adds --device --steps --batch-size --lr --out --resume --seed --data --log-every
+// --sample-every --ckpt-every --exit-after --amp, and --sync-bn when the app has BatchNorm.
+void add_common_flags(Flags& flags, CommonOptions& options, bool has_batch_norm);
+
+struct World {
+  int rank = 0, size = 1;
+  bool rank0() const { return rank == 0; }
+};
+World world();
+
+// Checks what the flags alone cannot (the device exists, --amp, the batch divides by
+// the world size), fills in --out's default, creates DIR and DIR/ckpt on rank 0, and
+// returns the device. Throws UsageError or nd::Error.
+nd::Device setup(const std::string& program, CommonOptions& options, const World& world);
+
+// Runs body, turning a UsageError into "<program>: <message>" + exit status 2 (printed
+// by rank 0: every rank checks the same command line) and any other error into
+// "<program>: error: <message>" + exit status 1 (by every rank that hits it), each on
+// one line.
+int run_main(const std::string& program, const std::function<int()>& body);
+
+// Rows rank, rank + W, rank + 2W, ... of a tensor drawn for the whole global batch:
+// this rank's part, in the order DistributedSampler interleaves samples, so that N
+// ranks see the same noise per sample as one process.
+nd::Tensor shard_rows(const nd::Tensor& global, const World& world);
+
+// This rank's batches, forever: a DistributedSampler shard (shuffled per epoch from the
+// seed) cut into batches of global_batch / W, last partial batch dropped. The k-th
+// batches of N ranks together are the k-th batch of one process. Its position is the
+// number of batches consumed, so a checkpoint stores one integer.
+class BatchStream {
+ public:
+  BatchStream(nd::data::Dataset dataset, int64_t global_batch, uint64_t seed, const World& world,
+              nd::Device device);
+  nd::data::Batch next();
+  // Restarts so that the next batch is number `consumed` (counting from 0 at epoch 0).
+  void seek(int64_t consumed);
+  int64_t consumed() const { return consumed_; }
+  int64_t batches_per_epoch() const { return per_epoch_; }
+  int64_t epoch() const { return consumed_ / per_epoch_; }
+
+ private:
+  std::unique_ptr<nd::data::DataLoader> loader_;
+  nd::Device device_;
+  int64_t per_epoch_ = 1, consumed_ = 0;
+};
+
+// The L2 norm of one optimizer step's change to a model's parameters:
+// before() snapshots them, after() returns ||p_after - p_before||.
+class UpdateNorm {
+ public:
+  explicit UpdateNorm(std::vector<nd::Tensor> params) : params_(std::move(params)) {}
+  void before();
+  double after();
+  // Parameters that after() found exactly unchanged (a frozen model: all of them).
+  int64_t unchanged() const { return unchanged_; }
+
+ private:
+  std::vector<nd::Tensor> params_, snapshot_;
+  int64_t unchanged_ = 0;
+};
+
+// Named values of one step.
+using Values = std::vector<std::pair<std::string, double>>;
+
+// Progress and metrics. step() takes every step's losses (averaged over the ranks and
+// the log window) and update norms (the last one); every log_every steps (and at the
+// last step) it writes one metrics.jsonl line and a plain line, or on a terminal keeps
+// a progress bar current (one rank only: mpirun hands every rank a pseudo-terminal,
+// also when its own output goes to a file); `counts` (the last values) go to metrics.jsonl only.
+// record() writes an extra line (eval results).
+class Logger {
+ public:
+  Logger(std::string program, const CommonOptions& options, const World& world, int64_t start_step);
+  void step(int64_t step, const Values& losses, const Values& update_norms, const Values& counts = {});
+  // Writes {"step": step, values..., text...} and prints it.
+  void record(int64_t step, const Values& values, const std::map<std::string, std::string>& text = {});
+  // A line of text for the user (rank 0), not breaking the progress bar.
+  void say(const std::string& text);
+  // Finishes the bar and draws DIR/loss_curve.png from every logged loss.
+  void finish();
+
+ private:
+  void write_line(int64_t step, const Values& values, const std::map<std::string, std::string>& text);
+  void print_line(const std::string& line, bool permanent);
+
+  std::string program_, out_;
+  World world_;
+  int64_t total_, log_every_, start_step_;
+  bool terminal_;
+  std::chrono::steady_clock::time_point started_, last_draw_;
+  std::vector<double> window_sums_;
+  std::vector<std::string> loss_names_;
+  int64_t window_ = 0;
+  std::vector<Series> curves_;
+  bool bar_open_ = false;
+};
+
+// Checkpoints: DIR/ckpt/latest.safetensors, written atomically by rank 0 through
+// save_train_state, with the batch stream's position and the world size in its metadata.
+std::string checkpoint_path(const CommonOptions& options);
+void save_checkpoint(const CommonOptions& options, const World& world, nd::TrainState& state,
+                     const BatchStream& batches);
+// Loads the checkpoint into `state` (every rank), seeks the batch stream and returns
+// the step to continue from. Throws nd::Error when there is none.
+int64_t load_checkpoint(const CommonOptions& options, nd::TrainState& state, BatchStream& batches);
+
+// Writes a PNG from rank 0 and tells the user.
+void save_png(Logger& logger, const World& world, const std::string& path, const Image& image);
+
+// Runs forward passes in chunks under NoGradGuard: fn(images chunk) -> [n, ...].
+nd::Tensor map_chunks(const nd::Tensor& images, int64_t chunk, nd::Device device,
+                      const std::function<nd::Tensor(const nd::Tensor&)>& fn);
+
+}  // namespace app

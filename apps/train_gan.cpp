@@ -1,0 +1,170 @@
+// train_gan: DCGAN (models/dcgan.h) on Fashion-MNIST with the non-saturating GAN loss
+// (BCE with logits: D learns real -> 1, G(z) -> 0; G learns D(G(z)) -> 1), Adam
+// lr 2e-4, betas (0.5, 0.999), both models under DistributedDataParallel with default
+// options. Writes DIR/samples_<step>.png (8x8 grid from a fixed z),
+// DIR/metrics.jsonl, DIR/loss_curve.png, DIR/ckpt/latest.safetensors; with --eval,
+// FID in the feature space of a classifier trained by train_classifier.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "common/fid.h"
+#include "common/flags.h"
+#include "common/png.h"
+#include "common/train.h"
+
+namespace {
+
+using nd::Tensor;
+namespace models = nd::models;
+
+struct Options : app::CommonOptions {
+  int64_t nz = 64, ngf = 32, ndf = 32;
+  bool eval = false;
+  std::string classifier = "out/train_classifier/classifier.safetensors";
+  int64_t eval_samples = 2000;
+};
+
+// G(z) with BatchNorm in training mode (statistics of this batch of z, as PyTorch's
+// DCGAN example samples); the running statistics it updates are restored after, so
+// sampling never changes training.
+Tensor sample(models::DCGANGenerator& G, const Tensor& z) {
+  nd::NoGradGuard no_grad;
+  std::vector<Tensor> saved;
+  for (const Tensor& b : G->buffers()) saved.push_back(b.clone());
+  const Tensor images = G->forward(z);
+  const std::vector<Tensor> buffers = G->buffers();
+  for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(saved[i]);
+  return images;
+}
+
+// FID between `n` samples of G (eval mode) and the first n test images, in the
+// penultimate-feature space of the classifier stored at `path`.
+double fid(models::DCGANGenerator& G, const std::string& path, const nd::data::Dataset& test, int64_t n, int64_t nz,
+           nd::Device device) {
+  models::Classifier classifier;
+  classifier->load_state_dict(nd::load(path));
+  classifier->to(device);
+  classifier->eval();
+  nd::Generator gen{12345, 0};  // the same z for every evaluation
+  const Tensor z = nd::randn({n, nz}, {}, &gen);
+  const Tensor fake = app::map_chunks(z, 500, device, [&](const Tensor& c) { return sample(G, c); });
+  auto features = [&](const Tensor& c) { return classifier->features(c); };
+  const Tensor real_features = app::map_chunks(test.images.narrow(0, 0, n), 500, device, features);
+  const Tensor fake_features = app::map_chunks(fake, 500, device, features);
+  return app::frechet_distance(fake_features, real_features);
+}
+
+int train(Options& o) {
+  const app::World world = app::world();
+  const nd::Device device = app::setup("train_gan", o, world);
+  if (o.eval && o.eval_samples > 10000) throw app::UsageError{"--eval-samples is at most 10000 (the test set)"};
+  const nd::data::Dataset train_set = nd::data::load_fashion_mnist(o.data, true);
+  const nd::data::Dataset test_set = o.eval ? nd::data::load_fashion_mnist(o.data, false) : nd::data::Dataset{};
+  if (o.eval) ND_CHECK(std::filesystem::exists(o.classifier), "--classifier: no file at ", o.classifier,
+                       " (train one with train_classifier, or pass --classifier PATH)");
+
+  nd::manual_seed(static_cast<uint64_t>(o.seed));
+  models::DCGANGenerator G(o.nz, o.ngf);
+  models::DCGANDiscriminator D(o.ndf);
+  models::dcgan_init(*G);
+  models::dcgan_init(*D);
+  if (o.sync_bn) {
+    nd::nn::convert_sync_batchnorm(G.ptr());
+    nd::nn::convert_sync_batchnorm(D.ptr());
+  }
+  G->to(device);
+  D->to(device);
+  nd::dist::DistributedDataParallel g(G, "G");
+  nd::dist::DistributedDataParallel d(D, "D");
+  nd::optim::Adam opt_g(G->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
+  nd::optim::Adam opt_d(D->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
+
+  app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
+  nd::TrainState state{{{"G", G.get()}, {"D", D.get()}}, {{"G", &opt_g}, {"D", &opt_d}}, {}, 0};
+  const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
+  nd::Generator sample_gen{static_cast<uint64_t>(o.seed) + 1, 0};
+  const Tensor fixed_z = nd::randn({64, o.nz}, {}, &sample_gen).to(device);
+
+  app::Logger log("train_gan", o, world, start);
+  log.say("train_gan: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", global batch " +
+          std::to_string(o.batch_size) + ", steps " + std::to_string(start + 1) + ".." + std::to_string(o.steps) +
+          ", nz " + std::to_string(o.nz) + ", ngf " + std::to_string(o.ngf) + ", ndf " + std::to_string(o.ndf) +
+          ", output " + o.out);
+  app::UpdateNorm update_g(G->parameters()), update_d(D->parameters());
+  auto bce = [](const Tensor& logits, double target) {
+    return nd::binary_cross_entropy_with_logits(logits, target > 0.5 ? nd::ones_like(logits) : nd::zeros_like(logits));
+  };
+  auto write_samples = [&](int64_t step) {
+    if (!world.rank0()) return;
+    const Tensor images = sample(G, fixed_z);
+    char name[64];
+    std::snprintf(name, sizeof name, "/samples_%06lld.png", static_cast<long long>(step));
+    app::save_png(log, world, o.out + name, app::image_grid(images, 8));
+  };
+  auto evaluate = [&](int64_t step) {
+    if (!o.eval || !world.rank0()) return;
+    log.record(step, {{"fid", fid(G, o.classifier, test_set, o.eval_samples, o.nz, device)}},
+               {{"fid_features", o.classifier}});
+  };
+
+  for (int64_t step = start + 1; step <= o.steps; ++step) {
+    const Tensor real = batches.next().images;
+    // z for the whole global batch, then this rank's rows: N ranks = one process.
+    const Tensor z = app::shard_rows(nd::randn({o.batch_size, o.nz}), world).to(device);
+    const Tensor fake = g(z);
+
+    opt_d.zero_grad();
+    const Tensor loss_d = bce(d(real), 1.0) + bce(d(fake.detach()), 0.0);
+    loss_d.backward();
+    update_d.before();
+    opt_d.step();
+    const double norm_d = update_d.after();
+
+    opt_g.zero_grad();
+    const Tensor loss_g = bce(d(fake), 1.0);
+    loss_g.backward();
+    update_g.before();
+    opt_g.step();
+    const double norm_g = update_g.after();
+
+    state.step = step;
+    log.step(step, {{"loss_d", loss_d.item()}, {"loss_g", loss_g.item()}}, {{"G", norm_g}, {"D", norm_d}});
+    if (step % o.sample_every == 0 || step == o.steps) {
+      write_samples(step);
+      if (step != o.steps) evaluate(step);
+    }
+    if (o.checkpoint_at(step)) app::save_checkpoint(o, world, state, batches);
+    if (step == o.exit_after) return 0;
+  }
+  if (start >= o.steps) write_samples(o.steps);
+  evaluate(std::max(start, o.steps));
+  log.finish();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return app::run_main("train_gan", [&] {
+    Options o;
+    o.steps = 2500;
+    o.batch_size = 64;
+    o.lr = 2e-4;
+    o.log_every = 50;
+    o.sample_every = 500;
+    o.ckpt_every = 500;
+    app::Flags flags("train_gan",
+                     "Trains a DCGAN (generator + discriminator) on Fashion-MNIST; alone or under mpirun.\n"
+                     "Writes samples_<step>.png, metrics.jsonl, loss_curve.png and ckpt/ to --out.");
+    app::add_common_flags(flags, o, /*has_batch_norm=*/true);
+    flags.add("--nz", &o.nz, "latent size");
+    flags.add("--ngf", &o.ngf, "generator width");
+    flags.add("--ndf", &o.ndf, "discriminator width");
+    flags.add("--eval", &o.eval, "FID vs the test set at each sample step and the end (needs --classifier)");
+    flags.add("--classifier", &o.classifier, "classifier weights from train_classifier (FID features)");
+    flags.add("--eval-samples", &o.eval_samples, "generated and test images per FID", 2);
+    flags.parse(argc, argv);
+    return train(o);
+  });
+}

@@ -1,0 +1,192 @@
+// train_joint: the job that motivated nanoddp (../shared/USER_STORIES.md): three models
+// trained together under DistributedDataParallel with default options, each with its
+// own optimizer, in one loop:
+//   G (Perturber)   x -> x + 0.1 tanh(r(x)), a small conv net;         Adam (0.5, 0.999)
+//   D (DCGAN disc.) original -> 1, perturbed -> 0, called on both each step,
+//                   with SyncBatchNorm (convert_sync_batchnorm);          Adam (0.5, 0.999)
+//   MAE             reconstructs the original from masked perturbed images;
+//                   AdamW with linear warmup then cosine.
+// Each step: D learns on (x, G(x).detach()); G learns to make D call G(x) original
+// (non-saturating loss); the MAE learns on G(x).detach() with the original as target.
+// The log shows every model's last update norm, so a frozen model is visible at once,
+// and metrics.jsonl counts each model's parameters that did not change in a step.
+#include <algorithm>
+#include <string>
+
+#include "common/flags.h"
+#include "common/png.h"
+#include "common/train.h"
+
+namespace nd::apps {
+
+// A residual perturbation of images: conv 3x3 (1 -> w), ReLU, conv (w -> w), ReLU,
+// conv (w -> 1), out = x + 0.1 tanh(.). No BatchNorm, so N ranks equal one process
+// without synchronising statistics.
+class PerturberImpl : public nn::Module {
+ public:
+  explicit PerturberImpl(int64_t width = 16) {
+    net = register_module(
+        "net", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, width, 3).padding(1)), nn::ReLU(),
+                              nn::Conv2d(nn::Conv2dOptions(width, width, 3).padding(1)), nn::ReLU(),
+                              nn::Conv2d(nn::Conv2dOptions(width, 1, 3).padding(1))));
+  }
+  Tensor forward(const Tensor& x) override { return x + net(x).tanh() * 0.1; }
+
+  nn::Sequential net{nullptr};
+};
+ND_MODULE(Perturber);
+
+}  // namespace nd::apps
+
+namespace {
+
+using nd::Tensor;
+namespace models = nd::models;
+
+struct Options : app::CommonOptions {
+  std::string model;  // MAE: tiny (cpu) / small (cuda)
+  int64_t gwidth = 16, ndf = 32;
+  double lr_mae = 1e-3;
+};
+
+int train(Options& o) {
+  const app::World world = app::world();
+  const nd::Device device = app::setup("train_joint", o, world);
+  if (o.model.empty()) o.model = device.is_cpu() ? "tiny" : "small";
+  models::MAEConfig config;
+  try {
+    config = models::MAEConfig::by_name(o.model);
+  } catch (const nd::Error&) {
+    throw app::UsageError{"--model expects tiny or small, got '" + o.model + "'"};
+  }
+  const nd::data::Dataset train_set = nd::data::load_fashion_mnist(o.data, true);
+  const nd::data::Dataset test_set = nd::data::load_fashion_mnist(o.data, false);
+
+  nd::manual_seed(static_cast<uint64_t>(o.seed));
+  nd::apps::Perturber G(o.gwidth);
+  models::DCGANDiscriminator D(o.ndf);
+  models::dcgan_init(*D);
+  nd::nn::convert_sync_batchnorm(D.ptr());  // after dcgan_init, which sets the BatchNorm weights
+  models::MAE M(config);
+  G->to(device);
+  D->to(device);
+  M->to(device);
+  nd::dist::DistributedDataParallel g(G, "G");
+  nd::dist::DistributedDataParallel d(D, "D");
+  nd::dist::DistributedDataParallel m(M, "MAE");
+  nd::optim::Adam opt_g(G->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
+  nd::optim::Adam opt_d(D->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
+  nd::optim::AdamWOptions adamw(o.lr_mae);
+  adamw.betas({0.9, 0.95}).weight_decay(0.05);
+  nd::optim::AdamW opt_m(M->parameters(), adamw);
+  const int64_t warmup = std::max<int64_t>(1, o.steps / 20);
+  auto warm = std::make_shared<nd::optim::LinearLR>(opt_m, 0.01, 1.0, warmup);
+  auto cosine = std::make_shared<nd::optim::CosineAnnealingLR>(opt_m, std::max<int64_t>(1, o.steps - warmup));
+  nd::optim::SequentialLR schedule(opt_m, {warm, cosine}, {warmup});
+
+  app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
+  nd::TrainState state{{{"G", G.get()}, {"D", D.get()}, {"MAE", M.get()}},
+                       {{"G", &opt_g}, {"D", &opt_d}, {"MAE", &opt_m}},
+                       {{"MAE", &schedule}},
+                       0};
+  const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
+
+  app::Logger log("train_joint", o, world, start);
+  log.say("train_joint: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", MAE " + o.model +
+          ", global batch " + std::to_string(o.batch_size) + ", steps " + std::to_string(start + 1) + ".." +
+          std::to_string(o.steps) + ", output " + o.out);
+  app::UpdateNorm update_g(G->parameters()), update_d(D->parameters()), update_m(M->parameters());
+  auto bce = [](const Tensor& logits, bool original) {
+    return nd::binary_cross_entropy_with_logits(logits, original ? nd::ones_like(logits) : nd::zeros_like(logits));
+  };
+  auto write_samples = [&](int64_t step) {
+    if (!world.rank0()) return;
+    nd::NoGradGuard no_grad;
+    const Tensor x = test_set.images.narrow(0, 0, 16).to(device);
+    const Tensor perturbed = G->forward(x);
+    nd::Generator gen{4242, 0};
+    const Tensor noise = nd::rand({16, config.num_patches()}, {}, &gen).to(device);
+    const models::MAEEncoderOutput enc = M->forward_encoder(perturbed, config.mask_ratio, noise);
+    const Tensor pred = M->forward_decoder(enc.latent, enc.ids_restore);
+    const Tensor target = models::patchify(x, config.patch_size);
+    const Tensor mask = enc.mask.unsqueeze(-1);
+    Tensor recon = pred;
+    if (config.norm_pix_loss) recon = pred * (target.var({2}, 1, true) + 1e-6).sqrt() + target.mean({2}, true);
+    recon = models::unpatchify(recon * mask + target * (1.0 - mask), config.patch_size);
+    const Tensor masked = models::unpatchify(models::patchify(perturbed, config.patch_size) * (1.0 - mask),
+                                             config.patch_size);
+    // Per sample: original, perturbed, masked perturbed, reconstruction.
+    const Tensor grid = nd::stack({x, perturbed, masked, recon}, 1).reshape({64, 1, 28, 28});
+    char name[64];
+    std::snprintf(name, sizeof name, "/samples_%06lld.png", static_cast<long long>(step));
+    app::save_png(log, world, o.out + name, app::image_grid(grid, 8));
+  };
+
+  for (int64_t step = start + 1; step <= o.steps; ++step) {
+    const Tensor x = batches.next().images;
+    const Tensor noise = app::shard_rows(nd::rand({o.batch_size, config.num_patches()}), world).to(device);
+    const Tensor perturbed = g(x);
+
+    opt_d.zero_grad();
+    const Tensor loss_d = bce(d(x), true) + bce(d(perturbed.detach()), false);
+    loss_d.backward();
+    update_d.before();
+    opt_d.step();
+    const double norm_d = update_d.after();
+
+    opt_g.zero_grad();
+    const Tensor loss_g = bce(d(perturbed), true);
+    loss_g.backward();
+    update_g.before();
+    opt_g.step();
+    const double norm_g = update_g.after();
+
+    opt_m.zero_grad();
+    m.reducer().prepare_forward();  // the MAE is driven through its parts, not ddp(x)
+    const models::MAEEncoderOutput enc = M->forward_encoder(perturbed.detach(), config.mask_ratio, noise);
+    const Tensor loss_m = M->forward_loss(x, M->forward_decoder(enc.latent, enc.ids_restore), enc.mask);
+    loss_m.backward();
+    update_m.before();
+    opt_m.step();
+    const double norm_m = update_m.after();
+    schedule.step();
+
+    state.step = step;
+    log.step(step, {{"loss_d", loss_d.item()}, {"loss_g", loss_g.item()}, {"loss_mae", loss_m.item()}},
+             {{"G", norm_g}, {"D", norm_d}, {"MAE", norm_m}},
+             {{"unchanged_params_G", static_cast<double>(update_g.unchanged())},
+              {"unchanged_params_D", static_cast<double>(update_d.unchanged())},
+              {"unchanged_params_MAE", static_cast<double>(update_m.unchanged())}});
+    if (step % o.sample_every == 0 || step == o.steps) write_samples(step);
+    if (o.checkpoint_at(step)) app::save_checkpoint(o, world, state, batches);
+    if (step == o.exit_after) return 0;
+  }
+  if (start >= o.steps) write_samples(o.steps);
+  log.finish();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return app::run_main("train_joint", [&] {
+    Options o;
+    o.steps = 2000;
+    o.batch_size = 64;
+    o.lr = 2e-4;
+    o.log_every = 50;
+    o.sample_every = 500;
+    o.ckpt_every = 500;
+    app::Flags flags("train_joint",
+                     "Trains a perturbing generator G, a discriminator D (SyncBatchNorm) and an MAE together,\n"
+                     "three DDP models with three optimizers; alone or under mpirun. Writes samples_<step>.png\n"
+                     "(original / perturbed / masked / reconstruction), metrics.jsonl, loss_curve.png, ckpt/.");
+    app::add_common_flags(flags, o, /*has_batch_norm=*/false);
+    flags.add("--lr-mae", &o.lr_mae, "MAE peak learning rate (AdamW, warmup then cosine); --lr is G's and D's");
+    flags.add("--model", &o.model, "MAE configuration: tiny or small (default tiny on cpu, small on cuda)");
+    flags.add("--gwidth", &o.gwidth, "perturber width");
+    flags.add("--ndf", &o.ndf, "discriminator width");
+    flags.parse(argc, argv);
+    return train(o);
+  });
+}

@@ -1,0 +1,191 @@
+// train_mae: the masked autoencoder of models/mae.h on Fashion-MNIST (tiny on the CPU,
+// small on CUDA) with AdamW (betas 0.9, 0.95, weight decay 0.05) and a linear warmup
+// then cosine schedule, under DistributedDataParallel with default options. Writes
+// DIR/samples_<step>.png (rows of original / masked / reconstruction triplets of test
+// images), the masked-patch test loss, metrics.jsonl, loss_curve.png and ckpt/.
+// --probe: a linear probe (logistic regression trained with Adam on standardised,
+// frozen, mean-pooled encoder features) reports the test accuracy.
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <string>
+
+#include "common/flags.h"
+#include "common/png.h"
+#include "common/train.h"
+
+namespace {
+
+using nd::Tensor;
+namespace models = nd::models;
+
+struct Options : app::CommonOptions {
+  std::string model;  // tiny (cpu) / small (cuda)
+  int64_t warmup = 0;  // 0: 5% of --steps
+  bool probe = false;
+  int64_t probe_train = 10000;
+};
+
+// Per-sample masking noise for n images, drawn from a fixed generator (the same
+// masks at every evaluation).
+Tensor fixed_noise(int64_t n, int64_t patches) {
+  nd::Generator gen{4242, 0};
+  return nd::rand({n, patches}, {}, &gen);
+}
+
+// [n, 1, 28, 28] originals -> 3n images: original, masked (gray patches), reconstruction
+// (predicted masked patches de-normalised with each patch's own mean and std, visible
+// patches pasted from the original), per sample.
+Tensor triplets(models::MAE& mae, const Tensor& images) {
+  nd::NoGradGuard no_grad;
+  const int64_t p = mae->config.patch_size, n = images.size(0);
+  const models::MAEOutput out = mae->forward(images, fixed_noise(n, mae->config.num_patches()).to(images.device()));
+  const Tensor target = models::patchify(images, p);
+  const Tensor mask = out.mask.unsqueeze(-1), keep = 1.0 - mask;
+  Tensor pred = out.pred;
+  if (mae->config.norm_pix_loss)
+    pred = pred * (target.var({2}, 1, true) + 1e-6).sqrt() + target.mean({2}, true);
+  const Tensor masked = models::unpatchify(target * keep, p);
+  const Tensor recon = models::unpatchify(pred * mask + target * keep, p);
+  return nd::stack({images, masked, recon}, 1).reshape({3 * n, 1, images.size(2), images.size(3)});
+}
+
+// Masked-patch loss on `images` with the fixed masks, eval mode.
+double test_loss(models::MAE& mae, const Tensor& images, nd::Device device) {
+  const Tensor noise = fixed_noise(images.size(0), mae->config.num_patches());
+  double sum = 0;
+  int64_t chunks = 0;
+  nd::NoGradGuard no_grad;
+  for (int64_t start = 0; start < images.size(0); start += 500, ++chunks) {
+    const int64_t len = std::min<int64_t>(500, images.size(0) - start);
+    sum += mae->forward(images.narrow(0, start, len).to(device), noise.narrow(0, start, len).to(device)).loss.item();
+  }
+  return sum / static_cast<double>(chunks);
+}
+
+// Logistic regression on frozen features: standardise with the training statistics,
+// then Adam (lr 1e-2) on cross-entropy, batches of 256, 30 epochs. Returns test accuracy.
+double linear_probe(models::MAE& mae, const nd::data::Dataset& train, const nd::data::Dataset& test, int64_t n_train,
+                    nd::Device device, app::Logger& log) {
+  auto features = [&](const Tensor& x) { return mae->features(x); };
+  Tensor f_train = app::map_chunks(train.images.narrow(0, 0, n_train), 1000, device, features);
+  Tensor f_test = app::map_chunks(test.images, 1000, device, features);
+  const Tensor mean = f_train.mean({0}, true), std = (f_train.var({0}, 1, true) + 1e-6).sqrt();
+  f_train = (f_train - mean) / std;
+  f_test = (f_test - mean) / std;
+  const Tensor y_train = train.labels.narrow(0, 0, n_train);
+  nd::manual_seed(7);
+  nd::nn::Linear probe(nd::nn::LinearOptions(f_train.size(1), 10));
+  nd::optim::Adam opt(probe->parameters(), nd::optim::AdamOptions(1e-2));
+  std::mt19937_64 rng(8);
+  Tensor order = nd::arange(static_cast<double>(n_train), nd::TensorOptions(nd::kInt64));
+  for (int epoch = 0; epoch < 30; ++epoch) {
+    std::shuffle(order.data_ptr<int64_t>(), order.data_ptr<int64_t>() + n_train, rng);
+    for (int64_t start = 0; start + 256 <= n_train; start += 256) {
+      const Tensor idx = order.narrow(0, start, 256);
+      opt.zero_grad();
+      nd::cross_entropy(probe(f_train.index_select(0, idx)), y_train.index_select(0, idx)).backward();
+      opt.step();
+    }
+  }
+  nd::NoGradGuard no_grad;
+  const double accuracy = probe(f_test).argmax(1).eq(test.labels).to(nd::kFloat64).mean().item();
+  log.say("linear probe: " + std::to_string(n_train) + " training images, " +
+          std::to_string(f_train.size(1)) + " features");
+  return accuracy;
+}
+
+int train(Options& o) {
+  const app::World world = app::world();
+  const nd::Device device = app::setup("train_mae", o, world);
+  if (o.model.empty()) o.model = device.is_cpu() ? "tiny" : "small";
+  models::MAEConfig config;
+  try {
+    config = models::MAEConfig::by_name(o.model);
+  } catch (const nd::Error&) {
+    throw app::UsageError{"--model expects tiny or small, got '" + o.model + "'"};
+  }
+  if (o.probe && o.probe_train > 60000) throw app::UsageError{"--probe-train is at most 60000"};
+  const nd::data::Dataset train_set = nd::data::load_fashion_mnist(o.data, true);
+  const nd::data::Dataset test_set = nd::data::load_fashion_mnist(o.data, false);
+
+  nd::manual_seed(static_cast<uint64_t>(o.seed));
+  models::MAE M(config);
+  M->to(device);
+  nd::dist::DistributedDataParallel m(M, "MAE");
+  nd::optim::AdamWOptions adamw(o.lr);
+  adamw.betas({0.9, 0.95}).weight_decay(0.05);
+  nd::optim::AdamW opt(M->parameters(), adamw);
+  const int64_t warmup = std::max<int64_t>(1, o.warmup ? o.warmup : o.steps / 20);
+  auto warm = std::make_shared<nd::optim::LinearLR>(opt, 0.01, 1.0, warmup);
+  auto cosine = std::make_shared<nd::optim::CosineAnnealingLR>(opt, std::max<int64_t>(1, o.steps - warmup));
+  nd::optim::SequentialLR schedule(opt, {warm, cosine}, {warmup});
+
+  app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
+  nd::TrainState state{{{"MAE", M.get()}}, {{"MAE", &opt}}, {{"MAE", &schedule}}, 0};
+  const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
+
+  app::Logger log("train_mae", o, world, start);
+  log.say("train_mae: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", model " + o.model +
+          ", global batch " + std::to_string(o.batch_size) + ", steps " + std::to_string(start + 1) + ".." +
+          std::to_string(o.steps) + ", output " + o.out);
+  app::UpdateNorm update(M->parameters());
+  const Tensor eval_images = test_set.images.narrow(0, 0, 1000);
+  auto evaluate = [&](int64_t step) {
+    if (!world.rank0()) return;
+    const Tensor grid = triplets(M, test_set.images.narrow(0, 0, 16).to(device));
+    char name[64];
+    std::snprintf(name, sizeof name, "/samples_%06lld.png", static_cast<long long>(step));
+    app::save_png(log, world, o.out + name, app::image_grid(grid, 6));
+    log.record(step, {{"test_loss", test_loss(M, eval_images, device)}});
+  };
+
+  for (int64_t step = start + 1; step <= o.steps; ++step) {
+    const Tensor images = batches.next().images;
+    // Masking noise for the whole global batch, then this rank's rows.
+    const Tensor noise = app::shard_rows(nd::rand({o.batch_size, config.num_patches()}), world).to(device);
+    opt.zero_grad();
+    const Tensor loss = m(images, noise).loss;
+    loss.backward();
+    update.before();
+    opt.step();
+    const double norm = update.after();
+    schedule.step();
+    state.step = step;
+    log.step(step, {{"loss", loss.item()}}, {{"MAE", norm}});
+    if (step % o.sample_every == 0 || step == o.steps) evaluate(step);
+    if (o.checkpoint_at(step)) app::save_checkpoint(o, world, state, batches);
+    if (step == o.exit_after) return 0;
+  }
+  if (start >= o.steps) evaluate(o.steps);
+  if (o.probe && world.rank0())
+    log.record(std::max(start, o.steps),
+               {{"probe_accuracy", linear_probe(M, train_set, test_set, o.probe_train, device, log)}});
+  log.finish();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return app::run_main("train_mae", [&] {
+    Options o;
+    o.steps = 2000;
+    o.batch_size = 128;
+    o.lr = 1e-3;
+    o.log_every = 50;
+    o.sample_every = 500;
+    o.ckpt_every = 500;
+    app::Flags flags("train_mae",
+                     "Trains a masked autoencoder on Fashion-MNIST; alone or under mpirun.\n"
+                     "Writes samples_<step>.png (original / masked / reconstruction), metrics.jsonl,\n"
+                     "loss_curve.png and ckpt/ to --out.");
+    app::add_common_flags(flags, o, /*has_batch_norm=*/false);
+    flags.add("--model", &o.model, "MAE configuration: tiny or small (default tiny on cpu, small on cuda)");
+    flags.add("--warmup", &o.warmup, "linear warmup steps (0: 5% of --steps)", 0);
+    flags.add("--probe", &o.probe, "at the end, a linear probe on frozen encoder features (test accuracy)");
+    flags.add("--probe-train", &o.probe_train, "training images for the linear probe");
+    flags.parse(argc, argv);
+    return train(o);
+  });
+}

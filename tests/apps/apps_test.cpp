@@ -1,0 +1,274 @@
+// The training apps end to end, single rank: each built binary (build/apps/<name>,
+// found next to this test's folder) runs a few tiny steps and writes metrics.jsonl,
+// PNGs (decoded here by a minimal PNG reader) and a checkpoint; bad input is one clear
+// line and a non-zero exit; --resume continues exactly (CPU: bit for bit).
+// Multi-rank runs: tests/dist/apps_dist_test.cpp.
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "harness.h"
+
+namespace fs = std::filesystem;
+using namespace nd;
+
+namespace {
+
+fs::path apps_dir() { return fs::canonical("/proc/self/exe").parent_path().parent_path() / "apps"; }
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("nanoddp_apps_test_" + std::to_string(getpid())) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+struct Run {
+  int status;          // exit status, or -1 when it did not exit normally
+  std::string output;  // stdout and stderr
+};
+
+// Runs build/apps/<app> with `args` (and `env` assignments before it), output captured.
+Run run_app(const std::string& app, const std::string& args, const std::string& env = "") {
+  const fs::path log = temp_dir("logs") / (app + ".log");
+  const std::string cmd = env + " " + (apps_dir() / app).string() + " " + args + " > " + log.string() + " 2>&1";
+  const int raw = std::system(cmd.c_str());
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, text.str()};
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+std::vector<std::string> read_lines(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// Minimal PNG reader: checks the signature, every chunk's CRC and that the IDAT stream
+// inflates to height scanlines of (1 + width * channels) bytes; returns {width, height}.
+std::pair<int, int> png_size(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(bytes.size() > 8);
+  REQUIRE(bytes.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0);
+  auto u32 = [&](size_t at) {
+    return (uint32_t(uint8_t(bytes[at])) << 24) | (uint32_t(uint8_t(bytes[at + 1])) << 16) |
+           (uint32_t(uint8_t(bytes[at + 2])) << 8) | uint32_t(uint8_t(bytes[at + 3]));
+  };
+  int width = 0, height = 0, channels = 0;
+  std::string idat;
+  for (size_t at = 8; at + 12 <= bytes.size();) {
+    const uint32_t len = u32(at);
+    REQUIRE(at + 12 + len <= bytes.size());
+    const std::string type = bytes.substr(at + 4, 4);
+    const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(bytes.data() + at + 4), len + 4);
+    CHECK(crc == u32(at + 8 + len));
+    if (type == "IHDR") {
+      width = int(u32(at + 8)), height = int(u32(at + 12));
+      CHECK(bytes[at + 16] == 8);  // bit depth
+      channels = bytes[at + 17] == 0 ? 1 : bytes[at + 17] == 2 ? 3 : 0;
+    } else if (type == "IDAT") {
+      idat += bytes.substr(at + 8, len);
+    }
+    at += 12 + len;
+  }
+  REQUIRE(channels > 0);
+  std::vector<uint8_t> raw(size_t(height) * (1 + size_t(width) * channels) + 1);
+  uLongf raw_size = raw.size();
+  REQUIRE(uncompress(raw.data(), &raw_size, reinterpret_cast<const Bytef*>(idat.data()), idat.size()) == Z_OK);
+  CHECK(raw_size == size_t(height) * (1 + size_t(width) * channels));
+  return {width, height};
+}
+
+// Every "model.*" tensor of two checkpoints, compared exactly.
+void check_same_models(const fs::path& a, const fs::path& b) {
+  const TensorDict ta = load(a.string()), tb = load(b.string());
+  int compared = 0;
+  for (const auto& [name, t] : ta) {
+    if (name.rfind("model.", 0) != 0) continue;
+    CAPTURE(name);
+    REQUIRE(tb.count(name));
+    const auto va = nd::testing::to_vector(t), vb = nd::testing::to_vector(tb.at(name));
+    CHECK(va == vb);
+    ++compared;
+  }
+  CHECK(compared > 0);
+}
+
+// An app's shared tiny settings.
+std::string tiny(const fs::path& out) {
+  return "--steps 4 --batch-size 8 --log-every 2 --sample-every 1000 --ckpt-every 2 --out " + out.string();
+}
+
+const char* kApps[] = {"train_gan", "train_mae", "train_joint", "train_classifier"};
+
+}  // namespace
+
+TEST_CASE("apps: --help lists the common flags and exits 0") {
+  for (const char* app : kApps) {
+    CAPTURE(app);
+    const Run r = run_app(app, "--help");
+    CHECK(r.status == 0);
+    for (const char* flag : {"--device", "--steps", "--batch-size", "--lr", "--out", "--resume", "--seed", "--data",
+                             "--log-every", "--sample-every", "--ckpt-every", "--amp"})
+      CHECK(contains(r.output, flag));
+  }
+  CHECK(contains(run_app("train_gan", "--help").output, "--sync-bn"));
+  CHECK(contains(run_app("train_classifier", "--help").output, "--sync-bn"));
+}
+
+TEST_CASE("apps: bad flags are one line and exit status 2") {
+  for (const char* app : kApps) {
+    CAPTURE(app);
+    Run r = run_app(app, "--stesp 3");
+    CHECK(r.status == 2);
+    CHECK(count_lines(r.output) == 1);
+    CHECK(contains(r.output, "unknown option '--stesp'"));
+    r = run_app(app, "--steps three");
+    CHECK(r.status == 2);
+    CHECK(contains(r.output, "--steps expects an integer"));
+    r = run_app(app, "--amp");
+    CHECK(r.status == 2);
+    CHECK(count_lines(r.output) == 1);
+    CHECK(contains(r.output, "--amp needs --device cuda"));
+  }
+  const Run r = run_app("train_gan", "--lr");
+  CHECK(r.status == 2);
+  CHECK(contains(r.output, "--lr needs a value"));
+}
+
+TEST_CASE("apps: --device cuda without a GPU is one clear line and a non-zero exit") {
+  if (cuda::is_available()) {
+    MESSAGE("SKIPPED: a GPU is present");
+    return;
+  }
+  for (const char* app : kApps) {
+    CAPTURE(app);
+    const Run r = run_app(app, "--device cuda --steps 1");
+    CHECK(r.status != 0);
+    CHECK(count_lines(r.output) == 1);
+    CHECK(contains(r.output, "cuda"));
+  }
+}
+
+TEST_CASE("apps: a missing data folder or a corrupt IDX file is one clear line and a non-zero exit") {
+  const fs::path missing = temp_dir("missing") / "nowhere";
+  for (const char* app : kApps) {
+    CAPTURE(app);
+    const Run r = run_app(app, "--steps 1 --data " + missing.string() + " --out " + temp_dir("m_out").string());
+    CHECK(r.status == 1);
+    CHECK(count_lines(r.output) == 1);
+    CHECK(contains(r.output, missing.string()));
+  }
+  // A truncated image file next to valid-looking labels: a wrong size, named.
+  const fs::path corrupt = temp_dir("corrupt");
+  for (const char* split : {"train", "t10k"}) {
+    std::ofstream images(corrupt / (std::string(split) + "-images-idx3-ubyte"), std::ios::binary);
+    const unsigned char header[] = {0, 0, 8, 3, 0, 0, 0, 10, 0, 0, 0, 28, 0, 0, 0, 28, 1, 2, 3};
+    images.write(reinterpret_cast<const char*>(header), sizeof header);
+    std::ofstream labels(corrupt / (std::string(split) + "-labels-idx1-ubyte"), std::ios::binary);
+    const unsigned char lheader[] = {0, 0, 8, 1, 0, 0, 0, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0};
+    labels.write(reinterpret_cast<const char*>(lheader), sizeof lheader);
+  }
+  for (const char* app : kApps) {
+    CAPTURE(app);
+    const Run r = run_app(app, "--steps 1 --data " + corrupt.string() + " --out " + temp_dir("c_out").string());
+    CHECK(r.status == 1);
+    CHECK(count_lines(r.output) == 1);
+    CHECK(contains(r.output, "train-images-idx3-ubyte"));
+  }
+}
+
+TEST_CASE("apps: each app trains a few steps and writes metrics.jsonl, PNGs and a checkpoint") {
+  struct Case {
+    const char* app;
+    std::vector<std::string> keys;
+    std::pair<int, int> sample_size;  // 0: no sample grid
+  };
+  // 8x8 tiles of 28 pixels with 2-pixel gaps; MAE: 6 columns (2 triplets) x 8 rows.
+  const Case cases[] = {
+      {"train_gan", {"loss_d", "loss_g", "update_norm_G", "update_norm_D", "steps_per_s"}, {8 * 30 + 2, 8 * 30 + 2}},
+      {"train_mae", {"loss", "update_norm_MAE"}, {6 * 30 + 2, 8 * 30 + 2}},
+      {"train_joint", {"loss_d", "loss_g", "loss_mae", "update_norm_G", "update_norm_D", "update_norm_MAE"},
+       {8 * 30 + 2, 8 * 30 + 2}},
+      {"train_classifier", {"loss", "train_accuracy", "update_norm_classifier"}, {0, 0}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.app);
+    const fs::path out = temp_dir(std::string("run_") + c.app);
+    const std::string extra = std::string(c.app) == "train_classifier" ? " --test-images 200" : "";
+    const Run r = run_app(c.app, tiny(out) + extra);
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    const auto lines = read_lines(out / "metrics.jsonl");
+    REQUIRE(lines.size() >= 2);
+    CHECK(lines[0].rfind("{\"step\":2,", 0) == 0);
+    CHECK(lines[0].back() == '}');
+    for (const std::string& key : c.keys) CHECK(contains(lines[0], "\"" + key + "\":"));
+    CHECK(contains(lines[1], "\"step\":4,"));
+    CHECK(png_size(out / "loss_curve.png") == std::make_pair(800, 480));
+    if (c.sample_size.first) CHECK(png_size(out / "samples_000004.png") == c.sample_size);
+    CHECK(fs::exists(out / "ckpt" / "latest.safetensors"));
+    CHECK(load_metadata((out / "ckpt" / "latest.safetensors").string()).at("step") == "4");
+  }
+}
+
+TEST_CASE("apps: train_classifier's weights give train_gan --eval an FID; train_mae --probe an accuracy") {
+  const fs::path cls = temp_dir("classifier"), gan = temp_dir("gan_eval"), mae = temp_dir("mae_probe");
+  REQUIRE(run_app("train_classifier", tiny(cls) + " --test-images 200").status == 0);
+  const auto cls_lines = read_lines(cls / "metrics.jsonl");
+  CHECK(contains(cls_lines.back(), "\"test_accuracy\":"));
+  const Run r = run_app("train_gan", tiny(gan) + " --eval --eval-samples 100 --classifier " +
+                                         (cls / "classifier.safetensors").string());
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  const std::string last = read_lines(gan / "metrics.jsonl").back();
+  CHECK(contains(last, "\"fid\":"));
+  CHECK_FALSE(contains(last, "\"fid\":null"));
+  const Run p = run_app("train_mae", tiny(mae) + " --probe --probe-train 512");
+  INFO(p.output);
+  REQUIRE(p.status == 0);
+  CHECK(contains(read_lines(mae / "metrics.jsonl").back(), "\"probe_accuracy\":"));
+}
+
+// One OpenMP thread: the CPU conv kernel's weight gradient sums per-thread partials whose
+// chunks are scheduled dynamically, so with 2 threads two identical runs can differ in
+// the last bit (kernels/cpu/conv.cpp, reported); resume itself is exact.
+TEST_CASE("apps: --resume after an interruption equals an uninterrupted run, bit for bit") {
+  const std::string env = "OMP_NUM_THREADS=1";
+  for (const char* app : {"train_gan", "train_mae"}) {
+    CAPTURE(app);
+    const fs::path whole = temp_dir(std::string("whole_") + app), parts = temp_dir(std::string("parts_") + app);
+    const std::string args = "--steps 5 --batch-size 8 --log-every 1 --sample-every 1000 --ckpt-every 2";
+    REQUIRE(run_app(app, args + " --out " + whole.string(), env).status == 0);
+    REQUIRE(run_app(app, args + " --exit-after 3 --out " + parts.string(), env).status == 0);
+    CHECK(load_metadata((parts / "ckpt" / "latest.safetensors").string()).at("step") == "3");
+    const Run r = run_app(app, args + " --resume --out " + parts.string(), env);
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    check_same_models(whole / "ckpt" / "latest.safetensors", parts / "ckpt" / "latest.safetensors");
+    // The resumed metrics continue the interrupted ones: steps 1..5 once each.
+    const auto lines = read_lines(parts / "metrics.jsonl");
+    REQUIRE(lines.size() >= 5);
+    for (int s = 1; s <= 5; ++s) CHECK(contains(lines[s - 1], "{\"step\":" + std::to_string(s) + ","));
+  }
+  const Run r = run_app("train_gan", "--steps 2 --resume --out " + temp_dir("no_ckpt").string());
+  CHECK(r.status == 1);
+  CHECK(contains(r.output, "--resume: no checkpoint at"));
+}

@@ -1,0 +1,182 @@
+// The training apps under mpirun. This binary runs alone and under mpirun -np 2 / 4
+// (tests/CMakeLists.txt); rank 0 does the work and the other ranks only join the job.
+// Rank 0 launches the apps itself, as a user would: `mpirun -np W <app>` with
+// W = this job's world size (2 when run alone), and `<app>` alone as the 1-rank
+// reference. Its children get an environment without this job's OMPI_* / PMIX_*
+// variables, so each is a fresh, independent MPI job rather than a stray member of
+// this one (OpenMPI mistakes a child that inherits them for a rank of the parent job).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "harness.h"
+
+namespace fs = std::filesystem;
+using namespace nd;
+
+extern char** environ;
+
+namespace {
+
+int rank() { return dist::world()->rank(); }
+int64_t ranks_to_launch() { return std::max(2, dist::world()->size()); }
+
+fs::path apps_dir() { return fs::canonical("/proc/self/exe").parent_path().parent_path() / "apps"; }
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("nanoddp_apps_dist_test_" + std::to_string(getpid())) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// "env -u A -u B ..." dropping every variable of the launcher of this job.
+std::string clean_env() {
+  std::string out = "env";
+  for (char** e = environ; *e; ++e) {
+    const std::string var = *e;
+    const std::string name = var.substr(0, var.find('='));
+    for (const char* prefix : {"OMPI_", "PMIX_", "OPAL_", "ORTE_", "PMI_", "HYDRA_", "MPI_LOCALNRANKS", "MPI_LOCALRANKID"})
+      if (name.rfind(prefix, 0) == 0) {
+        out += " -u " + name;
+        break;
+      }
+  }
+  return out;
+}
+
+struct Run {
+  int status;
+  std::string output;
+};
+
+// np == 0: the app alone; else under mpirun -np np. One OpenMP thread per process (see
+// tests/apps/apps_test.cpp: the CPU conv weight gradient is only run-to-run exact then).
+Run launch(int64_t np, const std::string& app, const std::string& args) {
+  const fs::path log = temp_dir("logs") / (app + "_" + std::to_string(np) + ".log");
+  std::string cmd = clean_env() + " OMP_NUM_THREADS=1 ";
+  if (np > 0)
+    cmd += "mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS -x NANODDP_COLLECTIVE_TIMEOUT_S=120 -np " +
+           std::to_string(np) + " ";
+  cmd += (apps_dir() / app).string() + " " + args + " > " + log.string() + " 2>&1";
+  const int raw = std::system(cmd.c_str());
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, text.str()};
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+std::vector<std::string> read_lines(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// The number after "key": in a metrics line.
+double value_of(const std::string& line, const std::string& key) {
+  const size_t at = line.find("\"" + key + "\":");
+  REQUIRE(at != std::string::npos);
+  return std::strtod(line.c_str() + at + key.size() + 3, nullptr);
+}
+
+// Every "model.*" tensor of two checkpoints: |a - b| <= tol (1 + |b|). One exception:
+// the key part of an attention in_proj_bias ([E, 2E)). softmax(q . (k + b)) does not
+// depend on b, so its true gradient is 0 and what arrives is rounding noise, which
+// Adam scales up to lr-sized steps that differ with the summation order.
+void check_same_models(const fs::path& a, const fs::path& b, double tol) {
+  const TensorDict ta = load(a.string()), tb = load(b.string());
+  int compared = 0;
+  for (const auto& [name, t] : ta) {
+    if (name.rfind("model.", 0) != 0 || name.find("num_batches_tracked") != std::string::npos) continue;
+    REQUIRE(tb.count(name));
+    const std::string key_bias = "attn.in_proj_bias";
+    if (tol > 0 && name.size() > key_bias.size() &&
+        name.compare(name.size() - key_bias.size(), key_bias.size(), key_bias) == 0) {
+      const int64_t E = t.size(0) / 3;
+      for (int64_t part : {int64_t(0), 2 * E})
+        nd::testing::check_close(t.narrow(0, part, E), tb.at(name).narrow(0, part, E), tol, tol, name);
+    } else {
+      nd::testing::check_close(t, tb.at(name), tol, tol, name);
+    }
+    ++compared;
+  }
+  CHECK(compared > 0);
+}
+
+bool skip() {
+#ifndef NANODDP_WITH_MPI
+  MESSAGE("SKIPPED: built without MPI");
+  return true;
+#else
+  if (std::system("command -v mpirun > /dev/null 2>&1") != 0) {
+    MESSAGE("SKIPPED: no mpirun on PATH");
+    return true;
+  }
+  return rank() != 0;  // only rank 0 launches
+#endif
+}
+
+const std::string kJoint = "--batch-size 8 --log-every 1 --sample-every 1000 --ckpt-every 2 --lr 1e-3";
+
+}  // namespace
+
+TEST_CASE("apps under mpirun: train_joint trains every parameter of G, D and the MAE every step, "
+          "and W ranks equal 1 rank on the same global batch") {
+  if (skip()) return;
+  const int64_t W = ranks_to_launch();
+  const fs::path multi = temp_dir("joint_multi"), single = temp_dir("joint_single");
+  const Run m = launch(W, "train_joint", kJoint + " --steps 3 --out " + multi.string());
+  INFO(m.output);
+  REQUIRE(m.status == 0);
+  CHECK(contains(m.output, "train_joint: " + std::to_string(W) + " rank(s)"));
+  const Run s = launch(0, "train_joint", kJoint + " --steps 3 --out " + single.string());
+  INFO(s.output);
+  REQUIRE(s.status == 0);
+
+  const auto lines = read_lines(multi / "metrics.jsonl");
+  REQUIRE(lines.size() >= 3);
+  for (int step = 1; step <= 3; ++step) {
+    const std::string& line = lines[step - 1];
+    CAPTURE(line);
+    REQUIRE(contains(line, "{\"step\":" + std::to_string(step) + ","));
+    for (const char* model : {"G", "D", "MAE"}) {
+      CHECK(value_of(line, std::string("update_norm_") + model) > 0);
+      CHECK(value_of(line, std::string("unchanged_params_") + model) == 0);  // every parameter moved
+    }
+  }
+  // Same global batch, same noise per sample: equal up to float rounding (the
+  // reduction order of gradients and SyncBatchNorm statistics differs).
+  check_same_models(multi / "ckpt" / "latest.safetensors", single / "ckpt" / "latest.safetensors", 1e-4);
+}
+
+TEST_CASE("apps under mpirun: a run stopped after a checkpoint and resumed equals an uninterrupted one") {
+  if (skip()) return;
+  const int64_t W = ranks_to_launch();
+  const fs::path whole = temp_dir("resume_whole"), parts = temp_dir("resume_parts");
+  REQUIRE(launch(W, "train_joint", kJoint + " --steps 4 --out " + whole.string()).status == 0);
+  REQUIRE(launch(W, "train_joint", kJoint + " --steps 4 --exit-after 2 --out " + parts.string()).status == 0);
+  CHECK(load_metadata((parts / "ckpt" / "latest.safetensors").string()).at("step") == "2");
+  const Run r = launch(W, "train_joint", kJoint + " --steps 4 --resume --out " + parts.string());
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  check_same_models(whole / "ckpt" / "latest.safetensors", parts / "ckpt" / "latest.safetensors", 0.0);
+}
+
+TEST_CASE("apps under mpirun: a batch size that does not divide by the world size is one clear error") {
+  if (skip()) return;
+  const int64_t W = ranks_to_launch();
+  const Run r = launch(W, "train_gan", "--steps 1 --batch-size " + std::to_string(W + 1) + " --out " +
+                                           temp_dir("bad_batch").string());
+  INFO(r.output);
+  CHECK(r.status != 0);
+  CHECK(contains(r.output, "--batch-size " + std::to_string(W + 1) + " does not divide by the world size " +
+                               std::to_string(W)));
+}
