@@ -1,8 +1,9 @@
 // train_mlp: a 784-256-10 MLP (ReLU) trained on Fashion-MNIST with plain mini-batch SGD,
 // written directly against the engine: parameters are named leaf tensors, the update runs
 // under NoGradGuard and labels itself "SGD.step" for version errors. It is the smallest
-// end-to-end job (data -> forward -> backward -> step -> eval) until nn/optim and the
-// GAN/MAE apps exist. Prints the loss every --log-every steps and the final test accuracy.
+// end-to-end job (data -> forward -> backward -> step -> eval) and shows what nn modules
+// and optimizers do for the other apps. Prints the loss every --log-every steps and the
+// final test accuracy.
 #include <nanoddp.h>
 
 #include <algorithm>
