@@ -169,7 +169,7 @@ struct MpiProcessGroup::State {
     {
       std::lock_guard lock(mutex);
       info.sequence = sequence++;
-      work = std::make_shared<AsyncWork>(std::move(info), std::vector<Tensor>{});
+      work = std::make_shared<AsyncWork>(std::move(info));
       queue.push_back({work, std::move(body)});
     }
     wake.notify_one();

@@ -34,9 +34,7 @@ std::string CollectiveInfo::describe() const {
   return os.str();
 }
 
-AsyncWork::AsyncWork(CollectiveInfo info, std::vector<Tensor> tensors) : tensors_(std::move(tensors)) {
-  info_ = std::move(info);
-}
+AsyncWork::AsyncWork(CollectiveInfo info) { info_ = std::move(info); }
 
 void AsyncWork::wait() {
   std::unique_lock lock(mutex_);
@@ -55,12 +53,10 @@ std::exception_ptr AsyncWork::error() {
 }
 
 void AsyncWork::mark_done(std::exception_ptr error) {
-  std::vector<Tensor> release;  // dropped outside the lock
   {
     std::lock_guard lock(mutex_);
     done_ = true;
     error_ = std::move(error);
-    release.swap(tensors_);
   }
   done_cv_.notify_all();
 }

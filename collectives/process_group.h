@@ -49,11 +49,11 @@ class Work {
   CollectiveInfo info_;
 };
 
-// A Work that a backend completes from its own thread (MPI worker, NCCL event).
-// Holds the tensors the collective reads or writes until it is done.
+// A Work that a backend completes from its own thread (the MPI worker). The backend
+// keeps the tensors alive until the collective has run.
 class AsyncWork : public Work {
  public:
-  AsyncWork(CollectiveInfo info, std::vector<Tensor> tensors);
+  explicit AsyncWork(CollectiveInfo info);
   void wait() override;
   bool is_completed() override;
   std::exception_ptr error() override;
@@ -65,7 +65,6 @@ class AsyncWork : public Work {
   std::condition_variable done_cv_;
   bool done_ = false;
   std::exception_ptr error_;
-  std::vector<Tensor> tensors_;
 };
 
 struct AllreduceOptions {
