@@ -1,7 +1,7 @@
 // train_gan: DCGAN (models/dcgan.h) on Fashion-MNIST with the non-saturating GAN loss
 // (BCE with logits: D learns real -> 1, G(z) -> 0; G learns D(G(z)) -> 1), Adam
 // lr 2e-4, betas (0.5, 0.999), both models under DistributedDataParallel with default
-// options. Writes DIR/samples_<step>.png (8x8 grid from a fixed z),
+// options. Writes DIR/samples_<step>.png (8x8 grid from a fixed z, G in eval mode),
 // DIR/metrics.jsonl, DIR/loss_curve.png, DIR/ckpt/latest.safetensors; with --eval,
 // FID in the feature space of a classifier trained by train_classifier.
 #include <cstdio>
@@ -25,16 +25,13 @@ struct Options : app::CommonOptions {
   int64_t eval_samples = 2000;
 };
 
-// G(z) with BatchNorm in training mode (statistics of this batch of z, as PyTorch's
-// DCGAN example samples); the running statistics it updates are restored after, so
-// sampling never changes training.
+// G(z) in eval mode: BatchNorm uses its running statistics, so sampling neither
+// changes training nor communicates (with --sync-bn only rank 0 samples).
 Tensor sample(models::DCGANGenerator& G, const Tensor& z) {
   nd::NoGradGuard no_grad;
-  std::vector<Tensor> saved;
-  for (const Tensor& b : G->buffers()) saved.push_back(b.clone());
+  G->eval();
   const Tensor images = G->forward(z);
-  const std::vector<Tensor> buffers = G->buffers();
-  for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(saved[i]);
+  G->train();
   return images;
 }
 

@@ -170,6 +170,28 @@ TEST_CASE("apps under mpirun: a run stopped after a checkpoint and resumed equal
   check_same_models(whole / "ckpt" / "latest.safetensors", parts / "ckpt" / "latest.safetensors", 0.0);
 }
 
+TEST_CASE("apps under mpirun: every app runs a few steps and rank 0 writes metrics, PNGs and a checkpoint") {
+  if (skip()) return;
+  const int64_t W = ranks_to_launch();
+  for (const char* app : {"train_gan", "train_mae", "train_classifier"}) {
+    CAPTURE(app);
+    const fs::path out = temp_dir(std::string("each_") + app);
+    std::string args = "--steps 2 --batch-size 8 --log-every 1 --sample-every 2 --ckpt-every 2 --out " + out.string();
+    if (std::string(app) != "train_mae") args += " --sync-bn";
+    if (std::string(app) == "train_classifier") args += " --test-images 100";
+    const Run r = launch(W, app, args);
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    CHECK(contains(r.output, std::string(app) + ": " + std::to_string(W) + " rank(s)"));
+    const auto lines = read_lines(out / "metrics.jsonl");
+    REQUIRE(lines.size() >= 2);
+    CHECK(contains(lines[1], "{\"step\":2,"));
+    CHECK(fs::exists(out / "loss_curve.png"));
+    CHECK(fs::exists(out / "ckpt" / "latest.safetensors"));
+    CHECK(load_metadata((out / "ckpt" / "latest.safetensors").string()).at("world_size") == std::to_string(W));
+  }
+}
+
 TEST_CASE("apps under mpirun: a batch size that does not divide by the world size is one clear error") {
   if (skip()) return;
   const int64_t W = ranks_to_launch();
