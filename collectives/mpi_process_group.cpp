@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <deque>
@@ -60,6 +61,25 @@ void check_mpi(int rc, const CollectiveInfo& info, const char* call) {
   int length = 0;
   MPI_Error_string(rc, text, &length);
   throw Error(nd::detail::str_cat(info.describe(), " failed: ", call, ": ", std::string(text, length)));
+}
+
+// Completes a non-blocking MPI call without spinning a core: the worker thread polls,
+// then yields, then sleeps briefly. A blocking MPI call busy-waits inside the library,
+// which on a machine with one core per rank steals the core that backward runs on
+// (measured with bench_ddp: DDP steps 13-50% slower than local ones while the
+// all-reduces themselves took under 2% of a step).
+void complete(MPI_Request& request, const CollectiveInfo& info, const char* call) {
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), info, call);
+    if (done) return;
+    if (polls < 64)
+      continue;
+    else if (polls < 1024)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 // f32 working copy of n 16-bit floats at p, and back.
@@ -228,14 +248,19 @@ std::shared_ptr<Work> MpiProcessGroup::allreduce(const Tensor& tensor, const All
     const ScalarType t = tensor.dtype();
     if (is_16bit_float(t)) {
       std::vector<float> buf = widen(tensor.data_ptr(), t, count);
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, MPI_FLOAT, mpi_op(reduce), state_->comm), info,
-                "MPI_Allreduce");
+      MPI_Request request;
+      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf.data(), count, MPI_FLOAT, mpi_op(reduce), state_->comm, &request),
+                info, "MPI_Iallreduce");
+      complete(request, info, "MPI_Iallreduce");
       if (reduce == ReduceOp::AVG) divide(buf.data(), kFloat32, count, world_size);
       narrow_into(buf, tensor.data_ptr(), t);
       return;
     }
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), count, mpi_datatype(t), mpi_op(reduce), state_->comm),
-              info, "MPI_Allreduce");
+    MPI_Request request;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), count, mpi_datatype(t), mpi_op(reduce), state_->comm,
+                             &request),
+              info, "MPI_Iallreduce");
+    complete(request, info, "MPI_Iallreduce");
     if (reduce == ReduceOp::AVG) divide(tensor.data_ptr(), t, count, world_size);
   });
 }
@@ -247,8 +272,10 @@ std::shared_ptr<Work> MpiProcessGroup::broadcast(const Tensor& tensor, int root)
   const int count = int_count(op, tensor.numel());
   ops::bump_version(tensor, op);
   return state_->enqueue(make_info(op, tensor), timeout(), [tensor, count, root, this](const CollectiveInfo& info) {
-    check_mpi(MPI_Bcast(tensor.data_ptr(), count, mpi_datatype(tensor.dtype()), root, state_->comm), info,
-              "MPI_Bcast");
+    MPI_Request request;
+    check_mpi(MPI_Ibcast(tensor.data_ptr(), count, mpi_datatype(tensor.dtype()), root, state_->comm, &request), info,
+              "MPI_Ibcast");
+    complete(request, info, "MPI_Ibcast");
   });
 }
 
@@ -274,9 +301,11 @@ std::shared_ptr<Work> MpiProcessGroup::allgather(const std::vector<Tensor>& outp
     const size_t esize = element_size(input.dtype());
     const MPI_Datatype dt = mpi_datatype(input.dtype());
     std::vector<char> gathered(total * esize);
-    check_mpi(MPI_Allgatherv(input.data_ptr(), static_cast<int>(input.numel()), dt, gathered.data(), counts.data(),
-                             displs.data(), dt, state_->comm),
-              info, "MPI_Allgatherv");
+    MPI_Request request;
+    check_mpi(MPI_Iallgatherv(input.data_ptr(), static_cast<int>(input.numel()), dt, gathered.data(), counts.data(),
+                              displs.data(), dt, state_->comm, &request),
+              info, "MPI_Iallgatherv");
+    complete(request, info, "MPI_Iallgatherv");
     for (size_t r = 0; r < outputs.size(); ++r)
       std::memcpy(outputs[r].data_ptr(), gathered.data() + displs[r] * esize, counts[r] * esize);
   });
@@ -319,8 +348,10 @@ std::shared_ptr<Work> MpiProcessGroup::reduce_scatter(const Tensor& output, cons
       at += in.numel() * esize;
     }
     const MPI_Datatype dt = widened ? MPI_FLOAT : mpi_datatype(t);
-    check_mpi(MPI_Reduce_scatter(send.data(), recv.data(), counts.data(), dt, mpi_op(reduce), state_->comm), info,
-              "MPI_Reduce_scatter");
+    MPI_Request request;
+    check_mpi(MPI_Ireduce_scatter(send.data(), recv.data(), counts.data(), dt, mpi_op(reduce), state_->comm, &request),
+              info, "MPI_Ireduce_scatter");
+    complete(request, info, "MPI_Ireduce_scatter");
     if (reduce == ReduceOp::AVG) divide(recv.data(), widened ? kFloat32 : t, output.numel(), world_size);
     if (widened) {
       std::vector<float> w(output.numel());
@@ -334,7 +365,9 @@ std::shared_ptr<Work> MpiProcessGroup::reduce_scatter(const Tensor& output, cons
 
 std::shared_ptr<Work> MpiProcessGroup::barrier() {
   return state_->enqueue(make_info("barrier", Tensor()), timeout(), [this](const CollectiveInfo& info) {
-    check_mpi(MPI_Barrier(state_->comm), info, "MPI_Barrier");
+    MPI_Request request;
+    check_mpi(MPI_Ibarrier(state_->comm, &request), info, "MPI_Ibarrier");
+    complete(request, info, "MPI_Ibarrier");
   });
 }
 

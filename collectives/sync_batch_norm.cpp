@@ -197,13 +197,7 @@ std::shared_ptr<Module> convert_sync_batchnorm(std::shared_ptr<Module> module,
         swaps.push_back({path.empty() ? name : path + "." + name, name, parent, std::move(bn)});
   for (Swap& s : swaps) {
     auto sync = std::make_shared<SyncBatchNormImpl>(*s.bn, process_group);
-    // Sequential and ModuleList also keep their layers in their own list, which
-    // forward() walks: put the new layer there too (the element is not const).
-    if (auto* list = dynamic_cast<ModuleListBase*>(s.parent.get())) {
-      for (size_t i = 0; i < list->size(); ++i)
-        if ((*list)[i] == s.bn) const_cast<std::shared_ptr<Module>&>((*list)[i]) = sync;
-    }
-    s.parent->replace_module(s.name, sync);
+    s.parent->replace_module(s.name, sync);  // containers update their positional list too
     // Left: our handle, plus any the tree does not know about (a holder member whose
     // owner's forward would keep calling the unsynchronised layer).
     if (s.bn.use_count() > 1) {

@@ -10,6 +10,12 @@ void ModuleListBase::push_back(std::shared_ptr<Module> module) {
   modules_.push_back(std::move(module));
 }
 
+void ModuleListBase::replace_module(const std::string& name, std::shared_ptr<Module> module) {
+  Module::replace_module(name, module);
+  for (size_t i = 0; i < modules_.size(); ++i)
+    if (std::to_string(i) == name) modules_[i] = std::move(module);
+}
+
 const std::shared_ptr<Module>& ModuleListBase::operator[](size_t index) const {
   ND_CHECK(index < modules_.size(), type_name(), ": index ", index, " is out of range for ", modules_.size(),
            " modules");

@@ -21,6 +21,8 @@ class ModuleListBase : public Module {
   void push_back(const Holder& holder) {
     push_back(std::shared_ptr<Module>(holder.ptr()));
   }
+  // Keeps the positional list in step with the child (convert_sync_batchnorm uses this).
+  void replace_module(const std::string& name, std::shared_ptr<Module> module) override;
   size_t size() const { return modules_.size(); }
   bool is_empty() const { return modules_.empty(); }
   // Throws when index >= size().
