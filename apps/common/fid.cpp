@@ -1,5 +1,9 @@
 #include "common/fid.h"
 
+// GCC 12 reports -W(maybe-)uninitialized inside Eigen's AVX-512 packet code once it is
+// inlined here (a known false positive, as in kernels/cpu/matmul.cpp).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <Eigen/Dense>
 
 namespace app {
