@@ -3,7 +3,7 @@
 #include <cstdlib>
 
 #include "engine/error.h"
-#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/allocator.h"
 
 namespace nd {
 
@@ -18,7 +18,7 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
     }
   } else {
     cuda::check_device(device);
-    data_ = kernels::cuda::device_malloc(device.index, nbytes);
+    data_ = kernels::cuda::allocate(device.index, nbytes, kernels::cuda::compute_stream(device.index));
   }
   ++live_;
 }
@@ -27,7 +27,7 @@ Storage::~Storage() {
   if (device_.is_cpu())
     std::free(data_);
   else
-    kernels::cuda::device_free(device_.index, data_);
+    kernels::cuda::release(data_);  // back to the cache of its stream
   --live_;
 }
 

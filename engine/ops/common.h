@@ -8,6 +8,7 @@
 #include "engine/error.h"
 #include "engine/factories.h"
 #include "engine/tensor.h"
+#include "kernels/cuda/stream.h"
 
 namespace nd::ops {
 
@@ -21,6 +22,21 @@ decltype(auto) dispatch_floating(const char* op, const Tensor& t, Fn&& fn) {
     default:
       throw Error(std::string(op) + ": expected a f32 or f64 tensor, found " + t.describe());
   }
+}
+
+// Runs cpu() when `t` is on the CPU, else makes t's device current and runs
+// cuda(stream) with its compute stream. `cuda` is a generic lambda
+// (`[&](auto stream) { kernels::cuda::op<T>(..., stream); }`): a build without CUDA never
+// instantiates it (no CUDA tensor can exist there), so it links without kernels/cuda.
+template <class Cpu, class Cuda>
+void on_device(const Tensor& t, Cpu&& cpu, Cuda&& cuda) {
+  if (!t.is_cuda()) return cpu();
+#ifdef NANODDP_WITH_CUDA
+  cuda(kernels::cuda::use_device(t.device().index));
+#else
+  (void)cuda;
+  throw Error("a CUDA tensor in a build without CUDA: " + t.describe());
+#endif
 }
 
 // Every defined tensor is defined, on the same device and of the same dtype as the first one.

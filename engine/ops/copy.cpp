@@ -2,57 +2,70 @@
 
 #include "engine/ops/common.h"
 #include "kernels/cpu/copy.h"
+#include "kernels/cuda/copy.h"
 #include "kernels/cuda/runtime.h"
 
 namespace nd {
 
 namespace {
 
-void copy_cpu(const Tensor& dst, const Tensor& src) {
+// dst = src converted to dst's dtype, src broadcast to dst's shape; both on one device,
+// any strides. The CUDA twin makes copy_, contiguous() and clone() work on views.
+void copy_same_device(const Tensor& dst, const Tensor& src) {
   const Shape src_strides = ops::broadcast_strides(src, dst.sizes());
   dispatch_all(src.dtype(), [&]<class S>() {
     dispatch_all(dst.dtype(), [&]<class D>() {
-      kernels::cpu::copy_strided<S, D>(dst.dim(), dst.sizes().data(), static_cast<const S*>(src.data_ptr()),
-                                       src_strides.data(), static_cast<D*>(dst.data_ptr()), dst.strides().data());
+      const S* sp = static_cast<const S*>(src.data_ptr());
+      D* dp = static_cast<D*>(dst.data_ptr());
+      ops::on_device(
+          dst,
+          [&] {
+            kernels::cpu::copy_strided<S, D>(dst.dim(), dst.sizes().data(), sp, src_strides.data(), dp,
+                                             dst.strides().data());
+          },
+          [&](auto stream) {
+            kernels::cuda::copy_strided<S, D>(dst.dim(), dst.sizes().data(), sp, src_strides.data(), dp,
+                                              dst.strides().data(), stream);
+          });
     });
   });
 }
 
-// src on the CPU, expanded and converted to dst's layout and dtype.
-Tensor staged_on_cpu(const Tensor& src, const Tensor& like) {
-  Tensor host = src;
-  if (src.is_cuda()) {
-    Tensor dense = src.is_contiguous() ? src : src.contiguous();
-    host = empty(dense.sizes(), TensorOptions(dense.dtype()));
-    kernels::cuda::copy_device_to_host(src.device().index, host.data_ptr(), dense.data_ptr(),
-                                       dense.numel() * element_size(dense.dtype()));
-  }
-  Tensor out = empty(like.sizes(), TensorOptions(like.dtype()));
-  copy_cpu(out, host);
-  return out;
+// The bytes of src and dst can be copied as they are: one dtype, one shape, both dense.
+bool same_dense_layout(const Tensor& dst, const Tensor& src) {
+  return src.dtype() == dst.dtype() && src.sizes() == dst.sizes() && src.is_contiguous() && dst.is_contiguous();
+}
+
+// Copies between devices move src's dense bytes unchanged; broadcasting, strides and
+// dtype conversion happen on the destination's side (on the GPU when it is a GPU).
+void copy_across_devices(const Tensor& dst, const Tensor& src) {
+  NoGradGuard no_grad;  // layout copies only; the caller records the op
+  const Tensor dense = src.contiguous();
+  const size_t nbytes = dense.numel() * element_size(dense.dtype());
+  const bool direct = same_dense_layout(dst, dense);
+  const Tensor landing = direct ? dst : empty(dense.sizes(), dense.options().device(dst.device()));
+  if (src.is_cpu())
+    kernels::cuda::copy_host_to_device(dst.device().index, landing.data_ptr(), dense.data_ptr(), nbytes);
+  else if (dst.is_cpu())
+    kernels::cuda::copy_device_to_host(src.device().index, landing.data_ptr(), dense.data_ptr(), nbytes);
+  else
+    kernels::cuda::copy_device_to_device(dst.device().index, landing.data_ptr(), src.device().index,
+                                         dense.data_ptr(), nbytes);
+  if (!direct) copy_same_device(dst, landing);
 }
 
 }  // namespace
 
 void copy_data(const Tensor& dst, const Tensor& src) {
-  ops::broadcast_shapes("copy_", dst.sizes(), src.sizes());
   ND_CHECK(ops::broadcast_shapes("copy_", dst.sizes(), src.sizes()) == dst.sizes(), "copy_: source ",
            src.describe(), " cannot be broadcast to destination ", dst.describe());
-  if (dst.is_cpu() && src.is_cpu()) return copy_cpu(dst, src);
-  const size_t nbytes = dst.numel() * element_size(dst.dtype());
-  if (dst.is_cuda()) {
-    ND_CHECK(dst.is_contiguous(), "copy_: writing into a non-contiguous CUDA tensor ", dst.describe(),
-             " is not supported yet; copy into a contiguous tensor");
-    if (src.is_cuda() && src.dtype() == dst.dtype() && src.is_contiguous() && src.sizes() == dst.sizes()) {
-      kernels::cuda::copy_device_to_device(dst.device().index, dst.data_ptr(), src.device().index, src.data_ptr(),
-                                           nbytes);
-      return;
-    }
-    Tensor host = staged_on_cpu(src, dst);
-    kernels::cuda::copy_host_to_device(dst.device().index, dst.data_ptr(), host.data_ptr(), nbytes);
+  if (dst.device() != src.device()) return copy_across_devices(dst, src);
+  if (dst.is_cuda() && same_dense_layout(dst, src)) {
+    kernels::cuda::copy_device_to_device(dst.device().index, dst.data_ptr(), src.device().index, src.data_ptr(),
+                                         dst.numel() * element_size(dst.dtype()));
     return;
   }
-  copy_cpu(dst, staged_on_cpu(src, dst));  // CUDA -> CPU
+  copy_same_device(dst, src);
 }
 
 namespace {

@@ -3,6 +3,7 @@
 #include "engine/ops/common.h"
 #include "engine/ops/copy.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cuda/elementwise.h"
 
 namespace nd {
 
@@ -102,8 +103,11 @@ struct UnaryBackward : autograd::Node {
     Tensor xv = x.unpack(*this).contiguous(), yv = y.unpack(*this).contiguous(), gv = g[0].contiguous();
     Tensor dx = empty_like(xv);
     ops::dispatch_floating(node_name.c_str(), xv, [&]<class T>() {
-      kernels::cpu::unary_backward<T>(op, params, xv.numel(), xv.data_ptr<T>(), yv.data_ptr<T>(), gv.data_ptr<T>(),
-                                      dx.data_ptr<T>());
+      const T *xp = xv.data_ptr<T>(), *yp = yv.data_ptr<T>(), *gp = gv.data_ptr<T>();
+      T* dxp = dx.data_ptr<T>();
+      ops::on_device(
+          xv, [&] { kernels::cpu::unary_backward<T>(op, params, xv.numel(), xp, yp, gp, dxp); },
+          [&](auto stream) { kernels::cuda::unary_backward<T>(op, params, xv.numel(), xp, yp, gp, dxp, stream); });
     });
     return {dx};
   }
@@ -121,26 +125,42 @@ struct ScaleBackward : autograd::Node {
 void run_binary(const char* name, BinaryOp op, double alpha, const Tensor& a, const Tensor& b, const Tensor& out) {
   const Shape as = ops::broadcast_strides(a, out.sizes()), bs = ops::broadcast_strides(b, out.sizes());
   ops::dispatch_floating(name, out, [&]<class T>() {
-    kernels::cpu::binary<T>(op, static_cast<T>(alpha), out.dim(), out.sizes().data(), a.data_ptr<T>(), as.data(),
-                            b.data_ptr<T>(), bs.data(), out.data_ptr<T>(), out.strides().data());
+    const T *ap = a.data_ptr<T>(), *bp = b.data_ptr<T>();
+    T* outp = out.data_ptr<T>();
+    ops::on_device(
+        out,
+        [&] {
+          kernels::cpu::binary<T>(op, static_cast<T>(alpha), out.dim(), out.sizes().data(), ap, as.data(), bp,
+                                  bs.data(), outp, out.strides().data());
+        },
+        [&](auto stream) {
+          kernels::cuda::binary<T>(op, static_cast<T>(alpha), out.dim(), out.sizes().data(), ap, as.data(), bp,
+                                   bs.data(), outp, out.strides().data(), stream);
+        });
   });
 }
 
 Tensor binary_forward(const char* name, BinaryOp op, const Tensor& a, const Tensor& b, double alpha = 1) {
   ops::check_same_device_dtype(name, {a, b});
-  ops::check_cpu(name, {a, b});
   Tensor out = empty(ops::broadcast_shapes(name, a.sizes(), b.sizes()), a.options());
   run_binary(name, op, alpha, a, b, out);
   return out;
 }
 
 Tensor unary_forward(const char* name, const char* node_name, UnaryOp op, const Tensor& x, UnaryParams p = {}) {
-  ops::check_cpu(name, {x});
   Tensor out = empty(x.sizes(), x.options());
   const Shape os = out.strides();
   ops::dispatch_floating(name, x, [&]<class T>() {
-    kernels::cpu::unary<T>(op, p, x.dim(), x.sizes().data(), x.data_ptr<T>(), x.strides().data(), out.data_ptr<T>(),
-                           os.data());
+    ops::on_device(
+        x,
+        [&] {
+          kernels::cpu::unary<T>(op, p, x.dim(), x.sizes().data(), x.data_ptr<T>(), x.strides().data(),
+                                 out.data_ptr<T>(), os.data());
+        },
+        [&](auto stream) {
+          kernels::cuda::unary<T>(op, p, x.dim(), x.sizes().data(), x.data_ptr<T>(), x.strides().data(),
+                                  out.data_ptr<T>(), os.data(), stream);
+        });
   });
   autograd::record<UnaryBackward>({x}, {out}, [&](UnaryBackward& n) {
     n.op = op;
@@ -154,13 +174,20 @@ Tensor unary_forward(const char* name, const char* node_name, UnaryOp op, const 
 
 Tensor compare_forward(const char* name, CompareOp op, const Tensor& a, const Tensor& b) {
   ops::check_same_device_dtype(name, {a, b});
-  ops::check_cpu(name, {a, b});
   Tensor out = empty(ops::broadcast_shapes(name, a.sizes(), b.sizes()), TensorOptions(kBool).device(a.device()));
   const Shape as = ops::broadcast_strides(a, out.sizes()), bs = ops::broadcast_strides(b, out.sizes());
   dispatch_all(a.dtype(), [&]<class T>() {
     if constexpr (std::is_arithmetic_v<T>)
-      kernels::cpu::compare<T>(op, out.dim(), out.sizes().data(), a.data_ptr<T>(), as.data(), b.data_ptr<T>(),
-                               bs.data(), out.data_ptr<bool>());
+      ops::on_device(
+          out,
+          [&] {
+            kernels::cpu::compare<T>(op, out.dim(), out.sizes().data(), a.data_ptr<T>(), as.data(), b.data_ptr<T>(),
+                                     bs.data(), out.data_ptr<bool>());
+          },
+          [&](auto stream) {
+            kernels::cuda::compare<T>(op, out.dim(), out.sizes().data(), a.data_ptr<T>(), as.data(),
+                                      b.data_ptr<T>(), bs.data(), out.data_ptr<bool>(), stream);
+          });
     else
       throw Error(std::string(name) + ": comparisons of " + dtype_name(a.dtype()) + " tensors are not supported");
   });
@@ -172,7 +199,6 @@ Tensor scalar_like(double v, const Tensor& t) { return scalar_tensor(v, t.option
 // In-place binary update of self: self = self (op) alpha*other.
 const Tensor& binary_inplace(const char* name, BinaryOp op, const Tensor& self, const Tensor& other, double alpha) {
   ops::check_same_device_dtype(name, {self, other});
-  ops::check_cpu(name, {self, other});
   ND_CHECK(ops::broadcast_shapes(name, self.sizes(), other.sizes()) == self.sizes(), name, ": the result of shape ",
            shape_str(ops::broadcast_shapes(name, self.sizes(), other.sizes())), " does not fit in-place in ",
            self.describe());
@@ -200,7 +226,6 @@ const Tensor& binary_inplace(const char* name, BinaryOp op, const Tensor& self, 
 }
 
 const Tensor& scale_inplace(const char* name, const Tensor& self, double factor) {
-  ops::check_cpu(name, {self});
   const bool history = autograd::any_requires_grad({self});
   ops::check_inplace(name, self, history);
   std::shared_ptr<autograd::Node> node;
@@ -356,13 +381,20 @@ const Tensor& Tensor::addcdiv_(const Tensor& a, const Tensor& b, double value) c
 }
 
 const Tensor& Tensor::clamp_(double min, double max) const {
-  ops::check_cpu("clamp_", {*this});
   ND_CHECK(!autograd::any_requires_grad({*this}), "clamp_ on ", describe(),
            " records no gradient history; use clamp() or wrap it in NoGradGuard");
   const UnaryParams p{min, max};
   ops::dispatch_floating("clamp_", *this, [&]<class T>() {
-    kernels::cpu::unary<T>(UnaryOp::clamp, p, dim(), sizes().data(), data_ptr<T>(), strides().data(), data_ptr<T>(),
-                           strides().data());
+    T* x = data_ptr<T>();
+    ops::on_device(
+        *this,
+        [&] {
+          kernels::cpu::unary<T>(UnaryOp::clamp, p, dim(), sizes().data(), x, strides().data(), x, strides().data());
+        },
+        [&](auto stream) {
+          kernels::cuda::unary<T>(UnaryOp::clamp, p, dim(), sizes().data(), x, strides().data(), x, strides().data(),
+                                  stream);
+        });
   });
   ops::bump_version(*this, "clamp_");
   return *this;

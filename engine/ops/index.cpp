@@ -3,6 +3,7 @@
 #include "engine/ops/common.h"
 #include "engine/ops/copy.h"
 #include "kernels/cpu/index.h"
+#include "kernels/cuda/index.h"
 
 namespace nd {
 
@@ -31,8 +32,16 @@ struct IndexSelectBackward : autograd::Node {
     Tensor dx = zeros(input_shape, gc.options());
     const Dims3 s = split_at(input_shape, dim);
     ops::dispatch_floating("index_select backward", gc, [&]<class T>() {
-      kernels::cpu::index_add<T>(s.outer, s.D, s.inner, index.numel(), index.data_ptr<int64_t>(), gc.data_ptr<T>(),
-                                 dx.data_ptr<T>());
+      const int64_t* ip = index.data_ptr<int64_t>();
+      ops::on_device(
+          gc,
+          [&] {
+            kernels::cpu::index_add<T>(s.outer, s.D, s.inner, index.numel(), ip, gc.data_ptr<T>(), dx.data_ptr<T>());
+          },
+          [&](auto stream) {
+            kernels::cuda::index_add<T>(s.outer, s.D, s.inner, index.numel(), ip, gc.data_ptr<T>(), dx.data_ptr<T>(),
+                                        stream);
+          });
     });
     return {dx};
   }
@@ -56,12 +65,14 @@ struct CatBackward : autograd::Node {
 }  // namespace
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
-  ops::check_cpu("index_select", {x, index});
   const int64_t d = wrap_dim(dim, x.dim(), "index_select");
   ND_CHECK(index.dtype() == kInt64 && index.dim() <= 1, "index_select: expected a 1-D i64 index, found ",
            index.describe());
+  ND_CHECK(index.device() == x.device(), "index_select: expected the index on the input's device, found input ",
+           x.describe(), " and index ", index.describe());
   Tensor idx = index.reshape({-1}).contiguous();
-  const int64_t* ip = idx.data_ptr<int64_t>();
+  const Tensor idx_host = idx.is_cpu() ? idx : idx.cpu();  // validated on the host
+  const int64_t* ip = idx_host.data_ptr<int64_t>();
   for (int64_t k = 0; k < idx.numel(); ++k)
     ND_CHECK(ip[k] >= 0 && ip[k] < x.size(d), "index_select: index ", ip[k], " at position ", k,
              " is out of range for dimension ", d, " of size ", x.size(d), " in ", x.describe());
@@ -71,8 +82,14 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   Tensor out = empty(out_shape, x.options());
   const Dims3 s = split_at(x.sizes(), d);
   dispatch_all(x.dtype(), [&]<class T>() {
-    kernels::cpu::index_select<T>(s.outer, s.D, s.inner, static_cast<const T*>(xc.data_ptr()), idx.numel(), ip,
-                                  static_cast<T*>(out.data_ptr()));
+    const T* xp = static_cast<const T*>(xc.data_ptr());
+    T* outp = static_cast<T*>(out.data_ptr());
+    ops::on_device(
+        x, [&] { kernels::cpu::index_select<T>(s.outer, s.D, s.inner, xp, idx.numel(), ip, outp); },
+        [&](auto stream) {
+          kernels::cuda::index_select<T>(s.outer, s.D, s.inner, xp, idx.numel(), idx.data_ptr<int64_t>(), outp,
+                                         stream);
+        });
   });
   autograd::record<IndexSelectBackward>({x}, {out}, [&](IndexSelectBackward& n) {
     n.index = idx.is_contiguous() && idx.impl_ptr() != index.impl_ptr() ? idx : idx.clone();

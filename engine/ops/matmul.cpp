@@ -11,6 +11,7 @@
 
 #include "engine/ops/common.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cuda/matmul.h"
 
 namespace nd {
 namespace {
@@ -40,9 +41,19 @@ void run_gemm(const char* op, const Tensor& a, const Tensor& b, int64_t batch, c
   const Operand A = as_operand(a), B = as_operand(b);
   const int64_t n = a.size(-2), m = a.size(-1), p = b.size(-1);
   ops::dispatch_floating(op, a, [&]<class T>() {
-    kernels::cpu::bmm<T>(A.trans, B.trans, batch, n, p, m, T(1), A.t.data_ptr<T>(), A.ld, A.batch_stride,
-                         B.t.data_ptr<T>(), B.ld, B.batch_stride, T(0), out.data_ptr<T>(), std::max<int64_t>(p, 1),
-                         n * p);
+    const T *ap = A.t.data_ptr<T>(), *bp = B.t.data_ptr<T>();
+    T* cp = out.data_ptr<T>();
+    const int64_t ldc = std::max<int64_t>(p, 1);
+    ops::on_device(
+        out,
+        [&] {
+          kernels::cpu::bmm<T>(A.trans, B.trans, batch, n, p, m, T(1), ap, A.ld, A.batch_stride, bp, B.ld,
+                               B.batch_stride, T(0), cp, ldc, n * p);
+        },
+        [&](auto stream) {
+          kernels::cuda::bmm<T>(A.trans, B.trans, batch, n, p, m, T(1), ap, A.ld, A.batch_stride, bp, B.ld,
+                                B.batch_stride, T(0), cp, ldc, n * p, stream);
+        });
   });
 }
 
@@ -84,7 +95,6 @@ Tensor mm(const Tensor& mat1, const Tensor& mat2) {
   ops::check_dim("mm", mat1, 2, "mat1 [n, m]");
   ops::check_dim("mm", mat2, 2, "mat2 [m, p]");
   ops::check_same_device_dtype("mm", {mat1, mat2});
-  ops::check_cpu("mm", {mat1, mat2});
   ND_CHECK(mat1.size(1) == mat2.size(0), "mm: mat1 and mat2 shapes cannot be multiplied (", dims_str(mat1), " and ",
            dims_str(mat2), "): expected mat2 with ", mat1.size(1), " rows, found ", mat2.describe());
   Tensor out = empty({mat1.size(0), mat2.size(1)}, mat1.options());
@@ -100,7 +110,6 @@ Tensor bmm(const Tensor& batch1, const Tensor& batch2) {
   ops::check_dim("bmm", batch1, 3, "batch1 [B, n, m]");
   ops::check_dim("bmm", batch2, 3, "batch2 [B, m, p]");
   ops::check_same_device_dtype("bmm", {batch1, batch2});
-  ops::check_cpu("bmm", {batch1, batch2});
   ND_CHECK(batch1.size(0) == batch2.size(0), "bmm: expected batch2 with the batch size of batch1 (", batch1.size(0),
            "), found ", batch2.describe(), " for batch1 ", batch1.describe());
   ND_CHECK(batch1.size(2) == batch2.size(1), "bmm: batch1 and batch2 shapes cannot be multiplied (",

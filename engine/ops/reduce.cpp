@@ -4,6 +4,7 @@
 
 #include "engine/ops/common.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cuda/reduce.h"
 
 namespace nd {
 
@@ -88,7 +89,10 @@ struct MaxBackward : autograd::Node {
     for (int64_t d : order) permuted_shape.push_back(input_shape[d]);
     Tensor dx = empty(permuted_shape, gc.options());
     ops::dispatch_floating("max backward", gc, [&]<class T>() {
-      kernels::cpu::scatter_rows<T>(M, R, indices.data_ptr<int64_t>(), gc.data_ptr<T>(), dx.data_ptr<T>());
+      const int64_t* ip = indices.data_ptr<int64_t>();
+      ops::on_device(
+          gc, [&] { kernels::cpu::scatter_rows<T>(M, R, ip, gc.data_ptr<T>(), dx.data_ptr<T>()); },
+          [&](auto stream) { kernels::cuda::scatter_rows<T>(M, R, ip, gc.data_ptr<T>(), dx.data_ptr<T>(), stream); });
     });
     Shape inverse(order.size());
     for (size_t i = 0; i < order.size(); ++i) inverse[order[i]] = static_cast<int64_t>(i);
@@ -97,12 +101,13 @@ struct MaxBackward : autograd::Node {
 };
 
 Tensor sum_impl(const char* op, const Tensor& x, const Shape& dims, bool keepdim, bool is_mean) {
-  ops::check_cpu(op, {x});
   Rows r = to_rows(op, x, dims, keepdim);
   ND_CHECK(!is_mean || r.R > 0, op, ": mean over zero elements of ", x.describe());
   Tensor out = empty(r.out_shape, x.options());
   ops::dispatch_floating(op, x, [&]<class T>() {
-    kernels::cpu::sum_rows<T>(r.M, r.R, r.data.data_ptr<T>(), out.data_ptr<T>());
+    ops::on_device(
+        x, [&] { kernels::cpu::sum_rows<T>(r.M, r.R, r.data.data_ptr<T>(), out.data_ptr<T>()); },
+        [&](auto stream) { kernels::cuda::sum_rows<T>(r.M, r.R, r.data.data_ptr<T>(), out.data_ptr<T>(), stream); });
   });
   if (is_mean) {
     NoGradGuard no_grad;
@@ -131,13 +136,15 @@ Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
 }
 
 Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim) {
-  ops::check_cpu("var", {x});
   Rows r = to_rows("var", x, dims, keepdim);
   ND_CHECK(r.R - correction > 0, "var: ", r.R, " element(s) per reduction with correction ", correction,
            " leaves no degrees of freedom (input ", x.describe(), ")");
   Tensor out = empty(r.out_shape, x.options());
   ops::dispatch_floating("var", x, [&]<class T>() {
-    kernels::cpu::var_rows<T>(r.M, r.R, correction, r.data.data_ptr<T>(), out.data_ptr<T>());
+    const T* xp = r.data.data_ptr<T>();
+    ops::on_device(
+        x, [&] { kernels::cpu::var_rows<T>(r.M, r.R, correction, xp, out.data_ptr<T>()); },
+        [&](auto stream) { kernels::cuda::var_rows<T>(r.M, r.R, correction, xp, out.data_ptr<T>(), stream); });
   });
   autograd::record<VarBackward>({x}, {out}, [&](VarBackward& n) {
     n.x = autograd::SavedTensor(x);
@@ -150,15 +157,23 @@ Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim)
 
 namespace {
 std::tuple<Tensor, Tensor> max_impl(const char* op, const Tensor& x, const Shape& dims, bool keepdim) {
-  ops::check_cpu(op, {x});
   Rows r = to_rows(op, x, dims, keepdim);
   ND_CHECK(r.R > 0, op, ": cannot take the maximum of zero elements of ", x.describe());
   Tensor values = empty(r.out_shape, x.options());
-  Tensor indices = empty(r.out_shape, TensorOptions(kInt64));
+  Tensor indices = empty(r.out_shape, TensorOptions(kInt64).device(x.device()));
   dispatch_all(x.dtype(), [&]<class T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, int64_t> ||
                   std::is_same_v<T, int32_t>)
-      kernels::cpu::max_rows<T>(r.M, r.R, r.data.data_ptr<T>(), values.data_ptr<T>(), indices.data_ptr<int64_t>());
+      ops::on_device(
+          x,
+          [&] {
+            kernels::cpu::max_rows<T>(r.M, r.R, r.data.data_ptr<T>(), values.data_ptr<T>(),
+                                      indices.data_ptr<int64_t>());
+          },
+          [&](auto stream) {
+            kernels::cuda::max_rows<T>(r.M, r.R, r.data.data_ptr<T>(), values.data_ptr<T>(),
+                                       indices.data_ptr<int64_t>(), stream);
+          });
     else
       throw Error(std::string(op) + ": unsupported dtype in " + x.describe());
   });

@@ -4,6 +4,7 @@
 #include "engine/factories.h"
 #include "engine/ops/common.h"
 #include "kernels/cpu/optim.h"
+#include "kernels/cuda/optim.h"
 
 namespace nd::optim {
 
@@ -44,7 +45,6 @@ Adam::Adam(std::string name, std::vector<OptimizerParamGroup> groups, const Adam
 
 void Adam::update(const OptimizerOptions& options, const Tensor& p, const Tensor& g, ParamState& state) {
   const auto& o = static_cast<const AdamOptions&>(options);
-  ops::check_cpu("Adam.step", {p});
   if (state.buffers.empty()) {
     state.buffers["exp_avg"] = zeros_like(p);
     state.buffers["exp_avg_sq"] = zeros_like(p);
@@ -56,8 +56,12 @@ void Adam::update(const OptimizerOptions& options, const Tensor& p, const Tensor
   Tensor m = state.buffers["exp_avg"], v = state.buffers["exp_avg_sq"];
   Tensor vmax = o.amsgrad_ ? state.buffers["max_exp_avg_sq"] : Tensor();
   ops::dispatch_floating("Adam.step", p, [&]<class T>() {
-    kernels::cpu::adam_step<T>(p.numel(), hp, p.data_ptr<T>(), g.data_ptr<T>(), m.data_ptr<T>(), v.data_ptr<T>(),
-                               vmax.defined() ? vmax.data_ptr<T>() : nullptr);
+    T *pp = p.data_ptr<T>(), *mp = m.data_ptr<T>(), *vp = v.data_ptr<T>();
+    T* vmaxp = vmax.defined() ? vmax.data_ptr<T>() : nullptr;
+    const T* gp = g.data_ptr<T>();
+    ops::on_device(
+        p, [&] { kernels::cpu::adam_step<T>(p.numel(), hp, pp, gp, mp, vp, vmaxp); },
+        [&](auto stream) { kernels::cuda::adam_step<T>(p.numel(), hp, pp, gp, mp, vp, vmaxp, stream); });
   });
 }
 

@@ -4,6 +4,7 @@
 #include "engine/factories.h"
 #include "engine/ops/common.h"
 #include "kernels/cpu/optim.h"
+#include "kernels/cuda/optim.h"
 
 namespace nd::optim {
 
@@ -38,7 +39,6 @@ SGD::SGD(std::vector<OptimizerParamGroup> groups, const SGDOptions& defaults)
 
 void SGD::update(const OptimizerOptions& options, const Tensor& p, const Tensor& g, ParamState& state) {
   const auto& o = static_cast<const SGDOptions&>(options);
-  ops::check_cpu("SGD.step", {p});
   kernels::cpu::SgdParams hp{o.lr_, o.momentum_, o.dampening_, o.weight_decay_, o.nesterov_, false};
   Tensor buf;
   if (o.momentum_ != 0) {
@@ -48,7 +48,10 @@ void SGD::update(const OptimizerOptions& options, const Tensor& p, const Tensor&
   }
   ++state.step;
   ops::dispatch_floating("SGD.step", p, [&]<class T>() {
-    kernels::cpu::sgd_step<T>(p.numel(), hp, p.data_ptr<T>(), g.data_ptr<T>(), buf.defined() ? buf.data_ptr<T>() : nullptr);
+    T* bp = buf.defined() ? buf.data_ptr<T>() : nullptr;
+    ops::on_device(
+        p, [&] { kernels::cpu::sgd_step<T>(p.numel(), hp, p.data_ptr<T>(), g.data_ptr<T>(), bp); },
+        [&](auto stream) { kernels::cuda::sgd_step<T>(p.numel(), hp, p.data_ptr<T>(), g.data_ptr<T>(), bp, stream); });
   });
 }
 

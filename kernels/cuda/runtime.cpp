@@ -1,8 +1,14 @@
-// Device management, allocation and copies. Compiled in every build: the
-// CPU-only build answers "built without CUDA" instead of failing to link.
+// Device discovery and host <-> device copies. Compiled in every build: the CPU-only
+// build answers "built without CUDA" instead of failing to link.
 #include "kernels/cuda/runtime.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
 #include "engine/error.h"
+#include "kernels/cuda/stream.h"
 
 #ifdef NANODDP_WITH_CUDA
 #include <cuda_runtime.h>
@@ -10,13 +16,13 @@
 
 namespace nd::kernels::cuda {
 
-#ifdef NANODDP_WITH_CUDA
-
 namespace {
-void check(cudaError_t err, const char* call, const std::string& what) {
-  ND_CHECK(err == cudaSuccess, call, " failed for ", what, ": ", cudaGetErrorString(err));
+std::atomic<bool> g_allow_tf32{false};
 }
-}  // namespace
+void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
+bool allow_tf32() { return g_allow_tf32; }
+
+#ifdef NANODDP_WITH_CUDA
 
 bool built_with_cuda() { return true; }
 
@@ -37,36 +43,71 @@ std::string unavailable_reason() {
   return n == 0 ? "cudaGetDeviceCount found 0 devices" : "available";
 }
 
-void* device_malloc(int device, size_t nbytes) {
-  if (nbytes == 0) return nullptr;
-  check(cudaSetDevice(device), "cudaSetDevice", "cuda:" + std::to_string(device));
-  void* ptr = nullptr;
-  check(cudaMalloc(&ptr, nbytes), "cudaMalloc",
-        std::to_string(nbytes) + " bytes on cuda:" + std::to_string(device));
-  return ptr;
+namespace {
+
+// One pinned (page-locked, portable to every device) staging buffer for the process,
+// allocated on first use and kept; copies larger than it go through in chunks.
+constexpr size_t kStagingBytes = size_t(16) << 20;
+
+struct Staging {
+  std::mutex mutex;
+  void* buffer = nullptr;
+};
+
+Staging& staging() {
+  static Staging* s = new Staging();  // never freed: see allocator.cpp
+  return *s;
 }
 
-void device_free(int device, void* ptr) {
-  if (!ptr) return;
-  cudaSetDevice(device);
-  cudaFree(ptr);  // never throws: runs from destructors
+void* staging_buffer(Staging& s) {
+  if (!s.buffer)
+    check(cudaHostAlloc(&s.buffer, kStagingBytes, cudaHostAllocPortable), "cudaHostAlloc", "pinned staging buffer");
+  return s.buffer;
 }
+
+}  // namespace
 
 void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes) {
-  check(cudaSetDevice(device), "cudaSetDevice", "cuda:" + std::to_string(device));
-  check(cudaMemcpy(dst, src, nbytes, cudaMemcpyHostToDevice), "cudaMemcpy(HostToDevice)",
-        std::to_string(nbytes) + " bytes");
+  if (nbytes == 0) return;
+  cudaStream_t stream = use_device(device);
+  Staging& s = staging();
+  std::lock_guard lock(s.mutex);
+  void* pinned = staging_buffer(s);
+  for (size_t off = 0; off < nbytes; off += kStagingBytes) {
+    const size_t n = std::min(kStagingBytes, nbytes - off);
+    std::memcpy(pinned, static_cast<const char*>(src) + off, n);
+    check(cudaMemcpyAsync(static_cast<char*>(dst) + off, pinned, n, cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync(HostToDevice)", "copy to cuda:" + std::to_string(device));
+    // The buffer is refilled next: wait until the DMA has read it.
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize", "copy to cuda:" + std::to_string(device));
+  }
 }
 
 void copy_device_to_host(int device, void* dst, const void* src, size_t nbytes) {
-  check(cudaSetDevice(device), "cudaSetDevice", "cuda:" + std::to_string(device));
-  check(cudaMemcpy(dst, src, nbytes, cudaMemcpyDeviceToHost), "cudaMemcpy(DeviceToHost)",
-        std::to_string(nbytes) + " bytes");
+  if (nbytes == 0) return;
+  cudaStream_t stream = use_device(device);
+  Staging& s = staging();
+  std::lock_guard lock(s.mutex);
+  void* pinned = staging_buffer(s);
+  for (size_t off = 0; off < nbytes; off += kStagingBytes) {
+    const size_t n = std::min(kStagingBytes, nbytes - off);
+    check(cudaMemcpyAsync(pinned, static_cast<const char*>(src) + off, n, cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync(DeviceToHost)", "copy from cuda:" + std::to_string(device));
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize", "copy from cuda:" + std::to_string(device));
+    std::memcpy(static_cast<char*>(dst) + off, pinned, n);
+  }
 }
 
 void copy_device_to_device(int dst_device, void* dst, int src_device, const void* src, size_t nbytes) {
-  check(cudaMemcpyPeer(dst, dst_device, src, src_device, nbytes), "cudaMemcpyPeer",
-        std::to_string(nbytes) + " bytes");
+  if (nbytes == 0) return;
+  const std::string what = "copy from cuda:" + std::to_string(src_device) + " to cuda:" + std::to_string(dst_device);
+  if (src_device != dst_device) synchronize(src_device);  // src's producers ran on its own stream
+  cudaStream_t stream = use_device(dst_device);
+  if (src_device == dst_device)
+    check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync(DeviceToDevice)",
+          what);
+  else
+    check(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, nbytes, stream), "cudaMemcpyPeerAsync", what);
 }
 
 #else  // CPU-only build
@@ -80,8 +121,6 @@ namespace {
 bool built_with_cuda() { return false; }
 int device_count() { return 0; }
 std::string unavailable_reason() { return "nanoddp was built without CUDA"; }
-void* device_malloc(int, size_t) { no_cuda(); }
-void device_free(int, void*) {}
 void copy_host_to_device(int, void*, const void*, size_t) { no_cuda(); }
 void copy_device_to_host(int, void*, const void*, size_t) { no_cuda(); }
 void copy_device_to_device(int, void*, int, const void*, size_t) { no_cuda(); }

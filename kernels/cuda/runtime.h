@@ -1,7 +1,8 @@
 #pragma once
-// The CUDA runtime as the engine sees it: device count, memory, copies.
-// runtime.cpp is compiled in every build; without NANODDP_WITH_CUDA it reports
-// "built without CUDA" and every allocation or copy throws nd::Error.
+// The CUDA runtime as the engine sees it: device count and copies between host and
+// device. Device memory comes from the caching allocator (allocator.h); kernels run on
+// each device's compute stream (stream.h). runtime.cpp is compiled in every build;
+// without NANODDP_WITH_CUDA it reports "built without CUDA" and every copy throws.
 #include <cstddef>
 #include <string>
 
@@ -10,12 +11,21 @@ namespace nd::kernels::cuda {
 bool built_with_cuda();
 int device_count();                      // 0 when no driver/GPU
 std::string unavailable_reason();        // why device_count() is 0
-// requires: device_count() > device. ensures: nbytes of device memory (nullptr if nbytes == 0).
-void* device_malloc(int device, size_t nbytes);
-void device_free(int device, void* ptr);
-// Synchronous copies; dst/src on the given device (or host), non-overlapping.
+
+// Host <-> device copies, ordered on the device's compute stream after every kernel
+// queued there, staged through a pinned host buffer (so the DMA engine reads page-locked
+// memory), and complete when they return: `src`/`dst` on the host may be reused at once.
+// requires: dst/src do not overlap; device pointers on `device`.
 void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes);
 void copy_device_to_host(int device, void* dst, const void* src, size_t nbytes);
+// Device -> device, queued on dst_device's compute stream (asynchronous to the host).
+// Across devices the source device's compute stream is drained first.
 void copy_device_to_device(int dst_device, void* dst, int src_device, const void* src, size_t nbytes);
+
+// TF32 tensor-core math for f32 GEMMs (about 10 bits of mantissa, relative error near
+// 1e-3). Off by default so that CUDA matches the CPU reference; like PyTorch's
+// torch.backends.cuda.matmul.allow_tf32. A process-wide setting, read at each GEMM.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
 
 }  // namespace nd::kernels::cuda

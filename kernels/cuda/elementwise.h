@@ -1,0 +1,37 @@
+#pragma once
+// CUDA twins of kernels/cpu/elementwise.h: same operations, same enums, same argument
+// lists plus the stream the kernel is queued on. Contracts as in the CPU header.
+#include <cstdint>
+
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cuda/stream.h"
+
+namespace nd::kernels::cuda {
+
+using cpu::BinaryOp;
+using cpu::CompareOp;
+using cpu::UnaryOp;
+using cpu::UnaryParams;
+
+// out = op(x), N-d strided (ndim <= 10). In place (out == x, equal strides) is supported.
+template <class T>
+void unary(UnaryOp op, UnaryParams p, int64_t ndim, const int64_t* shape, const T* x, const int64_t* x_strides,
+           T* out, const int64_t* out_strides, cudaStream_t stream);
+
+// dx = dy * op'(x), contiguous, n elements; dx may alias dy.
+template <class T>
+void unary_backward(UnaryOp op, UnaryParams p, int64_t n, const T* x, const T* y, const T* dy, T* dx,
+                    cudaStream_t stream);
+
+// out = a (op) alpha*b (add/sub) or a (op) b, N-d strided with zero-stride broadcasting.
+// In place (out == a, equal strides) is supported.
+template <class T>
+void binary(BinaryOp op, T alpha, int64_t ndim, const int64_t* shape, const T* a, const int64_t* a_strides,
+            const T* b, const int64_t* b_strides, T* out, const int64_t* out_strides, cudaStream_t stream);
+
+// out = (a op b) as bool, N-d strided with broadcasting; out contiguous.
+template <class T>
+void compare(CompareOp op, int64_t ndim, const int64_t* shape, const T* a, const int64_t* a_strides, const T* b,
+             const int64_t* b_strides, bool* out, cudaStream_t stream);
+
+}  // namespace nd::kernels::cuda

@@ -1,0 +1,26 @@
+#pragma once
+// CUDA twins of kernels/cpu/matmul.h through cuBLAS (cublasGemmEx and
+// cublasGemmStridedBatchedEx). Row-major C = op(A) op(B) is computed as the
+// column-major product C^T = op(B)^T op(A)^T, so no operand is transposed in memory.
+// f32 runs in full f32 (CUBLAS_COMPUTE_32F) unless set_allow_tf32(true); f64 in f64.
+#include <cstdint>
+
+#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/stream.h"
+
+namespace nd::kernels::cuda {
+
+// Contracts as cpu::gemm / cpu::bmm (row-major, lda/ldb/ldc in elements, a batch
+// stride of 0 broadcasts A or B). All pointers on the device whose stream is given.
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+          int64_t ldb, T beta, T* C, int64_t ldc, cudaStream_t stream);
+
+template <class T>
+void bmm(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+         int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta, T* C, int64_t ldc, int64_t stride_c,
+         cudaStream_t stream);
+
+// TF32 for f32 products: set_allow_tf32 / allow_tf32 in runtime.h.
+
+}  // namespace nd::kernels::cuda

@@ -1,0 +1,299 @@
+// CPU-vs-CUDA: every op with a CUDA kernel runs the same graph on both devices, forward
+// and backward through autograd, on random inputs of odd sizes; outputs on the GPU come
+// from allocations poisoned with NaN (set_fill_on_allocate), so an element a kernel
+// never writes fails the comparison. Also: the caching allocator's steady state, and the
+// errors a CUDA tensor mixed with a CPU tensor gives. Without a GPU every case reports
+// "SKIPPED:" and returns (CTest counts it as skipped).
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "kernels/cuda/allocator.h"
+#include "kernels/cuda/runtime.h"
+
+using namespace nd;
+
+namespace {
+
+using V = std::vector<Tensor>;
+using Fn = std::function<Tensor(const V&)>;
+const Device kGpu(kCUDA, 0);
+
+bool skip_without_gpu() {
+  if (cuda::is_available()) return false;
+  MESSAGE("SKIPPED: no CUDA GPU here (" << kernels::cuda::unavailable_reason() << ")");
+  return true;
+}
+
+// Poisons every CUDA allocation for as long as it lives.
+struct PoisonAllocations {
+  PoisonAllocations() { kernels::cuda::set_fill_on_allocate(true); }
+  ~PoisonAllocations() { kernels::cuda::set_fill_on_allocate(false); }
+};
+
+// ||cuda - cpu|| / ||cpu|| (f64 sums), NaN never passes; elementwise equality for
+// non-floating dtypes. f32 arithmetic lands far under 1e-4; the bound is 2e-5.
+void check_matches(const Tensor& on_gpu, const Tensor& on_cpu, const std::string& what, double rel = 2e-5) {
+  REQUIRE_MESSAGE(on_gpu.is_cuda(), what, ": expected a CUDA result, found ", on_gpu.describe());
+  REQUIRE_MESSAGE(on_gpu.sizes() == on_cpu.sizes(), what, ": shape ", on_gpu.describe(), " vs ", on_cpu.describe());
+  REQUIRE_MESSAGE(on_gpu.dtype() == on_cpu.dtype(), what, ": dtype ", on_gpu.describe(), " vs ", on_cpu.describe());
+  const std::vector<double> a = testing::to_vector(on_gpu.cpu()), b = testing::to_vector(on_cpu);
+  if (!on_cpu.is_floating_point()) {
+    CHECK_MESSAGE(a == b, what, ": integer/bool results differ");
+    return;
+  }
+  double diff = 0, norm = 0;
+  size_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i])) ++bad;
+    if (std::isnan(a[i]) || std::isnan(b[i])) continue;
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += b[i] * b[i];
+  }
+  CHECK_MESSAGE(bad == 0, what, ": ", bad, " element(s) NaN on one device only (unwritten output?)");
+  const double err = std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+  CHECK_MESSAGE(err <= rel, what, ": relative error ", err, " exceeds ", rel);
+}
+
+// One row of the table: input shapes (odd sizes), value range, which inputs get a
+// gradient, whether to also feed a non-contiguous (transposed) variant.
+struct Case {
+  std::string name;
+  std::vector<Shape> shapes;
+  Fn fn;
+  double lo = -1, hi = 1;
+  bool backward = true;
+};
+
+// Runs c on the CPU and on the GPU with the same f32 values; compares the output and,
+// through sum(out * w) with a random w, every input's gradient.
+void compare_case(const Case& c, bool non_contiguous, uint64_t seed) {
+  CAPTURE(c.name);
+  CAPTURE(non_contiguous);
+  PoisonAllocations poison;
+  // Non-contiguous: the same values with column-major strides on both devices.
+  auto layout = [&](const Tensor& t) {
+    NoGradGuard no_grad;
+    return non_contiguous && t.dim() >= 2 ? t.transpose(-1, -2).contiguous().transpose(-1, -2) : t;
+  };
+  V cpu_in, gpu_in;
+  for (size_t i = 0; i < c.shapes.size(); ++i) {
+    const Tensor x = testing::random_input(c.shapes[i], seed + i, false, c.lo, c.hi).to(kFloat32);
+    cpu_in.push_back(layout(x).detach().requires_grad_(c.backward));
+    gpu_in.push_back(layout(x.to(kGpu)).detach().requires_grad_(c.backward));
+  }
+  const Tensor out_cpu = c.fn(cpu_in), out_gpu = c.fn(gpu_in);
+  check_matches(out_gpu, out_cpu, c.name + " forward");
+  if (!c.backward || !out_cpu.is_floating_point()) return;
+  const Tensor w = testing::random_input(out_cpu.sizes(), seed + 99).to(kFloat32);
+  (out_cpu * w).sum().backward();
+  (out_gpu * w.to(kGpu)).sum().backward();
+  for (size_t i = 0; i < cpu_in.size(); ++i) {
+    if (!cpu_in[i].grad().defined()) continue;
+    REQUIRE_MESSAGE(gpu_in[i].grad().defined(), c.name, ": input ", i, " has a gradient on cpu only");
+    check_matches(gpu_in[i].grad(), cpu_in[i].grad(), c.name + " grad of input " + std::to_string(i));
+  }
+}
+
+void run_table(const std::vector<Case>& cases) {
+  uint64_t seed = 1000;
+  for (const Case& c : cases) {
+    compare_case(c, false, seed);
+    compare_case(c, true, seed + 50);
+    seed += 100;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda ops: elementwise forward and backward match the CPU") {
+  if (skip_without_gpu()) return;
+  run_table({
+      {"add broadcast", {{37, 53}, {53}}, [](const V& x) { return add(x[0], x[1], 2.5); }},
+      {"sub broadcast", {{5, 1, 7}, {3, 1}}, [](const V& x) { return sub(x[0], x[1], 0.5); }},
+      {"mul broadcast", {{3, 17, 5}, {1, 17, 1}}, [](const V& x) { return x[0] * x[1]; }},
+      {"div", {{29, 31}, {29, 31}}, [](const V& x) { return x[0] / x[1]; }, 0.5, 2},
+      {"pow tensor", {{13, 9}, {13, 9}}, [](const V& x) { return pow(x[0], x[1]); }, 0.5, 2},
+      {"pow scalar", {{13, 9}}, [](const V& x) { return pow(x[0], 3.0); }},
+      {"maximum", {{33, 7}, {33, 7}}, [](const V& x) { return maximum(x[0], x[1]); }},
+      {"minimum broadcast", {{33, 7}, {7}}, [](const V& x) { return minimum(x[0], x[1]); }},
+      {"scalar ops", {{21, 3}}, [](const V& x) { return (2.0 - x[0]) * 3.0 / (x[0] + 4.0) - 1.0; }},
+      {"neg", {{129, 3}}, [](const V& x) { return -x[0]; }},
+      {"exp", {{129, 3}}, [](const V& x) { return exp(x[0]); }},
+      {"log", {{129, 3}}, [](const V& x) { return log(x[0]); }, 0.2, 2},
+      {"sqrt", {{129, 3}}, [](const V& x) { return sqrt(x[0]); }, 0.2, 2},
+      {"rsqrt", {{129, 3}}, [](const V& x) { return rsqrt(x[0]); }, 0.2, 2},
+      {"abs", {{129, 3}}, [](const V& x) { return abs(x[0]); }},
+      {"tanh", {{129, 3}}, [](const V& x) { return tanh(x[0]); }},
+      {"sigmoid", {{129, 3}}, [](const V& x) { return sigmoid(x[0]); }},
+      {"relu", {{129, 3}}, [](const V& x) { return relu(x[0]); }},
+      {"leaky_relu", {{129, 3}}, [](const V& x) { return leaky_relu(x[0], 0.2); }},
+      {"gelu", {{129, 3}}, [](const V& x) { return gelu(x[0]); }, -3, 3},
+      {"gelu tanh", {{129, 3}}, [](const V& x) { return gelu(x[0], "tanh"); }, -3, 3},
+      {"clamp", {{129, 3}}, [](const V& x) { return clamp(x[0], -0.5, 0.5); }},
+      {"gt", {{17, 5}, {5}}, [](const V& x) { return gt(x[0], x[1]); }, -1, 1, false},
+      {"eq", {{17, 5}}, [](const V& x) { return eq(x[0], x[0] * 1.0); }, -1, 1, false},
+  });
+}
+
+TEST_CASE("cuda ops: reductions and copies and indexing and matmul match the CPU") {
+  if (skip_without_gpu()) return;
+  run_table({
+      {"sum all", {{1031, 7}}, [](const V& x) { return x[0].sum(); }},
+      {"sum dim 0", {{37, 53}}, [](const V& x) { return x[0].sum({0}); }},
+      {"mean keepdim", {{5, 37, 3}}, [](const V& x) { return x[0].mean({0, 2}, true); }},
+      {"var", {{9, 301}}, [](const V& x) { return x[0].var({1}, 1, false); }},
+      {"max dim", {{23, 19}}, [](const V& x) { return std::get<0>(max(x[0], 1, false)); }},
+      {"argmax", {{23, 19}}, [](const V& x) { return argmax(x[0], 0); }, -1, 1, false},
+      {"contiguous of permute", {{3, 5, 7}}, [](const V& x) { return x[0].permute({2, 0, 1}).contiguous(); }},
+      {"clone", {{17, 9}}, [](const V& x) { return x[0].clone(); }},
+      {"to f64 and back", {{17, 9}}, [](const V& x) { return x[0].to(kFloat64).mul(3.0).to(kFloat32); }},
+      {"to bf16 and back", {{17, 9}}, [](const V& x) { return x[0].to(kBFloat16).to(kFloat32); }, -1, 1, false},
+      {"to f16 and back", {{17, 9}}, [](const V& x) { return x[0].to(kFloat16).to(kFloat32); }, -1, 1, false},
+      {"index_select", {{7, 11, 3}},
+       [](const V& x) {
+         return index_select(x[0], 1, tensor({4, 0, 10, 4, 7}, TensorOptions(kInt64).device(x[0].device())));
+       }},
+      {"cat", {{3, 5}, {3, 2}}, [](const V& x) { return cat({x[0], x[1] * 2.0}, 1); }},
+      {"stack", {{4, 3}, {4, 3}}, [](const V& x) { return stack({x[0], x[1]}, 0); }},
+      {"mm", {{37, 53}, {53, 29}}, [](const V& x) { return mm(x[0], x[1]); }},
+      {"mm transposed", {{53, 37}, {29, 53}}, [](const V& x) { return mm(x[0].t(), x[1].t()); }},
+      {"mm empty inner", {{5, 0}, {0, 3}}, [](const V& x) { return mm(x[0], x[1]); }},
+      {"bmm", {{3, 17, 33}, {3, 33, 9}}, [](const V& x) { return bmm(x[0], x[1]); }},
+      {"matmul broadcast", {{2, 3, 17, 33}, {33, 5}}, [](const V& x) { return matmul(x[0], x[1]); }},
+      {"matmul batch broadcast", {{4, 1, 7, 9}, {3, 9, 5}}, [](const V& x) { return matmul(x[0], x[1]); }},
+  });
+}
+
+TEST_CASE("cuda ops: in-place ops and copy_ into views match the CPU") {
+  if (skip_without_gpu()) return;
+  PoisonAllocations poison;
+  NoGradGuard no_grad;
+  const Tensor a = testing::random_input({19, 23}, 7).to(kFloat32), b = testing::random_input({23}, 8).to(kFloat32);
+  auto run = [&](const Device& d) {
+    Tensor x = a.to(d).clone(), y = b.to(d);
+    x.add_(y, 0.5).mul_(y).clamp_(-0.3, 0.3);
+    x.div_(3.0).sub_(y, 1.0);
+    Tensor z = zeros({23, 19}, TensorOptions(kFloat32).device(d));
+    z.t().copy_(x);  // a non-contiguous destination
+    Tensor w = empty({4, 5}, TensorOptions(kFloat64).device(d));
+    w.fill_(2.5);
+    w.narrow(1, 1, 2).zero_();
+    return std::vector<Tensor>{x, z, w};
+  };
+  const auto on_cpu = run(Device(kCPU)), on_gpu = run(kGpu);
+  check_matches(on_gpu[0], on_cpu[0], "add_ mul_ clamp_ div_ sub_");
+  check_matches(on_gpu[1], on_cpu[1], "copy_ into a transposed view");
+  check_matches(on_gpu[2], on_cpu[2], "fill_ and zero_ of a narrow view");
+}
+
+TEST_CASE("cuda ops: SGD and Adam steps match the CPU") {
+  if (skip_without_gpu()) return;
+  auto train = [](const Device& d, int which) {
+    manual_seed(5);
+    nn::Linear lin(nn::LinearOptions(13, 7));
+    lin->to(d);
+    std::unique_ptr<optim::Optimizer> opt;
+    if (which == 0)
+      opt = std::make_unique<optim::SGD>(lin->parameters(),
+                                         optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01));
+    if (which == 1)
+      opt = std::make_unique<optim::Adam>(lin->parameters(), optim::AdamOptions(0.01).weight_decay(0.1).amsgrad(true));
+    if (which == 2) {
+      optim::AdamWOptions o(0.01);
+      o.weight_decay(0.1);
+      opt = std::make_unique<optim::AdamW>(lin->parameters(), o);
+    }
+    const Tensor x = testing::random_input({9, 13}, 3).to(kFloat32).to(d);
+    for (int step = 0; step < 3; ++step) {
+      opt->zero_grad();
+      const Tensor y = lin->forward(x);
+      (y * y).mean().backward();
+      opt->step();
+    }
+    return std::vector<Tensor>{lin->weight, lin->bias};
+  };
+  for (int which : {0, 1, 2}) {
+    CAPTURE(which);
+    const auto cpu = train(Device(kCPU), which), gpu = train(kGpu, which);
+    check_matches(gpu[0], cpu[0], "weight after 3 steps");
+    check_matches(gpu[1], cpu[1], "bias after 3 steps");
+  }
+}
+
+TEST_CASE("cuda allocator: steady training steps make no cudaMalloc and empty_cache releases") {
+  if (skip_without_gpu()) return;
+  manual_seed(11);
+  nn::Sequential mlp(nn::Linear(nn::LinearOptions(31, 64)), nn::ReLU(), nn::Linear(nn::LinearOptions(64, 5)));
+  mlp->to(kGpu);
+  optim::Adam opt(mlp->parameters(), optim::AdamOptions(1e-3));
+  const Tensor x = randn({17, 31}).to(kGpu), target = randn({17, 5}).to(kGpu);
+  auto step = [&] {
+    opt.zero_grad();
+    const Tensor diff = mlp->forward(x) - target;
+    (diff * diff).mean().backward();
+    opt.step();
+  };
+  step();
+  step();  // the second step creates nothing new either, but lets every size class settle
+  const auto before = kernels::cuda::memory_stats(0);
+  for (int i = 0; i < 5; ++i) step();
+  const auto after = kernels::cuda::memory_stats(0);
+  CHECK_MESSAGE(after.num_mallocs == before.num_mallocs, "cudaMalloc calls in steady steps: ",
+                after.num_mallocs - before.num_mallocs);
+  CHECK(after.num_frees == before.num_frees);
+  CHECK(after.num_cache_hits > before.num_cache_hits);
+  CHECK(after.peak_allocated_bytes >= after.allocated_bytes);
+  CHECK(after.reserved_bytes >= after.allocated_bytes);
+
+  kernels::cuda::empty_cache(0);
+  const auto emptied = kernels::cuda::memory_stats(0);
+  CHECK(emptied.reserved_bytes == emptied.allocated_bytes);  // only live tensors stay reserved
+  CHECK(emptied.num_frees > after.num_frees);
+}
+
+TEST_CASE("cuda allocator: size classes waste at most a quarter") {
+  // Runs without a GPU: the rounding is plain arithmetic.
+  using kernels::cuda::round_size;
+  CHECK(round_size(0) == 0);
+  CHECK(round_size(1) == 512);
+  CHECK(round_size(512) == 512);
+  CHECK(round_size(513) == 640);
+  CHECK(round_size(1 << 20) == (1 << 20));
+  for (size_t n : {size_t(777), size_t(4097), size_t(123457), size_t(10000001)}) {
+    CHECK(round_size(n) >= n);
+    CHECK(round_size(n) <= n + n / 4 + 512);
+  }
+}
+
+TEST_CASE("cuda errors: mixing devices names both and ops without a CUDA kernel say so") {
+  if (skip_without_gpu()) return;
+  const Tensor c = ones({3}), g = ones({3}).to(kGpu);
+  const std::string add_msg = testing::error_message([&] { (void)(c + g); });
+  CHECK(add_msg.find("cpu") != std::string::npos);
+  CHECK(add_msg.find("cuda:0") != std::string::npos);
+  const std::string mm_msg = testing::error_message([&] { (void)mm(ones({2, 3}), ones({3, 2}).to(kGpu)); });
+  CHECK(mm_msg.find("cpu") != std::string::npos);
+  CHECK(mm_msg.find("cuda:0") != std::string::npos);
+  const std::string idx_msg =
+      testing::error_message([&] { (void)index_select(g, 0, tensor({0}, TensorOptions(kInt64))); });
+  CHECK(idx_msg.find("cuda:0") != std::string::npos);
+  CHECK(idx_msg.find("cpu") != std::string::npos);
+  const std::string softmax_msg = testing::error_message([&] { (void)g.softmax(0); });
+  CHECK(softmax_msg.find("no CUDA kernel") != std::string::npos);
+}
+
+TEST_CASE("cuda matmul: TF32 is off by default and close when allowed") {
+  if (skip_without_gpu()) return;
+  CHECK_FALSE(kernels::cuda::allow_tf32());
+  const Tensor a = testing::random_input({64, 96}, 21).to(kFloat32);
+  const Tensor b = testing::random_input({96, 48}, 22).to(kFloat32);
+  const Tensor ref = mm(a, b);
+  kernels::cuda::set_allow_tf32(true);
+  const Tensor tf32 = mm(a.to(kGpu), b.to(kGpu));
+  kernels::cuda::set_allow_tf32(false);
+  check_matches(tf32, ref, "mm with TF32", 5e-3);
+  check_matches(mm(a.to(kGpu), b.to(kGpu)), ref, "mm without TF32");
+}
