@@ -229,7 +229,7 @@ TEST_CASE("apps: each app trains a few steps and writes metrics.jsonl, PNGs and 
   }
 }
 
-TEST_CASE("apps: train_classifier's weights give train_gan --eval an FID; train_mae --probe an accuracy") {
+TEST_CASE("apps: train_gan --eval reports an FID with train_classifier's weights and train_mae --probe an accuracy") {
   const fs::path cls = temp_dir("classifier"), gan = temp_dir("gan_eval"), mae = temp_dir("mae_probe");
   REQUIRE(run_app("train_classifier", tiny(cls) + " --test-images 200").status == 0);
   const auto cls_lines = read_lines(cls / "metrics.jsonl");
