@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
     flags.add("--ngf", &o.ngf, "generator width");
     flags.add("--ndf", &o.ndf, "discriminator width");
     flags.add("--eval", &o.eval, "FID vs the test set at each sample step and the end (needs --classifier)");
-    flags.add("--classifier", &o.classifier, "classifier weights from train_classifier (FID features)");
+    flags.add("--classifier", &o.classifier, "classifier weights from train_classifier (FID features)", "PATH");
     flags.add("--eval-samples", &o.eval_samples, "generated and test images per FID", 2);
     flags.parse(argc, argv);
     return train(o);

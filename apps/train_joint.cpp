@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
                      "(original / perturbed / masked / reconstruction), metrics.jsonl, loss_curve.png, ckpt/.");
     app::add_common_flags(flags, o, /*has_batch_norm=*/false);
     flags.add("--lr-mae", &o.lr_mae, "MAE peak learning rate (AdamW, warmup then cosine); --lr is G's and D's");
-    flags.add("--model", &o.model, "MAE configuration: tiny or small (default tiny on cpu, small on cuda)");
+    flags.add("--model", &o.model, "MAE configuration: tiny or small (default tiny on cpu, small on cuda)", "NAME");
     flags.add("--gwidth", &o.gwidth, "perturber width");
     flags.add("--ndf", &o.ndf, "discriminator width");
     flags.parse(argc, argv);

@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
                      "Writes samples_<step>.png (original / masked / reconstruction), metrics.jsonl,\n"
                      "loss_curve.png and ckpt/ to --out.");
     app::add_common_flags(flags, o, /*has_batch_norm=*/false);
-    flags.add("--model", &o.model, "MAE configuration: tiny or small (default tiny on cpu, small on cuda)");
+    flags.add("--model", &o.model, "MAE configuration: tiny or small (default tiny on cpu, small on cuda)", "NAME");
     flags.add("--warmup", &o.warmup, "linear warmup steps (0: 5% of --steps)", 0);
     flags.add("--probe", &o.probe, "at the end, a linear probe on frozen encoder features (test accuracy)");
     flags.add("--probe-train", &o.probe_train, "training images for the linear probe");

@@ -23,16 +23,16 @@ Flags::Flags(std::string program, std::string description)
     : program_(std::move(program)), description_(std::move(description)) {}
 
 void Flags::add(const std::string& name, int64_t* target, const std::string& help, int64_t min_value) {
-  flags_.push_back({name, help, Kind::Int, target, min_value, std::to_string(*target)});
+  flags_.push_back({name, help, Kind::Int, target, min_value, std::to_string(*target), ""});
 }
 void Flags::add(const std::string& name, double* target, const std::string& help) {
-  flags_.push_back({name, help, Kind::Double, target, 0, format_double(*target)});
+  flags_.push_back({name, help, Kind::Double, target, 0, format_double(*target), ""});
 }
-void Flags::add(const std::string& name, std::string* target, const std::string& help) {
-  flags_.push_back({name, help, Kind::String, target, 0, *target});
+void Flags::add(const std::string& name, std::string* target, const std::string& help, const std::string& metavar) {
+  flags_.push_back({name, help, Kind::String, target, 0, *target, metavar});
 }
 void Flags::add(const std::string& name, bool* target, const std::string& help) {
-  flags_.push_back({name, help, Kind::Bool, target, 0, ""});
+  flags_.push_back({name, help, Kind::Bool, target, 0, "", ""});
 }
 
 const Flags::Flag* Flags::find(const std::string& name) const {
@@ -48,7 +48,7 @@ std::string Flags::usage() const {
     std::string left = "  " + f.name;
     if (f.kind == Kind::Int) left += " N";
     if (f.kind == Kind::Double) left += " X";
-    if (f.kind == Kind::String) left += " S";
+    if (f.kind == Kind::String) left += " " + f.metavar;
     if (left.size() < 22) left.resize(22, ' ');
     else left += "\n" + std::string(22, ' ');
     out << left << f.help;

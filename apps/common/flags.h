@@ -24,7 +24,8 @@ class Flags {
   void add(const std::string& name, int64_t* target, const std::string& help, int64_t min_value = 1);
   // A finite number > 0.
   void add(const std::string& name, double* target, const std::string& help);
-  void add(const std::string& name, std::string* target, const std::string& help);
+  // A non-empty string; `metavar` names it in the usage ("DIR", "PATH").
+  void add(const std::string& name, std::string* target, const std::string& help, const std::string& metavar = "S");
   // A switch: present = true (no value).
   void add(const std::string& name, bool* target, const std::string& help);
 
@@ -42,7 +43,7 @@ class Flags {
     Kind kind;
     void* target;
     int64_t min_value = 0;
-    std::string default_text;
+    std::string default_text, metavar;
   };
   const Flag* find(const std::string& name) const;
   void set(const Flag& flag, const std::string& value);

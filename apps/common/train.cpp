@@ -14,14 +14,14 @@ namespace app {
 namespace fs = std::filesystem;
 
 void add_common_flags(Flags& flags, CommonOptions& o, bool has_batch_norm) {
-  flags.add("--device", &o.device, "cpu or cuda (cuda:N)");
+  flags.add("--device", &o.device, "cpu or cuda (cuda:N)", "D");
   flags.add("--steps", &o.steps, "training steps (optimizer updates); 0 with --resume only evaluates", 0);
   flags.add("--batch-size", &o.batch_size, "global batch, split evenly over the ranks");
   flags.add("--lr", &o.lr, "learning rate");
-  flags.add("--out", &o.out, "output folder: metrics.jsonl, PNGs, ckpt/ (default out/<app>)");
+  flags.add("--out", &o.out, "output folder: metrics.jsonl, PNGs, ckpt/ (default out/<app>)", "DIR");
   flags.add("--resume", &o.resume, "continue from DIR/ckpt/latest.safetensors");
   flags.add("--seed", &o.seed, "seed of the weights, the data order and the noise", 0);
-  flags.add("--data", &o.data, "folder with the Fashion-MNIST IDX files");
+  flags.add("--data", &o.data, "folder with the Fashion-MNIST IDX files", "DIR");
   flags.add("--log-every", &o.log_every, "steps between log lines / metrics.jsonl entries");
   flags.add("--sample-every", &o.sample_every, "steps between sample PNGs");
   flags.add("--ckpt-every", &o.ckpt_every, "steps between checkpoints (one is also written at the end)");
