@@ -62,7 +62,7 @@ int train(Options& o) {
     const double norm = update.after();
     const double accuracy = logits.argmax(1).eq(batch.labels).to(nd::kFloat64).mean().item();
     state.step = step;
-    log.step(step, {{"loss", loss.item()}, {"train_accuracy", accuracy}}, {{"classifier", norm}});
+    log.step(step, {{"loss", loss.item()}}, {{"classifier", norm}}, {{"batch_accuracy", accuracy}});
     if (o.checkpoint_at(step)) app::save_checkpoint(o, world, state, batches);
     if (step == o.exit_after) return 0;
   }

@@ -246,7 +246,7 @@ void Logger::write_line(int64_t step, const Values& values, const std::map<std::
   ND_CHECK(out.good(), "cannot write ", out_, "/metrics.jsonl");
 }
 
-void Logger::step(int64_t step, const Values& losses, const Values& update_norms, const Values& counts) {
+void Logger::step(int64_t step, const Values& losses, const Values& update_norms, const Values& other) {
   if (window_sums_.empty()) {
     window_sums_.assign(losses.size(), 0.0);
     for (const auto& [k, v] : losses) loss_names_.push_back(k);
@@ -276,7 +276,7 @@ void Logger::step(int64_t step, const Values& losses, const Values& update_norms
       }
     }
     for (const auto& [k, v] : update_norms) values.emplace_back("update_norm_" + k, v);
-    values.insert(values.end(), counts.begin(), counts.end());
+    values.insert(values.end(), other.begin(), other.end());
     values.emplace_back("steps_per_s", rate);
     write_line(step, values, {});
     std::fill(window_sums_.begin(), window_sums_.end(), 0.0);

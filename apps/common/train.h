@@ -106,16 +106,17 @@ class UpdateNorm {
 // Named values of one step.
 using Values = std::vector<std::pair<std::string, double>>;
 
-// Progress and metrics. step() takes every step's losses (averaged over the ranks and
-// the log window) and update norms (the last one); every log_every steps (and at the
-// last step) it writes one metrics.jsonl line and a plain line, or on a terminal keeps
-// a progress bar current (one rank only: mpirun hands every rank a pseudo-terminal,
-// also when its own output goes to a file); `counts` (the last values) go to metrics.jsonl only.
-// record() writes an extra line (eval results).
+// Progress and metrics. step() takes every step's losses (names starting with "loss";
+// averaged over the ranks and the log window, and drawn in loss_curve.png), update norms
+// and other values (this rank's last ones, metrics.jsonl only). Every log_every steps
+// (and at the last step) it writes one metrics.jsonl line and a plain line, or on a
+// terminal keeps a progress bar current (one rank only: mpirun hands every rank a
+// pseudo-terminal, also when its output goes to a file). record() writes an extra line
+// (eval results).
 class Logger {
  public:
   Logger(std::string program, const CommonOptions& options, const World& world, int64_t start_step);
-  void step(int64_t step, const Values& losses, const Values& update_norms, const Values& counts = {});
+  void step(int64_t step, const Values& losses, const Values& update_norms, const Values& other = {});
   // Writes {"step": step, values..., text...} and prints it.
   void record(int64_t step, const Values& values, const std::map<std::string, std::string>& text = {});
   // A line of text for the user (rank 0), not breaking the progress bar.

@@ -207,7 +207,7 @@ TEST_CASE("apps: each app trains a few steps and writes metrics.jsonl, PNGs and 
       {"train_mae", {"loss", "update_norm_MAE"}, {6 * 30 + 2, 8 * 30 + 2}},
       {"train_joint", {"loss_d", "loss_g", "loss_mae", "update_norm_G", "update_norm_D", "update_norm_MAE"},
        {8 * 30 + 2, 8 * 30 + 2}},
-      {"train_classifier", {"loss", "train_accuracy", "update_norm_classifier"}, {0, 0}},
+      {"train_classifier", {"loss", "batch_accuracy", "update_norm_classifier"}, {0, 0}},
   };
   for (const Case& c : cases) {
     CAPTURE(c.app);
