@@ -6,106 +6,47 @@
 // final test accuracy.
 #include <nanoddp.h>
 
+#include "common/flags.h"
+#include "common/train.h"
+
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <iostream>
 #include <random>
 #include <string>
 #include <vector>
 
-
 namespace {
-
-const char* kUsage = R"(Usage: train_mlp [options]
-Trains a 784-256-10 MLP (ReLU) on Fashion-MNIST with mini-batch SGD, printing the
-training loss as it goes and the test-set accuracy at the end.
-
-Options:
-  --steps N         SGD steps (default 500)
-  --batch-size N    images per step (default 64)
-  --lr X            learning rate (default 0.1)
-  --seed N          seed for the initial weights and the batch order (default 0)
-  --data DIR        directory holding the Fashion-MNIST IDX files
-                    (default /usr/share/datasets/fashion-mnist, Debian's dataset-fashion-mnist)
-  --device D        cpu, cuda or cuda:N (default cpu)
-  --log-every N     print the mean training loss every N steps (default 50)
-  --help            print this help and exit
-)";
 
 struct Options {
   int64_t steps = 500;
   int64_t batch_size = 64;
   double lr = 0.1;
-  uint64_t seed = 0;
+  int64_t seed = 0;
   std::string data = nd::data::kFashionMnistDir;
   std::string device = "cpu";
   int64_t log_every = 50;
 };
 
-// A bad command line: main prints the message and exits with status 2.
-struct UsageError {
-  std::string message;
-};
-
-int64_t parse_positive_int(const std::string& flag, const std::string& text) {
-  int64_t v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || v <= 0)
-    throw UsageError{flag + " expects a positive integer, got '" + text + "'"};
-  return v;
-}
-
 Options parse_args(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
-    }
-    std::string value;
-    if (const size_t eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag.resize(eq);
-    } else {
-      const bool known = flag == "--steps" || flag == "--batch-size" || flag == "--lr" || flag == "--seed" ||
-                         flag == "--data" || flag == "--device" || flag == "--log-every";
-      if (!known) throw UsageError{"unknown option '" + flag + "'"};
-      if (i + 1 >= argc) throw UsageError{flag + " needs a value"};
-      value = argv[++i];
-    }
-    if (flag == "--steps") {
-      o.steps = parse_positive_int(flag, value);
-    } else if (flag == "--batch-size") {
-      o.batch_size = parse_positive_int(flag, value);
-    } else if (flag == "--log-every") {
-      o.log_every = parse_positive_int(flag, value);
-    } else if (flag == "--seed") {
-      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), o.seed);
-      if (ec != std::errc() || end != value.data() + value.size())
-        throw UsageError{"--seed expects a non-negative integer, got '" + value + "'"};
-    } else if (flag == "--lr") {
-      char* end = nullptr;
-      o.lr = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || !(o.lr > 0) || !std::isfinite(o.lr))
-        throw UsageError{"--lr expects a positive number, got '" + value + "'"};
-    } else if (flag == "--data") {
-      if (value.empty()) throw UsageError{"--data needs a directory"};
-      o.data = value;
-    } else if (flag == "--device") {
-      try {
-        nd::Device parsed(value);
-      } catch (const nd::Error& e) {
-        throw UsageError{std::string("--device: ") + e.what()};
-      }
-      o.device = value;
-    } else {
-      throw UsageError{"unknown option '" + flag + "'"};
-    }
+  app::Flags flags("train_mlp",
+                   "Trains a 784-256-10 MLP (ReLU) on Fashion-MNIST with mini-batch SGD, printing the\n"
+                   "training loss as it goes and the test-set accuracy at the end.");
+  flags.add("--steps", &o.steps, "SGD steps");
+  flags.add("--batch-size", &o.batch_size, "images per step");
+  flags.add("--lr", &o.lr, "learning rate");
+  flags.add("--seed", &o.seed, "seed for the initial weights and the batch order", 0);
+  flags.add("--data", &o.data, "directory holding the Fashion-MNIST IDX files", "DIR");
+  flags.add("--device", &o.device, "cpu, cuda or cuda:N", "D");
+  flags.add("--log-every", &o.log_every, "print the mean training loss every N steps");
+  flags.parse(argc, argv);
+  try {
+    nd::Device parsed(o.device);
+  } catch (const nd::Error& e) {
+    throw app::UsageError{std::string("--device: ") + e.what()};
   }
   return o;
 }
@@ -190,12 +131,12 @@ int train(const Options& o) {
               static_cast<long long>(n_train), static_cast<long long>(test.labels.size(0)), o.data.c_str(),
               device.str().c_str(), static_cast<long long>(o.steps), static_cast<long long>(o.batch_size), o.lr);
 
-  nd::Generator gen{o.seed, 0};
+  nd::Generator gen{static_cast<uint64_t>(o.seed), 0};
   Mlp model(device, gen);
   const std::vector<nd::Tensor> params = model.parameters();
 
   // Epochs visit the training set in a seeded shuffled order; the last partial batch is dropped.
-  std::mt19937_64 rng(o.seed);
+  std::mt19937_64 rng(static_cast<uint64_t>(o.seed));
   std::vector<int64_t> order(static_cast<size_t>(n_train));
   size_t cursor = order.size();
   double loss_sum = 0, update_norm = 0;
@@ -232,17 +173,5 @@ int train(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options options;
-  try {
-    options = parse_args(argc, argv);
-  } catch (const UsageError& e) {
-    std::cerr << "train_mlp: " << e.message << "\nRun 'train_mlp --help' for the options.\n";
-    return 2;
-  }
-  try {
-    return train(options);
-  } catch (const nd::Error& e) {
-    std::cerr << "train_mlp: error: " << e.what() << "\n";
-    return 1;
-  }
+  return app::run_main("train_mlp", [&] { return train(parse_args(argc, argv)); });
 }
