@@ -4,21 +4,16 @@
 // engine never materialises an expanded input.
 #include <cstdint>
 
+#include "kernels/common/elementwise_math.h"
+
 namespace nd::kernels::cpu {
 
-enum class UnaryOp {
-  neg, exp, log, sqrt, rsqrt, abs, tanh, sigmoid, relu,
-  leaky_relu,  // p.a = negative slope
-  gelu,        // exact: x * Phi(x)
-  gelu_tanh,   // tanh approximation
-  clamp,       // p.a = min, p.b = max
-};
-struct UnaryParams {
-  double a = 0, b = 0;
-};
-
-enum class BinaryOp { add, sub, mul, div, pow, maximum, minimum };
-enum class CompareOp { eq, ne, lt, le, gt, ge };
+// The op enums and their scalar math live in kernels/common/elementwise_math.h, shared
+// with the CUDA twins.
+using kernels::BinaryOp;
+using kernels::CompareOp;
+using kernels::UnaryOp;
+using kernels::UnaryParams;
 
 // out = op(x), N-d strided. requires: out does not partially overlap x
 // (out == x with equal strides, i.e. in place, is supported).
