@@ -1,8 +1,11 @@
 #pragma once
-// Scaled dot-product attention, flash-style: the forward keeps an online softmax per
-// query row over tiles of keys and saves only logsumexp [B, H, Sq]; the backward
-// recomputes the probabilities tile by tile from it. Neither ever holds an Sq x Sk
-// matrix; each thread holds at most one row of one key tile.
+// Scaled dot-product attention, flash-style: the forward walks tiles of queries against
+// tiles of keys (scores by a small GEMM), keeps an online softmax per query row and saves
+// only logsumexp [B, H, Sq]; the backward recomputes the probabilities tile by tile from it.
+// Neither ever holds an Sq x Sk matrix; each thread holds one query-tile x key-tile block
+// of scores (and of dP in the backward), reused. Threads: OpenMP over (b, h, query tile) in
+// the forward; over heads in the backward, and key tiles too when B*H < threads.
+// Kernel: kernels/cpu/attention.cpp. Benchmark: bench_cpu_ops "attention".
 #include <cstdint>
 
 namespace nd::kernels::cpu {
