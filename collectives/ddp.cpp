@@ -1,6 +1,7 @@
 #include "collectives/ddp.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 
@@ -306,7 +307,9 @@ void Reducer::finish_iteration() {
   }
   try {
     while (next_bucket_ < buckets_.size()) launch(next_bucket_++);
+    const auto t0 = std::chrono::steady_clock::now();
     for (Bucket& b : buckets_) b.work->wait();
+    exposed_wait_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   } catch (...) {
     active_ = false;
     throw;

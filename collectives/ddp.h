@@ -66,6 +66,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // With skip_nonfinite_steps: true when some rank saw a non-finite gradient in the
   // last synchronised backward; every rank gets the same answer.
   bool skip_step() const { return skip_step_; }
+  // Milliseconds the last synchronised backward spent blocked at its end waiting for
+  // all-reduces (communication not hidden behind backward, plus waiting for slower ranks).
+  double last_exposed_wait_ms() const { return exposed_wait_ms_; }
   // Parameter names per bucket, in launch order (for tests and benchmarks).
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
   const std::string& name() const { return name_; }
@@ -113,6 +116,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool buffers_stale_ = true;
   bool rebuilt_ = false;
   bool skip_step_ = false;
+  double exposed_wait_ms_ = 0;
   int64_t iteration_ = 0;
   Tensor fingerprint_;
   std::shared_ptr<Work> fingerprint_work_;
