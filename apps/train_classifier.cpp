@@ -37,9 +37,9 @@ int train(Options& o) {
 
   nd::manual_seed(static_cast<uint64_t>(o.seed));
   models::Classifier C;
-  if (o.sync_bn) nd::nn::convert_sync_batchnorm(C.ptr());
+  if (o.sync_bn) app::sync_batchnorm(C.ptr(), device);
   C->to(device);
-  nd::dist::DistributedDataParallel c(C, "classifier");
+  nd::dist::DistributedDataParallel c(C, "classifier", app::ddp_options(device));
   nd::optim::Adam opt(C->parameters(), nd::optim::AdamOptions(o.lr));
 
   app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);

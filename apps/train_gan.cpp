@@ -67,13 +67,13 @@ int train(Options& o) {
   models::dcgan_init(*G);
   models::dcgan_init(*D);
   if (o.sync_bn) {
-    nd::nn::convert_sync_batchnorm(G.ptr());
-    nd::nn::convert_sync_batchnorm(D.ptr());
+    app::sync_batchnorm(G.ptr(), device);
+    app::sync_batchnorm(D.ptr(), device);
   }
   G->to(device);
   D->to(device);
-  nd::dist::DistributedDataParallel g(G, "G");
-  nd::dist::DistributedDataParallel d(D, "D");
+  nd::dist::DistributedDataParallel g(G, "G", app::ddp_options(device));
+  nd::dist::DistributedDataParallel d(D, "D", app::ddp_options(device));
   nd::optim::Adam opt_g(G->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
   nd::optim::Adam opt_d(D->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
 

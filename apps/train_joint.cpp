@@ -66,14 +66,14 @@ int train(Options& o) {
   nd::apps::Perturber G(o.gwidth);
   models::DCGANDiscriminator D(o.ndf);
   models::dcgan_init(*D);
-  nd::nn::convert_sync_batchnorm(D.ptr());  // after dcgan_init, which sets the BatchNorm weights
+  app::sync_batchnorm(D.ptr(), device);  // after dcgan_init, which sets the BatchNorm weights
   models::MAE M(config);
   G->to(device);
   D->to(device);
   M->to(device);
-  nd::dist::DistributedDataParallel g(G, "G");
-  nd::dist::DistributedDataParallel d(D, "D");
-  nd::dist::DistributedDataParallel m(M, "MAE");
+  nd::dist::DistributedDataParallel g(G, "G", app::ddp_options(device));
+  nd::dist::DistributedDataParallel d(D, "D", app::ddp_options(device));
+  nd::dist::DistributedDataParallel m(M, "MAE", app::ddp_options(device));
   nd::optim::Adam opt_g(G->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
   nd::optim::Adam opt_d(D->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
   nd::optim::AdamWOptions adamw(o.lr_mae);

@@ -112,7 +112,7 @@ int train(Options& o) {
   nd::manual_seed(static_cast<uint64_t>(o.seed));
   models::MAE M(config);
   M->to(device);
-  nd::dist::DistributedDataParallel m(M, "MAE");
+  nd::dist::DistributedDataParallel m(M, "MAE", app::ddp_options(device));
   nd::optim::AdamWOptions adamw(o.lr);
   adamw.betas({0.9, 0.95}).weight_decay(0.05);
   nd::optim::AdamW opt(M->parameters(), adamw);

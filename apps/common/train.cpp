@@ -43,6 +43,7 @@ nd::Device setup(const std::string& program, CommonOptions& o, const World& worl
   } catch (const nd::Error& e) {
     throw UsageError{std::string("--device: ") + e.what()};
   }
+  if (device.is_cuda() && o.device == "cuda") device = nd::Device(nd::kCUDA, nd::dist::local_rank());
   if (o.amp && device.is_cpu()) throw UsageError{"--amp needs --device cuda (mixed precision is a GPU feature)"};
   nd::cuda::check_device(device);  // one clear line when CUDA or the GPU is missing
   if (o.amp) throw UsageError{"--amp: mixed precision is not implemented by the engine yet; run without --amp"};
@@ -56,6 +57,18 @@ nd::Device setup(const std::string& program, CommonOptions& o, const World& worl
     ND_CHECK(!ec, "cannot create the output folder ", o.out, "/ckpt: ", ec.message());
   }
   return device;
+}
+
+std::shared_ptr<nd::dist::ProcessGroup> process_group(nd::Device device) {
+  return device.is_cuda() ? nd::dist::nccl_world() : nd::dist::world();
+}
+
+nd::dist::DistributedDataParallelOptions ddp_options(nd::Device device) {
+  return nd::dist::DistributedDataParallelOptions().process_group(process_group(device));
+}
+
+void sync_batchnorm(const std::shared_ptr<nd::nn::Module>& module, nd::Device device) {
+  nd::nn::convert_sync_batchnorm(module, process_group(device));
 }
 
 int run_main(const std::string& program, const std::function<int()>& body) {

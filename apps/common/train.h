@@ -53,8 +53,17 @@ World world();
 
 // Checks what the flags alone cannot (the device exists, --amp, the batch divides by
 // the world size), fills in --out's default, creates DIR and DIR/ckpt on rank 0, and
-// returns the device. Throws UsageError or nd::Error.
+// returns the device ("cuda" without an index: this rank's GPU, cuda:<local rank>).
+// Throws UsageError or nd::Error.
 nd::Device setup(const std::string& program, CommonOptions& options, const World& world);
+
+// The process group for tensors on `device`: dist::world() (MPI) for the CPU,
+// dist::nccl_world() for CUDA. DDP and SyncBatchNorm take it from ddp_options() and
+// sync_batchnorm().
+std::shared_ptr<nd::dist::ProcessGroup> process_group(nd::Device device);
+nd::dist::DistributedDataParallelOptions ddp_options(nd::Device device);
+// convert_sync_batchnorm over process_group(device).
+void sync_batchnorm(const std::shared_ptr<nd::nn::Module>& module, nd::Device device);
 
 // Runs body, turning a UsageError into "<program>: <message>" + exit status 2 (printed
 // by rank 0: every rank checks the same command line) and any other error into
