@@ -23,7 +23,7 @@ struct Options : app::CommonOptions {
   std::string model;  // tiny (cpu) / small (cuda)
   int64_t warmup = 0;  // 0: 5% of --steps
   bool probe = false;
-  int64_t probe_train = 10000;
+  int64_t probe_train = 60000;
 };
 
 // Per-sample masking noise for n images, drawn from a fixed generator (the same
