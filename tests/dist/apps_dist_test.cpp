@@ -28,8 +28,21 @@ int64_t ranks_to_launch() { return std::max(2, dist::world()->size()); }
 
 fs::path apps_dir() { return fs::canonical("/proc/self/exe").parent_path().parent_path() / "apps"; }
 
+// This process's scratch folder, removed when the process ends.
+fs::path scratch_root() {
+  struct Root {
+    fs::path path = fs::temp_directory_path() / ("nanoddp_apps_dist_test_" + std::to_string(getpid()));
+    ~Root() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static const Root root;
+  return root.path;
+}
+
 fs::path temp_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("nanoddp_apps_dist_test_" + std::to_string(getpid())) / name;
+  const fs::path dir = scratch_root() / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
