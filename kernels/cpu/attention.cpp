@@ -42,6 +42,13 @@ constexpr int64_t kKeyTile = 256;
 template <typename T>
 using TileMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 
+// Scratch with a fixed (Eigen's maximal) alignment: Eigen's vectorised row reductions
+// peel a number of leading elements that depends on the address, so a scratch buffer
+// whose alignment varied between runs made the sums, and so training, differ in the
+// last bits from run to run (caught by the apps' exact-resume tests).
+template <class T>
+using Scratch = std::vector<T, Eigen::aligned_allocator<T>>;
+
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // One (b, h) head: its q, k, v rows and the (b, h) corner of the mask (nullptr: none).
@@ -84,8 +91,8 @@ void tile_scores(const Head<T>& hd, const AttentionMask<T>& mask, int64_t i0, in
 template <typename T>
 void query_tile_forward(const Head<T>& hd, const AttentionMask<T>& mask, int64_t i0, int64_t i1,
                         int64_t Sk, int64_t E, int64_t Ev, bool is_causal, T scale, T* out,
-                        T* logsumexp, std::vector<T>& s, std::vector<T>& acc_buf,
-                        std::vector<T>& m, std::vector<T>& l) {
+                        T* logsumexp, Scratch<T>& s, Scratch<T>& acc_buf,
+                        Scratch<T>& m, Scratch<T>& l) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const int64_t rows = i1 - i0;
   const int64_t jend = is_causal ? std::min(Sk, i1) : Sk;  // no row of the tile sees keys >= i1
@@ -132,7 +139,7 @@ template <typename T>
 void key_tile_backward(const Head<T>& hd, const AttentionMask<T>& mask, const T* dout,
                        const T* out, const T* logsumexp, int64_t j0, int64_t j1, int64_t Sq,
                        int64_t E, int64_t Ev, bool is_causal, T scale, T* dq_head, T* dk_tile,
-                       T* dv_tile, std::vector<T>& p_buf, std::vector<T>& dp_buf) {
+                       T* dv_tile, Scratch<T>& p_buf, Scratch<T>& dp_buf) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const int64_t cols = j1 - j0;
   std::fill(dk_tile, dk_tile + cols * E, T(0));
@@ -182,7 +189,7 @@ void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v,
 #pragma omp parallel
   {
     const int64_t rows = std::min(Sq, kQueryTile);
-    std::vector<T> s(rows * std::min(Sk, kKeyTile)), acc(rows * Ev), m(rows), l(rows);
+    Scratch<T> s(rows * std::min(Sk, kKeyTile)), acc(rows * Ev), m(rows), l(rows);
 #pragma omp for collapse(3) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
@@ -206,8 +213,8 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
   const T sc = static_cast<T>(scale);
   const int64_t BH = B * H, k_tiles = ceil_div(Sk, kKeyTile), dq_size = BH * Sq * E;
   // One key tile of head (b, h), adding its dq part into dq_all (dq or a thread's copy).
-  auto key_tile = [&](int64_t b, int64_t h, int64_t kt, T* dq_all, std::vector<T>& p,
-                      std::vector<T>& dp) {
+  auto key_tile = [&](int64_t b, int64_t h, int64_t kt, T* dq_all, Scratch<T>& p,
+                      Scratch<T>& dp) {
     const int64_t bh = b * H + h, j0 = kt * kKeyTile;
     key_tile_backward(head(q, k, v, mask, b, h, H, Sq, Sk, E, Ev), mask, dout + bh * Sq * Ev,
                       out + bh * Sq * Ev, logsumexp + bh * Sq, j0, std::min(Sk, j0 + kKeyTile),
@@ -220,7 +227,7 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
     // A thread owns a whole head: it zeroes that head's dq and walks its key tiles.
 #pragma omp parallel
     {
-      std::vector<T> p(tile_size), dp(tile_size);
+      Scratch<T> p(tile_size), dp(tile_size);
 #pragma omp for collapse(2) schedule(static)
       for (int64_t b = 0; b < B; ++b) {
         for (int64_t h = 0; h < H; ++h) {
@@ -234,11 +241,11 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
   // Fewer heads than threads: split key tiles too; each thread sums dq into its own copy
   // (at most threads x Sq x E per head, B*H < threads), then the copies are added in
   // thread order so the result does not depend on scheduling.
-  std::vector<std::vector<T>> dq_copies(threads);
+  std::vector<Scratch<T>> dq_copies(threads);
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<T> p(tile_size), dp(tile_size);
-    std::vector<T>& own = dq_copies[omp_get_thread_num()];
+    Scratch<T> p(tile_size), dp(tile_size);
+    Scratch<T>& own = dq_copies[omp_get_thread_num()];
     own.assign(dq_size, T(0));
 #pragma omp for collapse(3) schedule(static)
     for (int64_t b = 0; b < B; ++b)
