@@ -1,10 +1,11 @@
 // Safetensors reader and writer (docs/checkpoints.md).
 //
-// Why our own JSON parser: the header is a tiny, fixed schema, and a checkpoint can come
-// from anywhere, so parsing must be strict and bounded: nesting depth is capped, every
-// number is a checked unsigned integer, sizes are validated against the file before
-// anything is allocated, and every problem is an nd::Error naming the file, the tensor
-// and what was expected vs found. The fuzz target (tests/fuzz/) drives the parser.
+// Why our own JSON parser (engine/json.h): the header is a tiny, fixed schema, and a
+// checkpoint can come from anywhere, so parsing must be strict and bounded: nesting
+// depth is capped, every number is a checked unsigned integer, sizes are validated
+// against the file before anything is allocated, and every problem is an nd::Error
+// naming the file, the tensor and what was expected vs found. The fuzz target
+// (tests/fuzz/) drives the parser.
 //
 // Why temp file + fsync + rename + fsync(dir): rename is atomic on POSIX, so a reader
 // (or a restart after a crash or SIGKILL) sees either the old file or the complete new
@@ -22,15 +23,17 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <unordered_set>
 
 #include "engine/error.h"
 #include "engine/factories.h"
+#include "engine/json.h"
 
 namespace nd {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
+
+using json::Json;
 
 constexpr const char* kDevicesKey = "nanoddp.devices";
 constexpr const char* kFormatVersionKey = "nanoddp.format_version";
@@ -47,212 +50,6 @@ const char* safetensors_dtype(ScalarType t) {
   for (const auto& d : kDtypes)
     if (d.dtype == t) return d.name;
   throw Error("unreachable dtype");
-}
-
-// ---- JSON: just what the header needs (objects, arrays, strings, unsigned integers, null) ----
-
-struct Json {
-  enum Kind { Null, Bool, Number, String, Array, Object } kind = Null;
-  std::string text;               // String: the decoded value; Number: the literal
-  std::vector<Json> items;        // Array elements, or Object values
-  std::vector<std::string> keys;  // Object keys (keys[i] names items[i]), in file order
-};
-
-const char* kind_name(Json::Kind k) {
-  static const char* names[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
-  return names[k];
-}
-
-class JsonParser {
- public:
-  JsonParser(std::string_view s, std::string what) : s_(s), what_(std::move(what)) {}
-
-  Json parse_document() {
-    Json v = value(0);
-    skip_ws();
-    if (pos_ != s_.size()) fail("end of JSON", found());
-    return v;
-  }
-
- private:
-  static constexpr int kMaxDepth = 32;  // the header needs 3
-
-  [[noreturn]] void fail(const std::string& expected, const std::string& found) const {
-    throw Error(
-        detail::str_cat(what_, " is not valid JSON: expected ", expected, " at byte ", pos_, ", found ", found));
-  }
-  std::string found() const {
-    if (pos_ >= s_.size()) return "end of header";
-    const unsigned char c = static_cast<unsigned char>(s_[pos_]);
-    if (c >= 0x20 && c < 0x7f) return std::string("'") + static_cast<char>(c) + "'";
-    return detail::str_cat("byte 0x", "0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15]);
-  }
-  void skip_ws() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
-  }
-  bool eat(char c) {
-    skip_ws();
-    if (pos_ < s_.size() && s_[pos_] == c) return ++pos_, true;
-    return false;
-  }
-  void expect(char c) {
-    if (!eat(c)) fail(std::string("'") + c + "'", found());
-  }
-
-  Json value(int depth) {
-    if (depth > kMaxDepth) fail(detail::str_cat("at most ", kMaxDepth, " levels of nesting"), "deeper nesting");
-    skip_ws();
-    Json v;
-    if (pos_ >= s_.size()) fail("a value", found());
-    const char c = s_[pos_];
-    if (c == '{') {
-      v.kind = Json::Object;
-      ++pos_;
-      if (eat('}')) return v;
-      std::unordered_set<std::string> seen;  // a set, so a huge header cannot make this quadratic
-      do {
-        skip_ws();
-        const size_t key_pos = pos_;
-        std::string key = string();
-        if (!seen.insert(key).second) pos_ = key_pos, fail("unique keys", "duplicate key \"" + key + "\"");
-        expect(':');
-        v.keys.push_back(std::move(key));
-        v.items.push_back(value(depth + 1));
-      } while (eat(','));
-      expect('}');
-    } else if (c == '[') {
-      v.kind = Json::Array;
-      ++pos_;
-      if (eat(']')) return v;
-      do v.items.push_back(value(depth + 1));
-      while (eat(','));
-      expect(']');
-    } else if (c == '"') {
-      v.kind = Json::String;
-      v.text = string();
-    } else if (c == '-' || (c >= '0' && c <= '9')) {
-      v.kind = Json::Number;
-      const size_t start = pos_;
-      while (pos_ < s_.size() && std::strchr("+-.eE0123456789", s_[pos_]) && s_[pos_] != '\0') ++pos_;
-      v.text = std::string(s_.substr(start, pos_ - start));
-    } else if (s_.substr(pos_, 4) == "null") {
-      pos_ += 4;
-    } else if (s_.substr(pos_, 4) == "true" || s_.substr(pos_, 5) == "false") {
-      v.kind = Json::Bool;
-      v.text = s_[pos_] == 't' ? "true" : "false";
-      pos_ += v.text.size();
-    } else {
-      fail("a value", found());
-    }
-    return v;
-  }
-
-  uint32_t hex4() {
-    if (s_.size() - pos_ < 4) fail("4 hex digits after \\u", found());
-    uint32_t u = 0;
-    for (int i = 0; i < 4; ++i, ++pos_) {
-      const char h = s_[pos_];
-      const int d = h >= '0' && h <= '9'   ? h - '0'
-                    : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                    : h >= 'A' && h <= 'F' ? h - 'A' + 10
-                                           : -1;
-      if (d < 0) fail("a hex digit", found());
-      u = u * 16 + static_cast<uint32_t>(d);
-    }
-    return u;
-  }
-
-  std::string string() {
-    if (pos_ >= s_.size() || s_[pos_] != '"') fail("a string", found());
-    ++pos_;
-    std::string out;
-    while (true) {
-      if (pos_ >= s_.size()) fail("closing '\"'", found());
-      const char c = s_[pos_];
-      if (c == '"') return ++pos_, out;
-      if (static_cast<unsigned char>(c) < 0x20) fail("no raw control characters in strings", found());
-      if (c != '\\') {
-        out += c, ++pos_;
-        continue;
-      }
-      if (++pos_ >= s_.size()) fail("an escape", found());
-      const char e = s_[pos_++];
-      if (e != 'u') {
-        static constexpr std::string_view kEscapes = "\"\\/bfnrt", kMeanings = "\"\\/\b\f\n\r\t";
-        const size_t k = kEscapes.find(e);
-        if (k == std::string_view::npos) --pos_, fail("one of \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u", found());
-        out += kMeanings[k];
-        continue;
-      }
-      uint32_t cp = hex4();
-      if (cp >= 0xd800 && cp < 0xdc00) {  // high surrogate: a low one must follow
-        if (s_.substr(pos_, 2) != "\\u") fail("a low surrogate \\uDC00-\\uDFFF", found());
-        pos_ += 2;
-        const uint32_t lo = hex4();
-        if (lo < 0xdc00 || lo >= 0xe000) fail("a low surrogate \\uDC00-\\uDFFF", "another code unit");
-        cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-      } else if (cp >= 0xdc00 && cp < 0xe000) {
-        fail("a high surrogate before a low one", "a lone low surrogate");
-      }
-      append_utf8(out, cp);
-    }
-  }
-
-  static void append_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xc0 | (cp >> 6)), out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xe0 | (cp >> 12)), out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else {
-      out += static_cast<char>(0xf0 | (cp >> 18)), out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f)), out += static_cast<char>(0x80 | (cp & 0x3f));
-    }
-  }
-
-  std::string_view s_;
-  std::string what_;
-  size_t pos_ = 0;
-};
-
-void write_json_string(std::string& out, const std::string& s) {
-  out += '"';
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\', out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += detail::str_cat("\\u00", "0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15]);
-    } else {
-      out += c;
-    }
-  }
-  out += '"';
-}
-
-std::string json_object(const std::map<std::string, std::string>& m) {
-  std::string out = "{";
-  for (const auto& [k, v] : m) {
-    if (out.size() > 1) out += ',';
-    write_json_string(out, k);
-    out += ':';
-    write_json_string(out, v);
-  }
-  return out + "}";
-}
-
-// A JSON object of strings -> strings (the metadata, and nanoddp.devices inside it).
-std::map<std::string, std::string> string_map(const Json& j, const std::string& what) {
-  ND_CHECK(j.kind == Json::Object, what, ": expected an object of strings, found ", kind_name(j.kind));
-  std::map<std::string, std::string> out;
-  for (size_t i = 0; i < j.keys.size(); ++i) {
-    const std::string& k = j.keys[i];
-    const Json& v = j.items[i];
-    ND_CHECK(v.kind == Json::String, what, ": expected a string value for key \"", k, "\", found ", kind_name(v.kind));
-    out[k] = v.text;
-  }
-  return out;
 }
 
 // ---- files ----
@@ -315,7 +112,7 @@ std::map<std::string, Device> saved_devices(const detail::SafetensorsHeader& h, 
   const auto it = h.metadata.find(kDevicesKey);
   if (it == h.metadata.end()) return out;  // not written by nanoddp: everything was on cpu
   const std::string what = "safetensors file '" + path + "': metadata \"" + kDevicesKey + "\"";
-  for (const auto& [name, dev] : string_map(JsonParser(it->second, what).parse_document(), what)) {
+  for (const auto& [name, dev] : json::string_map(json::parse(it->second, what), what)) {
     try {
       out[name] = Device(dev);
     } catch (const Error& e) {
@@ -368,7 +165,7 @@ void save(const TensorDict& tensors, const std::string& path, const std::map<std
       const uint64_t nbytes = static_cast<uint64_t>(t.numel()) * element_size(t.dtype());
       devices[name] = t.device().str();
       tensors_json += ',';
-      write_json_string(tensors_json, name);
+      json::write_string(tensors_json, name);
       tensors_json += detail::str_cat(":{\"dtype\":\"", safetensors_dtype(t.dtype()), "\",\"shape\":[");
       for (size_t d = 0; d < t.sizes().size(); ++d) tensors_json += detail::str_cat(d ? "," : "", t.sizes()[d]);
       tensors_json += detail::str_cat("],\"data_offsets\":[", offset, ",", offset + nbytes, "]}");
@@ -377,9 +174,9 @@ void save(const TensorDict& tensors, const std::string& path, const std::map<std
       throw Error("save('" + path + "'): tensor '" + name + "': " + e.what());
     }
   }
-  meta[kDevicesKey] = json_object(devices);
+  meta[kDevicesKey] = json::object(devices);
   meta[kFormatVersionKey] = kFormatVersion;
-  std::string header = "{\"__metadata__\":" + json_object(meta) + tensors_json + "}";
+  std::string header = "{\"__metadata__\":" + json::object(meta) + tensors_json + "}";
   header.resize((header.size() + 7) / 8 * 8, ' ');  // the reference pads to 8 bytes
   ND_CHECK(header.size() <= detail::kMaxSafetensorsHeaderBytes, "save('", path, "'): the header would be ",
            header.size(), " bytes, over the safetensors limit of ", detail::kMaxSafetensorsHeaderBytes);
@@ -490,8 +287,9 @@ uint64_t parse_safetensors_header_length(std::string_view first8, uint64_t file_
 
 SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t data_size, const std::string& file) {
   const std::string where = "safetensors file '" + file + "'";
-  const Json root = JsonParser(json, where + ": the header").parse_document();
-  ND_CHECK(root.kind == Json::Object, where, ": expected the header to be a JSON object, found ", kind_name(root.kind));
+  const Json root = json::parse(json, where + ": the header");
+  ND_CHECK(root.kind == Json::Object, where, ": expected the header to be a JSON object, found ",
+           json::kind_name(root.kind));
 
   SafetensorsHeader h;
   h.data_start = 8 + json.size();
@@ -499,12 +297,12 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t data_
     const std::string& name = root.keys[i];
     const Json& v = root.items[i];
     if (name == "__metadata__") {
-      if (v.kind != Json::Null) h.metadata = string_map(v, where + ": \"__metadata__\"");
+      if (v.kind != Json::Null) h.metadata = json::string_map(v, where + ": \"__metadata__\"");
       continue;
     }
     const std::string what = where + ": tensor '" + name + "'";
     ND_CHECK(v.kind == Json::Object, what, ": expected an object with dtype, shape, data_offsets, found ",
-             kind_name(v.kind));
+             json::kind_name(v.kind));
     const Json *dtype = nullptr, *shape = nullptr, *offsets = nullptr;
     for (size_t f = 0; f < v.keys.size(); ++f) {
       const std::string& field = v.keys[f];
@@ -521,12 +319,14 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t data_
     const std::pair<const char*, const Json*> required[] = {
         {"dtype", dtype}, {"shape", shape}, {"data_offsets", offsets}};
     for (const auto& [field, p] : required) ND_CHECK(p != nullptr, what, ": missing field \"", field, "\"");
-    ND_CHECK(dtype->kind == Json::String, what, ": expected \"dtype\" to be a string, found ", kind_name(dtype->kind));
-    ND_CHECK(shape->kind == Json::Array, what, ": expected \"shape\" to be an array, found ", kind_name(shape->kind));
+    ND_CHECK(dtype->kind == Json::String, what, ": expected \"dtype\" to be a string, found ",
+             json::kind_name(dtype->kind));
+    ND_CHECK(shape->kind == Json::Array, what, ": expected \"shape\" to be an array, found ",
+             json::kind_name(shape->kind));
     ND_CHECK(offsets->kind == Json::Array && offsets->items.size() == 2, what,
              ": expected \"data_offsets\" to be an array [begin, end], found ",
              offsets->kind == Json::Array ? detail::str_cat("an array of ", offsets->items.size())
-                                          : kind_name(offsets->kind));
+                                          : json::kind_name(offsets->kind));
 
     SafetensorsEntry e;
     e.name = name;
@@ -539,7 +339,7 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t data_
     // Non-negative integer literal; limit bounds the value.
     auto integer = [&](const Json& j, const char* field, uint64_t limit) {
       ND_CHECK(j.kind == Json::Number, what, ": expected \"", field, "\" to hold non-negative integers, found ",
-               kind_name(j.kind));
+               json::kind_name(j.kind));
       ND_CHECK(!j.text.empty() && j.text.find_first_not_of("0123456789") == std::string::npos, what, ": expected \"",
                field, "\" to hold non-negative integers, found ", j.text);
       uint64_t x = 0;

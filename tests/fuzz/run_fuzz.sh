@@ -16,7 +16,7 @@ if [[ -z "$cxx" ]] || ! echo 'extern "C" int LLVMFuzzerTestOneInput(const char*,
   exit 0
 fi
 
-# checkpoint.cpp gets coverage instrumentation; the rest of the engine (which the parser
+# checkpoint.cpp and json.cpp get coverage instrumentation; the rest of the engine (which the parser
 # does not run, but load()/save() link against) only AddressSanitizer. Objects are cached.
 common=(-std=c++20 -O1 -g -fopenmp -I"$root" -I"$root/include" $(pkg-config --cflags eigen3 2>/dev/null || echo -I/usr/include/eigen3))
 mkdir -p "$work/obj"
@@ -31,14 +31,15 @@ compile() {  # source, extra flags...
 }
 export -f compile; export root work cxx stamp
 echo "building $work/safetensors_header_fuzz with $cxx ..."
-engine=$(find "$root/engine" "$root/kernels/cpu" "$root/kernels/cuda" -name '*.cpp' ! -path '*/engine/checkpoint.cpp' | sort)
+engine=$(find "$root/engine" "$root/kernels/cpu" "$root/kernels/cuda" -name '*.cpp' ! -path '*/engine/checkpoint.cpp' ! -path '*/engine/json.cpp' | sort)
 # In an archive, so the linker takes only what the target reaches.
 rm -f "$work/engine.a"
 echo "$engine" | COMMON="${common[*]}" xargs -P "$(nproc)" -I{} bash -c 'common=($COMMON); compile {} -fsanitize=address' |
   xargs ar rcs "$work/engine.a"
 sanitize=(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined)
 objs=("$(compile "$root/tests/fuzz/safetensors_header_fuzz.cpp" "${sanitize[@]}")"
-      "$(compile "$root/engine/checkpoint.cpp" "${sanitize[@]}")")
+      "$(compile "$root/engine/checkpoint.cpp" "${sanitize[@]}")"
+      "$(compile "$root/engine/json.cpp" "${sanitize[@]}")")
 "$cxx" -fopenmp -fsanitize=fuzzer,address,undefined "${objs[@]}" "$work/engine.a" -lz -o "$work/safetensors_header_fuzz"
 
 # Seeds: the golden files and a few small valid and broken headers.
