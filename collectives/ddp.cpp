@@ -190,6 +190,20 @@ Tensor Reducer::slot(size_t i) const {
 }
 
 void Reducer::prepare_forward() {
+  if (active_) {
+    // The last backward was abandoned by an exception before its end: finish what it
+    // launched, so this rank's collectives stay in order, and start afresh.
+    for (Bucket& b : buckets_)
+      if (b.work) {
+        try {
+          b.work->wait();
+        } catch (const Error&) {
+        }
+        b.work.reset();
+      }
+    fingerprint_work_.reset();
+    active_ = false;
+  }
   if (!options_.broadcast_buffers() || !buffers_stale_) return;
   broadcast_state(/*params_too=*/false);
   buffers_stale_ = false;

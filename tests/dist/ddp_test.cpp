@@ -337,3 +337,32 @@ TEST_CASE("ddp: conv + SyncBatchNorm, called twice per step, unequal per-rank ba
   REQUIRE(rb.size() == db.size());
   for (size_t i = 0; i < rb.size(); ++i) nd::testing::check_close(db[i].second, rb[i].second, 1e-9, 1e-9, db[i].first);
 }
+
+TEST_CASE("ddp: a backward abandoned by an exception does not break the next iteration") {
+  manual_seed(16);
+  nn::Sequential model = make_mlp();
+  model->to(kFloat64);
+  DistributedDataParallel ddp(model, "mlp");
+  Tensor x = randn({4, 6}, kFloat64);
+  // A hook that throws once, in the middle of backward (after DDP's own hook ran).
+  bool armed = true;
+  model->parameters()[0].register_post_accumulate_grad_hook([&](const Tensor&) {
+    if (armed) {
+      armed = false;
+      throw Error("injected failure");
+    }
+  });
+  CHECK(nd::testing::error_message([&] { ddp(x).sum().backward(); }) == "injected failure");
+  // The next iteration reduces normally: the average over ranks of each shard's sum is
+  // the whole batch's sum divided by the world size.
+  manual_seed(16);
+  nn::Sequential reference = make_mlp();
+  reference->to(kFloat64);
+  for (auto& p : model->parameters()) p.set_grad(Tensor());
+  ddp(shard(x)).sum().backward();
+  reference(x).sum().backward();
+  auto ours = model->parameters(), theirs = reference->parameters();
+  for (size_t i = 0; i < ours.size(); ++i)
+    nd::testing::check_close(ours[i].grad(), theirs[i].grad() / double(world_size()), 1e-10, 1e-10,
+                             "grad after recovery");
+}
