@@ -178,10 +178,15 @@ Plan plan_chunks(int64_t N, int64_t OHW) {
   return {nb, chunks, threads > 1 && chunks >= threads};
 }
 
-// body(n0, count) for every chunk; threads over chunks when plan.parallel.
+// body(n0, count) for every chunk; threads over chunks when plan.parallel. With
+// fixed_assignment, each thread gets the same chunks in the same order on every run
+// (static schedule), so per-thread partial sums -- and the result -- are reproducible.
 template <class F>
-void for_each_chunk(const Plan& p, int64_t N, F&& body) {
-  if (p.parallel) {
+void for_each_chunk(const Plan& p, int64_t N, F&& body, bool fixed_assignment = false) {
+  if (p.parallel && fixed_assignment) {
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < p.chunks; ++c) body(c * p.nb, std::min(p.nb, N - c * p.nb));
+  } else if (p.parallel) {
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t c = 0; c < p.chunks; ++c) body(c * p.nb, std::min(p.nb, N - c * p.nb));
   } else {
@@ -311,7 +316,7 @@ void conv2d_backward_weight(const Conv2dShape& s, const T* input, const T* grad_
       gemm<T>(false, true, q.Og, q.K, cols, T(1), dy + g * q.Og * cols, cols,
               need_col ? w.col : xg, cols, T(1), dw + g * q.Og * q.K, q.K);
     }
-  });
+  }, /*fixed_assignment=*/true);
   for (int t = 1; t < slots; ++t) {
     const T* src = partial.data() + (t - 1) * wsize;
     for (int64_t i = 0; i < wsize; ++i) grad_weight[i] += src[i];
