@@ -13,49 +13,17 @@
 #include <sstream>
 #include <string>
 
+#include "apps/app_runner.h"
 #include "harness.h"
 
-namespace fs = std::filesystem;
 using namespace nd;
+using namespace nd::testing;
 
 namespace {
 
-fs::path apps_dir() { return fs::canonical("/proc/self/exe").parent_path().parent_path() / "apps"; }
-
-// This process's scratch folder, removed when the process ends.
-fs::path scratch_root() {
-  struct Root {
-    fs::path path = fs::temp_directory_path() / ("nanoddp_apps_test_" + std::to_string(getpid()));
-    ~Root() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  };
-  static const Root root;
-  return root.path;
-}
-
-fs::path temp_dir(const std::string& name) {
-  const fs::path dir = scratch_root() / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-struct Run {
-  int status;          // exit status, or -1 when it did not exit normally
-  std::string output;  // stdout and stderr
-};
-
 // Runs build/apps/<app> with `args` (and `env` assignments before it), output captured.
 Run run_app(const std::string& app, const std::string& args, const std::string& env = "") {
-  const fs::path log = temp_dir("logs") / (app + ".log");
-  const std::string cmd = env + " " + (apps_dir() / app).string() + " " + args + " > " + log.string() + " 2>&1";
-  const int raw = std::system(cmd.c_str());
-  std::ifstream in(log);
-  std::stringstream text;
-  text << in.rdbuf();
-  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, text.str()};
+  return run_logged(env + " " + (apps_dir() / app).string() + " " + args, temp_dir("logs") / (app + ".log"));
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
@@ -64,13 +32,6 @@ int count_lines(const std::string& s) {
   int n = 0;
   for (char c : s) n += c == '\n';
   return n;
-}
-
-std::vector<std::string> read_lines(const fs::path& path) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
 }
 
 // Minimal PNG reader: checks the signature, every chunk's CRC and that the IDAT stream

@@ -14,10 +14,11 @@
 #include <sstream>
 #include <string>
 
+#include "apps/app_runner.h"
 #include "harness.h"
 
-namespace fs = std::filesystem;
 using namespace nd;
+using namespace nd::testing;
 
 extern char** environ;
 
@@ -26,27 +27,6 @@ namespace {
 int rank() { return dist::world()->rank(); }
 int64_t ranks_to_launch() { return std::max(2, dist::world()->size()); }
 
-fs::path apps_dir() { return fs::canonical("/proc/self/exe").parent_path().parent_path() / "apps"; }
-
-// This process's scratch folder, removed when the process ends.
-fs::path scratch_root() {
-  struct Root {
-    fs::path path = fs::temp_directory_path() / ("nanoddp_apps_dist_test_" + std::to_string(getpid()));
-    ~Root() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  };
-  static const Root root;
-  return root.path;
-}
-
-fs::path temp_dir(const std::string& name) {
-  const fs::path dir = scratch_root() / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
 
 // "env -u A -u B ..." dropping every variable of the launcher of this job.
 std::string clean_env() {
@@ -63,11 +43,6 @@ std::string clean_env() {
   return out;
 }
 
-struct Run {
-  int status;
-  std::string output;
-};
-
 // np == 0: the app alone; else under mpirun -np np. One OpenMP thread per process (see
 // tests/apps/apps_test.cpp: the CPU conv weight gradient is only run-to-run exact then).
 Run launch(int64_t np, const std::string& app, const std::string& args) {
@@ -76,22 +51,11 @@ Run launch(int64_t np, const std::string& app, const std::string& args) {
   if (np > 0)
     cmd += "mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS -x NANODDP_COLLECTIVE_TIMEOUT_S=120 -np " +
            std::to_string(np) + " ";
-  cmd += (apps_dir() / app).string() + " " + args + " > " + log.string() + " 2>&1";
-  const int raw = std::system(cmd.c_str());
-  std::ifstream in(log);
-  std::stringstream text;
-  text << in.rdbuf();
-  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, text.str()};
+  cmd += (apps_dir() / app).string() + " " + args;
+  return run_logged(cmd, log);
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-std::vector<std::string> read_lines(const fs::path& path) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
 
 // The number after "key": in a metrics line.
 double value_of(const std::string& line, const std::string& key) {
