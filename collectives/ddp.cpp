@@ -141,7 +141,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
 
   buckets_.clear();
   bucket_of_.assign(params_.size(), 0);
-  index_in_bucket_.assign(params_.size(), 0);
+  slots_.assign(params_.size(), Tensor());
   const double mib = 1024.0 * 1024.0;
   Bucket current;
   int64_t bytes = 0;
@@ -170,23 +170,19 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     const int64_t status = b + 1 == buckets_.size() ? static_cast<int64_t>(params_.size()) + 1 : 0;
     const Tensor& first = params_[bucket.params[0]];
     bucket.flat = zeros({bucket.grad_numel + status}, first.options());
+    NoGradGuard no_grad;
     for (size_t k = 0; k < bucket.params.size(); ++k) {
-      bucket_of_[bucket.params[k]] = b;
-      index_in_bucket_[bucket.params[k]] = k;
+      const size_t i = bucket.params[k];
+      bucket_of_[i] = b;
+      slots_[i] = bucket.flat.narrow(0, bucket.offsets[k], params_[i].numel()).view(params_[i].sizes());
     }
   }
   NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor view = slot(i);
+    const Tensor& view = slot(i);
     if (old_grads[i].defined()) copy_data(view, old_grads[i]);
     if (options_.gradient_as_bucket_view() && old_grads[i].defined()) params_[i].set_grad(view);
   }
-}
-
-Tensor Reducer::slot(size_t i) const {
-  const Bucket& b = buckets_[bucket_of_[i]];
-  NoGradGuard no_grad;
-  return b.flat.narrow(0, b.offsets[index_in_bucket_[i]], params_[i].numel()).view(params_[i].sizes());
 }
 
 void Reducer::prepare_forward() {
@@ -215,7 +211,7 @@ void Reducer::on_grad_ready(size_t i) {
   ready_[i] = true;
   ready_order_.push_back(i);
   // Move the gradient into its bucket slot (a no-op when .grad already is that view).
-  Tensor view = slot(i);
+  const Tensor& view = slot(i);
   Tensor g = params_[i].grad();
   if (g.storage() != view.storage() || g.storage_offset() != view.storage_offset()) {
     NoGradGuard no_grad;

@@ -88,7 +88,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void verify_layout();
   void broadcast_state(bool params_too);
   void build_buckets(const std::vector<size_t>& order);
-  Tensor slot(size_t param) const;  // param's view into its bucket
+  const Tensor& slot(size_t param) const { return slots_[param]; }  // param's view into its bucket
   void on_grad_ready(size_t param);
   void begin_iteration();
   void launch_ready_buckets();
@@ -107,7 +107,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<Tensor> buffers_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // param -> bucket
-  std::vector<size_t> index_in_bucket_;
+  std::vector<Tensor> slots_;      // param -> its view into its bucket (built with the buckets)
   std::vector<bool> ready_;
   std::vector<size_t> ready_order_;
   size_t next_bucket_ = 0;
