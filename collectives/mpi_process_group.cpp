@@ -67,13 +67,15 @@ void check_mpi(int rc, const CollectiveInfo& info, const char* call) {
 // then yields, then sleeps briefly. A blocking MPI call busy-waits inside the library,
 // which on a machine with one core per rank steals the core that backward runs on
 // (measured with bench_ddp: DDP steps 13-50% slower than local ones while the
-// all-reduces themselves took under 2% of a step).
+// all-reduces themselves took under 2% of a step). While a caller is blocked in
+// Work::wait its core is idle, so the worker polls without backing off: MPI's
+// shared-memory transport only progresses inside MPI_Test.
 void complete(MPI_Request& request, const CollectiveInfo& info, const char* call) {
   for (int polls = 0;; ++polls) {
     int done = 0;
     check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), info, call);
     if (done) return;
-    if (polls < 64)
+    if (polls < 64 || AsyncWork::blocked_waiters() > 0)
       continue;
     else if (polls < 1024)
       std::this_thread::yield();

@@ -1,5 +1,6 @@
 #include "collectives/process_group.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <sstream>
 
@@ -36,9 +37,19 @@ std::string CollectiveInfo::describe() const {
 
 AsyncWork::AsyncWork(CollectiveInfo info) { info_ = std::move(info); }
 
+namespace {
+std::atomic<int> g_blocked_waiters{0};
+}
+
+int AsyncWork::blocked_waiters() { return g_blocked_waiters.load(std::memory_order_relaxed); }
+
 void AsyncWork::wait() {
   std::unique_lock lock(mutex_);
-  done_cv_.wait(lock, [&] { return done_; });
+  if (!done_) {
+    g_blocked_waiters.fetch_add(1, std::memory_order_relaxed);
+    done_cv_.wait(lock, [&] { return done_; });
+    g_blocked_waiters.fetch_sub(1, std::memory_order_relaxed);
+  }
   if (error_) std::rethrow_exception(error_);
 }
 

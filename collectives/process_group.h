@@ -59,6 +59,9 @@ class AsyncWork : public Work {
   std::exception_ptr error() override;
   // Called once by the backend; `error` is an nd::Error naming the collective, or null.
   void mark_done(std::exception_ptr error = nullptr);
+  // How many threads of this process are blocked in wait() right now. A backend that
+  // polls may spin while this is non-zero: the caller's core is idle.
+  static int blocked_waiters();
 
  private:
   std::mutex mutex_;
