@@ -121,6 +121,40 @@ TEST_CASE("ddp: a discriminator called twice before one backward works with defa
   check_same_params(*D, *reference, 1e-10);
 }
 
+TEST_CASE("ddp: PyTorch's DCGAN loop, one backward per discriminator call, gradients summed before one step") {
+  // errD_real.backward(); errD_fake.backward(); optimizerD.step(): each backward
+  // all-reduces on its own, and the second adds to the already averaged first.
+  auto make_d = [] {
+    nn::Sequential d(nn::Linear(nn::LinearOptions(6, 8)), nn::LeakyReLU(), nn::Linear(nn::LinearOptions(8, 1)));
+    d->to(kFloat64);
+    return d;
+  };
+  manual_seed(12);
+  nn::Sequential reference = make_d();
+  manual_seed(12);
+  nn::Sequential D = make_d();
+  DistributedDataParallel ddp(D, "D");
+  optim::Adam opt_ref(reference->parameters(), optim::AdamOptions(1e-2).betas({0.5, 0.999}));
+  optim::Adam opt(D->parameters(), optim::AdamOptions(1e-2).betas({0.5, 0.999}));
+  Generator data{13, 0};
+  for (int step = 0; step < 3; ++step) {
+    Tensor real = randn({8, 6}, kFloat64, &data), fake = randn({8, 6}, kFloat64, &data);
+    auto half_losses = [](auto&& d, const Tensor& r, const Tensor& f) {
+      Tensor on_real = d(r);
+      binary_cross_entropy_with_logits(on_real, ones_like(on_real)).backward();
+      Tensor on_fake = d(f);
+      binary_cross_entropy_with_logits(on_fake, zeros_like(on_fake)).backward();
+    };
+    opt_ref.zero_grad();
+    half_losses(reference, real, fake);
+    opt_ref.step();
+    opt.zero_grad();
+    half_losses(ddp, shard(real), shard(fake));
+    opt.step();
+  }
+  check_same_params(*D, *reference, 1e-10);
+}
+
 TEST_CASE("ddp: no_sync accumulates locally, the next backward averages the sum") {
   manual_seed(4);
   nn::Sequential reference = make_mlp();
