@@ -12,6 +12,7 @@
 #include "engine/error.h"
 #include "engine/factories.h"
 #include "engine/ops/common.h"
+#include "kernels/cuda/stream.h"
 
 namespace nd::dist {
 
@@ -56,7 +57,12 @@ class NcclWork : public Work {
       : comm_(comm), done_(done), tensors_(std::move(tensors)) {
     info_ = std::move(info);
   }
-  ~NcclWork() override { cudaEventDestroy(done_); }
+  // A Work dropped before it finished must not hand its tensors back to the caching
+  // allocator while NCCL still reads or writes them.
+  ~NcclWork() override {
+    if (!finished_) cudaEventSynchronize(done_);
+    cudaEventDestroy(done_);
+  }
   bool is_completed() override {
     std::lock_guard lock(mutex_);
     return poll();
@@ -115,8 +121,9 @@ struct NcclProcessGroup::State {
   uint64_t sequence = 0;
   std::unique_ptr<Watchdog> watchdog;
 
-  // Orders the collective after the default stream's work, runs `launch` on the
-  // communication stream, and returns a Work completed by an event after it.
+  // Orders the collective after the work queued so far on the engine's compute stream
+  // (kernels/cuda/stream.h), runs `launch` on the communication stream, and returns a
+  // Work completed by an event after it.
   std::shared_ptr<Work> issue(CollectiveInfo info, std::vector<Tensor> tensors, std::chrono::milliseconds timeout,
                               const std::function<ncclResult_t()>& launch) {
     std::shared_ptr<Work> work;
@@ -127,7 +134,7 @@ struct NcclProcessGroup::State {
       check_cuda(cudaSetDevice(device), what);
       cudaEvent_t ready = nullptr, done = nullptr;
       check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), what);
-      check_cuda(cudaEventRecord(ready, /*default stream*/ nullptr), what);
+      check_cuda(cudaEventRecord(ready, kernels::cuda::compute_stream(device)), what);
       check_cuda(cudaStreamWaitEvent(stream, ready, 0), what);
       cudaEventDestroy(ready);  // released once the recorded work completes
       check_nccl(launch(), what);
@@ -158,7 +165,7 @@ std::shared_ptr<NcclProcessGroup> NcclProcessGroup::create(const std::shared_ptr
   bootstrap->broadcast(id_bytes, 0)->wait();
   std::memcpy(&id, id_bytes.data_ptr(), sizeof(id));
   check_nccl(ncclCommInitRank(&state->comm, state->size, id, state->rank), "ncclCommInitRank");
-  check_cuda(cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking), "nccl_world: communication stream");
+  state->stream = kernels::cuda::comm_stream(state->device);
   state->barrier_scratch = empty({1}, TensorOptions(kFloat32).device(Device(kCUDA, state->device)));
   check_cuda(cudaMemset(state->barrier_scratch.data_ptr(), 0, sizeof(float)), "nccl_world: barrier scratch");
   ncclComm_t comm = state->comm;
@@ -178,8 +185,7 @@ NcclProcessGroup::~NcclProcessGroup() {
   cudaStreamSynchronize(state_->stream);
   state_->watchdog.reset();
   state_->barrier_scratch = Tensor();
-  ncclCommDestroy(state_->comm);
-  cudaStreamDestroy(state_->stream);
+  ncclCommDestroy(state_->comm);  // the communication stream belongs to kernels/cuda/stream
 }
 
 int NcclProcessGroup::rank() const { return state_->rank; }
