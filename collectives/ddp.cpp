@@ -42,7 +42,6 @@ std::shared_ptr<Reducer> Reducer::create(nn::Module& module, std::string name,
 
 Reducer::Reducer(nn::Module& module, std::string name, const DistributedDataParallelOptions& options)
     : module_(module), name_(std::move(name)), options_(options), pg_(options.process_group()) {
-  if (!pg_) pg_ = world();
   ND_CHECK(options_.bucket_cap_mb() > 0 && options_.first_bucket_cap_mb() > 0, "DistributedDataParallel '", name_,
            "': bucket_cap_mb and first_bucket_cap_mb must be positive");
   for (auto& [pname, p] : module.named_parameters()) {
@@ -55,6 +54,9 @@ Reducer::Reducer(nn::Module& module, std::string name, const DistributedDataPara
     ND_CHECK(p.device() == params_[0].device(), "DistributedDataParallel '", name_,
              "': parameters on several devices (", params_[0].describe(), " and ", p.describe(),
              "); put the whole module on one device");
+  // One process needs no communication (and no NCCL): every collective below is skipped.
+  if (!pg_) pg_ = params_[0].is_cuda() && world()->size() > 1 ? nccl_world() : world();
+  control_ = pg_->backend() == "nccl" ? world() : pg_;
   buffers_ = module.buffers();
   verify_layout();
   broadcast_state(/*params_too=*/true);
@@ -76,14 +78,14 @@ void Reducer::install_hooks() {
 
 // Every rank must hold the same parameters in the same order: compare signatures.
 void Reducer::verify_layout() {
-  const int W = pg_->size();
+  const int W = control_->size();
   if (W == 1) return;
   std::vector<Tensor> counts;
   for (int r = 0; r < W; ++r) counts.push_back(empty({1}, kInt64));
-  pg_->allgather(counts, tensor({static_cast<double>(params_.size())}, kInt64))->wait();
+  control_->allgather(counts, tensor({static_cast<double>(params_.size())}, kInt64))->wait();
   for (int r = 0; r < W; ++r) {
     const int64_t n = counts[r].data_ptr<int64_t>()[0];
-    ND_CHECK(n == static_cast<int64_t>(params_.size()), "DistributedDataParallel '", name_, "': rank ", pg_->rank(),
+    ND_CHECK(n == static_cast<int64_t>(params_.size()), "DistributedDataParallel '", name_, "': rank ", control_->rank(),
              " has ", params_.size(), " parameters that require grad but rank ", r, " has ", n,
              ". Every rank must build the same model.");
   }
@@ -98,7 +100,7 @@ void Reducer::verify_layout() {
   }
   std::vector<Tensor> all;
   for (int r = 0; r < W; ++r) all.push_back(empty({P * kSigWidth}, kInt64));
-  pg_->allgather(all, sig)->wait();
+  control_->allgather(all, sig)->wait();
   for (int64_t i = 0; i < P; ++i) {
     for (int r = 1; r < W; ++r) {
       const int64_t* a = all[0].data_ptr<int64_t>() + i * kSigWidth;
@@ -240,7 +242,7 @@ void Reducer::begin_iteration() {
   h = mix(h, params_.size());
   const double f1 = static_cast<double>(h % 1009), f2 = static_cast<double>((h / 1009) % 1013);
   fingerprint_ = tensor({f1, f1 * f1, f2, f2 * f2}, kFloat64);
-  if (pg_->size() > 1) fingerprint_work_ = pg_->allreduce(fingerprint_);
+  if (control_->size() > 1) fingerprint_work_ = control_->allreduce(fingerprint_);
   std::weak_ptr<Reducer> weak = weak_from_this();
   autograd::queue_callback([weak] {
     if (auto self = weak.lock()) self->finish_iteration();
@@ -252,20 +254,20 @@ void Reducer::check_fingerprint() {
   fingerprint_work_->wait();
   fingerprint_work_.reset();
   const double* f = fingerprint_.data_ptr<double>();
-  const double W = pg_->size();
+  const double W = control_->size();
   const bool same = std::abs(f[1] / W - (f[0] / W) * (f[0] / W)) < 1e-6 && std::abs(f[3] / W - (f[2] / W) * (f[2] / W)) < 1e-6;
   if (same) return;
   // Every rank got the same sums, so every rank is here: tell each other what we were doing.
   active_ = false;
   const std::string mine = describe_iteration();
   std::vector<Tensor> lengths;
-  for (int r = 0; r < pg_->size(); ++r) lengths.push_back(empty({1}, kInt64));
-  pg_->allgather(lengths, tensor({static_cast<double>(mine.size())}, kInt64))->wait();
+  for (int r = 0; r < control_->size(); ++r) lengths.push_back(empty({1}, kInt64));
+  control_->allgather(lengths, tensor({static_cast<double>(mine.size())}, kInt64))->wait();
   std::vector<Tensor> texts;
-  for (int r = 0; r < pg_->size(); ++r) texts.push_back(empty({lengths[r].data_ptr<int64_t>()[0]}, kUInt8));
-  pg_->allgather(texts, as_bytes_tensor(mine))->wait();
+  for (int r = 0; r < control_->size(); ++r) texts.push_back(empty({lengths[r].data_ptr<int64_t>()[0]}, kUInt8));
+  control_->allgather(texts, as_bytes_tensor(mine))->wait();
   std::string msg = "DistributedDataParallel: ranks diverged: they are not in the same backward pass.";
-  for (int r = 0; r < pg_->size(); ++r) msg += "\n  rank " + std::to_string(r) + ": " + from_bytes_tensor(texts[r]);
+  for (int r = 0; r < control_->size(); ++r) msg += "\n  rank " + std::to_string(r) + ": " + from_bytes_tensor(texts[r]);
   msg += "\nEvery rank must run the same forward/backward sequence for each DDP model.";
   throw Error(msg);
 }
@@ -280,6 +282,13 @@ void Reducer::launch(size_t b) {
   AllreduceOptions opts;
   opts.op = ReduceOp::SUM;
   opts.bucket = static_cast<int64_t>(b);
+  if (pg_->size() == 1) {  // the sum over one rank is the bucket itself
+    auto done = std::make_shared<AsyncWork>(CollectiveInfo{"allreduce", 0, buckets_[b].flat.numel(),
+                                                           buckets_[b].flat.dtype(), opts.bucket});
+    done->mark_done();
+    buckets_[b].work = done;
+    return;
+  }
   buckets_[b].work = pg_->allreduce(buckets_[b].flat, opts);
 }
 
@@ -329,7 +338,7 @@ void Reducer::finish_iteration() {
     Tensor grads = b.flat.narrow(0, 0, b.grad_numel);
     if (W > 1) grads.div_(W);
   }
-  Tensor status64 = status.to(kFloat64).contiguous();
+  Tensor status64 = status.to(kFloat64).cpu().contiguous();
   const double* used = status64.data_ptr<double>();
   active_ = false;
   ++iteration_;
@@ -377,7 +386,7 @@ void Reducer::rebuild_buckets_in_ready_order() {
   for (size_t i = params_.size(); i-- > 0;)
     if (!seen[i]) order.push_back(static_cast<double>(i));
   Tensor t = tensor(order, kInt64);
-  if (pg_->size() > 1) pg_->broadcast(t, 0)->wait();
+  if (control_->size() > 1) control_->broadcast(t, 0)->wait();
   std::vector<size_t> agreed(params_.size());
   for (size_t k = 0; k < agreed.size(); ++k) agreed[k] = static_cast<size_t>(t.data_ptr<int64_t>()[k]);
   build_buckets(agreed);

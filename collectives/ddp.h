@@ -45,7 +45,10 @@ struct DistributedDataParallelOptions {
   ND_ARG(bool, gradient_as_bucket_view) = true;
   // Vote across ranks whether any gradient is non-finite (see Reducer::skip_step()).
   ND_ARG(bool, skip_nonfinite_steps) = false;
-  // Default: dist::world().
+  // For the gradient buckets and buffers. Default: dist::world() for a module on the
+  // CPU, dist::nccl_world() for one on a GPU. The small control messages (layout check,
+  // per-iteration fingerprint, bucket order) travel on the CPU: over this group unless it
+  // is NCCL, else over dist::world().
   ND_ARG(std::shared_ptr<ProcessGroup>, process_group) = nullptr;
 };
 
@@ -101,7 +104,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   nn::Module& module_;
   std::string name_;
   DistributedDataParallelOptions options_;
-  std::shared_ptr<ProcessGroup> pg_;
+  std::shared_ptr<ProcessGroup> pg_;       // buckets and buffers, on the parameters' device
+  std::shared_ptr<ProcessGroup> control_;  // CPU messages: pg_ itself unless pg_ is NCCL
   std::vector<Tensor> params_;
   std::vector<std::string> param_names_;
   std::vector<Tensor> buffers_;
