@@ -54,7 +54,9 @@ Reducer::Reducer(nn::Module& module, std::string name, const DistributedDataPara
     ND_CHECK(p.device() == params_[0].device(), "DistributedDataParallel '", name_,
              "': parameters on several devices (", params_[0].describe(), " and ", p.describe(),
              "); put the whole module on one device");
-  // One process needs no communication (and no NCCL): every collective below is skipped.
+  // One process needs no communication (and no NCCL): with the default group the bucket
+  // all-reduces are skipped; a group passed in explicitly is always used.
+  reduce_buckets_ = pg_ != nullptr || world()->size() > 1;
   if (!pg_) pg_ = params_[0].is_cuda() && world()->size() > 1 ? nccl_world() : world();
   control_ = pg_->backend() == "nccl" ? world() : pg_;
   buffers_ = module.buffers();
@@ -282,7 +284,7 @@ void Reducer::launch(size_t b) {
   AllreduceOptions opts;
   opts.op = ReduceOp::SUM;
   opts.bucket = static_cast<int64_t>(b);
-  if (pg_->size() == 1) {  // the sum over one rank is the bucket itself
+  if (!reduce_buckets_) {  // the sum over one rank is the bucket itself
     auto done = std::make_shared<AsyncWork>(CollectiveInfo{"allreduce", 0, buckets_[b].flat.numel(),
                                                            buckets_[b].flat.dtype(), opts.bucket});
     done->mark_done();

@@ -106,6 +106,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   DistributedDataParallelOptions options_;
   std::shared_ptr<ProcessGroup> pg_;       // buckets and buffers, on the parameters' device
   std::shared_ptr<ProcessGroup> control_;  // CPU messages: pg_ itself unless pg_ is NCCL
+  bool reduce_buckets_ = true;             // false: default group of one process
   std::vector<Tensor> params_;
   std::vector<std::string> param_names_;
   std::vector<Tensor> buffers_;
