@@ -1,6 +1,6 @@
 #include "kernels/cpu/dropout.h"
 
-#include "kernels/common/counter_rng.h"
+#include "kernels/common/dropout_mask.h"
 
 namespace nd::kernels::cpu {
 
@@ -8,12 +8,9 @@ namespace {
 // Forward and backward are the same map: multiply by keep_i / (1 - p).
 template <typename T>
 void apply_mask(const T* x, int64_t n, double p, uint64_t seed, uint64_t offset, T* y) {
-  const T scale = p < 1.0 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
+  const T scale = dropout_scale<T>(p);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const bool dropped = counter_uniform(seed, offset + static_cast<uint64_t>(i)) < p;
-    y[i] = dropped ? T(0) : x[i] * scale;
-  }
+  for (int64_t i = 0; i < n; ++i) y[i] = dropout_apply(x[i], scale, seed, offset, i, p);
 }
 }  // namespace
 

@@ -6,6 +6,8 @@
 
 namespace nd::kernels::cpu {
 
+using loss_math::grad_of;
+
 namespace {
 
 // Writes per-element losses l(i) for None, or their sum / mean into out[0]. The sum is
@@ -23,35 +25,13 @@ void reduce_loss(int64_t n, LossReduction reduction, double denominator, T* out,
   out[0] = static_cast<T>(reduction == LossReduction::Mean ? s / denominator : s);
 }
 
-// Incoming gradient of sample i.
-template <typename T>
-double grad_of(const T* dout, int64_t i, LossReduction reduction, double denominator) {
-  switch (reduction) {
-    case LossReduction::None: return static_cast<double>(dout[i]);
-    case LossReduction::Sum: return static_cast<double>(dout[0]);
-    case LossReduction::Mean: break;
-  }
-  return static_cast<double>(dout[0]) / denominator;
-}
-
-// log(1 + exp(z)) without overflow.
-inline double softplus(double z) { return std::max(z, 0.0) + std::log1p(std::exp(-std::abs(z))); }
-
-// 1 / (1 + exp(-z)) without overflow.
-inline double sigmoid(double z) {
-  if (z >= 0) return 1.0 / (1.0 + std::exp(-z));
-  const double e = std::exp(z);
-  return e / (1.0 + e);
-}
-
 }  // namespace
 
 template <typename T>
 void mse_loss_forward(const T* input, const T* target, int64_t n, LossReduction reduction,
                       T* out) {
   reduce_loss(n, reduction, static_cast<double>(n), out, [&](int64_t i) {
-    const double d = static_cast<double>(input[i]) - static_cast<double>(target[i]);
-    return d * d;
+    return loss_math::mse_loss(static_cast<double>(input[i]), static_cast<double>(target[i]));
   });
 }
 
@@ -61,7 +41,7 @@ void mse_loss_backward(const T* dout, const T* input, const T* target, int64_t n
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const double g = grad_of(dout, i, reduction, static_cast<double>(n));
-    const double d = 2.0 * (static_cast<double>(input[i]) - static_cast<double>(target[i])) * g;
+    const double d = loss_math::mse_dinput(static_cast<double>(input[i]), static_cast<double>(target[i])) * g;
     if (dinput) dinput[i] = static_cast<T>(d);
     if (dtarget) dtarget[i] = static_cast<T>(-d);
   }
@@ -72,10 +52,9 @@ void binary_cross_entropy_with_logits_forward(const T* input, const T* target, c
                                               const T* pos_weight, int64_t n, int64_t C,
                                               LossReduction reduction, T* out) {
   reduce_loss(n, reduction, static_cast<double>(n), out, [&](int64_t i) {
-    const double x = input[i], t = target[i];
-    const double lw = pos_weight ? 1.0 + (static_cast<double>(pos_weight[i % C]) - 1.0) * t : 1.0;
+    const double pw = pos_weight ? static_cast<double>(pos_weight[i % C]) : 1.0;
     const double w = weight ? static_cast<double>(weight[i]) : 1.0;
-    return w * ((1.0 - t) * x + lw * softplus(-x));
+    return loss_math::bce_with_logits_loss(input[i], target[i], w, pw);
   });
 }
 
@@ -86,13 +65,11 @@ void binary_cross_entropy_with_logits_backward(const T* dout, const T* input, co
                                                T* dtarget) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const double g = grad_of(dout, i, reduction, static_cast<double>(n)) *
-                     (weight ? static_cast<double>(weight[i]) : 1.0);
-    const double x = input[i], t = target[i];
+    const double g = grad_of(dout, i, reduction, static_cast<double>(n));
+    const double w = weight ? static_cast<double>(weight[i]) : 1.0;
     const double pw = pos_weight ? static_cast<double>(pos_weight[i % C]) : 1.0;
-    const double lw = 1.0 + (pw - 1.0) * t;
-    if (dinput) dinput[i] = static_cast<T>(g * ((1.0 - t) - lw * sigmoid(-x)));
-    if (dtarget) dtarget[i] = static_cast<T>(g * (-x + (pw - 1.0) * softplus(-x)));
+    if (dinput) dinput[i] = static_cast<T>(g * loss_math::bce_with_logits_dinput(input[i], target[i], w, pw));
+    if (dtarget) dtarget[i] = static_cast<T>(g * loss_math::bce_with_logits_dtarget(input[i], w, pw));
   }
 }
 
@@ -135,16 +112,13 @@ int64_t cross_entropy_forward(const T* logits, const int64_t* target, const T* w
                 const T* x = logits + i * C;
                 const double l = static_cast<double>(lse[i]);
                 const double wy = weight ? static_cast<double>(weight[y]) : 1.0;
-                double loss = (1.0 - eps) * wy * (l - static_cast<double>(x[y]));
+                double wx = 0.0;  // sum_c w_c x_c, the smoothing term's
                 if (eps > 0.0) {
-                  // sum_c w_c (lse - x_c) = lse * sum_c w_c - sum_c w_c x_c
-                  double wx = 0.0;
                   for (int64_t c = 0; c < C; ++c) {
                     wx += (weight ? static_cast<double>(weight[c]) : 1.0) * static_cast<double>(x[c]);
                   }
-                  loss += eps / static_cast<double>(C) * (l * weight_total - wx);
                 }
-                return loss;
+                return loss_math::cross_entropy_loss(l, static_cast<double>(x[y]), wy, eps, C, weight_total, wx);
               });
   return -1;
 }
@@ -158,7 +132,6 @@ void cross_entropy_backward(const T* dout, const T* logits, const int64_t* targe
   double weight_total = 0.0;
   for (int64_t c = 0; c < C; ++c) weight_total += weight ? static_cast<double>(weight[c]) : 1.0;
   const double eps = label_smoothing;
-  const double smooth = eps / static_cast<double>(C);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const int64_t y = target[i];
@@ -174,9 +147,7 @@ void cross_entropy_backward(const T* dout, const T* logits, const int64_t* targe
     for (int64_t c = 0; c < C; ++c) {
       const double p = std::exp(static_cast<double>(x[c]) - l);
       const double wc = weight ? static_cast<double>(weight[c]) : 1.0;
-      double d = (1.0 - eps) * wy * (p - (c == y ? 1.0 : 0.0));
-      if (eps > 0.0) d += smooth * (p * weight_total - wc);
-      dx[c] = static_cast<T>(g * d);
+      dx[c] = static_cast<T>(g * loss_math::cross_entropy_dlogit(p, c == y, wy, wc, eps, C, weight_total));
     }
   }
 }

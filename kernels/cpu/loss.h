@@ -6,9 +6,11 @@
 // write a single value. Backward takes dout of that same size (the incoming gradient).
 #include <cstdint>
 
+#include "kernels/common/loss_math.h"  // LossReduction and the per-element formulas
+
 namespace nd::kernels::cpu {
 
-enum class LossReduction { None, Mean, Sum };
+using kernels::LossReduction;
 
 // l_i = (x_i - t_i)^2;  out = l (None), sum_i l_i (Sum), sum_i l_i / n (Mean).
 // requires: input, target [n]; out [n] or [1].  ensures: writes out.

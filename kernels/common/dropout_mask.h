@@ -1,0 +1,28 @@
+#pragma once
+// The dropout mask, shared by kernels/cpu/dropout.cpp and kernels/cuda/dropout.cu: both
+// index the counter-based stream the same way, so for one generator state (seed, offset)
+// the CPU and the GPU drop exactly the same elements.
+#include <cstdint>
+
+#include "kernels/common/counter_rng.h"
+
+namespace nd::kernels {
+
+// Element i of a dropout call is dropped iff counter_uniform(seed, offset + i) < p.
+ND_HOST_DEVICE bool dropout_dropped(uint64_t seed, uint64_t offset, int64_t i, double p) {
+  return counter_uniform(seed, offset + static_cast<uint64_t>(i)) < p;
+}
+
+// The factor a kept element is multiplied by: 1 / (1 - p), and 0 for p == 1 (all dropped).
+template <class T>
+ND_HOST_DEVICE T dropout_scale(double p) {
+  return p < 1.0 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
+}
+
+// y_i = dropped_i ? 0 : x_i * scale  (forward and backward are this same map).
+template <class T>
+ND_HOST_DEVICE T dropout_apply(T x, T scale, uint64_t seed, uint64_t offset, int64_t i, double p) {
+  return dropout_dropped(seed, offset, i, p) ? T(0) : x * scale;
+}
+
+}  // namespace nd::kernels
