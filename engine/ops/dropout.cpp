@@ -2,6 +2,7 @@
 
 #include "engine/ops/common.h"
 #include "kernels/cpu/dropout.h"
+#include "kernels/cuda/dropout.h"
 
 namespace nd {
 
@@ -15,7 +16,11 @@ struct NativeDropoutBackward : autograd::Node {
     const Tensor g = grads[0].contiguous();
     Tensor dx = empty_like(g);
     ops::dispatch_floating("dropout backward", g, [&]<class T>() {
-      kernels::cpu::dropout_backward<T>(g.data_ptr<T>(), g.numel(), p, seed, offset, dx.data_ptr<T>());
+      const T* gp = g.data_ptr<T>();
+      T* dxp = dx.data_ptr<T>();
+      ops::on_device(
+          g, [&] { kernels::cpu::dropout_backward<T>(gp, g.numel(), p, seed, offset, dxp); },
+          [&](auto stream) { kernels::cuda::dropout_backward<T>(gp, g.numel(), p, seed, offset, dxp, stream); });
     });
     return {dx};
   }
@@ -26,7 +31,6 @@ struct NativeDropoutBackward : autograd::Node {
 Tensor dropout(const Tensor& x, double p, bool training) {
   const char* op = "dropout";
   ND_CHECK(p >= 0.0 && p <= 1.0, op, ": dropout probability has to be between 0 and 1, but got ", p);
-  ops::check_cpu(op, {x});
   ops::dispatch_floating(op, x, []<class T>() {});
   if (!training || p == 0.0) return x;
   const Tensor xd = x.detach().contiguous();
@@ -35,7 +39,11 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   gen.offset += static_cast<uint64_t>(xd.numel());
   Tensor y = empty_like(xd);
   ops::dispatch_floating(op, x, [&]<class T>() {
-    kernels::cpu::dropout_forward<T>(xd.data_ptr<T>(), xd.numel(), p, seed, offset, y.data_ptr<T>());
+    const T* xp = xd.data_ptr<T>();
+    T* yp = y.data_ptr<T>();
+    ops::on_device(
+        xd, [&] { kernels::cpu::dropout_forward<T>(xp, xd.numel(), p, seed, offset, yp); },
+        [&](auto stream) { kernels::cuda::dropout_forward<T>(xp, xd.numel(), p, seed, offset, yp, stream); });
   });
   autograd::record<NativeDropoutBackward>({x}, {y}, [&](NativeDropoutBackward& n) {
     n.p = p;

@@ -2,6 +2,7 @@
 
 #include "engine/ops/common.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cuda/embedding.h"
 
 namespace nd {
 
@@ -17,8 +18,15 @@ struct EmbeddingBackward : autograd::Node {
     const Tensor g = grads[0].contiguous();
     Tensor dw = empty({num_embeddings, D}, g.options());
     ops::dispatch_floating("embedding backward", g, [&]<class T>() {
-      kernels::cpu::embedding_backward<T>(g.data_ptr<T>(), idx.data_ptr<int64_t>(), idx.numel(), num_embeddings, D,
-                                          padding_idx, dw.data_ptr<T>());
+      const T* gp = g.data_ptr<T>();
+      const int64_t* ip = idx.data_ptr<int64_t>();
+      T* dwp = dw.data_ptr<T>();
+      const int64_t n = idx.numel();
+      ops::on_device(
+          g, [&] { kernels::cpu::embedding_backward<T>(gp, ip, n, num_embeddings, D, padding_idx, dwp); },
+          [&](auto stream) {
+            kernels::cuda::embedding_backward<T>(gp, ip, n, num_embeddings, D, padding_idx, dwp, stream);
+          });
     });
     return {dw, Tensor()};
   }
@@ -28,7 +36,6 @@ struct EmbeddingBackward : autograd::Node {
 
 Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx) {
   const char* op = "embedding";
-  ops::check_cpu(op, {weight, indices});
   ND_CHECK(weight.dim() == 2, op, ": expected weight of 2 dims ([num_embeddings, embedding_dim]), found ",
            weight.describe());
   ND_CHECK(indices.dtype() == kInt64 || indices.dtype() == kInt32, op,
@@ -45,10 +52,15 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_id
   out_shape.push_back(D);
   Tensor out = empty(out_shape, weight.options());
   ops::dispatch_floating(op, weight, [&]<class T>() {
-    const int64_t bad =
-        kernels::cpu::embedding_forward<T>(w.data_ptr<T>(), V, D, idx.data_ptr<int64_t>(), idx.numel(),
-                                           out.data_ptr<T>());
-    ND_CHECK(bad < 0, op, ": index ", bad >= 0 ? idx.data_ptr<int64_t>()[bad] : 0, " out of range for weight ",
+    const T* wp = w.data_ptr<T>();
+    const int64_t* ip = idx.data_ptr<int64_t>();
+    T* outp = out.data_ptr<T>();
+    int64_t bad = -1;
+    ops::on_device(
+        w, [&] { bad = kernels::cpu::embedding_forward<T>(wp, V, D, ip, idx.numel(), outp); },
+        [&](auto stream) { bad = kernels::cuda::embedding_forward<T>(wp, V, D, ip, idx.numel(), outp, stream); });
+    // idx is contiguous; on CUDA its values are read back only to report the bad one.
+    ND_CHECK(bad < 0, op, ": index ", bad >= 0 ? idx.cpu().data_ptr<int64_t>()[bad] : 0, " out of range for weight ",
              weight.describe(), " with ", V, " rows (num_embeddings); expected indices in [0, ", V,
              "), found it at flat position ", bad, " of indices ", indices.describe());
   });

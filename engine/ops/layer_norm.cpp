@@ -2,6 +2,7 @@
 
 #include "engine/ops/common.h"
 #include "kernels/cpu/layer_norm.h"
+#include "kernels/cuda/layer_norm.h"
 
 namespace nd {
 
@@ -28,8 +29,12 @@ struct NativeLayerNormBackward : autograd::Node {
     if (next_edges[2].fn) db = empty(normalized_shape, x.options());
     ops::dispatch_floating("layer_norm backward", x, [&]<class T>() {
       auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
-      kernels::cpu::layer_norm_backward<T>(g.data_ptr<T>(), x.data_ptr<T>(), mu.data_ptr<T>(),
-                                           rs.data_ptr<T>(), ptr(w), M, D, ptr(dx), ptr(dw), ptr(db));
+      const T *gp = g.data_ptr<T>(), *xp = x.data_ptr<T>(), *mp = mu.data_ptr<T>(), *rp = rs.data_ptr<T>();
+      ops::on_device(
+          x, [&] { kernels::cpu::layer_norm_backward<T>(gp, xp, mp, rp, ptr(w), M, D, ptr(dx), ptr(dw), ptr(db)); },
+          [&](auto stream) {
+            kernels::cuda::layer_norm_backward<T>(gp, xp, mp, rp, ptr(w), M, D, ptr(dx), ptr(dw), ptr(db), stream);
+          });
     });
     return {dx, dw, db};
   }
@@ -41,7 +46,6 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
                   const Tensor& bias, double eps) {
   const char* op = "layer_norm";
   ops::check_same_device_dtype(op, {input, weight, bias});
-  ops::check_cpu(op, {input, weight, bias});
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   ND_CHECK(k >= 1, op, ": expected normalized_shape to be at least 1-dimensional, found ",
            shape_str(normalized_shape));
@@ -67,8 +71,11 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
   ops::dispatch_floating(op, x, [&]<class T>() {
     if (M == 0 || D == 0) return;
     auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
-    kernels::cpu::layer_norm_forward<T>(x.data_ptr<T>(), ptr(w), ptr(b), M, D, eps, y.data_ptr<T>(),
-                                        mean.data_ptr<T>(), rstd.data_ptr<T>());
+    const T* xp = x.data_ptr<T>();
+    T *yp = y.data_ptr<T>(), *mp = mean.data_ptr<T>(), *rp = rstd.data_ptr<T>();
+    ops::on_device(
+        x, [&] { kernels::cpu::layer_norm_forward<T>(xp, ptr(w), ptr(b), M, D, eps, yp, mp, rp); },
+        [&](auto stream) { kernels::cuda::layer_norm_forward<T>(xp, ptr(w), ptr(b), M, D, eps, yp, mp, rp, stream); });
   });
   autograd::record<NativeLayerNormBackward>({input, weight, bias}, {y}, [&](NativeLayerNormBackward& n) {
     n.input = autograd::SavedTensor(x);

@@ -2,12 +2,13 @@
 
 #include "engine/ops/common.h"
 #include "kernels/cpu/loss.h"
+#include "kernels/cuda/loss.h"
 
 namespace nd {
 
 namespace {
 
-using kernels::cpu::LossReduction;
+using kernels::LossReduction;
 
 LossReduction to_kernel(Reduction r) {
   switch (r) {
@@ -48,8 +49,12 @@ struct MseLossBackward : autograd::Node {
     Tensor dx = next_edges[0].fn ? empty_like(x) : Tensor();
     Tensor dt = next_edges[1].fn ? empty_like(t) : Tensor();
     ops::dispatch_floating("mse_loss backward", x, [&]<class T>() {
-      kernels::cpu::mse_loss_backward<T>(g.data_ptr<T>(), x.data_ptr<T>(), t.data_ptr<T>(), x.numel(),
-                                         to_kernel(reduction), ptr_or_null<T>(dx), ptr_or_null<T>(dt));
+      const T *gp = g.data_ptr<T>(), *xp = x.data_ptr<T>(), *tp = t.data_ptr<T>();
+      T *dxp = ptr_or_null<T>(dx), *dtp = ptr_or_null<T>(dt);
+      const LossReduction r = to_kernel(reduction);
+      ops::on_device(
+          x, [&] { kernels::cpu::mse_loss_backward<T>(gp, xp, tp, x.numel(), r, dxp, dtp); },
+          [&](auto stream) { kernels::cuda::mse_loss_backward<T>(gp, xp, tp, x.numel(), r, dxp, dtp, stream); });
     });
     return {dx, dt};
   }
@@ -74,9 +79,20 @@ struct BinaryCrossEntropyWithLogitsBackward : autograd::Node {
     Tensor dx = next_edges[0].fn ? empty_like(x) : Tensor();
     Tensor dt = next_edges[1].fn ? empty_like(t) : Tensor();
     ops::dispatch_floating("binary_cross_entropy_with_logits backward", x, [&]<class T>() {
-      kernels::cpu::binary_cross_entropy_with_logits_backward<T>(
-          g.data_ptr<T>(), x.data_ptr<T>(), t.data_ptr<T>(), ptr_or_null<T>(w), ptr_or_null<T>(pw), x.numel(), C,
-          to_kernel(reduction), ptr_or_null<T>(dx), ptr_or_null<T>(dt));
+      const T *gp = g.data_ptr<T>(), *xp = x.data_ptr<T>(), *tp = t.data_ptr<T>();
+      const T *wp = ptr_or_null<T>(w), *pwp = ptr_or_null<T>(pw);
+      T *dxp = ptr_or_null<T>(dx), *dtp = ptr_or_null<T>(dt);
+      const LossReduction r = to_kernel(reduction);
+      ops::on_device(
+          x,
+          [&] {
+            kernels::cpu::binary_cross_entropy_with_logits_backward<T>(gp, xp, tp, wp, pwp, x.numel(), C, r, dxp,
+                                                                       dtp);
+          },
+          [&](auto stream) {
+            kernels::cuda::binary_cross_entropy_with_logits_backward<T>(gp, xp, tp, wp, pwp, x.numel(), C, r, dxp,
+                                                                        dtp, stream);
+          });
     });
     return {dx, dt};
   }
@@ -123,9 +139,20 @@ struct CrossEntropyBackward : autograd::Node {
     const Tensor l = lse.unpack(*this), g = grads[0].contiguous();
     Tensor dx = empty_like(x);
     ops::dispatch_floating("cross_entropy backward", x, [&]<class T>() {
-      kernels::cpu::cross_entropy_backward<T>(g.data_ptr<T>(), x.data_ptr<T>(), t.data_ptr<int64_t>(),
-                                              ptr_or_null<T>(w), l.data_ptr<T>(), rows.M, rows.C, ignore_index,
-                                              label_smoothing, to_kernel(reduction), dx.data_ptr<T>());
+      const T *gp = g.data_ptr<T>(), *xp = x.data_ptr<T>(), *wp = ptr_or_null<T>(w), *lp = l.data_ptr<T>();
+      const int64_t* tp = t.data_ptr<int64_t>();
+      T* dxp = dx.data_ptr<T>();
+      const LossReduction r = to_kernel(reduction);
+      ops::on_device(
+          x,
+          [&] {
+            kernels::cpu::cross_entropy_backward<T>(gp, xp, tp, wp, lp, rows.M, rows.C, ignore_index, label_smoothing,
+                                                    r, dxp);
+          },
+          [&](auto stream) {
+            kernels::cuda::cross_entropy_backward<T>(gp, xp, tp, wp, lp, rows.M, rows.C, ignore_index,
+                                                     label_smoothing, r, dxp, stream);
+          });
     });
     return {dx.permute(rows.inverse).contiguous(), Tensor()};
   }
@@ -136,13 +163,16 @@ struct CrossEntropyBackward : autograd::Node {
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
   const char* op = "mse_loss";
   ops::check_same_device_dtype(op, {input, target});
-  ops::check_cpu(op, {input, target});
   check_same_shape(op, input, target);
   const Tensor x = input.detach().contiguous(), t = target.detach().contiguous();
   Tensor out = loss_output(reduction, x.sizes(), x.options());
   ops::dispatch_floating(op, x, [&]<class T>() {
-    kernels::cpu::mse_loss_forward<T>(x.data_ptr<T>(), t.data_ptr<T>(), x.numel(), to_kernel(reduction),
-                                      out.data_ptr<T>());
+    const T *xp = x.data_ptr<T>(), *tp = t.data_ptr<T>();
+    T* outp = out.data_ptr<T>();
+    const LossReduction r = to_kernel(reduction);
+    ops::on_device(
+        x, [&] { kernels::cpu::mse_loss_forward<T>(xp, tp, x.numel(), r, outp); },
+        [&](auto stream) { kernels::cuda::mse_loss_forward<T>(xp, tp, x.numel(), r, outp, stream); });
   });
   autograd::record<MseLossBackward>({input, target}, {out}, [&](MseLossBackward& n) {
     n.input = autograd::SavedTensor(x);
@@ -156,7 +186,6 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
                                         const Tensor& pos_weight, Reduction reduction) {
   const char* op = "binary_cross_entropy_with_logits";
   ops::check_same_device_dtype(op, {input, target, weight, pos_weight});
-  ops::check_cpu(op, {input, target, weight, pos_weight});
   check_same_shape(op, input, target);
   for (const auto& [t, what] : {std::pair{weight, "weight"}, std::pair{pos_weight, "pos_weight"}}) {
     ND_CHECK(!t.defined() || !t.requires_grad(), op, ": gradients for ", what, " are not supported; found ",
@@ -178,9 +207,17 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
   const Tensor x = input.detach().contiguous(), t = target.detach().contiguous();
   Tensor out = loss_output(reduction, x.sizes(), x.options());
   ops::dispatch_floating(op, x, [&]<class T>() {
-    kernels::cpu::binary_cross_entropy_with_logits_forward<T>(x.data_ptr<T>(), t.data_ptr<T>(), ptr_or_null<T>(w),
-                                                              ptr_or_null<T>(pw), x.numel(), C, to_kernel(reduction),
-                                                              out.data_ptr<T>());
+    const T *xp = x.data_ptr<T>(), *tp = t.data_ptr<T>(), *wp = ptr_or_null<T>(w), *pwp = ptr_or_null<T>(pw);
+    T* outp = out.data_ptr<T>();
+    const LossReduction r = to_kernel(reduction);
+    ops::on_device(
+        x,
+        [&] {
+          kernels::cpu::binary_cross_entropy_with_logits_forward<T>(xp, tp, wp, pwp, x.numel(), C, r, outp);
+        },
+        [&](auto stream) {
+          kernels::cuda::binary_cross_entropy_with_logits_forward<T>(xp, tp, wp, pwp, x.numel(), C, r, outp, stream);
+        });
   });
   autograd::record<BinaryCrossEntropyWithLogitsBackward>(
       {input, target}, {out}, [&](BinaryCrossEntropyWithLogitsBackward& n) {
@@ -198,7 +235,6 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
                      int64_t ignore_index, double label_smoothing) {
   const char* op = "cross_entropy";
   ops::check_same_device_dtype(op, {input, weight});
-  ops::check_cpu(op, {input, target, weight});
   ND_CHECK(input.dim() >= 1, op, ": expected input of at least 1 dim ([C], [N, C] or [N, C, d1, ...]), found ",
            input.describe());
   ND_CHECK(target.dtype() == kInt64, op, ": expected target of int64 class indices, found ", target.describe(),
@@ -223,13 +259,25 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
   Tensor out = loss_output(reduction, t.sizes(), x.options());
   Tensor lse = empty({rows.M}, x.options());
   ops::dispatch_floating(op, x, [&]<class T>() {
-    const int64_t bad = kernels::cpu::cross_entropy_forward<T>(x.data_ptr<T>(), t.data_ptr<int64_t>(),
-                                                               ptr_or_null<T>(w), rows.M, rows.C, ignore_index,
-                                                               label_smoothing, to_kernel(reduction),
-                                                               out.data_ptr<T>(), lse.data_ptr<T>());
-    ND_CHECK(bad < 0, op, ": target ", bad >= 0 ? t.data_ptr<int64_t>()[bad] : 0, " is out of bounds; expected class ",
-             "indices in [0, ", rows.C, ") or ignore_index ", ignore_index, ", found it at flat position ", bad,
-             " of target ", target.describe());
+    const T *xp = x.data_ptr<T>(), *wp = ptr_or_null<T>(w);
+    const int64_t* tp = t.data_ptr<int64_t>();
+    T *outp = out.data_ptr<T>(), *lp = lse.data_ptr<T>();
+    const LossReduction r = to_kernel(reduction);
+    int64_t bad = -1;
+    ops::on_device(
+        x,
+        [&] {
+          bad = kernels::cpu::cross_entropy_forward<T>(xp, tp, wp, rows.M, rows.C, ignore_index, label_smoothing, r,
+                                                       outp, lp);
+        },
+        [&](auto stream) {
+          bad = kernels::cuda::cross_entropy_forward<T>(xp, tp, wp, rows.M, rows.C, ignore_index, label_smoothing, r,
+                                                        outp, lp, stream);
+        });
+    // t is contiguous; on CUDA its values are read back only to report the bad one.
+    ND_CHECK(bad < 0, op, ": target ", bad >= 0 ? t.cpu().data_ptr<int64_t>()[bad] : 0,
+             " is out of bounds; expected class indices in [0, ", rows.C, ") or ignore_index ", ignore_index,
+             ", found it at flat position ", bad, " of target ", target.describe());
   });
   autograd::record<CrossEntropyBackward>({input, target}, {out}, [&](CrossEntropyBackward& n) {
     n.logits = autograd::SavedTensor(x);

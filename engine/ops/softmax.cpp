@@ -2,6 +2,7 @@
 
 #include "engine/ops/common.h"
 #include "kernels/cpu/softmax.h"
+#include "kernels/cuda/softmax.h"
 
 namespace nd {
 
@@ -39,6 +40,42 @@ Tensor from_rows(const Tensor& rows, const LastDim& p) {
 
 enum class Kind { Softmax, LogSoftmax };
 
+// y = softmax or log_softmax of the dense rows x, on x's device.
+template <class T>
+void forward_rows(Kind kind, const Tensor& x, const LastDim& p, const Tensor& y) {
+  const T* xp = x.data_ptr<T>();
+  T* yp = y.data_ptr<T>();
+  const bool soft = kind == Kind::Softmax;
+  ops::on_device(
+      x,
+      [&] {
+        if (soft) kernels::cpu::softmax_forward<T>(xp, p.M, p.D, yp);
+        else kernels::cpu::log_softmax_forward<T>(xp, p.M, p.D, yp);
+      },
+      [&](auto stream) {
+        if (soft) kernels::cuda::softmax_forward<T>(xp, p.M, p.D, yp, stream);
+        else kernels::cuda::log_softmax_forward<T>(xp, p.M, p.D, yp, stream);
+      });
+}
+
+// dx from the incoming gradient g and the forward's output y (dense rows), on y's device.
+template <class T>
+void backward_rows(Kind kind, const Tensor& g, const Tensor& y, const LastDim& p, const Tensor& dx) {
+  const T *gp = g.data_ptr<T>(), *yp = y.data_ptr<T>();
+  T* dxp = dx.data_ptr<T>();
+  const bool soft = kind == Kind::Softmax;
+  ops::on_device(
+      y,
+      [&] {
+        if (soft) kernels::cpu::softmax_backward<T>(gp, yp, p.M, p.D, dxp);
+        else kernels::cpu::log_softmax_backward<T>(gp, yp, p.M, p.D, dxp);
+      },
+      [&](auto stream) {
+        if (soft) kernels::cuda::softmax_backward<T>(gp, yp, p.M, p.D, dxp, stream);
+        else kernels::cuda::log_softmax_backward<T>(gp, yp, p.M, p.D, dxp, stream);
+      });
+}
+
 struct SoftmaxBackwardBase : autograd::Node {
   autograd::SavedTensor result;
   LastDim p{};
@@ -51,29 +88,18 @@ struct SoftmaxBackwardBase : autograd::Node {
     const Tensor y = to_rows(result.unpack(*this), p);
     const Tensor g = to_rows(grads[0], p);
     Tensor dx = empty_like(y);
-    ops::dispatch_floating(name().c_str(), y, [&]<class T>() {
-      if (kind == Kind::Softmax)
-        kernels::cpu::softmax_backward<T>(g.data_ptr<T>(), y.data_ptr<T>(), p.M, p.D, dx.data_ptr<T>());
-      else
-        kernels::cpu::log_softmax_backward<T>(g.data_ptr<T>(), y.data_ptr<T>(), p.M, p.D, dx.data_ptr<T>());
-    });
+    ops::dispatch_floating(name().c_str(), y, [&]<class T>() { backward_rows<T>(kind, g, y, p, dx); });
     return {from_rows(dx, p)};
   }
 };
 
 Tensor softmax_impl(const Tensor& x, int64_t dim, Kind kind) {
   const char* op = kind == Kind::Softmax ? "softmax" : "log_softmax";
-  ops::check_cpu(op, {x});
   const LastDim p = plan(x, dim, op);
   const Tensor rows = to_rows(x, p);
   Tensor y_rows = empty_like(rows);
   if (p.M > 0) {
-    ops::dispatch_floating(op, x, [&]<class T>() {
-      if (kind == Kind::Softmax)
-        kernels::cpu::softmax_forward<T>(rows.data_ptr<T>(), p.M, p.D, y_rows.data_ptr<T>());
-      else
-        kernels::cpu::log_softmax_forward<T>(rows.data_ptr<T>(), p.M, p.D, y_rows.data_ptr<T>());
-    });
+    ops::dispatch_floating(op, x, [&]<class T>() { forward_rows<T>(kind, rows, p, y_rows); });
   } else {
     ops::dispatch_floating(op, x, []<class T>() {});  // still reject integer dtypes
   }
