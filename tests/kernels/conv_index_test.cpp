@@ -1,0 +1,279 @@
+// kernels/common/conv_index.h, the implicit-GEMM index math of the CUDA conv kernels, on
+// the CPU: (1) the flattenings and the dgrad inverse against brute-force enumeration;
+// (2) every operand accessor of the three GEMM problems against a direct loop over all
+// positions (the coordinate formula of kernels/cpu/conv.h written out again); (3) the
+// problems summed the way implicit_gemm_kernel sums them (per group, per depth chunk in
+// order, then chunks in order) against kernels/cpu/conv.h, with outputs poisoned by NaN
+// so a position no store reaches fails. Shapes: odd sizes, stride 2 and 3, dilation 2,
+// padding, groups, 1x1, stride larger than the kernel, and conv_transpose2d's as_conv().
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/common/conv_index.h"
+#include "kernels/cpu/conv.h"
+
+namespace ci = nd::kernels::conv_index;
+namespace cpu = nd::kernels::cpu;
+using cpu::Conv2dShape;
+using cpu::ConvTranspose2dShape;
+
+namespace {
+
+using Vec = std::vector<double>;
+
+Vec random_vec(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  Vec v(static_cast<size_t>(n));
+  for (double& x : v) x = u(gen);
+  return v;
+}
+
+Vec poisoned(int64_t n) { return Vec(static_cast<size_t>(n), std::numeric_limits<double>::quiet_NaN()); }
+
+std::string describe(const Conv2dShape& s) {
+  return "N" + std::to_string(s.N) + " " + std::to_string(s.C_in) + "->" + std::to_string(s.C_out) + " " +
+         std::to_string(s.H) + "x" + std::to_string(s.W) + " k" + std::to_string(s.kH) + "x" + std::to_string(s.kW) +
+         " s" + std::to_string(s.stride[0]) + "," + std::to_string(s.stride[1]) + " p" + std::to_string(s.padding[0]) +
+         "," + std::to_string(s.padding[1]) + " d" + std::to_string(s.dilation[0]) + "," +
+         std::to_string(s.dilation[1]) + " g" + std::to_string(s.groups);
+}
+
+// Every element equal up to rounding of a different summation order (f64), none NaN.
+void check_same(const Vec& got, const Vec& want, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  size_t bad = 0, nan = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i])) ++nan;
+    else if (std::fabs(got[i] - want[i]) > 1e-12 * (1 + std::fabs(want[i]))) ++bad;
+  }
+  CHECK_MESSAGE(nan == 0, what, ": ", nan, " element(s) never stored");
+  CHECK_MESSAGE(bad == 0, what, ": ", bad, " element(s) differ from kernels/cpu");
+}
+
+// implicit_gemm_kernel's arithmetic without the tiles: for every group and depth chunk,
+// C[m, j] = sum over the chunk of a(g, m, k) * b(g, k, j) in k order, then store.
+template <class Problem>
+void run_gemm(const Problem& p, int64_t groups, ci::SplitK split) {
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t s = 0; s < split.splits; ++s) {
+      const int64_t k0 = s * split.chunk, k1 = std::min(p.depth(), k0 + split.chunk);
+      for (int64_t m = 0; m < p.rows(); ++m)
+        for (int64_t j = 0; j < p.cols(); ++j) {
+          double acc = 0;
+          for (int64_t k = k0; k < k1; ++k) acc += p.a(g, m, k) * p.b(g, k, j);
+          p.store(g, s, m, j, acc);
+        }
+    }
+}
+
+// conv2d_backward_weight as the CUDA launcher runs it: split-K into a partial buffer,
+// then the chunks added in order.
+Vec wgrad_split(const Conv2dShape& s, const Vec& x, const Vec& dy, ci::SplitK split) {
+  ci::WgradGemm<double> p{ci::geometry(s), x.data(), dy.data(), nullptr};
+  const int64_t size = s.C_out * p.cols();
+  Vec partial = poisoned(split.splits * size), dw(static_cast<size_t>(size));
+  p.out = partial.data();
+  run_gemm(p, s.groups, split);
+  for (int64_t i = 0; i < size; ++i) {
+    double acc = partial[i];
+    for (int64_t c = 1; c < split.splits; ++c) acc += partial[c * size + i];
+    dw[i] = acc;
+  }
+  return dw;
+}
+
+const std::vector<Conv2dShape> kShapes = {
+    {2, 3, 13, 13, 5, 3, 3, {2, 2}, {1, 1}, {2, 2}, 1},   // odd, stride 2, padding, dilation 2
+    {2, 6, 11, 9, 9, 3, 3, {1, 1}, {1, 1}, {1, 1}, 3},    // groups 3
+    {3, 1, 28, 28, 4, 4, 4, {2, 2}, {1, 1}, {1, 1}, 1},   // DCGAN's first layer, fewer channels
+    {2, 4, 10, 7, 6, 2, 3, {3, 2}, {0, 2}, {1, 2}, 2},    // stride 3, non-square everything
+    {2, 3, 5, 6, 4, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1},     // 1x1
+    {1, 2, 9, 9, 3, 2, 2, {3, 3}, {0, 0}, {1, 1}, 1},     // stride > kernel: pixels no window reads
+    {2, 4, 12, 11, 6, 3, 2, {3, 3}, {2, 1}, {2, 2}, 2},   // stride 3, dilation 2, groups 2
+    {2, 20, 9, 9, 70, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},   // depth and columns past one 16/64 tile
+    {1, 2, 5, 5, 2, 5, 5, {1, 1}, {0, 0}, {1, 1}, 2},     // 1x1 output
+};
+
+}  // namespace
+
+TEST_CASE("conv_index: pixel_of and tap_of invert the row-major flattening") {
+  for (int64_t Hs : {1, 3, 7})
+    for (int64_t Ws : {1, 4, 13}) {
+      int64_t m = 0;
+      for (int64_t n = 0; n < 3; ++n)
+        for (int64_t h = 0; h < Hs; ++h)
+          for (int64_t w = 0; w < Ws; ++w, ++m) {
+            const ci::Pixel p = ci::pixel_of(m, Hs, Ws);
+            REQUIRE_MESSAGE((p.n == n && p.h == h && p.w == w), "pixel ", m, " of [3, ", Hs, ", ", Ws, "]");
+            const ci::Tap t = ci::tap_of(m, Hs, Ws);  // [C = 3, kH = Hs, kW = Ws]
+            REQUIRE_MESSAGE((t.c == n && t.kh == h && t.kw == w), "tap ", m, " of [3, ", Hs, ", ", Ws, "]");
+          }
+    }
+}
+
+TEST_CASE("conv_index: output_coord is the one output coordinate that reads input i through tap t") {
+  for (int64_t stride = 1; stride <= 3; ++stride)
+    for (int64_t pad = 0; pad <= 2; ++pad)
+      for (int64_t dil = 1; dil <= 3; ++dil)
+        for (int64_t out_size = 1; out_size <= 7; ++out_size)
+          for (int64_t t = 0; t < 4; ++t)
+            for (int64_t i = 0; i < 16; ++i) {
+              int64_t found = -1, count = 0;
+              for (int64_t o = 0; o < out_size; ++o)
+                if (o * stride - pad + t * dil == i) found = o, ++count;
+              REQUIRE(count <= 1);
+              REQUIRE_MESSAGE(ci::output_coord(i, t, stride, pad, dil, out_size) == found, "i ", i, " t ", t,
+                              " stride ", stride, " pad ", pad, " dil ", dil, " out_size ", out_size);
+              if (found >= 0) REQUIRE(ci::input_coord(found, t, stride, pad, dil) == i);
+            }
+}
+
+TEST_CASE("conv_index: every operand accessor reads the element the convolution formula names") {
+  for (const Conv2dShape& s : kShapes) {
+    CAPTURE(describe(s));
+    const ci::Geometry q = ci::geometry(s);
+    const int64_t OH = s.out_h(), OW = s.out_w(), Cg = s.C_in / s.groups, Og = s.C_out / s.groups;
+    const Vec x = random_vec(s.N * s.C_in * s.H * s.W, 1), w = random_vec(s.C_out * Cg * s.kH * s.kW, 2);
+    const Vec dy = random_vec(s.N * s.C_out * OH * OW, 3);
+    const ci::ForwardGemm<double> fwd{q, x.data(), w.data(), nullptr, nullptr};
+    const ci::DgradGemm<double> dgrad{q, dy.data(), w.data(), nullptr, nullptr};
+    const ci::WgradGemm<double> wgrad{q, x.data(), dy.data(), nullptr};
+    REQUIRE(fwd.depth() == Cg * s.kH * s.kW);
+    REQUIRE(dgrad.depth() == Og * s.kH * s.kW);
+    REQUIRE(wgrad.depth() == s.N * OH * OW);
+    for (int64_t g = 0; g < s.groups; ++g)
+      for (int64_t n = 0; n < s.N; ++n)
+        for (int64_t kh = 0; kh < s.kH; ++kh)
+          for (int64_t kw = 0; kw < s.kW; ++kw) {
+            // forward's A and wgrad's B: x at the tap, 0 in the padding.
+            for (int64_t oh = 0; oh < OH; ++oh)
+              for (int64_t ow = 0; ow < OW; ++ow)
+                for (int64_t c = 0; c < Cg; ++c) {
+                  const int64_t ih = oh * s.stride[0] - s.padding[0] + kh * s.dilation[0];
+                  const int64_t iw = ow * s.stride[1] - s.padding[1] + kw * s.dilation[1];
+                  const bool inside = ih >= 0 && ih < s.H && iw >= 0 && iw < s.W;
+                  const double want = inside ? x[((n * s.C_in + g * Cg + c) * s.H + ih) * s.W + iw] : 0.0;
+                  const int64_t m = (n * OH + oh) * OW + ow, k = (c * s.kH + kh) * s.kW + kw;
+                  REQUIRE(fwd.a(g, m, k) == want);
+                  REQUIRE(wgrad.b(g, m, k) == want);
+                }
+            // dgrad's A: dy at the output pixel whose window puts tap (kh, kw) on (ih, iw), else 0.
+            for (int64_t ih = 0; ih < s.H; ++ih)
+              for (int64_t iw = 0; iw < s.W; ++iw)
+                for (int64_t o = 0; o < Og; ++o) {
+                  double want = 0;
+                  for (int64_t oh = 0; oh < OH; ++oh)
+                    for (int64_t ow = 0; ow < OW; ++ow)
+                      if (oh * s.stride[0] - s.padding[0] + kh * s.dilation[0] == ih &&
+                          ow * s.stride[1] - s.padding[1] + kw * s.dilation[1] == iw)
+                        want = dy[((n * s.C_out + g * Og + o) * OH + oh) * OW + ow];
+                  REQUIRE(dgrad.a(g, (n * s.H + ih) * s.W + iw, (o * s.kH + kh) * s.kW + kw) == want);
+                }
+          }
+    // The weight operands and wgrad's A: w[co, c, kh, kw] and dy[n, co, oh, ow] directly.
+    for (int64_t g = 0; g < s.groups; ++g)
+      for (int64_t o = 0; o < Og; ++o)
+        for (int64_t c = 0; c < Cg; ++c)
+          for (int64_t t = 0; t < s.kH * s.kW; ++t) {
+            const double want = w[((g * Og + o) * Cg + c) * s.kH * s.kW + t];
+            REQUIRE(fwd.b(g, c * s.kH * s.kW + t, o) == want);
+            REQUIRE(dgrad.b(g, o * s.kH * s.kW + t, c) == want);
+          }
+    for (int64_t g = 0; g < s.groups; ++g)
+      for (int64_t o = 0; o < Og; ++o)
+        for (int64_t k = 0; k < s.N * OH * OW; ++k)
+          REQUIRE(wgrad.a(g, o, k) == dy[((k / (OH * OW)) * s.C_out + g * Og + o) * OH * OW + k % (OH * OW)]);
+  }
+}
+
+TEST_CASE("conv_index: the three conv2d GEMMs equal kernels/cpu, split-K included") {
+  for (const Conv2dShape& s : kShapes) {
+    CAPTURE(describe(s));
+    const ci::Geometry q = ci::geometry(s);
+    const int64_t OH = s.out_h(), OW = s.out_w(), Cg = s.C_in / s.groups;
+    const Vec x = random_vec(s.N * s.C_in * s.H * s.W, 4), w = random_vec(s.C_out * Cg * s.kH * s.kW, 5);
+    const Vec b = random_vec(s.C_out, 6), dy = random_vec(s.N * s.C_out * OH * OW, 7);
+
+    Vec y = poisoned(s.N * s.C_out * OH * OW), y_ref(y.size());
+    const ci::ForwardGemm<double> fwd{q, x.data(), w.data(), b.data(), y.data()};
+    run_gemm(fwd, s.groups, {1, fwd.depth()});
+    cpu::conv2d_forward(s, x.data(), w.data(), b.data(), y_ref.data());
+    check_same(y, y_ref, "forward with bias");
+
+    Vec dx = poisoned(s.N * s.C_in * s.H * s.W), dx_ref(dx.size());
+    const ci::DgradGemm<double> dgrad{q, dy.data(), w.data(), nullptr, dx.data()};
+    run_gemm(dgrad, s.groups, {1, dgrad.depth()});
+    cpu::conv2d_backward_input(s, dy.data(), w.data(), dx_ref.data());
+    check_same(dx, dx_ref, "dgrad");
+
+    Vec dw_ref(w.size());
+    cpu::conv2d_backward_weight(s, x.data(), dy.data(), dw_ref.data());
+    const int64_t depth = s.N * OH * OW;
+    check_same(wgrad_split(s, x, dy, {1, depth}), dw_ref, "wgrad, one chunk");
+    const ci::SplitK split = ci::split_depth(depth, 1, 16, 16, 64);  // small chunks: several of them
+    CAPTURE(split.splits);
+    if (depth >= 32) CHECK(split.splits > 1);
+    check_same(wgrad_split(s, x, dy, split), dw_ref, "wgrad, split-K");
+  }
+}
+
+TEST_CASE("conv_index: conv_transpose2d through as_conv() equals kernels/cpu") {
+  const std::vector<ConvTranspose2dShape> shapes = {
+      {2, 8, 7, 7, 4, 4, 4, {2, 2}, {1, 1}, {0, 0}, {1, 1}, 1},  // DCGAN generator layer, fewer channels
+      {2, 4, 7, 5, 6, 4, 3, {2, 2}, {1, 0}, {1, 1}, {1, 1}, 2},  // output_padding 1, groups 2
+      {1, 3, 4, 4, 2, 3, 3, {3, 3}, {0, 1}, {1, 2}, {2, 2}, 1},  // stride 3, dilation 2
+  };
+  for (const ConvTranspose2dShape& t : shapes) {
+    const Conv2dShape s = t.as_conv();
+    CAPTURE(describe(s));
+    const ci::Geometry q = ci::geometry(s);
+    const int64_t OH = t.out_h(), OW = t.out_w();
+    const Vec x = random_vec(t.N * t.C_in * t.H * t.W, 8), w = random_vec(t.C_in * (t.C_out / t.groups) * t.kH * t.kW, 9);
+    const Vec b = random_vec(t.C_out, 10), dy = random_vec(t.N * t.C_out * OH * OW, 11);
+
+    Vec y = poisoned(t.N * t.C_out * OH * OW), y_ref(y.size());  // forward = dgrad of s, with the bias
+    const ci::DgradGemm<double> fwd{q, x.data(), w.data(), b.data(), y.data()};
+    run_gemm(fwd, s.groups, {1, fwd.depth()});
+    cpu::conv_transpose2d_forward(t, x.data(), w.data(), b.data(), y_ref.data());
+    check_same(y, y_ref, "conv_transpose2d forward");
+
+    Vec dx = poisoned(x.size()), dx_ref(x.size());  // dgrad = forward of s, no bias
+    const ci::ForwardGemm<double> dgrad{q, dy.data(), w.data(), nullptr, dx.data()};
+    run_gemm(dgrad, s.groups, {1, dgrad.depth()});
+    cpu::conv_transpose2d_backward_input(t, dy.data(), w.data(), dx_ref.data());
+    check_same(dx, dx_ref, "conv_transpose2d dgrad");
+
+    Vec dw_ref(w.size());  // wgrad = wgrad of s with x and dy swapped
+    cpu::conv_transpose2d_backward_weight(t, x.data(), dy.data(), dw_ref.data());
+    check_same(wgrad_split(s, dy, x, ci::split_depth(t.N * t.H * t.W, 1, 16, 16, 64)), dw_ref,
+               "conv_transpose2d wgrad, split-K");
+  }
+}
+
+TEST_CASE("conv_index: split_depth covers the depth with whole-tile chunks, fixed by the shape") {
+  for (int64_t depth : {1, 15, 16, 17, 255, 256, 257, 3136, 100000})
+    for (int64_t tiles : {1, 3, 8, 600})
+      for (int64_t min_chunk : {16, 256}) {
+        const ci::SplitK k = ci::split_depth(depth, tiles, 16, min_chunk, 512);
+        CAPTURE(depth);
+        CAPTURE(tiles);
+        CAPTURE(min_chunk);
+        REQUIRE(k.splits >= 1);
+        CHECK(k.chunk % 16 == 0);
+        CHECK((k.splits - 1) * k.chunk < depth);  // no empty chunk
+        CHECK(k.splits * k.chunk >= depth);       // nothing left over
+        if (k.splits > 1) CHECK(k.chunk >= min_chunk);
+        if (tiles >= 512) CHECK(k.splits == 1);   // enough blocks without splitting
+        const ci::SplitK again = ci::split_depth(depth, tiles, 16, min_chunk, 512);
+        CHECK((again.splits == k.splits && again.chunk == k.chunk));
+      }
+  CHECK(ci::split_depth(3136, 8, 16, 256, 512).splits == 12);  // DCGAN D layer 2 at batch 64: 7x7 maps
+}
