@@ -1,0 +1,59 @@
+#pragma once
+// CUDA twins of kernels/cpu/conv.h: conv2d forward / dgrad / wgrad as implicit GEMMs (the
+// input patches are gathered into shared-memory tiles on the fly, no im2col buffer), and
+// conv_transpose2d through the same kernels with the roles of conv2d's input and output
+// swapped, as on the CPU. Same shapes, contracts and argument lists plus the stream the
+// kernels are queued on; the index math is kernels/common/conv_index.h.
+// Tests: tests/kernels/conv_index_test.cpp (index math, CPU), tests/cuda/cuda_conv_test.cpp.
+//
+// Accumulation is in T (f32 in float, f64 in double). Every result is bit-reproducible
+// run to run: no atomics; wgrad's split-K partial sums are added in a fixed order.
+// The engine checks the shape requirements of kernels/cpu/conv.h first; sizes that do
+// not fit a launch are an nd::Error.
+#include <cstdint>
+
+#include "kernels/cpu/conv.h"
+#include "kernels/cuda/stream.h"
+
+namespace nd::kernels::cuda {
+
+using cpu::Conv2dShape;
+using cpu::ConvTranspose2dShape;
+
+// y = conv2d(x, w) + bias. requires/ensures as cpu::conv2d_forward.  in-place: no.
+template <class T>
+void conv2d_forward(const Conv2dShape& s, const T* input, const T* weight, const T* bias, T* output,
+                    cudaStream_t stream);
+
+// dgrad, as cpu::conv2d_backward_input: grad_input written (pixels no window reads get 0).
+template <class T>
+void conv2d_backward_input(const Conv2dShape& s, const T* grad_output, const T* weight, T* grad_input,
+                           cudaStream_t stream);
+
+// wgrad, as cpu::conv2d_backward_weight: grad_weight written (0 when N == 0). Uses a
+// split-K partial buffer from the caching allocator when the depth N*OH*OW is long.
+template <class T>
+void conv2d_backward_weight(const Conv2dShape& s, const T* input, const T* grad_output, T* grad_weight,
+                            cudaStream_t stream);
+
+// grad_bias[c] = sum_{n, p} dy[n, c, p], as cpu::conv2d_backward_bias (accumulated in double).
+template <class T>
+void conv2d_backward_bias(int64_t N, int64_t C, int64_t HW, const T* grad_output, T* grad_bias,
+                          cudaStream_t stream);
+
+// conv_transpose2d forward = conv2d dgrad of s.as_conv() with the bias added in the same pass.
+template <class T>
+void conv_transpose2d_forward(const ConvTranspose2dShape& s, const T* input, const T* weight, const T* bias,
+                              T* output, cudaStream_t stream);
+
+// dgrad of conv_transpose2d = conv2d forward of s.as_conv() applied to grad_output.
+template <class T>
+void conv_transpose2d_backward_input(const ConvTranspose2dShape& s, const T* grad_output, const T* weight,
+                                     T* grad_input, cudaStream_t stream);
+
+// wgrad of conv_transpose2d = conv2d wgrad of s.as_conv() with input and grad_output swapped.
+template <class T>
+void conv_transpose2d_backward_weight(const ConvTranspose2dShape& s, const T* input, const T* grad_output,
+                                      T* grad_weight, cudaStream_t stream);
+
+}  // namespace nd::kernels::cuda
