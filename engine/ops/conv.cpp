@@ -4,6 +4,7 @@
 //   conv2d            dx = conv2d_backward_input(dy, w),  dw = conv2d_backward_weight(x, dy)
 //   conv_transpose2d  dx = conv2d_forward-shaped adjoint, dw likewise (kernels/cpu/conv.h)
 //   both              db[c] = sum_{n, h, w} dy[n, c, h, w]
+// CPU tensors run kernels/cpu/conv.h, CUDA tensors its twin kernels/cuda/conv.h.
 // input is saved only when weight needs a gradient and weight only when input does, so
 // an in-place update of a tensor no gradient reads is not an error (as in PyTorch).
 #include "engine/ops/conv.h"
@@ -12,6 +13,7 @@
 
 #include "engine/ops/common.h"
 #include "kernels/cpu/conv.h"
+#include "kernels/cuda/conv.h"
 
 namespace nd {
 namespace {
@@ -38,7 +40,6 @@ Tensor check_common(const char* op, const Tensor& input, const Tensor& weight, c
            "input, found ", input.describe());
   ops::check_dim(op, weight, 4, weight_layout);
   ops::check_same_device_dtype(op, {input, weight, bias});
-  ops::check_cpu(op, {input, weight, bias});
   ND_CHECK(groups >= 1, op, ": expected groups >= 1, found ", groups);
   ND_CHECK(weight.size(2) >= 1 && weight.size(3) >= 1, op, ": expected a kernel of at least 1x1, found weight ",
            weight.describe());
@@ -67,10 +68,22 @@ struct ConvolutionBackward : autograd::Node {
       dx = empty(transposed ? Shape{tconv.N, tconv.C_in, tconv.H, tconv.W} : Shape{conv.N, conv.C_in, conv.H, conv.W},
                  dy.options());
       ops::dispatch_floating("ConvolutionBackward", dy, [&]<class T>() {
-        if (transposed)
-          kernels::cpu::conv_transpose2d_backward_input<T>(tconv, dy.data_ptr<T>(), w.data_ptr<T>(), dx.data_ptr<T>());
-        else
-          kernels::cpu::conv2d_backward_input<T>(conv, dy.data_ptr<T>(), w.data_ptr<T>(), dx.data_ptr<T>());
+        const T *dyp = dy.data_ptr<T>(), *wp = w.data_ptr<T>();
+        T* dxp = dx.data_ptr<T>();
+        ops::on_device(
+            dy,
+            [&] {
+              if (transposed)
+                kernels::cpu::conv_transpose2d_backward_input<T>(tconv, dyp, wp, dxp);
+              else
+                kernels::cpu::conv2d_backward_input<T>(conv, dyp, wp, dxp);
+            },
+            [&](auto stream) {
+              if (transposed)
+                kernels::cuda::conv_transpose2d_backward_input<T>(tconv, dyp, wp, dxp, stream);
+              else
+                kernels::cuda::conv2d_backward_input<T>(conv, dyp, wp, dxp, stream);
+            });
       });
     }
     if (next_edges[1].fn) {
@@ -79,16 +92,33 @@ struct ConvolutionBackward : autograd::Node {
                                   : Shape{conv.C_out, conv.C_in / conv.groups, conv.kH, conv.kW};
       dw = empty(ws, dy.options());
       ops::dispatch_floating("ConvolutionBackward", dy, [&]<class T>() {
-        if (transposed)
-          kernels::cpu::conv_transpose2d_backward_weight<T>(tconv, x.data_ptr<T>(), dy.data_ptr<T>(), dw.data_ptr<T>());
-        else
-          kernels::cpu::conv2d_backward_weight<T>(conv, x.data_ptr<T>(), dy.data_ptr<T>(), dw.data_ptr<T>());
+        const T *xp = x.data_ptr<T>(), *dyp = dy.data_ptr<T>();
+        T* dwp = dw.data_ptr<T>();
+        ops::on_device(
+            dy,
+            [&] {
+              if (transposed)
+                kernels::cpu::conv_transpose2d_backward_weight<T>(tconv, xp, dyp, dwp);
+              else
+                kernels::cpu::conv2d_backward_weight<T>(conv, xp, dyp, dwp);
+            },
+            [&](auto stream) {
+              if (transposed)
+                kernels::cuda::conv_transpose2d_backward_weight<T>(tconv, xp, dyp, dwp, stream);
+              else
+                kernels::cuda::conv2d_backward_weight<T>(conv, xp, dyp, dwp, stream);
+            });
       });
     }
     if (next_edges.size() > 2 && next_edges[2].fn) {
       db = empty({C_out}, dy.options());
       ops::dispatch_floating("ConvolutionBackward", dy, [&]<class T>() {
-        kernels::cpu::conv2d_backward_bias<T>(dy.size(0), C_out, out_hw, dy.data_ptr<T>(), db.data_ptr<T>());
+        const int64_t N = dy.size(0);
+        ops::on_device(
+            dy, [&] { kernels::cpu::conv2d_backward_bias<T>(N, C_out, out_hw, dy.data_ptr<T>(), db.data_ptr<T>()); },
+            [&](auto stream) {
+              kernels::cuda::conv2d_backward_bias<T>(N, C_out, out_hw, dy.data_ptr<T>(), db.data_ptr<T>(), stream);
+            });
       });
     }
     return {dx, dw, db};
@@ -136,8 +166,11 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
     NoGradGuard no_grad;  // contiguous copies for the kernel; the graph records the inputs themselves
     const Tensor x = x4.contiguous(), w = weight.contiguous(), b = bias.defined() ? bias.contiguous() : bias;
     ops::dispatch_floating(op, input, [&]<class T>() {
-      kernels::cpu::conv2d_forward<T>(s, x.data_ptr<T>(), w.data_ptr<T>(), b.defined() ? b.data_ptr<T>() : nullptr,
-                                      out.data_ptr<T>());
+      const T *xp = x.data_ptr<T>(), *wp = w.data_ptr<T>(), *bp = b.defined() ? b.data_ptr<T>() : nullptr;
+      T* yp = out.data_ptr<T>();
+      ops::on_device(
+          out, [&] { kernels::cpu::conv2d_forward<T>(s, xp, wp, bp, yp); },
+          [&](auto stream) { kernels::cuda::conv2d_forward<T>(s, xp, wp, bp, yp, stream); });
     });
   }
   record_backward(x4, weight, bias, out, false, s, {});
@@ -175,8 +208,11 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
     NoGradGuard no_grad;
     const Tensor x = x4.contiguous(), w = weight.contiguous(), b = bias.defined() ? bias.contiguous() : bias;
     ops::dispatch_floating(op, input, [&]<class T>() {
-      kernels::cpu::conv_transpose2d_forward<T>(s, x.data_ptr<T>(), w.data_ptr<T>(),
-                                                b.defined() ? b.data_ptr<T>() : nullptr, out.data_ptr<T>());
+      const T *xp = x.data_ptr<T>(), *wp = w.data_ptr<T>(), *bp = b.defined() ? b.data_ptr<T>() : nullptr;
+      T* yp = out.data_ptr<T>();
+      ops::on_device(
+          out, [&] { kernels::cpu::conv_transpose2d_forward<T>(s, xp, wp, bp, yp); },
+          [&](auto stream) { kernels::cuda::conv_transpose2d_forward<T>(s, xp, wp, bp, yp, stream); });
     });
   }
   record_backward(x4, weight, bias, out, true, {}, s);
