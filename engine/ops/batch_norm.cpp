@@ -2,6 +2,7 @@
 
 #include "engine/ops/common.h"
 #include "kernels/cpu/batch_norm.h"
+#include "kernels/cuda/batch_norm.h"
 
 namespace nd {
 
@@ -30,8 +31,17 @@ struct NativeBatchNormBackward : autograd::Node {
     if (next_edges[2].fn) db = empty({C}, x.options());
     ops::dispatch_floating("batch_norm backward", x, [&]<class T>() {
       auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
-      kernels::cpu::batch_norm_backward<T>(g.data_ptr<T>(), x.data_ptr<T>(), mu.data_ptr<T>(), is.data_ptr<T>(),
-                                           ptr(w), N, C, S, training, ptr(dx), ptr(dw), ptr(db));
+      ops::on_device(
+          x,
+          [&] {
+            kernels::cpu::batch_norm_backward<T>(g.data_ptr<T>(), x.data_ptr<T>(), mu.data_ptr<T>(), is.data_ptr<T>(),
+                                                 ptr(w), N, C, S, training, ptr(dx), ptr(dw), ptr(db));
+          },
+          [&](auto stream) {
+            kernels::cuda::batch_norm_backward<T>(g.data_ptr<T>(), x.data_ptr<T>(), mu.data_ptr<T>(),
+                                                  is.data_ptr<T>(), ptr(w), N, C, S, training, ptr(dx), ptr(dw),
+                                                  ptr(db), stream);
+          });
     });
     return {dx, dw, db};
   }
@@ -48,7 +58,6 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
                   const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
   const char* op = "batch_norm";
   ops::check_same_device_dtype(op, {input, running_mean, running_var, weight, bias});
-  ops::check_cpu(op, {input, running_mean, running_var, weight, bias});
   ND_CHECK(input.dim() >= 2, op, ": expected input of at least 2 dims ([N, C, *]), found ", input.describe());
   const int64_t N = input.size(0), C = input.size(1);
   const int64_t S = C == 0 || N == 0 ? 0 : input.numel() / (N * C);
@@ -83,16 +92,34 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
     if (training) {
       mean = empty({C}, x.options());
       invstd = empty({C}, x.options());
-      kernels::cpu::batch_norm_forward_training<T>(x.data_ptr<T>(), ptr(w), ptr(b), ptr(running_mean),
-                                                   ptr(running_var), N, C, S, momentum, eps, y.data_ptr<T>(),
-                                                   mean.data_ptr<T>(), invstd.data_ptr<T>());
+      ops::on_device(
+          x,
+          [&] {
+            kernels::cpu::batch_norm_forward_training<T>(x.data_ptr<T>(), ptr(w), ptr(b), ptr(running_mean),
+                                                         ptr(running_var), N, C, S, momentum, eps, y.data_ptr<T>(),
+                                                         mean.data_ptr<T>(), invstd.data_ptr<T>());
+          },
+          [&](auto stream) {
+            kernels::cuda::batch_norm_forward_training<T>(x.data_ptr<T>(), ptr(w), ptr(b), ptr(running_mean),
+                                                          ptr(running_var), N, C, S, momentum, eps, y.data_ptr<T>(),
+                                                          mean.data_ptr<T>(), invstd.data_ptr<T>(), stream);
+          });
     } else {
       mean = running_mean.detach().contiguous();
       const Tensor var = running_var.detach().contiguous();
       invstd = empty({C}, x.options());
-      kernels::cpu::batch_norm_invstd<T>(var.data_ptr<T>(), C, eps, invstd.data_ptr<T>());
-      kernels::cpu::batch_norm_apply<T>(x.data_ptr<T>(), mean.data_ptr<T>(), invstd.data_ptr<T>(), ptr(w), ptr(b),
-                                        N, C, S, y.data_ptr<T>());
+      ops::on_device(
+          x,
+          [&] {
+            kernels::cpu::batch_norm_invstd<T>(var.data_ptr<T>(), C, eps, invstd.data_ptr<T>());
+            kernels::cpu::batch_norm_apply<T>(x.data_ptr<T>(), mean.data_ptr<T>(), invstd.data_ptr<T>(), ptr(w),
+                                              ptr(b), N, C, S, y.data_ptr<T>());
+          },
+          [&](auto stream) {
+            kernels::cuda::batch_norm_invstd<T>(var.data_ptr<T>(), C, eps, invstd.data_ptr<T>(), stream);
+            kernels::cuda::batch_norm_apply<T>(x.data_ptr<T>(), mean.data_ptr<T>(), invstd.data_ptr<T>(), ptr(w),
+                                               ptr(b), N, C, S, y.data_ptr<T>(), stream);
+          });
     }
   });
   if (training && running_mean.defined()) {
