@@ -2,8 +2,9 @@
 // and the gradients of input, weight and bias through autograd against the CPU reference,
 // on poisoned allocations (tests/cuda/cuda_compare.h), for DCGAN's discriminator and
 // generator layers, odd sizes with stride / padding / dilation / groups, 1x1 kernels and
-// bias on and off. Also: the weight gradient (split-K) is bit-identical run to run, and an
-// empty batch still writes zero weight and bias gradients. Without a GPU every case
+// bias on and off. Also: f64 matches to double precision, the weight gradient (split-K)
+// is bit-identical run to run, and an empty batch still writes zero weight and bias
+// gradients. Without a GPU every case
 // reports "SKIPPED:" (the index math these kernels run is tested on the CPU in
 // tests/kernels/conv_index_test.cpp).
 #include <cstring>
@@ -55,6 +56,27 @@ TEST_CASE("cuda conv: conv_transpose2d forward and gradients match the CPU") {
       {"stride 3, dilation 2, groups 2, output_padding 1", {{2, 4, 5, 6}, {4, 3, 3, 2}, {6}},
        [](const V& x) { return conv_transpose2d(x[0], x[1], x[2], {3}, {1}, {1}, 2, {2}); }},
   });
+}
+
+TEST_CASE("cuda conv: f64 conv2d and conv_transpose2d match the CPU to double precision") {
+  if (skip_without_gpu()) return;
+  PoisonAllocations poison;
+  // groups 3, stride 2, padding 1, dilation 2 (conv_transpose2d: output_padding 1).
+  auto run = [](const Device& d, bool transposed) {
+    const Tensor x = testing::random_input({2, 6, 11, 9}, 1).to(d).detach().requires_grad_(true);
+    const Tensor w = testing::random_input({transposed ? 6 : 9, transposed ? 3 : 2, 3, 3}, 2).to(d).detach()
+                         .requires_grad_(true);
+    const Tensor b = testing::random_input({9}, 3).to(d).detach().requires_grad_(true);
+    const Tensor y = transposed ? conv_transpose2d(x, w, b, {2}, {1}, {1}, 3, {2}) : conv2d(x, w, b, {2}, {1}, {2}, 3);
+    (y * testing::random_input(y.sizes(), 4).to(d)).sum().backward();
+    return std::vector<Tensor>{y, x.grad(), w.grad(), b.grad()};
+  };
+  for (bool transposed : {false, true}) {
+    CAPTURE(transposed);
+    const auto on_cpu = run(Device(kCPU), transposed), on_gpu = run(kGpu, transposed);
+    const char* what[] = {"output", "input gradient", "weight gradient", "bias gradient"};
+    for (size_t i = 0; i < on_cpu.size(); ++i) check_matches(on_gpu[i], on_cpu[i], what[i], 1e-13);
+  }
 }
 
 TEST_CASE("cuda conv: weight gradients (split-K) are bit-identical run to run") {
