@@ -4,21 +4,34 @@
 #include "engine/error.h"
 #include "engine/factories.h"
 #include "engine/nn/container.h"
-#include "engine/nn/init.h"
-#include "engine/ops/batch_norm.h"
 #include "engine/ops/common.h"
 #include "kernels/cpu/batch_norm.h"
+#include "kernels/cuda/batch_norm.h"
 
 namespace nd::nn {
 
 namespace {
 
+// The group a training forward all-reduces over: the module's, else the world's group
+// for the input's device. Null for a CUDA input in a world of one rank: the all-reduce
+// of one rank's sums is the identity, and the CPU world group takes no CUDA tensor.
+std::shared_ptr<dist::ProcessGroup> group_for(const std::shared_ptr<dist::ProcessGroup>& chosen, const Tensor& input) {
+  if (chosen) return chosen;
+  if (!input.is_cuda()) return dist::world();
+  return dist::world()->size() == 1 ? nullptr : dist::nccl_world();
+}
+
+// Sums `t` (f64, on the input's device) over the group's ranks in place.
+void allreduce(const std::shared_ptr<dist::ProcessGroup>& group, const Tensor& t) {
+  if (group) group->allreduce(t)->wait();
+}
+
 // Backward of the synchronised training forward (training mode only: eval goes
 // through nd::batch_norm). Saves the global mean/invstd and the global count.
 struct SyncBatchNormBackward : autograd::Node {
   autograd::SavedTensor input, weight, mean, invstd;
-  std::shared_ptr<dist::ProcessGroup> group;
-  double count = 0;  // values per channel over all ranks
+  std::shared_ptr<dist::ProcessGroup> group;  // null: this rank alone
+  double count = 0;                           // values per channel over all ranks
   int64_t N = 0, C = 0, S = 0;
   std::string name() const override { return "SyncBatchNormBackward"; }
   void release_saved_tensors() override {
@@ -31,29 +44,47 @@ struct SyncBatchNormBackward : autograd::Node {
     const Tensor x = input.unpack(*this), w = weight.unpack(*this);
     const Tensor mu = mean.unpack(*this), is = invstd.unpack(*this);
     const Tensor g = grads[0].contiguous();
-    // [sum dy | sum dy*(x - mean)] over this rank's values, per channel.
-    Tensor sums = zeros({2 * C}, kFloat64);
-    double* local = sums.data_ptr<double>();
-    Tensor dx, dw, db;
+    // [sum dy | sum dy*(x - mean)] over this rank's values, per channel, on x's device.
+    const Tensor sums = empty({2 * C}, x.options().dtype(kFloat64));
     ops::dispatch_floating("SyncBatchNorm backward", x, [&]<class T>() {
-      kernels::cpu::batch_norm_backward_reduce<T>(g.data_ptr<T>(), x.data_ptr<T>(), mu.data_ptr<T>(), N, C, S,
-                                                  local, local + C);
-      // grad_bias = sum dy, grad_weight = sum dy*(x - mean)*invstd: this rank's share.
-      if (next_edges[1].fn) {
-        dw = empty({C}, x.options());
-        for (int64_t c = 0; c < C; ++c)
-          dw.data_ptr<T>()[c] = static_cast<T>(local[C + c] * static_cast<double>(is.data_ptr<T>()[c]));
-      }
-      if (next_edges[2].fn) {
-        db = empty({C}, x.options());
-        for (int64_t c = 0; c < C; ++c) db.data_ptr<T>()[c] = static_cast<T>(local[c]);
-      }
-      if (!next_edges[0].fn) return;
-      group->allreduce(sums)->wait();  // sums now hold the totals over all ranks
-      dx = empty_like(x);
-      kernels::cpu::batch_norm_backward_elemt<T>(g.data_ptr<T>(), x.data_ptr<T>(), mu.data_ptr<T>(),
-                                                 is.data_ptr<T>(), w.defined() ? w.data_ptr<T>() : nullptr, local,
-                                                 local + C, count, N, C, S, dx.data_ptr<T>());
+      ops::on_device(
+          x,
+          [&] {
+            kernels::cpu::batch_norm_backward_reduce<T>(g.data_ptr<T>(), x.data_ptr<T>(), mu.data_ptr<T>(), N, C, S,
+                                                        sums.data_ptr<double>(), sums.data_ptr<double>() + C);
+          },
+          [&](auto stream) {
+            kernels::cuda::batch_norm_backward_reduce<T>(g.data_ptr<T>(), x.data_ptr<T>(), mu.data_ptr<T>(), N, C,
+                                                         S, sums.data_ptr<double>(), sums.data_ptr<double>() + C,
+                                                         stream);
+          });
+    });
+    Tensor dx, dw, db;
+    {
+      // grad_bias = sum dy, grad_weight = sum dy*(x - mean)*invstd: this rank's share,
+      // from the local sums (the all-reduce below overwrites them).
+      NoGradGuard no_grad;
+      if (next_edges[1].fn) dw = (sums.narrow(0, C, C) * is.to(kFloat64)).to(x.dtype());
+      if (next_edges[2].fn) db = sums.narrow(0, 0, C).clone().to(x.dtype());
+    }
+    if (!next_edges[0].fn) return {dx, dw, db};
+    allreduce(group, sums);  // sums now hold the totals over all ranks
+    dx = empty_like(x);
+    ops::dispatch_floating("SyncBatchNorm backward", x, [&]<class T>() {
+      const T* wp = w.defined() ? w.data_ptr<T>() : nullptr;
+      const double* total = sums.data_ptr<double>();
+      ops::on_device(
+          x,
+          [&] {
+            kernels::cpu::batch_norm_backward_elemt<T>(g.data_ptr<T>(), x.data_ptr<T>(), mu.data_ptr<T>(),
+                                                       is.data_ptr<T>(), wp, total, total + C, count, N, C, S,
+                                                       dx.data_ptr<T>());
+          },
+          [&](auto stream) {
+            kernels::cuda::batch_norm_backward_elemt<T>(g.data_ptr<T>(), x.data_ptr<T>(), mu.data_ptr<T>(),
+                                                        is.data_ptr<T>(), wp, total, total + C, count, N, C, S,
+                                                        dx.data_ptr<T>(), stream);
+          });
     });
     return {dx, dw, db};
   }
@@ -65,7 +96,6 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
                        const std::shared_ptr<dist::ProcessGroup>& group) {
   const char* op = "SyncBatchNorm";
   ops::check_same_device_dtype(op, {input, running_mean, running_var, weight, bias});
-  ops::check_cpu(op, {input, running_mean, running_var, weight, bias});
   for (const Tensor& r : {running_mean, running_var})
     if (r.defined()) ops::check_inplace("SyncBatchNorm (running stats update)", r, false);
   const int64_t N = input.size(0), C = input.size(1);
@@ -75,25 +105,39 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
   const Tensor x = input.detach().contiguous();
   const Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor();
   const Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
-  // [count | sum x | sum x^2] per channel: one all-reduce of 3*C doubles.
-  Tensor stats = zeros({3 * C}, kFloat64);
+  // [count | sum x | sum x^2] per channel on x's device: one all-reduce of 3*C doubles.
+  const Tensor stats = full({3 * C}, static_cast<double>(N * S), x.options().dtype(kFloat64));
   double* st = stats.data_ptr<double>();
+  ops::dispatch_floating(op, x, [&]<class T>() {
+    ops::on_device(
+        x, [&] { kernels::cpu::batch_norm_channel_stats<T>(x.data_ptr<T>(), N, C, S, st + C, st + 2 * C); },
+        [&](auto stream) {
+          kernels::cuda::batch_norm_channel_stats<T>(x.data_ptr<T>(), N, C, S, st + C, st + 2 * C, stream);
+        });
+  });
+  allreduce(group, stats);
+  const double count = stats.narrow(0, 0, 1).item<double>();
+  ND_CHECK(count > 1, op, ": expected more than 1 value per channel over all ", group ? group->size() : 1,
+           " rank(s) when training, got ", count, " (this rank's input ", input.describe(), ")");
   Tensor y = empty_like(x), mean = empty({C}, x.options()), invstd = empty({C}, x.options());
   ops::dispatch_floating(op, x, [&]<class T>() {
-    for (int64_t c = 0; c < C; ++c) st[c] = static_cast<double>(N * S);
-    kernels::cpu::batch_norm_channel_stats<T>(x.data_ptr<T>(), N, C, S, st + C, st + 2 * C);
-  });
-  group->allreduce(stats)->wait();
-  const double count = st[0];
-  ND_CHECK(count > 1, op, ": expected more than 1 value per channel over all ", group->size(),
-           " rank(s) when training, got ", count, " (this rank's input ", input.describe(), ")");
-  ops::dispatch_floating(op, x, [&]<class T>() {
     auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
-    kernels::cpu::batch_norm_stats_to_mean_invstd<T>(st + C, st + 2 * C, count, C, eps, momentum,
-                                                     mean.data_ptr<T>(), invstd.data_ptr<T>(), ptr(running_mean),
-                                                     ptr(running_var));
-    kernels::cpu::batch_norm_apply<T>(x.data_ptr<T>(), mean.data_ptr<T>(), invstd.data_ptr<T>(), ptr(w), ptr(b), N,
-                                      C, S, y.data_ptr<T>());
+    ops::on_device(
+        x,
+        [&] {
+          kernels::cpu::batch_norm_stats_to_mean_invstd<T>(st + C, st + 2 * C, count, C, eps, momentum,
+                                                           mean.data_ptr<T>(), invstd.data_ptr<T>(),
+                                                           ptr(running_mean), ptr(running_var));
+          kernels::cpu::batch_norm_apply<T>(x.data_ptr<T>(), mean.data_ptr<T>(), invstd.data_ptr<T>(), ptr(w),
+                                            ptr(b), N, C, S, y.data_ptr<T>());
+        },
+        [&](auto stream) {
+          kernels::cuda::batch_norm_stats_to_mean_invstd<T>(st + C, st + 2 * C, count, C, eps, momentum,
+                                                            mean.data_ptr<T>(), invstd.data_ptr<T>(),
+                                                            ptr(running_mean), ptr(running_var), stream);
+          kernels::cuda::batch_norm_apply<T>(x.data_ptr<T>(), mean.data_ptr<T>(), invstd.data_ptr<T>(), ptr(w),
+                                             ptr(b), N, C, S, y.data_ptr<T>(), stream);
+        });
   });
   if (running_mean.defined()) {
     ops::bump_version(running_mean, op);
@@ -115,69 +159,16 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
 
 }  // namespace
 
-SyncBatchNormImpl::SyncBatchNormImpl(const BatchNormOptions& options_, std::shared_ptr<dist::ProcessGroup> group)
-    : Module("SyncBatchNorm"), options(options_), process_group(std::move(group)) {
-  const auto& o = options;
-  ND_CHECK(o.num_features() > 0, "SyncBatchNorm: num_features must be positive, got ", o.num_features());
-  ND_CHECK(o.eps() > 0, "SyncBatchNorm: eps must be positive, got ", o.eps());
-  ND_CHECK(!o.momentum() || (*o.momentum() >= 0 && *o.momentum() <= 1),
-           "SyncBatchNorm: momentum must be in [0, 1] (or nullopt for a cumulative average), got ", *o.momentum());
-  if (o.affine()) {
-    weight = register_parameter("weight", empty({o.num_features()}));
-    bias = register_parameter("bias", empty({o.num_features()}));
-  }
-  if (o.track_running_stats()) {
-    running_mean = register_buffer("running_mean", empty({o.num_features()}));
-    running_var = register_buffer("running_var", empty({o.num_features()}));
-    num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, kInt64));
-  }
-  reset_parameters();
-}
-
-SyncBatchNormImpl::SyncBatchNormImpl(const BatchNorm2dImpl& bn, std::shared_ptr<dist::ProcessGroup> group)
-    : Module("SyncBatchNorm"), options(bn.options), process_group(std::move(group)) {
-  weight = register_parameter("weight", bn.weight, bn.weight.defined() && bn.weight.requires_grad());
-  bias = register_parameter("bias", bn.bias, bn.bias.defined() && bn.bias.requires_grad());
-  running_mean = register_buffer("running_mean", bn.running_mean);
-  running_var = register_buffer("running_var", bn.running_var);
-  num_batches_tracked = register_buffer("num_batches_tracked", bn.num_batches_tracked);
-  training_ = bn.is_training();
-}
-
-void SyncBatchNormImpl::reset_running_stats() {
-  if (!options.track_running_stats()) return;
-  init::zeros_(running_mean);
-  init::ones_(running_var);
-  NoGradGuard no_grad;
-  num_batches_tracked.zero_();
-}
-
-void SyncBatchNormImpl::reset_parameters() {
-  reset_running_stats();
-  if (options.affine()) {
-    init::ones_(weight);
-    init::zeros_(bias);
-  }
-}
-
 Tensor SyncBatchNormImpl::forward(const Tensor& input) {
   ND_CHECK(input.dim() >= 2, "SyncBatchNorm: expected input [N, C, *], got ", input.describe());
   ND_CHECK(input.size(1) == options.num_features(), "SyncBatchNorm: expected ", options.num_features(),
            " channels (num_features), got input ", input.describe());
+  if (!is_training()) return batch_norm_local(input, 0.0);  // never communicates
   const bool track = options.track_running_stats();
-  if (!is_training()) {  // never communicates
-    return batch_norm(input, track ? running_mean : Tensor(), track ? running_var : Tensor(), weight, bias,
-                      /*training=*/!track, 0.0, options.eps());
-  }
-  double factor = options.momentum().value_or(0.0);
-  if (track) {
-    NoGradGuard no_grad;
-    const int64_t batches = num_batches_tracked.item<int64_t>() + 1;
-    num_batches_tracked.fill_(static_cast<double>(batches));
-    if (!options.momentum()) factor = 1.0 / static_cast<double>(batches);
-  }
+  const double momentum = next_momentum();
+  const auto group = group_for(process_group, input);
   return sync_batch_norm(input, track ? running_mean : Tensor(), track ? running_var : Tensor(), weight, bias,
-                         factor, options.eps(), process_group ? process_group : dist::world());
+                         momentum, options.eps(), group);
 }
 
 std::shared_ptr<Module> convert_sync_batchnorm(std::shared_ptr<Module> module,

@@ -10,7 +10,8 @@
 // applies the elementwise input gradient with the global count. Weight and bias
 // gradients stay local to the rank (DDP averages them like any other parameter).
 // Running statistics get the same global update on every rank; eval uses them and
-// never communicates. Tests: tests/dist/sync_batch_norm_test.cpp (1, 2, 4 ranks).
+// never communicates. Tests: tests/dist/sync_batch_norm_test.cpp (1, 2, 4 ranks),
+// tests/cuda/cuda_batch_norm_test.cpp (CUDA, one rank).
 #include <memory>
 
 #include "collectives/process_group.h"
@@ -21,23 +22,24 @@ namespace nd::nn {
 
 // Options, parameter and buffer names are BatchNorm2d's (weight, bias, running_mean,
 // running_var, num_batches_tracked), so checkpoints move between the two.
-class SyncBatchNormImpl : public Module {
+// CPU and CUDA inputs: the statistics travel on the input's device, through
+// `process_group` when set, else dist::world() (CPU) or dist::nccl_world() (CUDA; in a
+// world of one rank no collective runs, the sums of one rank being the totals).
+class SyncBatchNormImpl : public BatchNormBase {
  public:
   explicit SyncBatchNormImpl(const BatchNormOptions& options,
-                             std::shared_ptr<dist::ProcessGroup> process_group = nullptr);
+                             std::shared_ptr<dist::ProcessGroup> process_group = nullptr)
+      : BatchNormBase("SyncBatchNorm", options), process_group(std::move(process_group)) {}
   explicit SyncBatchNormImpl(int64_t num_features) : SyncBatchNormImpl(BatchNormOptions(num_features)) {}
   // Takes over `bn`'s options, training flag and tensors (the same Tensor handles, so
   // optimizers and names stay valid).
-  explicit SyncBatchNormImpl(const BatchNorm2dImpl& bn, std::shared_ptr<dist::ProcessGroup> process_group = nullptr);
-  void reset_running_stats();
-  void reset_parameters();
+  explicit SyncBatchNormImpl(const BatchNorm2dImpl& bn, std::shared_ptr<dist::ProcessGroup> process_group = nullptr)
+      : BatchNormBase("SyncBatchNorm", bn), process_group(std::move(process_group)) {}
   // input [N, C, *]; N may be 0 on some ranks in training as long as the world has
   // more than one value per channel.
   Tensor forward(const Tensor& input) override;
 
-  BatchNormOptions options;
-  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
-  std::shared_ptr<dist::ProcessGroup> process_group;  // null: dist::world()
+  std::shared_ptr<dist::ProcessGroup> process_group;  // null: by the input's device (above)
 };
 ND_MODULE(SyncBatchNorm);
 

@@ -7,12 +7,13 @@
 
 namespace nd::nn {
 
-BatchNorm2dImpl::BatchNorm2dImpl(const BatchNormOptions& options_) : Module("BatchNorm2d"), options(options_) {
+BatchNormBase::BatchNormBase(const std::string& type_name, const BatchNormOptions& options_)
+    : Module(type_name), options(options_) {
   const auto& o = options;
-  ND_CHECK(o.num_features() > 0, "BatchNorm2d: num_features must be positive, got ", o.num_features());
-  ND_CHECK(o.eps() > 0, "BatchNorm2d: eps must be positive, got ", o.eps());
-  ND_CHECK(!o.momentum() || (*o.momentum() >= 0 && *o.momentum() <= 1),
-           "BatchNorm2d: momentum must be in [0, 1] (or nullopt for a cumulative average), got ", *o.momentum());
+  ND_CHECK(o.num_features() > 0, type_name, ": num_features must be positive, got ", o.num_features());
+  ND_CHECK(o.eps() > 0, type_name, ": eps must be positive, got ", o.eps());
+  ND_CHECK(!o.momentum() || (*o.momentum() >= 0 && *o.momentum() <= 1), type_name,
+           ": momentum must be in [0, 1] (or nullopt for a cumulative average), got ", *o.momentum());
   if (o.affine()) {
     weight = register_parameter("weight", empty({o.num_features()}));
     bias = register_parameter("bias", empty({o.num_features()}));
@@ -25,7 +26,17 @@ BatchNorm2dImpl::BatchNorm2dImpl(const BatchNormOptions& options_) : Module("Bat
   reset_parameters();
 }
 
-void BatchNorm2dImpl::reset_running_stats() {
+BatchNormBase::BatchNormBase(const std::string& type_name, const BatchNormBase& other)
+    : Module(type_name), options(other.options) {
+  weight = register_parameter("weight", other.weight, other.weight.defined() && other.weight.requires_grad());
+  bias = register_parameter("bias", other.bias, other.bias.defined() && other.bias.requires_grad());
+  running_mean = register_buffer("running_mean", other.running_mean);
+  running_var = register_buffer("running_var", other.running_var);
+  num_batches_tracked = register_buffer("num_batches_tracked", other.num_batches_tracked);
+  training_ = other.is_training();
+}
+
+void BatchNormBase::reset_running_stats() {
   if (!options.track_running_stats()) return;
   init::zeros_(running_mean);
   init::ones_(running_var);
@@ -33,7 +44,7 @@ void BatchNorm2dImpl::reset_running_stats() {
   num_batches_tracked.zero_();
 }
 
-void BatchNorm2dImpl::reset_parameters() {
+void BatchNormBase::reset_parameters() {
   reset_running_stats();
   if (options.affine()) {
     init::ones_(weight);
@@ -41,10 +52,7 @@ void BatchNorm2dImpl::reset_parameters() {
   }
 }
 
-Tensor BatchNorm2dImpl::forward(const Tensor& input) {
-  ND_CHECK(input.dim() == 4, "BatchNorm2d: expected 4D input [N, C, H, W], got ", input.describe());
-  ND_CHECK(input.size(1) == options.num_features(), "BatchNorm2d: expected ", options.num_features(),
-           " channels (num_features), got input ", input.describe());
+double BatchNormBase::next_momentum() {
   double factor = options.momentum().value_or(0.0);
   if (is_training() && options.track_running_stats()) {
     NoGradGuard no_grad;
@@ -53,12 +61,21 @@ Tensor BatchNorm2dImpl::forward(const Tensor& input) {
     num_batches_tracked.fill_(static_cast<double>(batches));
     if (!options.momentum()) factor = 1.0 / static_cast<double>(batches);
   }
-  // Batch statistics in training, or in eval when there are no running ones.
-  const bool use_batch_stats = is_training() || !options.track_running_stats();
-  const bool update_running = is_training() && options.track_running_stats();
-  const bool pass_running = update_running || !use_batch_stats;
-  return batch_norm(input, pass_running ? running_mean : Tensor(), pass_running ? running_var : Tensor(), weight, bias,
-                    use_batch_stats, factor, options.eps());
+  return factor;
+}
+
+Tensor BatchNormBase::batch_norm_local(const Tensor& input, double momentum) const {
+  // Running stats go in whenever they exist: updated in training, used in eval.
+  const bool track = options.track_running_stats();
+  return batch_norm(input, track ? running_mean : Tensor(), track ? running_var : Tensor(), weight, bias,
+                    /*training=*/is_training() || !track, momentum, options.eps());
+}
+
+Tensor BatchNorm2dImpl::forward(const Tensor& input) {
+  ND_CHECK(input.dim() == 4, "BatchNorm2d: expected 4D input [N, C, H, W], got ", input.describe());
+  ND_CHECK(input.size(1) == options.num_features(), "BatchNorm2d: expected ", options.num_features(),
+           " channels (num_features), got input ", input.describe());
+  return batch_norm_local(input, next_momentum());
 }
 
 }  // namespace nd::nn

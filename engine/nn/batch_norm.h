@@ -3,6 +3,7 @@
 // running_mean, running_var [C] and num_batches_tracked (i64, 0-d) (track_running_stats).
 // collectives/ swaps it for SyncBatchNorm. Tests: tests/nn/layers_test.cpp, golden_test.cpp.
 #include <optional>
+#include <string>
 
 #include "engine/nn/init.h"
 #include "engine/nn/module.h"
@@ -20,21 +21,43 @@ struct BatchNormOptions {
 };
 using BatchNorm2dOptions = BatchNormOptions;
 
-// Init: weight ones, bias zeros, running_mean zeros, running_var ones, num_batches_tracked 0.
-// training: batch statistics; with track_running_stats the running stats are updated
-//   (bumping their versions) and num_batches_tracked is incremented.
-// eval: running statistics (batch statistics when track_running_stats is false).
-class BatchNorm2dImpl : public Module {
+// What BatchNorm2d and SyncBatchNorm share (PyTorch's _NormBase): the options, the
+// parameters and buffers they ask for, resetting them, and a training step's running-stat
+// bookkeeping. Init: weight ones, bias zeros, running_mean zeros, running_var ones,
+// num_batches_tracked 0.
+class BatchNormBase : public Module {
  public:
-  explicit BatchNorm2dImpl(const BatchNormOptions& options);
-  explicit BatchNorm2dImpl(int64_t num_features) : BatchNorm2dImpl(BatchNormOptions(num_features)) {}
   void reset_running_stats();
   void reset_parameters();
-  // input [N, C, H, W].
-  Tensor forward(const Tensor& input) override;
 
   BatchNormOptions options;
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+
+ protected:
+  // Checks the options (errors name `type_name`) and registers weight and bias (affine)
+  // and the running statistics (track_running_stats), initialised.
+  BatchNormBase(const std::string& type_name, const BatchNormOptions& options);
+  // Registers `other`'s tensors themselves (the same handles, so optimizers and names stay
+  // valid) and takes over its options and training flag.
+  BatchNormBase(const std::string& type_name, const BatchNormBase& other);
+  // In training with track_running_stats: num_batches_tracked += 1 (one version bump).
+  // Returns the running-stat update weight: momentum, or 1 / num_batches_tracked when
+  // momentum is nullopt (a cumulative average).
+  double next_momentum();
+  // nd::batch_norm on this rank's input: batch statistics in training (updating the
+  // running ones when tracked) and in eval without running ones; else the running ones.
+  Tensor batch_norm_local(const Tensor& input, double momentum) const;
+};
+
+// training: batch statistics; with track_running_stats the running stats are updated
+//   (bumping their versions) and num_batches_tracked is incremented.
+// eval: running statistics (batch statistics when track_running_stats is false).
+class BatchNorm2dImpl : public BatchNormBase {
+ public:
+  explicit BatchNorm2dImpl(const BatchNormOptions& options) : BatchNormBase("BatchNorm2d", options) {}
+  explicit BatchNorm2dImpl(int64_t num_features) : BatchNorm2dImpl(BatchNormOptions(num_features)) {}
+  // input [N, C, H, W].
+  Tensor forward(const Tensor& input) override;
 };
 ND_MODULE(BatchNorm2d);
 
