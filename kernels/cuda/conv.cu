@@ -22,7 +22,8 @@
 #include <algorithm>
 
 #include "kernels/common/conv_index.h"
-#include "kernels/cuda/allocator.h"
+#include "kernels/cuda/row_reduce.cuh"
+#include "kernels/cuda/scratch.cuh"
 #include "kernels/cuda/strided.cuh"
 
 namespace nd::kernels::cuda {
@@ -124,44 +125,18 @@ __global__ void sum_chunks_kernel(int64_t splits, int64_t size, const T* partial
 }
 
 // grad_bias[c] = sum_{n, p} dy[n, c, p]: one block per channel (grid-stride), each thread
-// a strided slice in double, then warp shuffles and the block's kThreads/32 warp sums.
+// a strided slice in double, then the block's fixed-order shuffle reduction.
 template <class T>
 __global__ void bias_grad_kernel(int64_t N, int64_t C, int64_t HW, const T* dy, T* db) {
-  __shared__ double warp_sums[kThreads / 32];
+  __shared__ double smem[rows::kWarp];
   for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
     double acc = 0;
-    for (int64_t i = threadIdx.x; i < N * HW; i += kThreads) acc += static_cast<double>(dy[(i / HW * C + c) * HW + i % HW]);
-    for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_down_sync(0xffffffffu, acc, offset);
-    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      double total = 0;
-      for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
-      db[c] = static_cast<T>(total);
-    }
-    __syncthreads();  // warp_sums is rewritten for the next channel
+    for (int64_t i = threadIdx.x; i < N * HW; i += blockDim.x)
+      acc += static_cast<double>(dy[(i / HW * C + c) * HW + i % HW]);
+    const double total = rows::block_sum(acc, smem);
+    if (threadIdx.x == 0) db[c] = static_cast<T>(total);
   }
 }
-
-// A buffer from the caching allocator, returned when it goes out of scope. Work queued
-// on `stream` before the return still owns it: the allocator hands the block out again
-// only to later work on the same stream.
-class Scratch {
- public:
-  Scratch(const char* kernel, size_t nbytes, cudaStream_t stream) {
-    int device = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice", kernel);
-    ptr_ = allocate(device, nbytes, stream);
-  }
-  ~Scratch() { release(ptr_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  template <class T>
-  T* as() const { return static_cast<T*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-};
 
 // wgrad of the conv2d s: dw = DY^T X (conv_index.h's WgradGemm), split-K when the depth is long.
 template <class T>
@@ -175,7 +150,7 @@ void wgrad(const char* kernel, const Conv2dShape& s, const T* x, const T* dy, T*
   const int64_t tiles = (p.rows() + kTileM - 1) / kTileM * ((p.cols() + kTileN - 1) / kTileN) * p.q.groups;
   const ci::SplitK split = ci::split_depth(p.depth(), tiles, kTileK, kMinChunk, kTargetBlocks);
   if (split.splits == 1) return launch_gemm<T>(kernel, p, p.q.groups, split, stream);
-  const Scratch partial(kernel, sizeof(T) * split.splits * size, stream);
+  const detail::Scratch partial(kernel, sizeof(T) * split.splits * size, stream);
   p.out = partial.as<T>();
   launch_gemm<T>(kernel, p, p.q.groups, split, stream);
   sum_chunks_kernel<T><<<detail::blocks_for(size), kThreads, 0, stream>>>(split.splits, size, partial.as<T>(), dw);
@@ -217,8 +192,7 @@ template <class T>
 void conv2d_backward_bias(int64_t N, int64_t C, int64_t HW, const T* grad_output, T* grad_bias,
                           cudaStream_t stream) {
   if (C == 0) return;
-  const unsigned blocks = static_cast<unsigned>(std::min(C, kMaxGridYZ));
-  bias_grad_kernel<T><<<blocks, kThreads, 0, stream>>>(N, C, HW, grad_output, grad_bias);
+  bias_grad_kernel<T><<<rows::blocks_for(C), rows::threads_for(N * HW), 0, stream>>>(N, C, HW, grad_output, grad_bias);
   check_launch("conv2d_backward_bias");
 }
 

@@ -236,7 +236,8 @@ TEST_CASE("conv_index: conv_transpose2d through as_conv() equals kernels/cpu") {
     CAPTURE(describe(s));
     const ci::Geometry q = ci::geometry(s);
     const int64_t OH = t.out_h(), OW = t.out_w();
-    const Vec x = random_vec(t.N * t.C_in * t.H * t.W, 8), w = random_vec(t.C_in * (t.C_out / t.groups) * t.kH * t.kW, 9);
+    const Vec x = random_vec(t.N * t.C_in * t.H * t.W, 8);
+    const Vec w = random_vec(t.C_in * (t.C_out / t.groups) * t.kH * t.kW, 9);
     const Vec b = random_vec(t.C_out, 10), dy = random_vec(t.N * t.C_out * OH * OW, 11);
 
     Vec y = poisoned(t.N * t.C_out * OH * OW), y_ref(y.size());  // forward = dgrad of s, with the bias
