@@ -1,0 +1,54 @@
+#pragma once
+// CUDA twin of kernels/cpu/attention.h: fused, flash-style scaled-dot-product attention.
+// The forward runs one thread block per (query tile, b*h): K/V tiles pass through shared
+// memory, each query row keeps an online softmax (kernels/common/online_softmax.h), and only
+// out and logsumexp [B, H, Sq] reach global memory, never an Sq x Sk matrix. The backward is
+// FlashAttention-2's: D_i = dout_i . out_i first, then one block per (key tile, b*h) that
+// sums dk, dv over the query tiles, then one block per (query tile, b*h) that sums dq over
+// the key tiles. No atomics: every element is summed by one thread in a fixed order, so the
+// results are bit-reproducible run to run.
+// Head dims E, Ev <= 128, compiled for 32, 64 and 128 (other sizes are zero-padded up to the
+// next of these). Kernel: kernels/cuda/attention.cu. Tests: tests/cuda/cuda_attention_test.cpp
+// (against the CPU), tests/kernels/online_softmax_test.cpp (the shared math).
+#include <cstdint>
+
+#include "kernels/cpu/attention.h"  // AttentionMask
+#include "kernels/cuda/stream.h"
+
+namespace nd::kernels::cuda {
+
+using cpu::AttentionMask;
+
+// The largest head dim (E and Ev) the kernels take.
+constexpr int64_t kAttentionMaxHeadDim = 128;
+
+// Same contract as cpu::scaled_dot_product_attention_forward, on device pointers, queued on
+// `stream`: for each (b, h) and query row i, over the allowed keys j,
+//   s_ij = scale * q_i . k_j + mask_ij,  lse_i = log sum_j exp(s_ij),  out_i = sum_j exp(s_ij - lse_i) v_j;
+// a row with no allowed key gets out_i = 0 and lse_i = -inf.
+// requires: q [B, H, Sq, E], k [B, H, Sk, E], v [B, H, Sk, Ev], out [B, H, Sq, Ev],
+//           logsumexp [B, H, Sq], mask (if any) on the device; E, Ev <= 128 (else nd::Error);
+//           out does not alias q, k, v. T = float (f32 accumulation) or double.
+// ensures: writes out and logsumexp.
+template <typename T>
+void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v, AttentionMask<T> mask, int64_t B,
+                                          int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
+                                          bool is_causal, double scale, T* out, T* logsumexp,
+                                          cudaStream_t stream);
+
+// Same contract as cpu::scaled_dot_product_attention_backward: with P recomputed from
+// logsumexp and D_i = dout_i . out_i,
+//   dv_j = sum_i P_ij dout_i,  dS_ij = P_ij (dout_i . v_j - D_i),
+//   dq_i = scale sum_j dS_ij k_j,  dk_j = scale sum_i dS_ij q_i.
+// requires: the forward's inputs and its out, logsumexp; dout [B, H, Sq, Ev]; dq, dk, dv
+//           shaped like q, k, v, aliasing no input; E, Ev <= 128.
+// ensures: writes (not accumulates) dq, dk, dv, bit-identically on every run; a fully masked
+//          row contributes nothing. Uses B*H*Sq elements of scratch from the caching allocator.
+template <typename T>
+void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k, const T* v,
+                                           AttentionMask<T> mask, const T* out, const T* logsumexp, int64_t B,
+                                           int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
+                                           bool is_causal, double scale, T* dq, T* dk, T* dv,
+                                           cudaStream_t stream);
+
+}  // namespace nd::kernels::cuda
