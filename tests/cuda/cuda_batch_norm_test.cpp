@@ -3,7 +3,7 @@
 // every gradient, eval forward and backward, affine and track_running_stats off, [N, C]
 // and [N, C, H, W] at odd sizes (C = 129, a channel of 2^20 + 3 values in both kernel
 // layouts), f32 and f64; SyncBatchNorm at world size 1 against BatchNorm2d on the GPU;
-// statistics bit-identical run to run; zero-size batches. GPU outputs come from poisoned
+// outputs and statistics bit-identical run to run; zero-size batches. GPU outputs come from poisoned
 // allocations, so an unwritten element fails. Without a GPU each case prints "SKIPPED:".
 #include <string>
 #include <vector>
@@ -187,6 +187,26 @@ TEST_CASE("cuda SyncBatchNorm given a CPU process group says which group CUDA te
   CHECK_THROWS_WITH_AS(sync(x), doctest::Contains("nccl_world"), Error);
 }
 
+TEST_CASE("cuda batch_norm: the same training step twice gives bit-identical outputs and statistics") {
+  if (skip_without_gpu()) return;
+  for (const Shape& shape : {Shape{3, 5, 7, 9}, Shape{1, 2, kBig}, Shape{kBig, 2}}) {
+    CAPTURE(shape_str(shape));
+    const Tensor x = testing::random_input(shape, 3, false, -1, 3).to(kFloat32).to(kGpu);
+    auto step = [&] {
+      // momentum 1: the running statistics become the batch's mean and unbiased variance.
+      const Tensor rm = zeros({shape[1]}, TensorOptions(kFloat32).device(kGpu));
+      const Tensor rv = ones({shape[1]}, TensorOptions(kFloat32).device(kGpu));
+      const Tensor y = batch_norm(x, rm, rv, Tensor(), Tensor(), true, 1.0);
+      return std::vector<std::vector<double>>{testing::to_vector(y.cpu()), testing::to_vector(rm.cpu()),
+                                              testing::to_vector(rv.cpu())};
+    };
+    CHECK_MESSAGE(step() == step(), "not bit-identical run to run");
+  }
+}
+
+// Kernel-level cases: they call kernels::cuda directly, which CUDA builds alone contain.
+#ifdef NANODDP_WITH_CUDA
+
 TEST_CASE("cuda batch_norm statistics are bit-identical run to run and match the CPU sums") {
   if (skip_without_gpu()) return;
   struct Layout {
@@ -251,3 +271,5 @@ TEST_CASE("cuda batch_norm: an empty batch gives zero sums, and empty inputs lau
   const Tensor rv = ones({3}, TensorOptions(kFloat32).device(kGpu));
   CHECK(batch_norm(x, rm, rv, Tensor(), Tensor(), false).sizes() == Shape{0, 3, 2, 2});
 }
+
+#endif  // NANODDP_WITH_CUDA
