@@ -5,6 +5,7 @@
 
 #include "engine/ops/common.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cuda/attention.h"
 
 namespace nd {
 
@@ -36,14 +37,16 @@ MaskView prepare_mask(const Tensor& attn_mask, const Tensor& q, const Dims& d) {
            op, ": expected attn_mask broadcastable to ", shape_str(full), ", found ", attn_mask.describe());
   Tensor additive;
   if (attn_mask.dtype() == kBool) {
-    // true = attend: 0 where true, -inf where false.
-    const Tensor keep = attn_mask.contiguous();
-    additive = empty(keep.sizes(), q.options());
+    // true = attend: 0 where true, -inf where false; converted on the host (a CUDA mask
+    // makes the round trip, once per forward).
+    const Tensor keep = attn_mask.contiguous().cpu();
+    additive = empty(keep.sizes(), TensorOptions(q.dtype()));
     ops::dispatch_floating(op, q, [&]<class T>() {
       const bool* src = keep.data_ptr<bool>();
       T* dst = additive.data_ptr<T>();
       for (int64_t i = 0; i < keep.numel(); ++i) dst[i] = src[i] ? T(0) : -std::numeric_limits<T>::infinity();
     });
+    additive = additive.to(q.device());
   } else {
     ND_CHECK(attn_mask.dtype() == q.dtype(), op, ": expected a bool attn_mask or one of the query's dtype (",
              dtype_name(q.dtype()), "), found ", attn_mask.describe());
@@ -82,10 +85,21 @@ struct ScaledDotProductAttentionBackward : autograd::Node {
     const Tensor g = grads[0].contiguous();
     Tensor dq = empty_like(qv), dk = empty_like(kv), dv = empty_like(vv);
     ops::dispatch_floating("scaled_dot_product_attention backward", qv, [&]<class T>() {
-      kernels::cpu::scaled_dot_product_attention_backward<T>(
-          g.data_ptr<T>(), qv.data_ptr<T>(), kv.data_ptr<T>(), vv.data_ptr<T>(), kernel_mask<T>(m), o.data_ptr<T>(),
-          lse.data_ptr<T>(), d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, scale, dq.data_ptr<T>(), dk.data_ptr<T>(),
-          dv.data_ptr<T>());
+      const T *gp = g.data_ptr<T>(), *qp = qv.data_ptr<T>(), *kp = kv.data_ptr<T>(), *vp = vv.data_ptr<T>();
+      const T *outp = o.data_ptr<T>(), *lp = lse.data_ptr<T>();
+      ops::on_device(
+          qv,
+          [&] {
+            kernels::cpu::scaled_dot_product_attention_backward<T>(gp, qp, kp, vp, kernel_mask<T>(m), outp, lp, d.B,
+                                                                   d.H, d.L, d.S, d.E, d.Ev, is_causal, scale,
+                                                                   dq.data_ptr<T>(), dk.data_ptr<T>(),
+                                                                   dv.data_ptr<T>());
+          },
+          [&](auto stream) {
+            kernels::cuda::scaled_dot_product_attention_backward<T>(
+                gp, qp, kp, vp, kernel_mask<T>(m), outp, lp, d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, scale,
+                dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>(), stream);
+          });
     });
     return {next_edges[0].fn ? dq : Tensor(), next_edges[1].fn ? dk : Tensor(), next_edges[2].fn ? dv : Tensor()};
   }
@@ -98,7 +112,6 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
                                     std::optional<double> scale) {
   const char* op = "scaled_dot_product_attention";
   ops::check_same_device_dtype(op, {query, key, value});
-  ops::check_cpu(op, {query, key, value, attn_mask});
   ND_CHECK(query.dim() == 3 || query.dim() == 4, op, ": expected query of 3 or 4 dims ([B, H, L, E] or [B, L, E]), found ",
            query.describe());
   ND_CHECK(key.dim() == query.dim() && value.dim() == query.dim(), op,
@@ -125,6 +138,10 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
            dropout_p, ". Apply nd::dropout to the output instead, or pass 0.");
   ND_CHECK(!(is_causal && attn_mask.defined()), op,
            ": expected either attn_mask or is_causal, found both (as PyTorch, they may not be combined)");
+  const int64_t max_head_dim = kernels::cuda::kAttentionMaxHeadDim;
+  ND_CHECK(!query.is_cuda() || (d.E <= max_head_dim && d.Ev <= max_head_dim), op,
+           ": the CUDA kernel takes head dims of at most ", max_head_dim, "; found query ", query.describe(),
+           ", value ", value.describe(), ". Use more heads or the CPU.");
   const double sc = scale.value_or(d.E > 0 ? 1.0 / std::sqrt(static_cast<double>(d.E)) : 1.0);
 
   const MaskView mask = prepare_mask(attn_mask, query, d);
@@ -134,9 +151,19 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   Tensor out = empty(out_shape, query.options());
   Tensor lse = empty({d.B, d.H, d.L}, query.options());
   ops::dispatch_floating(op, query, [&]<class T>() {
-    kernels::cpu::scaled_dot_product_attention_forward<T>(q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(),
-                                                          kernel_mask<T>(mask), d.B, d.H, d.L, d.S, d.E, d.Ev,
-                                                          is_causal, sc, out.data_ptr<T>(), lse.data_ptr<T>());
+    const T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>();
+    ops::on_device(
+        query,
+        [&] {
+          kernels::cpu::scaled_dot_product_attention_forward<T>(qp, kp, vp, kernel_mask<T>(mask), d.B, d.H, d.L, d.S,
+                                                                d.E, d.Ev, is_causal, sc, out.data_ptr<T>(),
+                                                                lse.data_ptr<T>());
+        },
+        [&](auto stream) {
+          kernels::cuda::scaled_dot_product_attention_forward<T>(qp, kp, vp, kernel_mask<T>(mask), d.B, d.H, d.L,
+                                                                 d.S, d.E, d.Ev, is_causal, sc, out.data_ptr<T>(),
+                                                                 lse.data_ptr<T>(), stream);
+        });
   });
   autograd::record<ScaledDotProductAttentionBackward>(
       {query, key, value}, {out}, [&](ScaledDotProductAttentionBackward& n) {
