@@ -17,7 +17,7 @@
 
 #include "kernels/common/batch_norm_index.h"
 #include "kernels/common/welford.h"
-#include "kernels/cuda/allocator.h"
+#include "kernels/cuda/scratch.cuh"
 #include "kernels/cuda/strided.cuh"
 
 namespace nd::kernels::cuda {
@@ -25,30 +25,11 @@ namespace nd::kernels::cuda {
 namespace {
 
 using detail::kThreads;
+using detail::Scratch;
 constexpr int kColumns = 32;                // S = 1: channels side by side in a block (one warp row)
 constexpr int kRows = kThreads / kColumns;  // S = 1: rows of the batch a block walks at once
 constexpr int64_t kValuesPerThread = 16;    // chunk size target: enough work to hide latency
 constexpr int64_t kMaxChunks = 1024;        // chunks per channel (gridDim.y <= 65535)
-
-// Device scratch from the caching allocator, handed back at scope exit. The allocator
-// reuses a block only on the same stream, so kernels queued before the release finish
-// before any later owner's kernels start.
-template <class U>
-class Scratch {
- public:
-  Scratch(int64_t n, cudaStream_t stream) {
-    int device = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice", "batch_norm");
-    ptr_ = static_cast<U*>(allocate(device, sizeof(U) * static_cast<size_t>(n), stream));
-  }
-  ~Scratch() { release(ptr_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  U* get() const { return ptr_; }
-
- private:
-  U* ptr_ = nullptr;
-};
 
 // ---- reduction ops ----------------------------------------------------------------------
 
@@ -174,20 +155,19 @@ void channel_reduce(const char* kernel, const Op& op, int64_t N, int64_t C, int6
   const bool columns = S == 1;
   const int64_t per_chunk = (columns ? kRows : kThreads) * kValuesPerThread;
   const ChannelChunks chunks = channel_chunks(N * S, per_chunk, kMaxChunks);
-  Scratch<State> partial(chunks.count > 1 ? C * chunks.count : 0, stream);
+  const Scratch scratch(kernel, chunks.count > 1 ? sizeof(State) * C * chunks.count : 0, stream);
+  State* partial = scratch.as<State>();
   const auto chunk_count = static_cast<unsigned>(chunks.count);
   if (columns) {
     const dim3 grid(static_cast<unsigned>((C + kColumns - 1) / kColumns), chunk_count);
-    column_partials_kernel<Op><<<grid, dim3(kColumns, kRows), 0, stream>>>(op, N, C, chunks.length, partial.get());
+    column_partials_kernel<Op><<<grid, dim3(kColumns, kRows), 0, stream>>>(op, N, C, chunks.length, partial);
   } else {
     const dim3 grid(static_cast<unsigned>(C), chunk_count);
-    channel_partials_kernel<Op><<<grid, dim3(1, kThreads), 0, stream>>>(op, C, S, N * S, chunks.length,
-                                                                         partial.get());
+    channel_partials_kernel<Op><<<grid, dim3(1, kThreads), 0, stream>>>(op, C, S, N * S, chunks.length, partial);
   }
   check_launch(kernel);
   if (chunks.count == 1) return;
-  combine_partials_kernel<Op><<<static_cast<unsigned>(C), dim3(1, kThreads), 0, stream>>>(op, chunks.count,
-                                                                                          partial.get());
+  combine_partials_kernel<Op><<<static_cast<unsigned>(C), dim3(1, kThreads), 0, stream>>>(op, chunks.count, partial);
   check_launch(kernel);
 }
 
@@ -332,9 +312,10 @@ void batch_norm_forward_training(const T* x, const T* weight, const T* bias, T* 
   if (C == 0) return;
   require(N * S > 0, "batch_norm_forward_training",
           "expected values in every channel (N*S > 0), found N = " + std::to_string(N) + ", S = " + std::to_string(S));
-  Scratch<double> sums(2 * C, stream);  // [sum | sum of squares]
-  batch_norm_channel_stats(x, N, C, S, sums.get(), sums.get() + C, stream);
-  batch_norm_stats_to_mean_invstd(sums.get(), sums.get() + C, static_cast<double>(N * S), C, eps, momentum, save_mean,
+  const Scratch scratch("batch_norm_forward_training", sizeof(double) * 2 * C, stream);
+  double* sums = scratch.as<double>();  // [sum | sum of squares]
+  batch_norm_channel_stats(x, N, C, S, sums, sums + C, stream);
+  batch_norm_stats_to_mean_invstd(sums, sums + C, static_cast<double>(N * S), C, eps, momentum, save_mean,
                                   save_invstd, running_mean, running_var, stream);
   batch_norm_apply(x, save_mean, save_invstd, weight, bias, N, C, S, y, stream);
 }
@@ -343,9 +324,10 @@ template <typename T>
 void batch_norm_forward_eval(const T* x, const T* running_mean, const T* running_var, const T* weight,
                              const T* bias, int64_t N, int64_t C, int64_t S, double eps, T* y, cudaStream_t stream) {
   if (C == 0) return;
-  Scratch<T> invstd(C, stream);
-  batch_norm_invstd(running_var, C, eps, invstd.get(), stream);
-  batch_norm_apply(x, running_mean, invstd.get(), weight, bias, N, C, S, y, stream);
+  const Scratch scratch("batch_norm_forward_eval", sizeof(T) * C, stream);
+  T* invstd = scratch.as<T>();
+  batch_norm_invstd(running_var, C, eps, invstd, stream);
+  batch_norm_apply(x, running_mean, invstd, weight, bias, N, C, S, y, stream);
 }
 
 template <typename T>
@@ -357,17 +339,18 @@ void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd
   const bool param_grads = grad_weight != nullptr || grad_bias != nullptr;
   const bool need_sums = param_grads || (training && grad_input != nullptr);
   // The sums read dy, so they come first: grad_input may be dy.
-  Scratch<double> sums(need_sums ? 2 * C : 0, stream);  // [sum dy | sum dy*(x - mean)]
-  if (need_sums) batch_norm_backward_reduce(dy, x, mean, N, C, S, sums.get(), sums.get() + C, stream);
+  const Scratch scratch("batch_norm_backward", need_sums ? sizeof(double) * 2 * C : 0, stream);
+  double* sums = scratch.as<double>();  // [sum dy | sum dy*(x - mean)]
+  if (need_sums) batch_norm_backward_reduce(dy, x, mean, N, C, S, sums, sums + C, stream);
   if (param_grads) {
-    param_grads_kernel<T><<<detail::blocks_for(C), kThreads, 0, stream>>>(sums.get(), sums.get() + C, invstd, C,
-                                                                          grad_weight, grad_bias);
+    param_grads_kernel<T><<<detail::blocks_for(C), kThreads, 0, stream>>>(sums, sums + C, invstd, C, grad_weight,
+                                                                          grad_bias);
     check_launch("batch_norm_backward (weight and bias gradients)");
   }
   if (grad_input == nullptr || total == 0) return;
   if (training) {
-    batch_norm_backward_elemt(dy, x, mean, invstd, weight, sums.get(), sums.get() + C, static_cast<double>(N * S), N,
-                              C, S, grad_input, stream);
+    batch_norm_backward_elemt(dy, x, mean, invstd, weight, sums, sums + C, static_cast<double>(N * S), N, C, S,
+                              grad_input, stream);
     return;
   }
   // Eval: mean and invstd are constants, so the map is affine.
