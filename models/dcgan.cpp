@@ -46,7 +46,7 @@ void dcgan_init(nn::Module& module) {
       nn::init::normal_(conv->weight, 0.0, 0.02);
     } else if (auto* convt = dynamic_cast<nn::ConvTranspose2dImpl*>(&m)) {
       nn::init::normal_(convt->weight, 0.0, 0.02);
-    } else if (auto* bn = dynamic_cast<nn::BatchNorm2dImpl*>(&m); bn && bn->options.affine()) {
+    } else if (auto* bn = dynamic_cast<nn::BatchNormBase*>(&m); bn && bn->options.affine()) {
       nn::init::normal_(bn->weight, 1.0, 0.02);
       nn::init::zeros_(bn->bias);
     }

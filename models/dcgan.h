@@ -39,7 +39,7 @@ ND_MODULE(DCGANDiscriminator);
 
 // The DCGAN paper's init (PyTorch example's weights_init), over every submodule:
 // Conv2d / ConvTranspose2d weight N(0, 0.02^2); BatchNorm2d weight N(1, 0.02^2), bias 0.
-// Apply it before convert_sync_batchnorm (which carries the BatchNorm weights over).
+// BatchNorm2d and SyncBatchNorm alike (it may run before or after convert_sync_batchnorm).
 void dcgan_init(nn::Module& module);
 
 }  // namespace nd::models

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "collectives/sync_batch_norm.h"
 #include "harness.h"
 
 using namespace nd;
@@ -94,6 +95,19 @@ TEST_CASE("DCGAN: dcgan_init draws conv weights N(0, 0.02) and BatchNorm N(1, 0.
   const auto [bn_mean, bn_std] = moments(bn_weight);
   CHECK(bn_mean == doctest::Approx(1.0).epsilon(0.01));
   CHECK(bn_std == doctest::Approx(0.02).epsilon(0.3));
+}
+
+TEST_CASE("DCGAN: dcgan_init also reaches BatchNorm layers already converted to SyncBatchNorm") {
+  manual_seed(8);
+  models::DCGANDiscriminator D(8);
+  nn::convert_sync_batchnorm(D.ptr());
+  models::dcgan_init(*D);
+  Tensor w;  // the BatchNorm's weight
+  for (const auto& [name, p] : D->named_parameters())
+    if (name == "main.3.weight") w = p;
+  REQUIRE(w.defined());
+  CHECK(w.sub(1.0).abs().max().item() > 0);   // drawn, not the default ones
+  CHECK(w.sub(1.0).abs().max().item() < 0.2);  // around 1 with spread 0.02
 }
 
 TEST_CASE("DCGAN: wrong input shapes are clear errors") {
