@@ -46,6 +46,12 @@ void check_close(const Tensor& actual, const Tensor& expected, double atol, doub
   check_close(actual, to_vector(expected), atol, rtol, what);
 }
 
+void check_close_scaled(const Tensor& actual, const Tensor& expected, double tol, const std::string& what) {
+  double scale = 0;
+  for (double v : to_vector(expected)) scale = std::max(scale, std::abs(v));
+  check_close(actual, expected, tol * scale + 1e-7, tol, what);
+}
+
 namespace {
 double loss_value(const OpFn& fn, const std::vector<Tensor>& inputs, const Tensor& w) {
   NoGradGuard no_grad;

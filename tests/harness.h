@@ -26,6 +26,9 @@ Tensor random_input(const Shape& shape, uint64_t seed, bool non_contiguous = fal
 void check_close(const Tensor& actual, const Tensor& expected, double atol, double rtol, const std::string& what);
 void check_close(const Tensor& actual, const std::vector<double>& expected, double atol, double rtol,
                  const std::string& what);
+// check_close with atol = tol * max|expected| + 1e-7 and rtol = tol: for f32 results
+// against goldens computed in f64, where small entries only need the tensor's scale.
+void check_close_scaled(const Tensor& actual, const Tensor& expected, double tol, const std::string& what);
 
 // Compares autograd's gradients of sum(fn(inputs) * w) (w random, fixed) with central
 // finite differences, for every input that requires grad. Inputs must be f64.

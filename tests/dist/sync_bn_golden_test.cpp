@@ -14,6 +14,8 @@
 
 using namespace nd;
 
+using nd::testing::check_close_scaled;
+
 namespace {
 
 // The golden tensor `key` ("param.1.weight", "grad.0.weight", ...).
@@ -27,20 +29,13 @@ size_t count_prefixed(const TensorDict& g, const std::string& prefix) {
       std::count_if(g.begin(), g.end(), [&](const auto& entry) { return entry.first.rfind(prefix, 0) == 0; }));
 }
 
-// |actual - expected| <= tol * (max |expected| + |expected|) + 1e-7: f32 against a
-// float64 reference, relative to the tensor's scale.
-void check_f32(const Tensor& actual, const Tensor& expected, double tol, const std::string& what) {
-  double scale = 0;
-  for (double v : nd::testing::to_vector(expected)) scale = std::max(scale, std::abs(v));
-  nd::testing::check_close(actual, expected, tol * scale + 1e-7, tol, what);
-}
-
 }  // namespace
 
 TEST_CASE("golden: SyncBatchNorm under DDP, unequal per-rank batches, one SGD step equals PyTorch's BatchNorm2d "
           "on the global batch") {
   const auto path = std::filesystem::path(NANODDP_SOURCE_DIR) / "tests" / "golden" / "sync_bn_2rank.safetensors";
-  REQUIRE_MESSAGE(std::filesystem::exists(path), path.string(), " is missing (run tests/golden/make_sync_bn_golden.py)");
+  REQUIRE_MESSAGE(std::filesystem::exists(path), path.string(),
+                  " is missing (run tests/golden/make_sync_bn_golden.py)");
   const TensorDict g = load(path.string());
   auto world = dist::world();
   const int W = world->size(), rank = world->rank();
@@ -76,17 +71,18 @@ TEST_CASE("golden: SyncBatchNorm under DDP, unequal per-rank batches, one SGD st
   const Tensor out = ddp(x);
   const double global_numel = static_cast<double>(golden_at(g, "input.target").numel());
   const Tensor loss = mse_loss(out, target, Reduction::Sum) * (W / global_numel);
-  check_f32(out, golden_at(g, "out.out").narrow(0, offset, n), 1e-4, "output of this rank's slice");
+  check_close_scaled(out, golden_at(g, "out.out").narrow(0, offset, n), 1e-4, "output of this rank's slice");
   Tensor mean_loss = loss.detach().clone();
   world->allreduce(mean_loss)->wait();
-  check_f32(mean_loss / static_cast<double>(W), golden_at(g, "out.loss"), 1e-5, "loss, averaged over the ranks");
+  check_close_scaled(mean_loss / static_cast<double>(W), golden_at(g, "out.loss"), 1e-5,
+                     "loss, averaged over the ranks");
 
   opt.zero_grad();
   loss.backward();
   CHECK(count_prefixed(g, "grad.") == net->parameters().size());
   for (const auto& [name, p] : net->named_parameters()) {
     REQUIRE_MESSAGE(p.grad().defined(), name, " has no gradient");
-    check_f32(p.grad(), golden_at(g, "grad." + name), 1e-4, "gradient of " + name);
+    check_close_scaled(p.grad(), golden_at(g, "grad." + name), 1e-4, "gradient of " + name);
   }
   opt.step();
   // Updated weights and the running statistics of the global batch, on every rank.
@@ -95,6 +91,6 @@ TEST_CASE("golden: SyncBatchNorm under DDP, unequal per-rank batches, one SGD st
   for (const auto& [name, t] : state) {
     const Tensor expected = golden_at(g, "after." + name);
     if (expected.dtype() == kInt64) CHECK(t.item<int64_t>() == expected.item<int64_t>());
-    else check_f32(t, expected, 1e-5, "after the step: " + name);
+    else check_close_scaled(t, expected, 1e-5, "after the step: " + name);
   }
 }

@@ -10,6 +10,8 @@
 
 using namespace nd;
 
+using nd::testing::check_close_scaled;
+
 namespace {
 
 TensorDict golden(const std::string& file, const std::string& prefix) {
@@ -27,12 +29,6 @@ TensorDict group(const TensorDict& g, const std::string& name) {
   for (const auto& [k, v] : g)
     if (k.rfind(name + ".", 0) == 0) out[k.substr(name.size() + 1)] = v;
   return out;
-}
-
-void check_scaled(const Tensor& actual, const Tensor& expected, double tol, const std::string& what) {
-  double scale = 0;
-  for (double v : nd::testing::to_vector(expected)) scale = std::max(scale, std::abs(v));
-  nd::testing::check_close(actual, expected, tol * scale + 1e-7, tol, what);
 }
 
 // Updated parameters to 1e-5 of their scale, except where the reference gradient is
@@ -71,17 +67,18 @@ void run_golden(const std::string& file, const std::string& prefix, nn::Module& 
   module.load_state_dict(group(g, "param"));
   const TensorDict inputs = group(g, "input");
   auto [loss, outputs] = run(inputs);
-  for (const auto& [k, v] : group(g, "out")) check_scaled(outputs.at(k), v, 1e-4, prefix + " output " + k);
+  for (const auto& [k, v] : group(g, "out")) check_close_scaled(outputs.at(k), v, 1e-4, prefix + " output " + k);
   loss.backward();
   const TensorDict grads = group(g, "grad");
   CHECK(grads.size() == module.parameters().size());
-  for (const auto& [k, p] : module.named_parameters()) check_scaled(p.grad(), grads.at(k), 1e-4, prefix + " grad " + k);
+  for (const auto& [k, p] : module.named_parameters())
+    check_close_scaled(p.grad(), grads.at(k), 1e-4, prefix + " grad " + k);
   make_optimizer(module.parameters())->step();
   const TensorDict after = group(g, "after"), before = group(g, "param"), state = module.state_dict();
   CHECK(after.size() == state.size());
   for (const auto& [k, v] : after) {
     if (grads.count(k)) check_step(state.at(k), v, before.at(k), grads.at(k), lr, prefix + " after step " + k);
-    else check_scaled(state.at(k), v, 1e-5, prefix + " after step " + k);  // buffers
+    else check_close_scaled(state.at(k), v, 1e-5, prefix + " after step " + k);  // buffers
   }
 }
 
