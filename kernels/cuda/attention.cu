@@ -17,16 +17,21 @@
 // its own pass over key tiles (FlashAttention-2's alternative to atomics), which recomputes
 // the scores once more.
 //
+// Types: f32 and f64 compute in their own type; bf16 (kernel level, for the benchmarks) is
+// converted to f32 when a tile is loaded and rounded back once when a result is stored.
+//
 // The online-softmax update and tile bounds are kernels/common/online_softmax.h (CPU-tested).
 // Twin: kernels/cpu/attention.cpp. Test: tests/cuda/cuda_attention_test.cpp.
 #include "kernels/cuda/attention.h"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <string>
 
+#include "kernels/common/float16.h"
 #include "kernels/common/online_softmax.h"
-#include "kernels/cuda/allocator.h"
+#include "kernels/cuda/scratch.cuh"
 
 namespace nd::kernels::cuda {
 
@@ -62,21 +67,49 @@ __host__ __device__ constexpr T neg_inf() {
   return -static_cast<T>(INFINITY);
 }
 
-// Everything a kernel needs, by value.
+// Storage type S (in global memory) and arithmetic type compute_t<S> (shared memory,
+// registers, logsumexp and delta): the same for f32 and f64; f32 for bf16.
+template <class S>
+struct ComputeType {
+  using type = S;
+};
+template <>
+struct ComputeType<BFloat16> {
+  using type = float;
+};
+template <class S>
+using compute_t = typename ComputeType<S>::type;
+
 template <class T>
+__device__ T to_compute(T x) {
+  return x;
+}
+__device__ float to_compute(BFloat16 x) { return __bfloat162float(__ushort_as_bfloat16(x.bits)); }
+template <class T>
+__device__ void store(T* p, T v) {
+  *p = v;
+}
+__device__ void store(BFloat16* p, float v) { p->bits = __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+
+// Everything a kernel needs, by value.
+template <class S>
 struct Problem {
-  const T *q, *k, *v, *out, *lse, *dout, *delta;
-  AttentionMask<T> mask;
+  using T = compute_t<S>;
+  const S *q, *k, *v, *out, *dout;
+  const T *lse, *delta;
+  AttentionMask<S> mask;
   int64_t H, Sq, Sk, E, Ev;
   bool is_causal;
   T scale;
 };
 
 // One head's slice of the arrays and of the mask (base == nullptr: no mask).
-template <class T>
+template <class S>
 struct Head {
-  const T *q, *k, *v, *out, *lse, *dout, *delta, *mask;
-  __device__ Head(const Problem<T>& p, int64_t bh) {
+  using T = compute_t<S>;
+  const S *q, *k, *v, *out, *dout, *mask;
+  const T *lse, *delta;
+  __device__ Head(const Problem<S>& p, int64_t bh) {
     const int64_t b = bh / p.H, h = bh % p.H;
     q = p.q + bh * p.Sq * p.E;
     k = p.k + bh * p.Sk * p.E;
@@ -90,18 +123,18 @@ struct Head {
 };
 
 // tile[r][e] = src[(row0 + r) * width + e] for r < rows, e < width; 0 elsewhere.
-template <class T, int TILE, int D>
-__device__ void load_tile(T (*tile)[D + 1], const T* src, int64_t row0, int64_t rows, int64_t width) {
+template <int TILE, int D, class T, class S>
+__device__ void load_tile(T (*tile)[D + 1], const S* src, int64_t row0, int64_t rows, int64_t width) {
   for (int idx = threadIdx.x; idx < TILE * D; idx += kThreads) {
     const int r = idx / D, e = idx % D;
-    tile[r][e] = r < rows && e < width ? src[(row0 + r) * width + e] : T(0);
+    tile[r][e] = r < rows && e < width ? to_compute(src[(row0 + r) * width + e]) : T(0);
   }
 }
 
 // s_ij for tile row r (query i = i0 + r) and column c (key j = j0 + c), or -inf where the
 // key may not be seen (causal, past Sk) or the row is padding (r >= rows).
-template <class T, int D>
-__device__ T score(const Problem<T>& p, const Head<T>& hd, const T (*sq)[D + 1], const T (*sk)[D + 1], int r,
+template <int D, class S, class T = compute_t<S>>
+__device__ T score(const Problem<S>& p, const Head<S>& hd, const T (*sq)[D + 1], const T (*sk)[D + 1], int r,
                    int c, int64_t i0, int64_t j0, int64_t rows) {
   const int64_t i = i0 + r, j = j0 + c;
   if (r >= rows || !attention_allowed(i, j, p.Sk, p.is_causal)) return neg_inf<T>();
@@ -109,14 +142,16 @@ __device__ T score(const Problem<T>& p, const Head<T>& hd, const T (*sq)[D + 1],
 #pragma unroll 16
   for (int e = 0; e < D; ++e) dot += sq[r][e] * sk[c][e];
   const T s = p.scale * dot;
-  return hd.mask ? s + hd.mask[i * p.mask.stride_q + j * p.mask.stride_k] : s;
+  return hd.mask ? s + to_compute(hd.mask[i * p.mask.stride_q + j * p.mask.stride_k]) : s;
 }
 
 // ---- forward: one block per (query tile, b*h) ----------------------------------------
 //   for each key tile: S = scale Q K^T + mask; per row m' = max(m, rowmax S), P = exp(S - m'),
 //   l = l exp(m - m') + rowsum P, acc = acc exp(m - m') + P V;   finally out = acc / l.
-template <class T, int D>
-__global__ void __launch_bounds__(kThreads) forward_kernel(Problem<T> p, int64_t n_tiles, T* out, T* lse) {
+template <class S, int D>
+__global__ void __launch_bounds__(kThreads) forward_kernel(Problem<S> p, int64_t n_tiles, S* out,
+                                                           compute_t<S>* lse) {
+  using T = compute_t<S>;
   constexpr int TILE = forward_tile<T, D>(), kAcc = TILE * D / kThreads;
   __shared__ T sq[TILE][D + 1];
   __shared__ T skv[TILE][D + 1];  // K for the scores, then V for P V
@@ -124,9 +159,9 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Problem<T> p, int64_t
   __shared__ T srow[TILE];  // per row: the correction exp(m - m'), at the end 1 / l
 
   const TileOfBlock tb = tile_of_block(blockIdx.x, n_tiles);
-  const Head<T> hd(p, tb.bh);
+  const Head<S> hd(p, tb.bh);
   const int64_t i0 = tb.tile * TILE, rows = p.Sq - i0 < TILE ? p.Sq - i0 : TILE;
-  load_tile<T, TILE, D>(sq, hd.q, i0, rows, p.E);
+  load_tile<TILE, D>(sq, hd.q, i0, rows, p.E);
 
   T acc[kAcc] = {};
   OnlineSoftmax<T> row_state;  // of row threadIdx.x, in threads < TILE
@@ -134,14 +169,14 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Problem<T> p, int64_t
   for (int64_t j0 = 0; j0 < key_end; j0 += TILE) {
     const int64_t cols = key_end - j0 < TILE ? key_end - j0 : TILE;
     __syncthreads();  // the previous tile's P V is done with skv
-    load_tile<T, TILE, D>(skv, hd.k, j0, cols, p.E);
+    load_tile<TILE, D>(skv, hd.k, j0, cols, p.E);
     __syncthreads();
     for (int idx = threadIdx.x; idx < TILE * TILE; idx += kThreads) {
       const int r = idx / TILE, c = idx % TILE;
-      ss[r][c] = score<T, D>(p, hd, sq, skv, r, c, i0, j0, rows);
+      ss[r][c] = score<D>(p, hd, sq, skv, r, c, i0, j0, rows);
     }
     __syncthreads();
-    load_tile<T, TILE, D>(skv, hd.v, j0, cols, p.Ev);  // scores are in ss now
+    load_tile<TILE, D>(skv, hd.v, j0, cols, p.Ev);  // scores are in ss now
     if (threadIdx.x < TILE) {
       const int r = threadIdx.x;
       T block_max = neg_inf<T>();
@@ -168,26 +203,26 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Problem<T> p, int64_t
     if (threadIdx.x < rows) lse[tb.bh * p.Sq + i0 + threadIdx.x] = row_state.logsumexp();
   }
   __syncthreads();
-  T* out_head = out + tb.bh * p.Sq * p.Ev;
+  S* out_head = out + tb.bh * p.Sq * p.Ev;
 #pragma unroll
   for (int a = 0; a < kAcc; ++a) {
     const int idx = threadIdx.x + a * kThreads, r = idx / D, e = idx % D;
-    if (r < rows && e < p.Ev) out_head[(i0 + r) * p.Ev + e] = acc[a] * srow[r];
+    if (r < rows && e < p.Ev) store(out_head + (i0 + r) * p.Ev + e, acc[a] * srow[r]);
   }
 }
 
 // ---- backward ----------------------------------------------------------------------
 
 // delta_i = dout_i . out_i, one warp per row (a fixed shuffle tree: deterministic).
-template <class T>
-__global__ void __launch_bounds__(kThreads) delta_kernel(int64_t rows, int64_t Ev, const T* dout, const T* out,
+template <class S, class T = compute_t<S>>
+__global__ void __launch_bounds__(kThreads) delta_kernel(int64_t rows, int64_t Ev, const S* dout, const S* out,
                                                          T* delta) {
   constexpr int kWarps = kThreads / 32;
   const int lane = threadIdx.x % 32;
   for (int64_t row = blockIdx.x * int64_t(kWarps) + threadIdx.x / 32; row < rows;
        row += int64_t(gridDim.x) * kWarps) {
     T sum = 0;
-    for (int64_t e = lane; e < Ev; e += 32) sum += dout[row * Ev + e] * out[row * Ev + e];
+    for (int64_t e = lane; e < Ev; e += 32) sum += to_compute(dout[row * Ev + e]) * to_compute(out[row * Ev + e]);
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
     if (lane == 0) delta[row] = sum;
   }
@@ -195,34 +230,35 @@ __global__ void __launch_bounds__(kThreads) delta_kernel(int64_t rows, int64_t E
 
 // The shared-memory tiles of both backward kernels: one query tile (Q, dO, lse, delta), one
 // key tile (K, V) and the dS block between them.
-template <class T, int TILE, int D>
+template <class S, int TILE, int D>
 struct BackwardTiles {
+  using T = compute_t<S>;
   T q[TILE][D + 1], dout[TILE][D + 1], k[TILE][D + 1], v[TILE][D + 1];
   T ds[TILE][TILE + 1];
   T lse[TILE], delta[TILE];
 
   // Query rows [i0, i0 + rows); padding rows get lse = -inf, so their P is 0.
-  __device__ void load_queries(const Problem<T>& p, const Head<T>& hd, int64_t i0, int64_t rows) {
-    load_tile<T, TILE, D>(q, hd.q, i0, rows, p.E);
-    load_tile<T, TILE, D>(dout, hd.dout, i0, rows, p.Ev);
+  __device__ void load_queries(const Problem<S>& p, const Head<S>& hd, int64_t i0, int64_t rows) {
+    load_tile<TILE, D>(q, hd.q, i0, rows, p.E);
+    load_tile<TILE, D>(dout, hd.dout, i0, rows, p.Ev);
     for (int r = threadIdx.x; r < TILE; r += kThreads) {
       lse[r] = r < rows ? hd.lse[i0 + r] : neg_inf<T>();
       delta[r] = r < rows ? hd.delta[i0 + r] : T(0);
     }
   }
   // Keys [j0, j0 + cols).
-  __device__ void load_keys(const Problem<T>& p, const Head<T>& hd, int64_t j0, int64_t cols) {
-    load_tile<T, TILE, D>(k, hd.k, j0, cols, p.E);
-    load_tile<T, TILE, D>(v, hd.v, j0, cols, p.Ev);
+  __device__ void load_keys(const Problem<S>& p, const Head<S>& hd, int64_t j0, int64_t cols) {
+    load_tile<TILE, D>(k, hd.k, j0, cols, p.E);
+    load_tile<TILE, D>(v, hd.v, j0, cols, p.Ev);
   }
   // For the loaded pair: P_rc = exp(s_rc - lse_r) into p_out (when given) and
   //   dS_rc = P_rc (dout_r . v_c - delta_r) into ds.
   // A fully masked row (lse = -inf) and any disallowed key get P = dS = 0.
-  __device__ void probabilities_and_ds(const Problem<T>& p, const Head<T>& hd, int64_t i0, int64_t j0,
+  __device__ void probabilities_and_ds(const Problem<S>& p, const Head<S>& hd, int64_t i0, int64_t j0,
                                        int64_t rows, T (*p_out)[TILE + 1]) {
     for (int idx = threadIdx.x; idx < TILE * TILE; idx += kThreads) {
       const int r = idx / TILE, c = idx % TILE;
-      const T prob = probability_from_lse(score<T, D>(p, hd, q, k, r, c, i0, j0, rows), lse[r]);
+      const T prob = probability_from_lse(score<D>(p, hd, q, k, r, c, i0, j0, rows), lse[r]);
       T dsv = 0;
       if (prob != T(0)) {
         T dp = 0;
@@ -238,14 +274,15 @@ struct BackwardTiles {
 
 // One block per (key tile, b*h): over every query tile that sees the keys,
 //   dV += P^T dO,   dK += dS^T Q;   then dk = scale dK.
-template <class T, int D>
-__global__ void __launch_bounds__(kThreads) dk_dv_kernel(Problem<T> p, int64_t n_tiles, T* dk, T* dv) {
+template <class S, int D>
+__global__ void __launch_bounds__(kThreads) dk_dv_kernel(Problem<S> p, int64_t n_tiles, S* dk, S* dv) {
+  using T = compute_t<S>;
   constexpr int TILE = backward_tile<T, D>(), kAcc = TILE * D / kThreads;
-  __shared__ BackwardTiles<T, TILE, D> t;
+  __shared__ BackwardTiles<S, TILE, D> t;
   __shared__ T sp[TILE][TILE + 1];
 
   const TileOfBlock tb = tile_of_block(blockIdx.x, n_tiles);
-  const Head<T> hd(p, tb.bh);
+  const Head<S> hd(p, tb.bh);
   const int64_t j0 = tb.tile * TILE, cols = p.Sk - j0 < TILE ? p.Sk - j0 : TILE;
   t.load_keys(p, hd, j0, cols);
 
@@ -269,24 +306,25 @@ __global__ void __launch_bounds__(kThreads) dk_dv_kernel(Problem<T> p, int64_t n
       acc_dk[a] += sum_dk;
     }
   }
-  T* dk_head = dk + tb.bh * p.Sk * p.E;
-  T* dv_head = dv + tb.bh * p.Sk * p.Ev;
+  S* dk_head = dk + tb.bh * p.Sk * p.E;
+  S* dv_head = dv + tb.bh * p.Sk * p.Ev;
 #pragma unroll
   for (int a = 0; a < kAcc; ++a) {
     const int idx = threadIdx.x + a * kThreads, c = idx / D, e = idx % D;
-    if (c < cols && e < p.E) dk_head[(j0 + c) * p.E + e] = p.scale * acc_dk[a];
-    if (c < cols && e < p.Ev) dv_head[(j0 + c) * p.Ev + e] = acc_dv[a];
+    if (c < cols && e < p.E) store(dk_head + (j0 + c) * p.E + e, p.scale * acc_dk[a]);
+    if (c < cols && e < p.Ev) store(dv_head + (j0 + c) * p.Ev + e, acc_dv[a]);
   }
 }
 
 // One block per (query tile, b*h): over every key tile the rows see, dQ += dS K; dq = scale dQ.
-template <class T, int D>
-__global__ void __launch_bounds__(kThreads) dq_kernel(Problem<T> p, int64_t n_tiles, T* dq) {
+template <class S, int D>
+__global__ void __launch_bounds__(kThreads) dq_kernel(Problem<S> p, int64_t n_tiles, S* dq) {
+  using T = compute_t<S>;
   constexpr int TILE = backward_tile<T, D>(), kAcc = TILE * D / kThreads;
-  __shared__ BackwardTiles<T, TILE, D> t;
+  __shared__ BackwardTiles<S, TILE, D> t;
 
   const TileOfBlock tb = tile_of_block(blockIdx.x, n_tiles);
-  const Head<T> hd(p, tb.bh);
+  const Head<S> hd(p, tb.bh);
   const int64_t i0 = tb.tile * TILE, rows = p.Sq - i0 < TILE ? p.Sq - i0 : TILE;
   t.load_queries(p, hd, i0, rows);
 
@@ -307,11 +345,11 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(Problem<T> p, int64_t n_ti
       acc[a] += sum;
     }
   }
-  T* dq_head = dq + tb.bh * p.Sq * p.E;
+  S* dq_head = dq + tb.bh * p.Sq * p.E;
 #pragma unroll
   for (int a = 0; a < kAcc; ++a) {
     const int idx = threadIdx.x + a * kThreads, r = idx / D, e = idx % D;
-    if (r < rows && e < p.E) dq_head[(i0 + r) * p.E + e] = p.scale * acc[a];
+    if (r < rows && e < p.E) store(dq_head + (i0 + r) * p.E + e, p.scale * acc[a]);
   }
 }
 
@@ -336,47 +374,73 @@ unsigned grid_for(const char* kernel, int64_t BH, int64_t n_tiles) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-template <class T, int D>
-void forward_for(const Problem<T>& p, int64_t BH, T* out, T* lse, cudaStream_t stream) {
+template <class S, int D>
+void forward_for(const Problem<S>& p, int64_t BH, S* out, compute_t<S>* lse, cudaStream_t stream) {
+  using T = compute_t<S>;
   constexpr int TILE = forward_tile<T, D>();
   static_assert(forward_shared(TILE, D) * sizeof(T) <= kSharedBytes && TILE * D % kThreads == 0);
   const int64_t n_tiles = ceil_div(p.Sq, TILE);
-  forward_kernel<T, D><<<grid_for("attention forward", BH, n_tiles), kThreads, 0, stream>>>(p, n_tiles, out, lse);
+  forward_kernel<S, D><<<grid_for("attention forward", BH, n_tiles), kThreads, 0, stream>>>(p, n_tiles, out, lse);
   check_launch("attention forward");
 }
 
-template <class T, int D>
-void backward_for(const Problem<T>& p, int64_t BH, T* dq, T* dk, T* dv, cudaStream_t stream) {
+template <class S, int D>
+void backward_for(const Problem<S>& p, int64_t BH, S* dq, S* dk, S* dv, cudaStream_t stream) {
+  using T = compute_t<S>;
   constexpr int TILE = backward_tile<T, D>();
   static_assert(backward_shared(TILE, D) * sizeof(T) <= kSharedBytes && TILE * D % kThreads == 0);
-  static_assert(sizeof(BackwardTiles<T, TILE, D>) + TILE * (TILE + 1) * sizeof(T) ==
+  static_assert(sizeof(BackwardTiles<S, TILE, D>) + TILE * (TILE + 1) * sizeof(T) ==
                 backward_shared(TILE, D) * sizeof(T));
   if (p.Sk > 0) {  // dk, dv: written even when Sq == 0 (then zero)
     const int64_t n_tiles = ceil_div(p.Sk, TILE);
-    dk_dv_kernel<T, D><<<grid_for("attention backward dk, dv", BH, n_tiles), kThreads, 0, stream>>>(p, n_tiles,
+    dk_dv_kernel<S, D><<<grid_for("attention backward dk, dv", BH, n_tiles), kThreads, 0, stream>>>(p, n_tiles,
                                                                                                      dk, dv);
     check_launch("attention backward dk, dv");
   }
   if (p.Sq > 0) {
     const int64_t n_tiles = ceil_div(p.Sq, TILE);
-    dq_kernel<T, D><<<grid_for("attention backward dq", BH, n_tiles), kThreads, 0, stream>>>(p, n_tiles, dq);
+    dq_kernel<S, D><<<grid_for("attention backward dq", BH, n_tiles), kThreads, 0, stream>>>(p, n_tiles, dq);
     check_launch("attention backward dq");
   }
 }
 
-// Device scratch from the caching allocator for the length of one call: the block returns
-// to its stream's cache at once, safely, as later users on that stream run after our kernels.
-struct StreamScratch {
-  void* ptr = nullptr;
-  StreamScratch(size_t nbytes, cudaStream_t stream) {
-    int device = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice", "attention backward");
-    ptr = allocate(device, nbytes, stream);
+// The entry points for every storage type S: checks, the head-dim dispatch, the scratch.
+template <class S>
+void run_forward(const S* q, const S* k, const S* v, AttentionMask<S> mask, int64_t B, int64_t H, int64_t Sq,
+                 int64_t Sk, int64_t E, int64_t Ev, bool is_causal, double scale, S* out, compute_t<S>* lse,
+                 cudaStream_t stream) {
+  const int d = head_dim_for("attention forward", E, Ev);
+  const int64_t BH = B * H;
+  if (BH == 0 || Sq == 0) return;
+  const Problem<S> p{q, k, v, nullptr, nullptr, nullptr, nullptr, mask, H, Sq, Sk, E, Ev, is_causal,
+                     static_cast<compute_t<S>>(scale)};
+  if (d == 32) forward_for<S, 32>(p, BH, out, lse, stream);
+  else if (d == 64) forward_for<S, 64>(p, BH, out, lse, stream);
+  else forward_for<S, 128>(p, BH, out, lse, stream);
+}
+
+template <class S>
+void run_backward(const S* dout, const S* q, const S* k, const S* v, AttentionMask<S> mask, const S* out,
+                  const compute_t<S>* lse, int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
+                  bool is_causal, double scale, S* dq, S* dk, S* dv, cudaStream_t stream) {
+  using T = compute_t<S>;
+  const int d = head_dim_for("attention backward", E, Ev);
+  const int64_t BH = B * H;
+  if (BH == 0 || (Sq == 0 && Sk == 0)) return;
+  // delta_i = dout_i . out_i for every query row, computed once (FlashAttention-2).
+  const detail::Scratch delta("attention backward", static_cast<size_t>(BH * Sq) * sizeof(T), stream);
+  if (Sq > 0) {
+    const int64_t warps = kThreads / 32, blocks = ceil_div(BH * Sq, warps);
+    delta_kernel<S><<<static_cast<unsigned>(blocks < (1 << 20) ? blocks : (1 << 20)), kThreads, 0, stream>>>(
+        BH * Sq, Ev, dout, out, delta.as<T>());
+    check_launch("attention backward delta");
   }
-  ~StreamScratch() { release(ptr); }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-};
+  const Problem<S> p{q, k, v, out, dout, lse, delta.as<T>(), mask, H, Sq, Sk, E, Ev, is_causal,
+                     static_cast<T>(scale)};
+  if (d == 32) backward_for<S, 32>(p, BH, dq, dk, dv, stream);
+  else if (d == 64) backward_for<S, 64>(p, BH, dq, dk, dv, stream);
+  else backward_for<S, 128>(p, BH, dq, dk, dv, stream);
+}
 
 }  // namespace
 
@@ -385,14 +449,7 @@ void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v, At
                                           int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
                                           bool is_causal, double scale, T* out, T* logsumexp,
                                           cudaStream_t stream) {
-  const int d = head_dim_for("attention forward", E, Ev);
-  const int64_t BH = B * H;
-  if (BH == 0 || Sq == 0) return;
-  const Problem<T> p{q, k, v, nullptr, nullptr, nullptr, nullptr, mask, H, Sq, Sk, E, Ev, is_causal,
-                     static_cast<T>(scale)};
-  if (d == 32) forward_for<T, 32>(p, BH, out, logsumexp, stream);
-  else if (d == 64) forward_for<T, 64>(p, BH, out, logsumexp, stream);
-  else forward_for<T, 128>(p, BH, out, logsumexp, stream);
+  run_forward<T>(q, k, v, mask, B, H, Sq, Sk, E, Ev, is_causal, scale, out, logsumexp, stream);
 }
 
 template <typename T>
@@ -401,22 +458,23 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
                                            int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
                                            bool is_causal, double scale, T* dq, T* dk, T* dv,
                                            cudaStream_t stream) {
-  const int d = head_dim_for("attention backward", E, Ev);
-  const int64_t BH = B * H;
-  if (BH == 0 || (Sq == 0 && Sk == 0)) return;
-  StreamScratch delta(static_cast<size_t>(BH * Sq) * sizeof(T), stream);
-  T* delta_ptr = static_cast<T*>(delta.ptr);
-  if (Sq > 0) {
-    const int64_t warps = kThreads / 32, blocks = ceil_div(BH * Sq, warps);
-    delta_kernel<T><<<static_cast<unsigned>(blocks < (1 << 20) ? blocks : (1 << 20)), kThreads, 0, stream>>>(
-        BH * Sq, Ev, dout, out, delta_ptr);
-    check_launch("attention backward delta");
-  }
-  const Problem<T> p{q, k, v, out, logsumexp, dout, delta_ptr, mask, H, Sq, Sk, E, Ev, is_causal,
-                     static_cast<T>(scale)};
-  if (d == 32) backward_for<T, 32>(p, BH, dq, dk, dv, stream);
-  else if (d == 64) backward_for<T, 64>(p, BH, dq, dk, dv, stream);
-  else backward_for<T, 128>(p, BH, dq, dk, dv, stream);
+  run_backward<T>(dout, q, k, v, mask, out, logsumexp, B, H, Sq, Sk, E, Ev, is_causal, scale, dq, dk, dv, stream);
+}
+
+void scaled_dot_product_attention_forward(const BFloat16* q, const BFloat16* k, const BFloat16* v,
+                                          AttentionMask<BFloat16> mask, int64_t B, int64_t H, int64_t Sq,
+                                          int64_t Sk, int64_t E, int64_t Ev, bool is_causal, double scale,
+                                          BFloat16* out, float* logsumexp, cudaStream_t stream) {
+  run_forward<BFloat16>(q, k, v, mask, B, H, Sq, Sk, E, Ev, is_causal, scale, out, logsumexp, stream);
+}
+
+void scaled_dot_product_attention_backward(const BFloat16* dout, const BFloat16* q, const BFloat16* k,
+                                           const BFloat16* v, AttentionMask<BFloat16> mask, const BFloat16* out,
+                                           const float* logsumexp, int64_t B, int64_t H, int64_t Sq, int64_t Sk,
+                                           int64_t E, int64_t Ev, bool is_causal, double scale, BFloat16* dq,
+                                           BFloat16* dk, BFloat16* dv, cudaStream_t stream) {
+  run_backward<BFloat16>(dout, q, k, v, mask, out, logsumexp, B, H, Sq, Sk, E, Ev, is_causal, scale, dq, dk, dv,
+                         stream);
 }
 
 #define ND_INSTANTIATE(T)                                                                                      \

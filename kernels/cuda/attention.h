@@ -12,6 +12,7 @@
 // (against the CPU), tests/kernels/online_softmax_test.cpp (the shared math).
 #include <cstdint>
 
+#include "kernels/common/float16.h"
 #include "kernels/cpu/attention.h"  // AttentionMask
 #include "kernels/cuda/stream.h"
 
@@ -50,5 +51,18 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
                                            int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
                                            bool is_causal, double scale, T* dq, T* dk, T* dv,
                                            cudaStream_t stream);
+
+// bf16 storage with f32 arithmetic and an f32 logsumexp, for the kernel benchmarks (the
+// engine's attention is f32/f64). Same contracts as above; out, dq, dk, dv are rounded to
+// bf16 once, at the end.
+void scaled_dot_product_attention_forward(const BFloat16* q, const BFloat16* k, const BFloat16* v,
+                                          AttentionMask<BFloat16> mask, int64_t B, int64_t H, int64_t Sq,
+                                          int64_t Sk, int64_t E, int64_t Ev, bool is_causal, double scale,
+                                          BFloat16* out, float* logsumexp, cudaStream_t stream);
+void scaled_dot_product_attention_backward(const BFloat16* dout, const BFloat16* q, const BFloat16* k,
+                                           const BFloat16* v, AttentionMask<BFloat16> mask, const BFloat16* out,
+                                           const float* logsumexp, int64_t B, int64_t H, int64_t Sq, int64_t Sk,
+                                           int64_t E, int64_t Ev, bool is_causal, double scale, BFloat16* dq,
+                                           BFloat16* dk, BFloat16* dv, cudaStream_t stream);
 
 }  // namespace nd::kernels::cuda

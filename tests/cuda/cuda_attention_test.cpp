@@ -5,7 +5,9 @@
 // lengths that do not divide the tiles, causal with Sq < Sk and Sq > Sk, masks broadcast
 // by strides, a fully masked row, empty sequences and the MAE's shapes. GPU outputs come
 // from NaN-poisoned allocations, so an element the kernels never write fails. The backward
-// must also be bit-identical run to run. Without a GPU every case reports "SKIPPED:".
+// must also be bit-identical run to run. The bf16 kernels (kernel level only) are checked
+// against the f32 CPU op on the same bf16-rounded values. Without a GPU every case reports
+// "SKIPPED:".
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -15,6 +17,8 @@
 #include "cuda/cuda_compare.h"
 #include "engine/ops/attention.h"
 #include "harness.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/stream.h"
 
 using namespace nd;
 using namespace nd::testing::cuda_compare;
@@ -172,4 +176,40 @@ TEST_CASE("cuda attention: head dims over 128 are an error naming the limit") {
   const Tensor q = testing::random_input({1, 1, 4, 160}, 1).to(kFloat32).to(kGpu);
   const Tensor v = testing::random_input({1, 1, 4, 8}, 2).to(kFloat32).to(kGpu);
   CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, q, v), doctest::Contains("at most 128"), Error);
+}
+
+TEST_CASE("cuda attention: bf16 kernels (f32 arithmetic) match the f32 CPU op on bf16 values") {
+  if (skip_without_gpu()) return;
+  for (const AttentionCase& c : {cases()[1], cases()[4], cases()[7]}) {
+    CAPTURE(c.name);
+    PoisonAllocations poison;
+    // Values representable in bf16, as f32 on the CPU (with gradients) and bf16 on the GPU.
+    auto input = [&](int64_t rows, int64_t width, uint64_t seed) {
+      return testing::random_input(shape_of(c, rows, width), seed, false, -2, 2).to(kBFloat16).to(kFloat32);
+    };
+    const Tensor q = input(c.Sq, c.E, 1).requires_grad_(true), k = input(c.Sk, c.E, 2).requires_grad_(true),
+                 v = input(c.Sk, c.Ev, 3).requires_grad_(true), dout = input(c.Sq, c.Ev, 4);
+    const Tensor out = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal);
+    (out * dout).sum().backward();
+
+    auto on_gpu = [](const Tensor& t) { return t.detach().to(kBFloat16).to(kGpu); };
+    const Tensor qg = on_gpu(q), kg = on_gpu(k), vg = on_gpu(v), dg = on_gpu(dout);
+    const Tensor out_g = empty_like(dg), lse_g = empty({c.B, c.H, c.Sq}, TensorOptions(kFloat32).device(kGpu));
+    const Tensor dq_g = empty_like(qg), dk_g = empty_like(kg), dv_g = empty_like(vg);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.E));
+    const cudaStream_t stream = kernels::cuda::use_device(0);
+    kernels::cuda::scaled_dot_product_attention_forward(
+        qg.data_ptr<BFloat16>(), kg.data_ptr<BFloat16>(), vg.data_ptr<BFloat16>(), {}, c.B, c.H, c.Sq, c.Sk, c.E,
+        c.Ev, c.causal, scale, out_g.data_ptr<BFloat16>(), lse_g.data_ptr<float>(), stream);
+    kernels::cuda::scaled_dot_product_attention_backward(
+        dg.data_ptr<BFloat16>(), qg.data_ptr<BFloat16>(), kg.data_ptr<BFloat16>(), vg.data_ptr<BFloat16>(), {},
+        out_g.data_ptr<BFloat16>(), lse_g.data_ptr<float>(), c.B, c.H, c.Sq, c.Sk, c.E, c.Ev, c.causal, scale,
+        dq_g.data_ptr<BFloat16>(), dk_g.data_ptr<BFloat16>(), dv_g.data_ptr<BFloat16>(), stream);
+    // bf16 rounds each result once (relative 2^-9); the backward also reads the rounded out.
+    const double rel = 1e-2;
+    check_matches(out_g.to(kFloat32), out, c.name + " bf16 out", rel);
+    check_matches(dq_g.to(kFloat32), q.grad(), c.name + " bf16 dq", rel);
+    check_matches(dk_g.to(kFloat32), k.grad(), c.name + " bf16 dk", rel);
+    check_matches(dv_g.to(kFloat32), v.grad(), c.name + " bf16 dv", rel);
+  }
 }
