@@ -178,6 +178,9 @@ TEST_CASE("cuda attention: head dims over 128 are an error naming the limit") {
   CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, q, v), doctest::Contains("at most 128"), Error);
 }
 
+// Kernel level: calls kernels::cuda directly, which CUDA builds alone contain.
+#ifdef NANODDP_WITH_CUDA
+
 TEST_CASE("cuda attention: bf16 kernels (f32 arithmetic) match the f32 CPU op on bf16 values") {
   if (skip_without_gpu()) return;
   for (const AttentionCase& c : {cases()[1], cases()[4], cases()[7]}) {
@@ -213,3 +216,5 @@ TEST_CASE("cuda attention: bf16 kernels (f32 arithmetic) match the f32 CPU op on
     check_matches(dv_g.to(kFloat32), v.grad(), c.name + " bf16 dv", rel);
   }
 }
+
+#endif  // NANODDP_WITH_CUDA
