@@ -106,10 +106,12 @@ void query_tile_forward(const Head<T>& hd, const AttentionMask<T>& mask, int64_t
     TileMap<T> p(s.data(), rows, cols);
     for (int64_t r = 0; r < rows; ++r) {
       const T m_new = std::max(m[r], p.row(r).maxCoeff());
-      // A row that has seen only -inf shifts by 0, so exp(-inf - 0) = 0 rather than NaN.
-      const T shift = m_new == neg_inf ? T(0) : m_new;
-      const T correction = std::exp(m[r] - shift);  // 0 on the row's first unmasked tile
-      p.row(r) = (p.row(r).array() - shift).exp().matrix();
+      if (m_new == neg_inf) {  // only masked keys so far: nothing to add. (Eigen's
+        p.row(r).setZero();    // vectorised exp(-inf) is ~1e-308 for double, not 0.)
+        continue;
+      }
+      const T correction = std::exp(m[r] - m_new);  // 0 on the row's first unmasked tile
+      p.row(r) = (p.row(r).array() - m_new).exp().matrix();
       l[r] = l[r] * correction + p.row(r).sum();
       acc.row(r) *= correction;
       m[r] = m_new;

@@ -169,6 +169,26 @@ TEST_CASE("attention: fully masked row gives zero output, -inf lse, no gradient"
   for (double g : dv) CHECK(g == 0.0);
 }
 
+TEST_CASE("attention: a fully masked row of many keys is exactly zero in f64 and f32 (vectorised exp)") {
+  // Enough keys that the row's exp runs in SIMD packets, where exp(-inf) need not be 0.
+  auto run = [&]<class T>() {
+    const int64_t Sk = 37, E = 8;
+    std::vector<T> q(2 * E), k(Sk * E), v(Sk * E), mask(2 * Sk, T(0)), out(2 * E), lse(2);
+    for (size_t i = 0; i < k.size(); ++i) k[i] = v[i] = static_cast<T>(0.01 * static_cast<double>(i % 17) + 0.5);
+    for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<T>(0.1);
+    for (int64_t j = 0; j < Sk; ++j) mask[j] = -std::numeric_limits<T>::infinity();  // row 0 sees nothing
+    const AttentionMask<T> m{mask.data(), 0, 0, Sk, 1};
+    scaled_dot_product_attention_forward<T>(q.data(), k.data(), v.data(), m, 1, 1, 2, Sk, E, E, false, 1.0,
+                                            out.data(), lse.data());
+    for (int64_t e = 0; e < E; ++e) CHECK(out[e] == T(0));
+    CHECK(lse[0] == -std::numeric_limits<T>::infinity());
+    CHECK(out[E] > T(0.5));  // row 1 attends normally
+    CHECK(std::isfinite(lse[1]));
+  };
+  run.template operator()<double>();
+  run.template operator()<float>();
+}
+
 TEST_CASE("attention backward matches finite differences") {
   const Problem p{1, 2, 3, 4, 3, 2, true, 0.6, {}};
   const auto q = randn(p.B * p.H * p.Sq * p.E, 5), k = randn(p.B * p.H * p.Sk * p.E, 6),
