@@ -17,12 +17,6 @@ void check_same_device_dtype(const char* op, std::initializer_list<Tensor> tenso
   }
 }
 
-void check_cpu(const char* op, std::initializer_list<Tensor> tensors) {
-  for (const Tensor& t : tensors)
-    ND_CHECK(!t.defined() || t.is_cpu(), op, ": no CUDA kernel for this op yet; found ", t.describe(),
-             ". Move the tensors to cpu or use an op that has one.");
-}
-
 void check_dim(const char* op, const Tensor& t, int64_t expected, const char* layout) {
   ND_CHECK(t.dim() == expected, op, ": expected a ", expected, "-D tensor (", layout, "), found ", t.describe());
 }

@@ -41,8 +41,6 @@ void on_device(const Tensor& t, Cpu&& cpu, Cuda&& cuda) {
 
 // Every defined tensor is defined, on the same device and of the same dtype as the first one.
 void check_same_device_dtype(const char* op, std::initializer_list<Tensor> tensors);
-// The CPU reference runs here; CUDA tensors get a clear error until the op has a CUDA kernel.
-void check_cpu(const char* op, std::initializer_list<Tensor> tensors);
 // ndim == expected, else "op: expected a 4-D input ([N, C, H, W]), found [cpu f32 [3, 4]]".
 void check_dim(const char* op, const Tensor& t, int64_t expected, const char* layout);
 
