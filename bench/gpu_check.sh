@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # One command for a session that has the device tool (an H200 for 15 minutes):
 # prints the GPU and toolkit, builds the CUDA targets (or reuses a carried build dir),
-# runs every CUDA test and any GPU benchmark binary, writes logs to $OUT and prints a
-# short table last (the device tool returns at most 8 files from $OUT: env.txt,
-# build.log, ctest.log, one log per CUDA test binary, bench_kernels.{txt,jsonl}).
-# Budget: well inside 8 minutes (configure + build about 3, tests about 1); every
-# phase has its own timeout.
+# runs every CUDA test (ctest), then bench_kernels and (when torch sees the GPU) its
+# PyTorch twin bench_kernels_torch.py, then each CUDA test binary again with full doctest
+# output, and prints a short table last.
+# Files in $OUT (the device tool returns at most 8): env.txt, build.log, ctest.log, one
+# <test binary>.log for the first two CUDA test binaries (any further ones append to
+# cuda_tests_more.log), bench_kernels.txt (both benchmarks' tables and messages) and
+# bench_kernels.jsonl (every JSON row: ours, the baselines, then impl "pytorch").
+# Budget: well inside 8 minutes. Every phase has its own timeout, and no phase runs past
+# BUDGET_S seconds (default 420) from the start: a phase that would start with less than
+# 15 s left is skipped and says so in the table.
 #
 #   bash bench/gpu_check.sh                # fresh build in build-gpu/
 #   bash bench/gpu_check.sh build-gpu      # reuse a build dir carried with the call
@@ -16,14 +21,24 @@
 # See bench/GPU.md for the device-tool invocation and what to look at first.
 set -uo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 BUILD=${1:-build-gpu}
 OUT=${OUT:-/tmp/nanoddp_gpu_check}
 JOBS=${JOBS:-$(nproc)}
+BUDGET_S=${BUDGET_S:-420}
 mkdir -p "$OUT"
 declare -a ROWS=()
 row() { ROWS+=("$(printf '%-28s %-8s %6ss  %s' "$1" "$2" "$3" "$4")"); }
 now() { date +%s; }
+status() { case $1 in 0) echo ok ;; 124 | 137) echo timeout ;; *) echo FAIL ;; esac; }
+DEADLINE=$(($(now) + BUDGET_S))
+# limit CAP: the timeout for the next phase, CAP seconds at most and never past the
+# deadline; prints 0 when less than 15 s are left: the caller skips the phase (never
+# passes 0 to timeout, which would mean no limit).
+limit() {
+  local left=$((DEADLINE - $(now)))
+  if [ "$left" -lt 15 ] || [ "$1" -lt 15 ]; then echo 0; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
 
 echo "== GPU"
 if command -v nvidia-smi >/dev/null; then
@@ -44,6 +59,7 @@ echo "== toolkit"
     [ -z "$found" ] && found=$(ls /usr/local/cuda/lib64/lib$lib.so* /usr/lib/x86_64-linux-gnu/lib$lib.so* 2>/dev/null | head -1)
     echo "lib$lib: ${found:-NOT FOUND}"
   done
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())" 2>&1 | tail -1
 } 2>&1 | tee -a "$OUT/env.txt"
 
 # CUDA test targets: tests/cuda/*_test.cpp and any tests/**/*cuda*_test.cpp.
@@ -58,46 +74,105 @@ if [ -d .gpu-deps ]; then
     -DZLIB_INCLUDE_DIR="$DEPS/include" -DZLIB_LIBRARY="$DEPS/lib/libz.so")
   export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$DEPS/lib"
 fi
+# cuDNN for bench_kernels' baselines: the CUDA toolkit's, else the one PyTorch's wheels
+# bring (nvidia.cudnn). cuDNN 9 loads its sub-libraries (libcudnn_cnn, _ops, ...) with
+# dlopen, so bench_kernels runs with their folder on LD_LIBRARY_PATH (bench_kernels only:
+# the toolkit's libraries must not shadow PyTorch's own).
+CUDNN_ARGS=()
+BENCH_LIBS=/usr/local/cuda/lib64:/usr/local/cuda/lib
+if ! ls /usr/local/cuda/include/cudnn.h /usr/include/cudnn.h >/dev/null 2>&1; then
+  cudnn=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])" 2>/dev/null)
+  cudnn_lib=$(ls "$cudnn"/lib/libcudnn.so* 2>/dev/null | head -1)
+  if [ -n "$cudnn" ] && [ -f "$cudnn/include/cudnn.h" ] && [ -n "$cudnn_lib" ]; then
+    CUDNN_ARGS=(-DNANODDP_CUDNN_INCLUDE_DIR="$cudnn/include" -DNANODDP_CUDNN_LIBRARY="$cudnn_lib")
+    BENCH_LIBS="$BENCH_LIBS:$cudnn/lib"
+  fi
+fi
 if [ ! -f "$BUILD/build.ninja" ]; then
   timeout 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNANODDP_CUDA=ON -DNANODDP_NATIVE=OFF \
-    -DNANODDP_MPI=OFF -DNANODDP_BUILD_APPS=OFF "${DEPS_ARGS[@]}" >"$OUT/build.log" 2>&1
+    -DNANODDP_MPI=OFF -DNANODDP_BUILD_APPS=OFF "${DEPS_ARGS[@]}" "${CUDNN_ARGS[@]}" >"$OUT/build.log" 2>&1
   rc=$?
   grep "nanoddp:" "$OUT/build.log"
   [ $rc -ne 0 ] && row "configure" "FAIL" $(($(now) - t)) "see build.log"
 fi
-# shellcheck disable=SC2086
-timeout 360 ninja -C "$BUILD" -j "$JOBS" $TARGETS >>"$OUT/build.log" 2>&1
-rc=$?
-tail -3 "$OUT/build.log"
-if [ $rc -eq 0 ]; then row "build" "ok" $(($(now) - t)) "$(echo $TARGETS | wc -w) target(s)"; else
-  grep -m 5 -E "error|Error" "$OUT/build.log"
-  row "build" "FAIL" $(($(now) - t)) "rc=$rc, see build.log"
+cap=$(limit $((DEADLINE - $(now) - 120)))  # leaves 2 minutes for the tests and benchmarks
+if [ "$cap" -eq 0 ]; then row "build" "skipped" 0 "time budget spent"; else
+  # shellcheck disable=SC2086
+  timeout "$cap" ninja -C "$BUILD" -j "$JOBS" $TARGETS >>"$OUT/build.log" 2>&1
+  rc=$?
+  tail -3 "$OUT/build.log"
+  if [ $rc -eq 0 ]; then row "build" "ok" $(($(now) - t)) "$(echo "$TARGETS" | wc -w) target(s)"; else
+    grep -m 5 -E "error|Error" "$OUT/build.log"
+    row "build" "FAIL" $(($(now) - t)) "rc=$rc, see build.log"
+  fi
 fi
 
 echo "== CUDA tests"
 t=$(now)
-timeout 240 ctest --test-dir "$BUILD" -R cuda --output-on-failure --timeout 120 >"$OUT/ctest.log" 2>&1
-rc=$?
-grep -E "tests passed|Skipped|Failed|\*\*\*" "$OUT/ctest.log" | tail -15
-summary=$(grep -E "tests passed" "$OUT/ctest.log" | tail -1)
-skipped=$(grep -c "(Skipped)" "$OUT/ctest.log")
-row "ctest -R cuda" "$([ $rc -eq 0 ] && echo ok || echo FAIL)" $(($(now) - t)) "${summary:-no summary} ($skipped skipped)"
+cap=$(limit 150)
+if [ "$cap" -eq 0 ]; then row "ctest -R cuda" "skipped" 0 "time budget spent"; else
+  timeout "$cap" ctest --test-dir "$BUILD" -R cuda --output-on-failure --timeout 120 >"$OUT/ctest.log" 2>&1
+  rc=$?
+  grep -E "tests passed|Skipped|Failed|\*\*\*" "$OUT/ctest.log" | tail -15
+  summary=$(grep -E "tests passed" "$OUT/ctest.log" | tail -1)
+  skipped=$(grep -c "(Skipped)" "$OUT/ctest.log")
+  row "ctest -R cuda" "$(status "$rc")" $(($(now) - t)) "${summary:-no summary} ($skipped skipped)"
+fi
+
+echo "== GPU benchmarks"
+BENCH_TXT="$OUT/bench_kernels.txt" BENCH_JSON="$OUT/bench_kernels.jsonl"
+: >"$BENCH_TXT"
+: >"$BENCH_JSON"
+t=$(now)
+cap=$(limit 150)
+if [ ! -x "$BUILD/bench/bench_kernels" ]; then
+  row "bench_kernels" "absent" 0 "not built (see build.log)"
+elif [ "$cap" -eq 0 ]; then
+  row "bench_kernels" "skipped" 0 "time budget spent"
+else
+  LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$BENCH_LIBS" \
+    timeout "$cap" "$BUILD/bench/bench_kernels" --device cuda >>"$BENCH_TXT" 2>&1
+  rc=$?
+  grep '^{' "$BENCH_TXT" >>"$BENCH_JSON"
+  grep -m 3 -E '^(SKIPPED|bench_kernels: cuda)' "$BENCH_TXT"
+  missing=$(grep -c '"note":"no CUDA kernel yet' "$BENCH_JSON")
+  row "bench_kernels" "$(status "$rc")" $(($(now) - t)) \
+    "rc=$rc, $(grep -c '^{' "$BENCH_JSON") JSON rows ($missing without a CUDA kernel)$(grep -q '^SKIPPED' "$BENCH_TXT" && echo ', SKIPPED')"
+fi
+
+t=$(now)
+if ! python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+  row "bench_kernels_torch" "skipped" 0 "torch missing or sees no CUDA GPU"
+else
+  cap=$(limit 120)
+  if [ "$cap" -eq 0 ]; then row "bench_kernels_torch" "skipped" 0 "time budget spent"; else
+    echo "=== bench_kernels_torch.py" >>"$BENCH_TXT"
+    torch_out=$(mktemp)  # not in $OUT, which must hold 8 files at most even after a kill
+    timeout "$cap" python3 bench/bench_kernels_torch.py >"$torch_out" 2>&1
+    rc=$?
+    cat "$torch_out" >>"$BENCH_TXT"
+    grep '^{' "$torch_out" >>"$BENCH_JSON"
+    row "bench_kernels_torch" "$(status "$rc")" $(($(now) - t)) \
+      "rc=$rc, $(grep -c '^{' "$torch_out") JSON rows"
+    rm -f "$torch_out"
+  fi
+fi
+
+# Last, with what is left of the budget: each test binary again with full doctest output
+# (ctest.log already holds the output of any test that failed).
+echo "== CUDA test binaries, full output"
+logs=0
 for bin in $TARGETS; do
   exe="$BUILD/tests/$bin"
   [ -x "$exe" ] || continue
-  timeout 120 "$exe" -s -d >"$OUT/$bin.log" 2>&1  # full doctest output, durations per case
+  logs=$((logs + 1))
+  log="$OUT/$bin.log"
+  [ $logs -gt 2 ] && log="$OUT/cuda_tests_more.log"
+  cap=$(limit 60)
+  if [ "$cap" -eq 0 ]; then row "$bin -s -d" "skipped" 0 "time budget spent"; continue; fi
+  echo "=== $bin" >>"$log"
+  timeout "$cap" "$exe" -s -d >>"$log" 2>&1  # full doctest output, durations per case
 done
-
-echo "== GPU benchmarks"
-if [ -x "$BUILD/bench/bench_kernels" ]; then
-  t=$(now)
-  timeout 180 "$BUILD/bench/bench_kernels" --device cuda >"$OUT/bench_kernels.txt" 2>&1
-  rc=$?
-  grep '^{' "$OUT/bench_kernels.txt" >"$OUT/bench_kernels.jsonl"
-  row "bench_kernels" "$([ $rc -eq 0 ] && echo ok || echo FAIL)" $(($(now) - t)) "$(wc -l <"$OUT/bench_kernels.jsonl") JSON rows"
-else
-  row "bench_kernels" "absent" 0 "no GPU benchmark binary yet"
-fi
 
 echo
 echo "== summary (logs in $OUT)"
