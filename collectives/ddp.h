@@ -41,6 +41,9 @@ struct DistributedDataParallelOptions {
   ND_ARG(bool, find_unused_parameters) = false;
   ND_ARG(bool, broadcast_buffers) = true;
   // The set of parameters used is the same every iteration: unused ones are zeros, no error.
+  // (PyTorch's flag also enables reentrant backward / activation checkpointing and skips its
+  // per-iteration graph search; nanoddp has neither: unused parameters are known from the
+  // gradient hooks, so both flags only decide what an unused parameter means.)
   ND_ARG(bool, static_graph) = false;
   ND_ARG(bool, gradient_as_bucket_view) = true;
   // Vote across ranks whether any gradient is non-finite (see Reducer::skip_step()).

@@ -224,6 +224,29 @@ TEST_CASE("ddp: find_unused_parameters with a branch skipped on some steps") {
   check_same_params(*model, *reference, 1e-10);
 }
 
+TEST_CASE("ddp: static_graph with a head that is never used equals one process, no error") {
+  manual_seed(7);
+  auto reference = std::make_shared<Branchy>();
+  manual_seed(7);
+  auto model = std::make_shared<Branchy>();
+  reference->to(kFloat64);
+  model->to(kFloat64);
+  DistributedDataParallel ddp(model, "branchy", DistributedDataParallelOptions().static_graph(true));
+  optim::SGD opt_ref(reference->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  optim::SGD opt(model->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  Generator data{10, 0};
+  for (int step = 0; step < 3; ++step) {
+    Tensor x = randn({8, 4}, kFloat64, &data), y = randn({8, 2}, kFloat64, &data);
+    opt_ref.zero_grad();
+    mse_loss(reference->forward(x, false), y).backward();
+    opt_ref.step();
+    opt.zero_grad();
+    mse_loss(ddp(shard(x), false), shard(y)).backward();
+    opt.step();
+  }
+  check_same_params(*model, *reference, 1e-10);
+}
+
 TEST_CASE("ddp: a parameter without a gradient is an error naming it (story 9)") {
   manual_seed(6);
   auto model = std::make_shared<Branchy>();
