@@ -12,7 +12,7 @@ Rows (shapes as in bench/bench_kernels.cpp -- keep the two lists in step):
   matmul, copy                                  torch.mm (TF32 off), Tensor.copy_ of 1 GiB
 GFLOP/s and GB/s count the same FLOPs and bytes as bench_kernels.cpp (see its header).
 Timing: after two warm-up runs, each sample is back-to-back runs (about 1 ms) between two
-CUDA events on the current stream; a row is the median of 5..30 samples. Backward passes
+CUDA events on the current stream; a row is the median of 3..30 samples. Backward passes
 replay a retained graph with the leaves' .grad cleared first, as ours do.
 Output: one JSON line per row as measured
   {"op","shape","dtype","impl":"pytorch","ms","gflops","gbps","baseline":null,"ratio":null}
@@ -28,7 +28,7 @@ import statistics
 import sys
 
 DEVICE = "cuda"
-SAMPLE_MS, COMPARE_MS, MIN_SAMPLES, MAX_SAMPLES, MAX_REPS = 1.0, 250.0, 5, 30, 200
+SAMPLE_MS, COMPARE_MS, MIN_SAMPLES, MAX_SAMPLES, MAX_REPS = 1.0, 250.0, 3, 30, 200
 
 # (N, C_in, C_out, HW, k, s, p): DCGAN D at batch 64 and 256, then ResNet 3x3 layers.
 CONV2D = [(n, *layer) for n in (64, 256)
