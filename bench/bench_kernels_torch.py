@@ -87,7 +87,6 @@ class Bench:
             r["gbps"] = round(nbytes / (ms * 1e6), 2) if nbytes else None
         except Exception as e:  # a row that cannot run is reported, the others go on
             r["note"] = f"error: {type(e).__name__}: {e}".replace("\n", " ")[:400]
-            self.torch.cuda.synchronize()
         self.rows.append(r)
         print(json.dumps(r, separators=(",", ":")), flush=True)
 
