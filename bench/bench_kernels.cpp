@@ -129,7 +129,10 @@ void print_table(const std::vector<Row>& rows) {
   }
 }
 
-std::string note_for(const std::string& what) {
+// A failed row's note, on one line.
+std::string note_for(std::string what) {
+  std::replace_if(
+      what.begin(), what.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; }, ' ');
   return (what.find("no CUDA kernel") != std::string::npos ? "no CUDA kernel yet: " : "error: ") + what;
 }
 
