@@ -4,11 +4,13 @@
 // and leading dimensions), so x.t() and the backward's transposes cost no copy; only
 // operands with neither unit-stride rows nor columns are copied. matmul is composed
 // of views + mm/bmm, so its gradient (including broadcast batch dimensions, summed
-// back by ExpandBackward) comes from those ops' nodes.
+// back by ExpandBackward) comes from those ops' nodes. Under autocast (engine/autocast.h)
+// f32 products take bf16-rounded operands.
 #include "engine/ops/matmul.h"
 
 #include <algorithm>
 
+#include "engine/autocast.h"
 #include "engine/ops/common.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cuda/matmul.h"
@@ -36,8 +38,12 @@ Operand as_operand(const Tensor& x) {
   return {y, false, std::max<int64_t>(c, 1), x.dim() == 3 ? r * c : 0};
 }
 
-// out[b] = a[b] * b[b] for b < batch (a, b 2-D when batch == 1 and unbatched).
-void run_gemm(const char* op, const Tensor& a, const Tensor& b, int64_t batch, const Tensor& out) {
+// Whether mixed precision applies to a product of `a` (engine/autocast.h).
+bool autocast_applies(const Tensor& a) { return a.dtype() == kFloat32 && is_autocast_enabled(a.device().type); }
+
+// out[b] = a[b] * b[b] for b < batch (a, b 2-D when batch == 1 and unbatched), in the
+// tensors' own precision.
+void run_gemm_exact(const char* op, const Tensor& a, const Tensor& b, int64_t batch, const Tensor& out) {
   const Operand A = as_operand(a), B = as_operand(b);
   const int64_t n = a.size(-2), m = a.size(-1), p = b.size(-1);
   ops::dispatch_floating(op, a, [&]<class T>() {
@@ -57,6 +63,25 @@ void run_gemm(const char* op, const Tensor& a, const Tensor& b, int64_t batch, c
   });
 }
 
+// The same product under autocast: bf16-rounded operands, f32 accumulation and output.
+// CUDA multiplies bf16 copies on tensor cores; the CPU multiplies the rounded values in
+// f32, which gives the same products (bf16 x bf16 is exact in f32).
+void run_gemm(const char* op, const Tensor& a, const Tensor& b, int64_t batch, const Tensor& out) {
+  if (!autocast_applies(a)) return run_gemm_exact(op, a, b, batch, out);
+  NoGradGuard no_grad;  // private copies for the kernel; the graph records a and b
+  const Tensor a16 = a.to(kBFloat16), b16 = b.to(kBFloat16);
+  if (a.is_cpu()) return run_gemm_exact(op, a16.to(kFloat32), b16.to(kFloat32), batch, out);
+#ifdef NANODDP_WITH_CUDA
+  const Operand A = as_operand(a16), B = as_operand(b16);
+  const int64_t n = a.size(-2), m = a.size(-1), p = b.size(-1);
+  kernels::cuda::bmm_bf16(A.trans, B.trans, batch, n, p, m, 1.0f, A.t.data_ptr<BFloat16>(), A.ld, A.batch_stride,
+                          B.t.data_ptr<BFloat16>(), B.ld, B.batch_stride, 0.0f, out.data_ptr<float>(),
+                          std::max<int64_t>(p, 1), n * p, kernels::cuda::use_device(out.device().index));
+#else
+  throw Error(std::string(op) + ": a CUDA tensor in a build without CUDA: " + a.describe());
+#endif
+}
+
 std::string dims_str(const Tensor& t) {  // "2x3" as in PyTorch's message
   std::string s;
   for (int64_t d = 0; d < t.dim(); ++d) s += (d ? "x" : "") + std::to_string(t.size(d));
@@ -65,11 +90,15 @@ std::string dims_str(const Tensor& t) {  // "2x3" as in PyTorch's message
 
 // mm: dmat1 = g mat2^T, dmat2 = mat1^T g. Each input is saved only when the other
 // input's gradient needs it, so updating a tensor no gradient reads is not an error.
+// Both backwards multiply in the precision their forward did (autocast or not).
 struct MmBackward : autograd::Node {
   autograd::SavedTensor mat1, mat2;
+  DeviceType device = kCPU;
+  bool autocast = false;
   std::string name() const override { return "MmBackward"; }
   void release_saved_tensors() override { mat1.reset(); mat2.reset(); }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    AutocastGuard precision(device, autocast);
     Tensor g1, g2;
     if (next_edges[0].fn) g1 = mm(g[0], mat2.unpack(*this).t());
     if (next_edges[1].fn) g2 = mm(mat1.unpack(*this).t(), g[0]);
@@ -79,9 +108,12 @@ struct MmBackward : autograd::Node {
 
 struct BmmBackward : autograd::Node {
   autograd::SavedTensor batch1, batch2;
+  DeviceType device = kCPU;
+  bool autocast = false;
   std::string name() const override { return "BmmBackward"; }
   void release_saved_tensors() override { batch1.reset(); batch2.reset(); }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    AutocastGuard precision(device, autocast);
     Tensor g1, g2;
     if (next_edges[0].fn) g1 = bmm(g[0], batch2.unpack(*this).transpose(1, 2));
     if (next_edges[1].fn) g2 = bmm(batch1.unpack(*this).transpose(1, 2), g[0]);
@@ -100,6 +132,8 @@ Tensor mm(const Tensor& mat1, const Tensor& mat2) {
   Tensor out = empty({mat1.size(0), mat2.size(1)}, mat1.options());
   run_gemm("mm", mat1, mat2, 1, out);
   autograd::record<MmBackward>({mat1, mat2}, {out}, [&](MmBackward& n) {
+    n.device = mat1.device().type;
+    n.autocast = autocast_applies(mat1);
     if (n.next_edges[1].fn) n.mat1 = autograd::SavedTensor(mat1);
     if (n.next_edges[0].fn) n.mat2 = autograd::SavedTensor(mat2);
   });
@@ -118,6 +152,8 @@ Tensor bmm(const Tensor& batch1, const Tensor& batch2) {
   Tensor out = empty({batch1.size(0), batch1.size(1), batch2.size(2)}, batch1.options());
   run_gemm("bmm", batch1, batch2, batch1.size(0), out);
   autograd::record<BmmBackward>({batch1, batch2}, {out}, [&](BmmBackward& n) {
+    n.device = batch1.device().type;
+    n.autocast = autocast_applies(batch1);
     if (n.next_edges[1].fn) n.batch1 = autograd::SavedTensor(batch1);
     if (n.next_edges[0].fn) n.batch2 = autograd::SavedTensor(batch2);
   });

@@ -59,8 +59,16 @@ __global__ void scale_c_kernel(int64_t batch, int64_t M, int64_t N, T beta, T* C
 }
 
 template <class T>
+cudaDataType_t cuda_type() {
+  if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
+  else if constexpr (std::is_same_v<T, double>) return CUDA_R_64F;
+  else return CUDA_R_16BF;
+}
+
+// In: the operands' type; T: C's, alpha's and beta's (f32 for bf16 operands).
+template <class In, class T>
 void gemm_batched(const char* op, bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K,
-                  T alpha, const T* A, int64_t lda, int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b,
+                  T alpha, const In* A, int64_t lda, int64_t stride_a, const In* B, int64_t ldb, int64_t stride_b,
                   T beta, T* C, int64_t ldc, int64_t stride_c, cudaStream_t stream) {
   if (batch == 0 || M == 0 || N == 0) return;
   const int64_t kIntMax = 0x7fffffff;
@@ -74,20 +82,22 @@ void gemm_batched(const char* op, bool trans_a, bool trans_b, int64_t batch, int
     return;
   }
   cublasHandle_t h = handle_for(stream);
-  constexpr bool is_float = std::is_same_v<T, float>;
-  const cudaDataType_t type = is_float ? CUDA_R_32F : CUDA_R_64F;
-  const cublasComputeType_t compute =
-      is_float ? (allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F) : CUBLAS_COMPUTE_64F;
+  constexpr bool f32_operands = std::is_same_v<In, float>, f64 = std::is_same_v<T, double>;
+  const cudaDataType_t type = cuda_type<In>(), c_type = cuda_type<T>();
+  const cublasComputeType_t compute = f64                ? CUBLAS_COMPUTE_64F
+                                      : !f32_operands    ? CUBLAS_COMPUTE_32F  // bf16 tensor cores
+                                      : allow_tf32()     ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                         : CUBLAS_COMPUTE_32F;
   const auto ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int m = static_cast<int>(N), n = static_cast<int>(M), k = static_cast<int>(K);
   const int lda_ = static_cast<int>(lda), ldb_ = static_cast<int>(ldb);
   if (batch == 1) {
-    check_cublas(cublasGemmEx(h, tb, ta, m, n, k, &alpha, B, type, ldb_, A, type, lda_, &beta, C, type,
+    check_cublas(cublasGemmEx(h, tb, ta, m, n, k, &alpha, B, type, ldb_, A, type, lda_, &beta, C, c_type,
                               static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx", op);
   } else {
     check_cublas(cublasGemmStridedBatchedEx(h, tb, ta, m, n, k, &alpha, B, type, ldb_, stride_b, A, type, lda_,
-                                            stride_a, &beta, C, type, static_cast<int>(ldc), stride_c,
+                                            stride_a, &beta, C, c_type, static_cast<int>(ldc), stride_c,
                                             static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmStridedBatchedEx", op);
   }
@@ -98,15 +108,22 @@ void gemm_batched(const char* op, bool trans_a, bool trans_b, int64_t batch, int
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
           int64_t ldb, T beta, T* C, int64_t ldc, cudaStream_t stream) {
-  gemm_batched<T>("gemm", trans_a, trans_b, 1, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, stream);
+  gemm_batched<T, T>("gemm", trans_a, trans_b, 1, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, stream);
 }
 
 template <class T>
 void bmm(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
          int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta, T* C, int64_t ldc, int64_t stride_c,
          cudaStream_t stream) {
-  gemm_batched<T>("bmm", trans_a, trans_b, batch, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
+  gemm_batched<T, T>("bmm", trans_a, trans_b, batch, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
                   stride_c, stream);
+}
+
+void bmm_bf16(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+              const BFloat16* A, int64_t lda, int64_t stride_a, const BFloat16* B, int64_t ldb, int64_t stride_b,
+              float beta, float* C, int64_t ldc, int64_t stride_c, cudaStream_t stream) {
+  gemm_batched<BFloat16, float>("bmm (autocast bf16)", trans_a, trans_b, batch, M, N, K, alpha, A, lda, stride_a, B,
+                                ldb, stride_b, beta, C, ldc, stride_c, stream);
 }
 
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,

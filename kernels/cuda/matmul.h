@@ -5,6 +5,7 @@
 // f32 runs in full f32 (CUBLAS_COMPUTE_32F) unless set_allow_tf32(true); f64 in f64.
 #include <cstdint>
 
+#include "kernels/common/float16.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/stream.h"
 
@@ -20,6 +21,14 @@ template <class T>
 void bmm(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
          int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta, T* C, int64_t ldc, int64_t stride_c,
          cudaStream_t stream);
+
+// Mixed precision (engine/autocast.h): bf16 operands, f32 accumulation, f32 C, on bf16
+// tensor cores. Contract as bmm<float>. Its CPU twin is cpu::bmm<float> on the operands
+// widened back to f32 (bf16 x bf16 products are exact in f32), which engine/ops/matmul.cpp
+// runs on the CPU.
+void bmm_bf16(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+              const BFloat16* A, int64_t lda, int64_t stride_a, const BFloat16* B, int64_t ldb, int64_t stride_b,
+              float beta, float* C, int64_t ldc, int64_t stride_c, cudaStream_t stream);
 
 // TF32 for f32 products: set_allow_tf32 / allow_tf32 in runtime.h.
 

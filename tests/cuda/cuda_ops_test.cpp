@@ -193,6 +193,31 @@ TEST_CASE("cuda errors: mixing devices names both devices") {
   CHECK(idx_msg.find("cpu") != std::string::npos);
 }
 
+TEST_CASE("cuda autocast: bf16 tensor-core products match the CPU's rounded-operand reference, with backward") {
+  if (skip_without_gpu()) return;
+  PoisonAllocations poison;
+  auto f32 = [](const Shape& shape, uint64_t seed) { return testing::random_input(shape, seed).to(kFloat32); };
+  const Tensor a = f32({37, 53}, 31), b = f32({53, 29}, 32), x = f32({3, 17, 33}, 33), y = f32({3, 33, 9}, 34);
+  auto run = [&](const Device& d) {
+    Tensor ad = a.to(d).requires_grad_(true), bd = b.to(d).requires_grad_(true);
+    Tensor xd = x.to(d), yd = y.to(d);
+    Tensor out_mm, out_bmm, out_t;
+    {
+      AutocastGuard amp(d.type);
+      out_mm = mm(ad, bd);
+      out_bmm = bmm(xd, yd);
+      out_t = mm(bd.t(), ad.t());
+    }
+    (out_mm * out_mm).sum().backward();
+    return std::vector<Tensor>{out_mm, out_bmm, out_t, ad.grad(), bd.grad()};
+  };
+  const auto on_cpu = run(Device(kCPU)), on_gpu = run(kGpu);
+  // The same bf16 operands and f32 accumulation: only the order of the sums differs.
+  const char* names[] = {"mm", "bmm", "mm of transposes", "grad a", "grad b"};
+  for (size_t i = 0; i < on_cpu.size(); ++i)
+    check_matches(on_gpu[i], on_cpu[i], std::string("autocast ") + names[i], 1e-5);
+}
+
 TEST_CASE("cuda matmul: TF32 is off by default and close when allowed") {
   if (skip_without_gpu()) return;
   CHECK_FALSE(kernels::cuda::allow_tf32());
