@@ -331,12 +331,13 @@ void bench_device(nd::Device device, const Options& o, std::vector<Row>& out) {
   }
 }
 
-int usage(const char* why) {
-  std::fprintf(stderr,
+// Prints why and the usage line; returns the exit status (0 for --help, 2 for a bad command line).
+int usage(const char* why, int status = 2) {
+  std::fprintf(status == 0 ? stdout : stderr,
                "bench_train: %s\nusage: bench_train [--steps N] [--warmup N] [--threads N] [--gemm N] "
                "[--device cpu|cuda|all] [--model dcgan|mae|all]\n",
                why);
-  return 2;
+  return status;
 }
 
 }  // namespace
@@ -345,7 +346,7 @@ int main(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") return usage("one training step per model, median of --steps (default 20)");
+    if (flag == "--help" || flag == "-h") return usage("one training step per model, median of --steps steps", 0);
     if (i + 1 >= argc) return usage(("expected a value after " + flag).c_str());
     const std::string value = argv[++i];
     const int number = std::atoi(value.c_str());
