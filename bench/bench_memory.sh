@@ -5,8 +5,9 @@
 # 10), prints every sample, then one JSON line with the RSS at 10%, 20%, 50% and 100% of
 # the steps and the growth from 20% to 100% (target: flat, within a few percent; the
 # first 20% hold allocator and optimizer-state warm-up).
-#   rss at X% = the first sample taken at or after step X% of STEPS (100%: the first at
-#   the last step, before the app's final sample grid and loss curve).
+#   rss at X% = the first sample taken at or after step X% of STEPS; when the app exits
+#   before a sample sees its last step, 100% is the last sample (its step is reported
+#   as last_sample_step).
 # Usage: bench/bench_memory.sh [APP [STEPS]] [-- APP_FLAGS...]
 #   APP      default build/apps/train_gan (any nanoddp training app: train_mae, ...)
 #   STEPS    default 1000
@@ -74,6 +75,7 @@ awk -v steps="$steps" -v name="$name" -v flags="$*" -v secs="$elapsed" '
     printf "\"ms\":null,\"gflops\":null,\"gbps\":null,\"baseline\":\"rss at 20%%\",\"ratio\":%.4f,", r100 / r20
     printf "\"rss_mb_10\":%.2f,\"rss_mb_20\":%.2f,\"rss_mb_50\":%.2f,\"rss_mb_100\":%.2f,", r10 / 1024, r20 / 1024,
            r50 / 1024, r100 / 1024
-    printf "\"growth_20_100_pct\":%.3f,\"peak_mb\":%.2f,\"samples\":%d,\"seconds\":%.1f}\n", growth, h[NR] / 1024, NR,
-           secs
+    printf "\"growth_20_100_pct\":%.3f,\"peak_mb\":%.2f,\"samples\":%d,\"last_sample_step\":%d,", growth,
+           h[NR] / 1024, NR, s[NR]
+    printf "\"seconds\":%.1f}\n", secs
   }' "$samples"
