@@ -51,7 +51,7 @@ struct World {
 };
 World world();
 
-// Checks what the flags alone cannot (the device exists, --amp, the batch divides by
+// Checks what the flags alone cannot (the device exists, the batch divides by
 // the world size), fills in --out's default, creates DIR and DIR/ckpt on rank 0, and
 // returns the device ("cuda" without an index: this rank's GPU, cuda:<local rank>).
 // Throws UsageError or nd::Error.
