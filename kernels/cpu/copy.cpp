@@ -1,5 +1,7 @@
 #include "kernels/cpu/copy.h"
 
+#include <algorithm>
+#include <array>
 #include <type_traits>
 
 #include "kernels/common/float16.h"
@@ -17,11 +19,42 @@ inline D convert(S s) {
   else
     return D(static_cast<float>(s));
 }
+
+// A batch of transposes: the innermost merged dimension is contiguous in dst but
+// strided in src, and the next one out is contiguous in src (x.t().contiguous(), the
+// permuted copies of reductions and attention heads). Row by row, every src read would
+// touch a new cache line; 32 x 32 tiles read and write whole lines instead.
+template <class S, class D>
+bool copy_transposed(const MergedDims<2>& m, const S* src, D* dst) {
+  const int64_t nd = static_cast<int64_t>(m.sizes.size());
+  if (nd < 2 || m.strides[nd - 1][1] != 1 || m.strides[nd - 1][0] == 1 || m.strides[nd - 2][0] != 1) return false;
+  constexpr int64_t kTile = 32;
+  const int64_t A = m.sizes[nd - 2], B = m.sizes[nd - 1];  // src walks A with stride 1, dst walks B with stride 1
+  const int64_t src_b = m.strides[nd - 1][0], dst_a = m.strides[nd - 2][1];
+  int64_t rows = 1;
+  for (int64_t d = 0; d < nd - 2; ++d) rows *= m.sizes[d];
+  const int64_t tiles_a = (A + kTile - 1) / kTile, tiles_b = (B + kTile - 1) / kTile;
+  const int64_t tiles = tiles_a * tiles_b, work = rows * tiles;
+#pragma omp parallel for schedule(static) if (rows * A * B > 65536 && work > 1)
+  for (int64_t w = 0; w < work; ++w) {
+    const std::array<int64_t, 2> off = row_offsets(m, nd - 2, w / tiles);
+    const int64_t a0 = (w % tiles) / tiles_b * kTile, b0 = (w % tiles) % tiles_b * kTile;
+    const int64_t a1 = std::min(a0 + kTile, A), b1 = std::min(b0 + kTile, B);
+    const S* s = src + off[0];
+    D* d = dst + off[1];
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t a = a0; a < a1; ++a) d[a * dst_a + b] = convert<D>(s[a + b * src_b]);
+  }
+  return true;
+}
+
 }  // namespace
 
 template <class S, class D>
 void copy_strided(int64_t ndim, const int64_t* shape, const S* src, const int64_t* src_strides, D* dst,
                   const int64_t* dst_strides) {
+  const MergedDims<2> m = merge_dims<2>(ndim, shape, {src_strides, dst_strides});
+  if (m.empty || copy_transposed(m, src, dst)) return;
   for_each_row<2>(ndim, shape, {src_strides, dst_strides}, [&](auto off, int64_t n, auto st) {
     const S* s = src + off[0];
     D* d = dst + off[1];
