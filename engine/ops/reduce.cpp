@@ -1,6 +1,7 @@
 #include "engine/ops/reduce.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "engine/ops/common.h"
 #include "kernels/cpu/reduce.h"
@@ -9,6 +10,17 @@
 namespace nd {
 
 namespace {
+
+// Which dims of x a reduction over `dims` reduces (empty dims = all).
+std::vector<bool> reduced_dims(const char* op, const Tensor& x, const Shape& dims) {
+  std::vector<bool> reduced(x.dim(), dims.empty());
+  for (int64_t d : dims) {
+    const int64_t w = wrap_dim(d, x.dim(), op);
+    ND_CHECK(!reduced[w] || dims.empty(), op, ": dim ", w, " appears multiple times in ", shape_str(dims));
+    reduced[w] = true;
+  }
+  return reduced;
+}
 
 // x viewed as contiguous [M, R] with the reduced dims last, plus the result shapes.
 struct Rows {
@@ -19,18 +31,12 @@ struct Rows {
   Shape order;       // the permutation that moved the reduced dims last
 };
 
-Rows to_rows(const char* op, const Tensor& x, const Shape& dims, bool keepdim) {
-  std::vector<bool> reduced(x.dim(), dims.empty());  // empty dims = all
-  for (int64_t d : dims) {
-    const int64_t w = wrap_dim(d, x.dim(), op);
-    ND_CHECK(!reduced[w] || dims.empty(), op, ": dim ", w, " appears multiple times in ", shape_str(dims));
-    reduced[w] = true;
-  }
-  Shape order;
+// The shapes and the permutation only; to_rows adds the data.
+Rows plan_rows(const Tensor& x, const std::vector<bool>& reduced, bool keepdim) {
   Rows r;
   for (int64_t d = 0; d < x.dim(); ++d) {
     if (!reduced[d]) {
-      order.push_back(d);
+      r.order.push_back(d);
       r.M *= x.size(d);
       r.out_shape.push_back(x.size(d));
     } else if (keepdim) {
@@ -40,13 +46,49 @@ Rows to_rows(const char* op, const Tensor& x, const Shape& dims, bool keepdim) {
   }
   for (int64_t d = 0; d < x.dim(); ++d)
     if (reduced[d]) {
-      order.push_back(d);
+      r.order.push_back(d);
       r.R *= x.size(d);
     }
-  NoGradGuard no_grad;  // layout only; the caller records the op's own node
-  r.data = x.permute(order).contiguous();
-  r.order = order;
   return r;
+}
+
+Rows to_rows(const char* op, const Tensor& x, const Shape& dims, bool keepdim) {
+  Rows r = plan_rows(x, reduced_dims(op, x, dims), keepdim);
+  NoGradGuard no_grad;  // layout only; the caller records the op's own node
+  r.data = x.permute(r.order).contiguous();
+  return r;
+}
+
+// x read in place as [R, C] rows `ld` elements apart, when the reduced dims lead: the
+// kept dims (size-1 dims ignored) are contiguous after one another, and the reduced ones
+// walk their rows with one stride. Then a sum needs no transposed copy (sum_columns).
+// nullopt when the layout does not allow it, or when nothing or everything is reduced
+// (then the permute is the identity, and a contiguous x goes to sum_rows uncopied).
+struct Columns {
+  int64_t R = 1, C = 1, ld = 0;
+};
+std::optional<Columns> leading_columns(const Tensor& x, const std::vector<bool>& reduced) {
+  Columns cols;
+  bool in_reduced = false, any_reduced = false;
+  int64_t expected = 1;  // the stride the next (outer) dim must have
+  for (int64_t d = x.dim(); d-- > 0;) {
+    if (x.size(d) == 1) continue;
+    if (!reduced[d]) {
+      if (in_reduced || x.stride(d) != expected) return std::nullopt;
+      cols.C *= x.size(d);
+      expected *= x.size(d);
+      continue;
+    }
+    if (!in_reduced) {
+      in_reduced = any_reduced = true;
+      cols.ld = expected = x.stride(d);
+    }
+    if (x.stride(d) != expected) return std::nullopt;
+    cols.R *= x.size(d);
+    expected *= x.size(d);
+  }
+  if (!any_reduced || cols.C == 1) return std::nullopt;
+  return cols;
 }
 
 // sum/mean: the gradient is broadcast back (mean divides by the count).
@@ -101,12 +143,25 @@ struct MaxBackward : autograd::Node {
 };
 
 Tensor sum_impl(const char* op, const Tensor& x, const Shape& dims, bool keepdim, bool is_mean) {
-  Rows r = to_rows(op, x, dims, keepdim);
+  const std::vector<bool> reduced = reduced_dims(op, x, dims);
+  Rows r = plan_rows(x, reduced, keepdim);
   ND_CHECK(!is_mean || r.R > 0, op, ": mean over zero elements of ", x.describe());
   Tensor out = empty(r.out_shape, x.options());
+  // CPU: a sum over leading dims (bias gradients) reads x in place, column by column.
+  const std::optional<Columns> cols = x.is_cuda() ? std::nullopt : leading_columns(x, reduced);
+  if (!cols) {
+    NoGradGuard no_grad;
+    r.data = x.permute(r.order).contiguous();
+  }
   ops::dispatch_floating(op, x, [&]<class T>() {
     ops::on_device(
-        x, [&] { kernels::cpu::sum_rows<T>(r.M, r.R, r.data.data_ptr<T>(), out.data_ptr<T>()); },
+        x,
+        [&] {
+          if (cols)
+            kernels::cpu::sum_columns<T>(cols->R, cols->C, cols->ld, x.data_ptr<T>(), out.data_ptr<T>());
+          else
+            kernels::cpu::sum_rows<T>(r.M, r.R, r.data.data_ptr<T>(), out.data_ptr<T>());
+        },
         [&](auto stream) { kernels::cuda::sum_rows<T>(r.M, r.R, r.data.data_ptr<T>(), out.data_ptr<T>(), stream); });
   });
   if (is_mean) {
