@@ -1,8 +1,6 @@
 #include "engine/storage.h"
 
-#include <cstdlib>
-
-#include "engine/error.h"
+#include "engine/cpu_allocator.h"
 #include "kernels/cuda/allocator.h"
 
 namespace nd {
@@ -11,11 +9,7 @@ std::atomic<int64_t> Storage::live_{0};
 
 Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
   if (device.is_cpu()) {
-    if (nbytes > 0) {
-      const size_t rounded = (nbytes + 63) / 64 * 64;
-      data_ = std::aligned_alloc(64, rounded);
-      ND_CHECK(data_ != nullptr, "out of CPU memory: failed to allocate ", nbytes, " bytes");
-    }
+    data_ = cpu::allocate(nbytes);
   } else {
     cuda::check_device(device);
     data_ = kernels::cuda::allocate(device.index, nbytes, kernels::cuda::compute_stream(device.index));
@@ -25,7 +19,7 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
 
 Storage::~Storage() {
   if (device_.is_cpu())
-    std::free(data_);
+    cpu::release(data_, nbytes_);  // back to the CPU cache (large blocks) or to free
   else
     kernels::cuda::release(data_);  // back to the cache of its stream
   --live_;

@@ -14,7 +14,8 @@ namespace nd {
 
 class Storage {
  public:
-  // Allocates nbytes on `device` (64-byte aligned on cpu); contents uninitialised.
+  // Allocates nbytes on `device` through its caching allocator (engine/cpu_allocator.h,
+  // kernels/cuda/allocator.h; 64-byte aligned on cpu); contents uninitialised.
   Storage(size_t nbytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
