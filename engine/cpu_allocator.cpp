@@ -28,10 +28,12 @@ Cache& cache() {
   return *c;
 }
 
-// Sizes at or above kMinCachedBytes become their size class; smaller ones a multiple of
-// kAlignment, as aligned_alloc requires.
+bool cached_size(size_t nbytes) { return nbytes >= kMinCachedBytes && nbytes <= kMaxCachedBytes; }
+
+// Cached sizes become their size class; others a multiple of kAlignment, as
+// aligned_alloc requires.
 size_t block_size(size_t nbytes) {
-  if (nbytes >= kMinCachedBytes) return kernels::cuda::round_size(nbytes);
+  if (cached_size(nbytes)) return kernels::cuda::round_size(nbytes);
   return (nbytes + kAlignment - 1) / kAlignment * kAlignment;
 }
 
@@ -56,7 +58,7 @@ void* take_cached(size_t size) {
 void* allocate(size_t nbytes) {
   if (nbytes == 0) return nullptr;
   const size_t size = block_size(nbytes);
-  void* p = nbytes >= kMinCachedBytes ? take_cached(size) : nullptr;
+  void* p = cached_size(nbytes) ? take_cached(size) : nullptr;
   if (!p) p = std::aligned_alloc(kAlignment, size);
   if (!p) {
     empty_cache();
@@ -69,7 +71,7 @@ void* allocate(size_t nbytes) {
 
 void release(void* ptr, size_t nbytes) {
   if (!ptr) return;
-  if (nbytes >= kMinCachedBytes) {
+  if (cached_size(nbytes)) {
     const size_t size = block_size(nbytes);
     Cache& c = cache();
     std::lock_guard lock(c.mutex);

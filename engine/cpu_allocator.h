@@ -4,11 +4,12 @@
 // class skips malloc's mmap / munmap (or heap trim) cycle and the first-touch page faults
 // of fresh memory (bench/RESULTS.md, finding 4). The CUDA twin is kernels/cuda/allocator.h.
 //
-// Blocks of at least kMinCachedBytes are rounded up to a size class (the CUDA allocator's
-// round_size: four classes per power of two, so at most 25% more) and, when released,
-// kept on their class's free list (the most recently freed is reused first) as long as
-// the cache stays within kCacheLimitBytes; a block that would exceed it is freed.
-// Smaller blocks go straight to aligned_alloc / free. Only released blocks are reused,
+// Blocks of kMinCachedBytes to kMaxCachedBytes are rounded up to a size class (the CUDA
+// allocator's round_size: four classes per power of two, so at most 25% more) and, when
+// released, kept on their class's free list (the most recently freed is reused first) as
+// long as the cache stays within kCacheLimitBytes; a block that would exceed it is freed.
+// Other blocks go straight to aligned_alloc / free: small ones are cheap to malloc, and
+// huge ones (the dataset and its one-off conversions) would stay resident for nothing. Only released blocks are reused,
 // so memory in use is never handed out twice; a reused block's contents are undefined,
 // exactly as malloc's. Thread-safe: the data loader's thread allocates too.
 // Tests: tests/engine/cpu_allocator_test.cpp.
@@ -19,6 +20,7 @@ namespace nd::cpu {
 
 inline constexpr size_t kAlignment = 64;
 inline constexpr size_t kMinCachedBytes = size_t{64} << 10;    // 64 KiB
+inline constexpr size_t kMaxCachedBytes = size_t{32} << 20;    // 32 MiB
 inline constexpr size_t kCacheLimitBytes = size_t{256} << 20;  // 256 MiB
 
 struct AllocatorStats {

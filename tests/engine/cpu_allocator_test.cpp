@@ -57,7 +57,7 @@ std::vector<std::vector<double>> train_two_steps() {
 
 }  // namespace
 
-TEST_CASE("cpu allocator: a released block comes back for a request of its size class; small ones are not cached") {
+TEST_CASE("cpu allocator: a released block comes back for a request of its size class; small and huge ones are not cached") {
   cpu::empty_cache();
   CHECK(cpu::allocate(0) == nullptr);
   cpu::release(nullptr, 0);
@@ -87,12 +87,12 @@ TEST_CASE("cpu allocator: a released block comes back for a request of its size 
   cpu::release(e, 200000);
 
   const int64_t cached = cpu::memory_stats().cached_bytes;
-  for (size_t small : {size_t{1}, size_t{63}, size_t{4096}, cpu::kMinCachedBytes - 1}) {
-    void* p = cpu::allocate(small);
+  for (size_t n : {size_t{1}, size_t{63}, size_t{4096}, cpu::kMinCachedBytes - 1, cpu::kMaxCachedBytes + 1}) {
+    void* p = cpu::allocate(n);
     REQUIRE(p != nullptr);
     CHECK(aligned(p));
-    std::memset(p, 2, small);
-    cpu::release(p, small);
+    std::memset(p, 2, n);
+    cpu::release(p, n);
     CHECK(cpu::memory_stats().cached_bytes == cached);
   }
   cpu::empty_cache();
@@ -100,20 +100,20 @@ TEST_CASE("cpu allocator: a released block comes back for a request of its size 
 
 TEST_CASE("cpu allocator: the cache holds at most kCacheLimitBytes, and empty_cache frees every block") {
   cpu::empty_cache();
-  const size_t big = size_t{96} << 20;  // untouched: address space only
+  const size_t big = cpu::kMaxCachedBytes;  // 32 MiB, its own class; untouched: address space only
   std::vector<void*> blocks;
-  for (int i = 0; i < 4; ++i) blocks.push_back(cpu::allocate(big));
+  for (int i = 0; i < 10; ++i) blocks.push_back(cpu::allocate(big));
   const cpu::AllocatorStats s0 = cpu::memory_stats();
   for (void* p : blocks) cpu::release(p, big);
   const cpu::AllocatorStats s1 = cpu::memory_stats();
-  CHECK(s1.cached_bytes == int64_t{2} * static_cast<int64_t>(big));  // a third would pass 256 MiB
+  CHECK(s1.cached_bytes == int64_t{8} * static_cast<int64_t>(big));  // 256 MiB; a ninth would pass it
   CHECK(s1.num_frees == s0.num_frees + 2);
   CHECK(s1.cached_bytes <= static_cast<int64_t>(cpu::kCacheLimitBytes));
 
   cpu::empty_cache();
   const cpu::AllocatorStats s2 = cpu::memory_stats();
   CHECK(s2.cached_bytes == 0);
-  CHECK(s2.num_frees == s1.num_frees + 2);
+  CHECK(s2.num_frees == s1.num_frees + 8);
   void* p = cpu::allocate(big);
   CHECK(cpu::memory_stats().num_mallocs == s2.num_mallocs + 1);  // nothing left to reuse
   cpu::release(p, big);
