@@ -9,9 +9,12 @@
 // released, kept on their class's free list (the most recently freed is reused first) as
 // long as the cache stays within kCacheLimitBytes; a block that would exceed it is freed.
 // Other blocks go straight to aligned_alloc / free: small ones are cheap to malloc, and
-// huge ones (the dataset and its one-off conversions) would stay resident for nothing. Only released blocks are reused,
-// so memory in use is never handed out twice; a reused block's contents are undefined,
-// exactly as malloc's. Thread-safe: the data loader's thread allocates too.
+// huge ones (the dataset and its one-off conversions) would stay resident for nothing.
+// Only released blocks are reused, so memory in use is never handed out twice; a reused
+// block's contents are undefined, exactly as malloc's. Thread-safe: the data loader's
+// thread allocates too. The cost: a cached block serves only its own class, so a phase
+// with other sizes (an evaluation pass between training steps) raises the peak by up to
+// what the cache holds; empty_cache() gives it back.
 // Tests: tests/engine/cpu_allocator_test.cpp.
 #include <cstddef>
 #include <cstdint>
