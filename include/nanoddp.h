@@ -30,5 +30,6 @@
 #include "engine/tensor.h"
 #include "engine/train_state.h"
 #include "engine/checkpoint.h"
+#include "engine/cpu_allocator.h"
 #include "collectives/dist.h"
 #include "models/models.h"
