@@ -51,18 +51,25 @@ using Scratch = std::vector<T, Eigen::aligned_allocator<T>>;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// One (b, h) head: its q, k, v rows and the (b, h) corner of the mask (nullptr: none).
+// Element offset of head (b, h)'s first row.
+int64_t head_offset(const AttentionRows& rows, int64_t b, int64_t h) {
+  return b * rows.stride_b + h * rows.stride_h;
+}
+
+// One (b, h) head: its q, k, v rows with their row strides (the GEMMs' leading dims) and
+// the (b, h) corner of the mask (nullptr: none).
 template <typename T>
 struct Head {
   const T *q, *k, *v, *mask;
+  int64_t ldq, ldk, ldv;
 };
 
 template <typename T>
-Head<T> head(const T* q, const T* k, const T* v, const AttentionMask<T>& mask, int64_t b,
-             int64_t h, int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev) {
-  const int64_t bh = b * H + h;
+Head<T> head(const T* q, const T* k, const T* v, const AttentionMask<T>& mask,
+             const AttentionLayout& lay, int64_t b, int64_t h) {
   const T* m = mask.data ? mask.data + b * mask.stride_b + h * mask.stride_h : nullptr;
-  return {q + bh * Sq * E, k + bh * Sk * E, v + bh * Sk * Ev, m};
+  return {q + head_offset(lay.q, b, h), k + head_offset(lay.k, b, h), v + head_offset(lay.v, b, h),
+          m,  lay.q.stride_row, lay.k.stride_row, lay.v.stride_row};
 }
 
 // Scores of query rows [i0, i1) against keys [j0, j1), row-major into s (leading dim j1 - j0):
@@ -71,7 +78,8 @@ template <typename T>
 void tile_scores(const Head<T>& hd, const AttentionMask<T>& mask, int64_t i0, int64_t i1,
                  int64_t j0, int64_t j1, int64_t E, bool is_causal, T scale, T* s) {
   const int64_t rows = i1 - i0, cols = j1 - j0;
-  gemm(false, true, rows, cols, E, scale, hd.q + i0 * E, E, hd.k + j0 * E, E, T(0), s, cols);
+  gemm(false, true, rows, cols, E, scale, hd.q + i0 * hd.ldq, hd.ldq, hd.k + j0 * hd.ldk, hd.ldk,
+       T(0), s, cols);
   if (hd.mask) {
     for (int64_t r = 0; r < rows; ++r) {
       const T* mrow = hd.mask + (i0 + r) * mask.stride_q + j0 * mask.stride_k;
@@ -85,13 +93,14 @@ void tile_scores(const Head<T>& hd, const AttentionMask<T>& mask, int64_t i0, in
   }
 }
 
-// Forward for query rows [i0, i1) of one head, over all the keys they may see.
+// Forward for query rows [i0, i1) of one head, over all the keys they may see; out is the
+// head's first output row, ldo its row stride.
 // Online softmax per row: running max m, running sum l = sum exp(s - m), acc = sum exp(s - m) v;
 // a new tile with max m' rescales l and acc by exp(m - m').
 template <typename T>
 void query_tile_forward(const Head<T>& hd, const AttentionMask<T>& mask, int64_t i0, int64_t i1,
                         int64_t Sk, int64_t E, int64_t Ev, bool is_causal, T scale, T* out,
-                        T* logsumexp, Scratch<T>& s, Scratch<T>& acc_buf,
+                        int64_t ldo, T* logsumexp, Scratch<T>& s, Scratch<T>& acc_buf,
                         Scratch<T>& m, Scratch<T>& l) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const int64_t rows = i1 - i0;
@@ -117,11 +126,11 @@ void query_tile_forward(const Head<T>& hd, const AttentionMask<T>& mask, int64_t
       m[r] = m_new;
     }
     // acc += P V_tile
-    gemm(false, false, rows, Ev, cols, T(1), s.data(), cols, hd.v + j0 * Ev, Ev, T(1),
+    gemm(false, false, rows, Ev, cols, T(1), s.data(), cols, hd.v + j0 * hd.ldv, hd.ldv, T(1),
          acc_buf.data(), Ev);
   }
   for (int64_t r = 0; r < rows; ++r) {
-    T* oi = out + (i0 + r) * Ev;
+    T* oi = out + (i0 + r) * ldo;
     if (l[r] == T(0)) {  // no allowed key
       std::fill(oi, oi + Ev, T(0));
       logsumexp[i0 + r] = neg_inf;
@@ -134,26 +143,38 @@ void query_tile_forward(const Head<T>& hd, const AttentionMask<T>& mask, int64_t
 }
 
 // Backward for keys [j0, j1) of one head, over every query tile that sees them: writes the
-// tile's dk, dv rows and adds its part of dq (dq_head += scale dS K_tile). Per query tile:
+// tile's dk, dv rows and adds its part of dq (dq_head += scale dS K_tile). `g` holds the
+// head's dout, out, dq, dk, dv (first rows of the head; dk, dv at row j0) and their row
+// strides. Per query tile:
 //   P = exp(S - lse),  dV += P^T dO,  dP = dO V^T,  dS = P * (dP - D),
 //   dQ += scale dS K,  dK += scale dS^T Q,  with D_i = dout_i . out_i.
 template <typename T>
-void key_tile_backward(const Head<T>& hd, const AttentionMask<T>& mask, const T* dout,
-                       const T* out, const T* logsumexp, int64_t j0, int64_t j1, int64_t Sq,
-                       int64_t E, int64_t Ev, bool is_causal, T scale, T* dq_head, T* dk_tile,
-                       T* dv_tile, Scratch<T>& p_buf, Scratch<T>& dp_buf) {
+struct HeadGrads {
+  const T *dout, *out;
+  T *dq, *dk, *dv;
+  int64_t lddo, ldo, lddq, lddk, lddv;
+};
+
+template <typename T>
+void key_tile_backward(const Head<T>& hd, const AttentionMask<T>& mask, const HeadGrads<T>& g,
+                       const T* logsumexp, int64_t j0, int64_t j1, int64_t Sq, int64_t E,
+                       int64_t Ev, bool is_causal, T scale, Scratch<T>& p_buf,
+                       Scratch<T>& dp_buf) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const int64_t cols = j1 - j0;
-  std::fill(dk_tile, dk_tile + cols * E, T(0));
-  std::fill(dv_tile, dv_tile + cols * Ev, T(0));
+  T *dk_tile = g.dk + j0 * g.lddk, *dv_tile = g.dv + j0 * g.lddv;
+  for (int64_t c = 0; c < cols; ++c) {
+    std::fill(dk_tile + c * g.lddk, dk_tile + c * g.lddk + E, T(0));
+    std::fill(dv_tile + c * g.lddv, dv_tile + c * g.lddv + Ev, T(0));
+  }
   const int64_t ibegin = is_causal ? j0 : 0;  // queries i < j0 see no key of the tile
   for (int64_t i0 = ibegin; i0 < Sq; i0 += kQueryTile) {
     const int64_t i1 = std::min(Sq, i0 + kQueryTile), rows = i1 - i0;
     tile_scores(hd, mask, i0, i1, j0, j1, E, is_causal, scale, p_buf.data());
     TileMap<T> p(p_buf.data(), rows, cols), ds(dp_buf.data(), rows, cols);
     // dP = dO_tile V_tile^T
-    gemm(false, true, rows, cols, Ev, T(1), dout + i0 * Ev, Ev, hd.v + j0 * Ev, Ev, T(0),
-         dp_buf.data(), cols);
+    gemm(false, true, rows, cols, Ev, T(1), g.dout + i0 * g.lddo, g.lddo, hd.v + j0 * hd.ldv,
+         hd.ldv, T(0), dp_buf.data(), cols);
     for (int64_t r = 0; r < rows; ++r) {
       const T lse = logsumexp[i0 + r];
       if (lse == neg_inf) {  // fully masked row: output was constant 0, no gradient
@@ -162,20 +183,20 @@ void key_tile_backward(const Head<T>& hd, const AttentionMask<T>& mask, const T*
         continue;
       }
       p.row(r) = (p.row(r).array() - lse).exp().matrix();
-      const T* gi = dout + (i0 + r) * Ev;
-      const T* oi = out + (i0 + r) * Ev;
+      const T* gi = g.dout + (i0 + r) * g.lddo;
+      const T* oi = g.out + (i0 + r) * g.ldo;
       T d = 0;
       for (int64_t e = 0; e < Ev; ++e) d += gi[e] * oi[e];
       ds.row(r) = (p.row(r).array() * (ds.row(r).array() - d)).matrix();
     }
     // dV_tile += P^T dO_tile
-    gemm(true, false, cols, Ev, rows, T(1), p_buf.data(), cols, dout + i0 * Ev, Ev, T(1),
-         dv_tile, Ev);
+    gemm(true, false, cols, Ev, rows, T(1), p_buf.data(), cols, g.dout + i0 * g.lddo, g.lddo,
+         T(1), dv_tile, g.lddv);
     // dQ_tile += scale dS K_tile,   dK_tile += scale dS^T Q_tile
-    gemm(false, false, rows, E, cols, scale, dp_buf.data(), cols, hd.k + j0 * E, E, T(1),
-         dq_head + i0 * E, E);
-    gemm(true, false, cols, E, rows, scale, dp_buf.data(), cols, hd.q + i0 * E, E, T(1),
-         dk_tile, E);
+    gemm(false, false, rows, E, cols, scale, dp_buf.data(), cols, hd.k + j0 * hd.ldk, hd.ldk,
+         T(1), g.dq + i0 * g.lddq, g.lddq);
+    gemm(true, false, cols, E, rows, scale, dp_buf.data(), cols, hd.q + i0 * hd.ldq, hd.ldq,
+         T(1), dk_tile, g.lddk);
   }
 }
 
@@ -183,9 +204,10 @@ void key_tile_backward(const Head<T>& hd, const AttentionMask<T>& mask, const T*
 
 template <typename T>
 void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v,
-                                          AttentionMask<T> mask, int64_t B, int64_t H,
-                                          int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
-                                          bool is_causal, double scale, T* out, T* logsumexp) {
+                                          AttentionMask<T> mask, const AttentionLayout& layout,
+                                          int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t E,
+                                          int64_t Ev, bool is_causal, double scale, T* out,
+                                          T* logsumexp) {
   const T sc = static_cast<T>(scale);
   const int64_t q_tiles = ceil_div(Sq, kQueryTile);
 #pragma omp parallel
@@ -196,10 +218,11 @@ void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v,
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
         for (int64_t qt = 0; qt < q_tiles; ++qt) {
-          const int64_t bh = b * H + h, i0 = qt * kQueryTile;
-          query_tile_forward(head(q, k, v, mask, b, h, H, Sq, Sk, E, Ev), mask, i0,
+          const int64_t i0 = qt * kQueryTile;
+          query_tile_forward(head(q, k, v, mask, layout, b, h), mask, i0,
                              std::min(Sq, i0 + kQueryTile), Sk, E, Ev, is_causal, sc,
-                             out + bh * Sq * Ev, logsumexp + bh * Sq, s, acc, m, l);
+                             out + head_offset(layout.out, b, h), layout.out.stride_row,
+                             logsumexp + (b * H + h) * Sq, s, acc, m, l);
         }
       }
     }
@@ -209,19 +232,23 @@ void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v,
 template <typename T>
 void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k, const T* v,
                                            AttentionMask<T> mask, const T* out,
-                                           const T* logsumexp, int64_t B, int64_t H, int64_t Sq,
-                                           int64_t Sk, int64_t E, int64_t Ev, bool is_causal,
-                                           double scale, T* dq, T* dk, T* dv) {
+                                           const T* logsumexp, const AttentionLayout& layout,
+                                           int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t E,
+                                           int64_t Ev, bool is_causal, double scale, T* dq, T* dk,
+                                           T* dv) {
   const T sc = static_cast<T>(scale);
-  const int64_t BH = B * H, k_tiles = ceil_div(Sk, kKeyTile), dq_size = BH * Sq * E;
-  // One key tile of head (b, h), adding its dq part into dq_all (dq or a thread's copy).
-  auto key_tile = [&](int64_t b, int64_t h, int64_t kt, T* dq_all, Scratch<T>& p,
+  const int64_t BH = B * H, k_tiles = ceil_div(Sk, kKeyTile);
+  // One key tile of head (b, h), adding its dq part into the head's rows at dq_head (row
+  // stride lddq): dq itself or a thread's dense copy.
+  auto key_tile = [&](int64_t b, int64_t h, int64_t kt, T* dq_head, int64_t lddq, Scratch<T>& p,
                       Scratch<T>& dp) {
-    const int64_t bh = b * H + h, j0 = kt * kKeyTile;
-    key_tile_backward(head(q, k, v, mask, b, h, H, Sq, Sk, E, Ev), mask, dout + bh * Sq * Ev,
-                      out + bh * Sq * Ev, logsumexp + bh * Sq, j0, std::min(Sk, j0 + kKeyTile),
-                      Sq, E, Ev, is_causal, sc, dq_all + bh * Sq * E, dk + (bh * Sk + j0) * E,
-                      dv + (bh * Sk + j0) * Ev, p, dp);
+    const int64_t j0 = kt * kKeyTile;
+    const HeadGrads<T> g{dout + head_offset(layout.dout, b, h), out + head_offset(layout.out, b, h),
+                         dq_head, dk + head_offset(layout.dk, b, h), dv + head_offset(layout.dv, b, h),
+                         layout.dout.stride_row, layout.out.stride_row, lddq,
+                         layout.dk.stride_row, layout.dv.stride_row};
+    key_tile_backward(head(q, k, v, mask, layout, b, h), mask, g, logsumexp + (b * H + h) * Sq, j0,
+                      std::min(Sk, j0 + kKeyTile), Sq, E, Ev, is_causal, sc, p, dp);
   };
   const int64_t tile_size = std::min(Sq, kQueryTile) * std::min(Sk, kKeyTile);
   const int threads = omp_get_max_threads();
@@ -233,42 +260,51 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
 #pragma omp for collapse(2) schedule(static)
       for (int64_t b = 0; b < B; ++b) {
         for (int64_t h = 0; h < H; ++h) {
-          std::fill(dq + (b * H + h) * Sq * E, dq + (b * H + h + 1) * Sq * E, T(0));
-          for (int64_t kt = 0; kt < k_tiles; ++kt) key_tile(b, h, kt, dq, p, dp);
+          T* dq_head = dq + head_offset(layout.dq, b, h);
+          for (int64_t i = 0; i < Sq; ++i)
+            std::fill(dq_head + i * layout.dq.stride_row, dq_head + i * layout.dq.stride_row + E, T(0));
+          for (int64_t kt = 0; kt < k_tiles; ++kt)
+            key_tile(b, h, kt, dq_head, layout.dq.stride_row, p, dp);
         }
       }
     }
     return;
   }
-  // Fewer heads than threads: split key tiles too; each thread sums dq into its own copy
-  // (at most threads x Sq x E per head, B*H < threads), then the copies are added in
-  // thread order so the result does not depend on scheduling.
+  // Fewer heads than threads: split key tiles too; each thread sums dq into its own dense
+  // [B*H, Sq, E] copy (B*H < threads), then the copies are added in thread order so the
+  // result does not depend on scheduling.
   std::vector<Scratch<T>> dq_copies(threads);
 #pragma omp parallel num_threads(threads)
   {
     Scratch<T> p(tile_size), dp(tile_size);
     Scratch<T>& own = dq_copies[omp_get_thread_num()];
-    own.assign(dq_size, T(0));
+    own.assign(BH * Sq * E, T(0));
 #pragma omp for collapse(3) schedule(static)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
-        for (int64_t kt = 0; kt < k_tiles; ++kt) key_tile(b, h, kt, own.data(), p, dp);
+        for (int64_t kt = 0; kt < k_tiles; ++kt)
+          key_tile(b, h, kt, own.data() + (b * H + h) * Sq * E, E, p, dp);
 #pragma omp for schedule(static)
-    for (int64_t x = 0; x < dq_size; ++x) {
-      T sum = 0;
-      for (const auto& c : dq_copies) sum += c.empty() ? T(0) : c[x];
-      dq[x] = sum;
+    for (int64_t row = 0; row < BH * Sq; ++row) {  // row = (b * H + h) * Sq + i
+      const int64_t bh = row / Sq, i = row % Sq;
+      T* dst = dq + head_offset(layout.dq, bh / H, bh % H) + i * layout.dq.stride_row;
+      for (int64_t e = 0; e < E; ++e) {
+        T sum = 0;
+        for (const auto& c : dq_copies) sum += c.empty() ? T(0) : c[row * E + e];
+        dst[e] = sum;
+      }
     }
   }
 }
 
 #define ND_INSTANTIATE(T)                                                                   \
   template void scaled_dot_product_attention_forward<T>(                                    \
-      const T*, const T*, const T*, AttentionMask<T>, int64_t, int64_t, int64_t, int64_t,   \
-      int64_t, int64_t, bool, double, T*, T*);                                              \
+      const T*, const T*, const T*, AttentionMask<T>, const AttentionLayout&, int64_t,      \
+      int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, T*, T*);                   \
   template void scaled_dot_product_attention_backward<T>(                                   \
-      const T*, const T*, const T*, const T*, AttentionMask<T>, const T*, const T*, int64_t, \
-      int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, T*, T*, T*);
+      const T*, const T*, const T*, const T*, AttentionMask<T>, const T*, const T*,         \
+      const AttentionLayout&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,   \
+      double, T*, T*, T*);
 ND_INSTANTIATE(float)
 ND_INSTANTIATE(double)
 #undef ND_INSTANTIATE

@@ -19,32 +19,76 @@ struct AttentionMask {
   int64_t stride_b = 0, stride_h = 0, stride_q = 0, stride_k = 0;
 };
 
+// Where the rows of a [B, H, S, X] operand lie: row (b, h, i) starts at element
+// b*stride_b + h*stride_h + i*stride_row and its X elements are contiguous. A view such as
+// [B, S, H, X].transpose(1, 2) (MultiheadAttention's heads) is read and written in place.
+struct AttentionRows {
+  int64_t stride_b = 0, stride_h = 0, stride_row = 0;
+  static AttentionRows contiguous(int64_t H, int64_t S, int64_t X) { return {H * S * X, S * X, X}; }
+};
+
+// Row layouts of the operands (logsumexp is always a dense [B, H, Sq]). The forward reads
+// q, k, v, out; the backward all eight (dq, dk, dv like q, k, v in shape).
+struct AttentionLayout {
+  AttentionRows q, k, v, out, dout, dq, dk, dv;
+  // Every operand dense [B, H, S, X], as the CUDA kernels take them.
+  static AttentionLayout contiguous(int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev) {
+    const AttentionRows q = AttentionRows::contiguous(H, Sq, E), k = AttentionRows::contiguous(H, Sk, E),
+                        v = AttentionRows::contiguous(H, Sk, Ev), o = AttentionRows::contiguous(H, Sq, Ev);
+    return {q, k, v, o, o, q, k, v};
+  }
+};
+
 // For each (b, h) and query row i, over the allowed keys j (all j, or j <= i when
 // is_causal: PyTorch's top-left aligned tril(ones(Sq, Sk))):
 //   s_ij = scale * q_i . k_j + mask_ij
 //   lse_i = log sum_j exp(s_ij),   P_ij = exp(s_ij - lse_i),   out_i = sum_j P_ij v_j
 // A row with no allowed key (all masked) gets out_i = 0 and lse_i = -inf, and no gradient.
-// requires: q [B, H, Sq, E], k [B, H, Sk, E], v [B, H, Sk, Ev], out [B, H, Sq, Ev],
-//           logsumexp [B, H, Sq]; out does not alias q, k, v.
-// ensures: writes out and logsumexp.
+// requires: q [B, H, Sq, E], k [B, H, Sk, E], v [B, H, Sk, Ev], out [B, H, Sq, Ev], laid out
+//           as `layout` says; logsumexp [B, H, Sq]; out does not overlap q, k, v.
+// ensures: writes out and logsumexp (results do not depend on the layout).
 template <typename T>
 void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v,
-                                          AttentionMask<T> mask, int64_t B, int64_t H,
-                                          int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
-                                          bool is_causal, double scale, T* out, T* logsumexp);
+                                          AttentionMask<T> mask, const AttentionLayout& layout,
+                                          int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t E,
+                                          int64_t Ev, bool is_causal, double scale, T* out,
+                                          T* logsumexp);
 
 // With P recomputed from logsumexp and D_i = dout_i . out_i:
 //   dv_j = sum_i P_ij dout_i
 //   dS_ij = P_ij (dout_i . v_j - D_i)
 //   dq_i = scale sum_j dS_ij k_j,   dk_j = scale sum_i dS_ij q_i
-// requires: the forward's inputs and its out, logsumexp; dout [B, H, Sq, Ev];
-//           dq, dk, dv shaped like q, k, v, aliasing no input.
+// requires: the forward's inputs and its out, logsumexp; dout [B, H, Sq, Ev]; dq, dk, dv
+//           shaped like q, k, v; all laid out as `layout` says; dq, dk, dv overlap no input
+//           nor each other.
 // ensures: writes (not accumulates) dq, dk, dv. (No gradient for the mask.)
+template <typename T>
+void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k, const T* v,
+                                           AttentionMask<T> mask, const T* out,
+                                           const T* logsumexp, const AttentionLayout& layout,
+                                           int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t E,
+                                           int64_t Ev, bool is_causal, double scale, T* dq, T* dk,
+                                           T* dv);
+
+// The same on dense [B, H, S, X] operands: the CUDA kernels' signature.
+template <typename T>
+void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v,
+                                          AttentionMask<T> mask, int64_t B, int64_t H,
+                                          int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
+                                          bool is_causal, double scale, T* out, T* logsumexp) {
+  scaled_dot_product_attention_forward(q, k, v, mask, AttentionLayout::contiguous(H, Sq, Sk, E, Ev),
+                                       B, H, Sq, Sk, E, Ev, is_causal, scale, out, logsumexp);
+}
+
 template <typename T>
 void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k, const T* v,
                                            AttentionMask<T> mask, const T* out,
                                            const T* logsumexp, int64_t B, int64_t H, int64_t Sq,
                                            int64_t Sk, int64_t E, int64_t Ev, bool is_causal,
-                                           double scale, T* dq, T* dk, T* dv);
+                                           double scale, T* dq, T* dk, T* dv) {
+  scaled_dot_product_attention_backward(dout, q, k, v, mask, out, logsumexp,
+                                        AttentionLayout::contiguous(H, Sq, Sk, E, Ev), B, H, Sq,
+                                        Sk, E, Ev, is_causal, scale, dq, dk, dv);
+}
 
 }  // namespace nd::kernels::cpu
