@@ -57,6 +57,27 @@ MaskView prepare_mask(const Tensor& attn_mask, const Tensor& q, const Dims& d) {
   return {additive, strides};
 }
 
+// Operand layouts. The CPU kernel reads and writes any [B, H, S, X] whose rows are
+// contiguous and do not overlap, so MultiheadAttention's heads ([B, S, H, X] viewed as
+// [B, H, S, X]) go in without copies; out, dq, dk, dv then take that layout too (out like
+// q, each gradient like its input), which makes the module's merge of the heads and the
+// gradients' way back to [B, S, H * X] views. The CUDA kernels take dense operands.
+bool rows_dense(const Tensor& t) { return t.stride(-1) == 1 && t.stride(-2) >= t.size(-1); }
+
+Tensor kernel_operand(const Tensor& t) { return t.is_cuda() || !rows_dense(t) ? t.contiguous() : t; }
+
+// An uninitialised tensor of `shape`: dense [B, H, S, X] on CUDA or when `like` is dense,
+// otherwise [B, S, H, X] viewed as [B, H, S, X] (3-D shapes are always dense).
+Tensor empty_operand(const Shape& shape, const Tensor& like) {
+  if (shape.size() != 4 || like.is_cuda() || like.is_contiguous()) return empty(shape, like.options());
+  return empty({shape[0], shape[2], shape[1], shape[3]}, like.options()).transpose(1, 2);
+}
+
+kernels::cpu::AttentionRows rows_of(const Tensor& t) {
+  if (t.dim() == 4) return {t.stride(0), t.stride(1), t.stride(2)};
+  return {t.stride(0), 0, t.stride(1)};
+}
+
 template <class T>
 kernels::cpu::AttentionMask<T> kernel_mask(const MaskView& m) {
   if (!m.storage.defined()) return {};
@@ -82,16 +103,18 @@ struct ScaledDotProductAttentionBackward : autograd::Node {
     const Tensor qv = q.unpack(*this), kv = k.unpack(*this), vv = v.unpack(*this);
     const Tensor o = out.unpack(*this), lse = logsumexp.unpack(*this);
     const MaskView m{mask.unpack(*this), mask_strides};
-    const Tensor g = grads[0].contiguous();
-    Tensor dq = empty_like(qv), dk = empty_like(kv), dv = empty_like(vv);
+    const Tensor g = kernel_operand(grads[0]);
+    Tensor dq = empty_operand(qv.sizes(), qv), dk = empty_operand(kv.sizes(), kv), dv = empty_operand(vv.sizes(), vv);
+    const kernels::cpu::AttentionLayout layout{rows_of(qv), rows_of(kv), rows_of(vv), rows_of(o),
+                                               rows_of(g),  rows_of(dq), rows_of(dk), rows_of(dv)};
     ops::dispatch_floating("scaled_dot_product_attention backward", qv, [&]<class T>() {
       const T *gp = g.data_ptr<T>(), *qp = qv.data_ptr<T>(), *kp = kv.data_ptr<T>(), *vp = vv.data_ptr<T>();
       const T *outp = o.data_ptr<T>(), *lp = lse.data_ptr<T>();
       ops::on_device(
           qv,
           [&] {
-            kernels::cpu::scaled_dot_product_attention_backward<T>(gp, qp, kp, vp, kernel_mask<T>(m), outp, lp, d.B,
-                                                                   d.H, d.L, d.S, d.E, d.Ev, is_causal, scale,
+            kernels::cpu::scaled_dot_product_attention_backward<T>(gp, qp, kp, vp, kernel_mask<T>(m), outp, lp, layout,
+                                                                   d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, scale,
                                                                    dq.data_ptr<T>(), dk.data_ptr<T>(),
                                                                    dv.data_ptr<T>());
           },
@@ -145,19 +168,20 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   const double sc = scale.value_or(d.E > 0 ? 1.0 / std::sqrt(static_cast<double>(d.E)) : 1.0);
 
   const MaskView mask = prepare_mask(attn_mask, query, d);
-  const Tensor q = query.detach().contiguous(), k = key.detach().contiguous(), v = value.detach().contiguous();
+  const Tensor q = kernel_operand(query.detach()), k = kernel_operand(key.detach()), v = kernel_operand(value.detach());
   Shape out_shape = query.sizes();
   out_shape.back() = d.Ev;
-  Tensor out = empty(out_shape, query.options());
+  Tensor out = empty_operand(out_shape, q);
   Tensor lse = empty({d.B, d.H, d.L}, query.options());
   ops::dispatch_floating(op, query, [&]<class T>() {
     const T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>();
     ops::on_device(
         query,
         [&] {
-          kernels::cpu::scaled_dot_product_attention_forward<T>(qp, kp, vp, kernel_mask<T>(mask), d.B, d.H, d.L, d.S,
-                                                                d.E, d.Ev, is_causal, sc, out.data_ptr<T>(),
-                                                                lse.data_ptr<T>());
+          const kernels::cpu::AttentionLayout layout{rows_of(q), rows_of(k), rows_of(v), rows_of(out), {}, {}, {}, {}};
+          kernels::cpu::scaled_dot_product_attention_forward<T>(qp, kp, vp, kernel_mask<T>(mask), layout, d.B, d.H,
+                                                                d.L, d.S, d.E, d.Ev, is_causal, sc,
+                                                                out.data_ptr<T>(), lse.data_ptr<T>());
         },
         [&](auto stream) {
           kernels::cuda::scaled_dot_product_attention_forward<T>(qp, kp, vp, kernel_mask<T>(mask), d.B, d.H, d.L,

@@ -129,3 +129,36 @@ TEST_CASE("attention: argument errors") {
   CHECK(error_message([&] { scaled_dot_product_attention(q, k, v, ones({3, 5}, kFloat64)); })
             .find("expected a bool attn_mask or one of the query's dtype (f32)") != std::string::npos);
 }
+
+TEST_CASE("attention: MultiheadAttention's heads-inner views run in place and match dense copies exactly") {
+  // q, k, v as the module makes them: [B, S, H * E] split into heads, [B, H, S, E] views.
+  const int64_t B = 2, H = 3, L = 5, S = 7, E = 4;
+  for (const ScalarType dtype : {kFloat64, kFloat32}) {
+    CAPTURE(dtype_name(dtype));
+    const Tensor xq = nd::testing::random_input({B, L, H * E}, 1).to(dtype).requires_grad_();
+    const Tensor xk = nd::testing::random_input({B, S, H * E}, 2).to(dtype).requires_grad_();
+    const Tensor xv = nd::testing::random_input({B, S, H * E}, 3).to(dtype).requires_grad_();
+    const Tensor w = nd::testing::random_input({B, L, H * E}, 4).to(dtype);
+    auto heads = [&](const Tensor& x) { return x.reshape({B, x.size(1), H, E}).transpose(1, 2); };
+    auto merge = [&](const Tensor& o) { return o.transpose(1, 2).reshape({B, L, H * E}); };
+
+    const Tensor out = scaled_dot_product_attention(heads(xq), heads(xk), heads(xv));
+    CHECK(out.transpose(1, 2).is_contiguous());  // merging the heads is a view
+    merge(out).mul(w).sum().backward();
+    // The same through dense copies (the kernel's other layout).
+    const Tensor yq = xq.detach().requires_grad_(), yk = xk.detach().requires_grad_(), yv = xv.detach().requires_grad_();
+    const Tensor dense = scaled_dot_product_attention(heads(yq).contiguous(), heads(yk).contiguous(), heads(yv).contiguous());
+    CHECK(dense.is_contiguous());
+    merge(dense).mul(w).sum().backward();
+
+    CHECK(nd::testing::to_vector(out) == nd::testing::to_vector(dense));
+    CHECK(nd::testing::to_vector(xq.grad()) == nd::testing::to_vector(yq.grad()));
+    CHECK(nd::testing::to_vector(xk.grad()) == nd::testing::to_vector(yk.grad()));
+    CHECK(nd::testing::to_vector(xv.grad()) == nd::testing::to_vector(yv.grad()));
+    // And both equal the explicit full matrix.
+    const auto plain = naive_attention(nd::testing::to_vector(heads(xq)), nd::testing::to_vector(heads(xk)),
+                                       nd::testing::to_vector(heads(xv)), B * H, L, S, E, E, 1 / std::sqrt(4.0),
+                                       [](int64_t, int64_t, int64_t) { return 0.0; });
+    nd::testing::check_close(out, plain, 1e-5, 1e-4, "heads-inner");
+  }
+}
