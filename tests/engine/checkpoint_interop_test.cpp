@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kGolden = fs::path(__FILE__).parent_path().parent_path() / "golden";
+const fs::path kGolden = fs::path(NANODDP_SOURCE_DIR) / "tests" / "golden";
 
 bool python_has_safetensors() {
   static const bool ok = std::system("python3 -c 'import safetensors, numpy' >/dev/null 2>&1") == 0;

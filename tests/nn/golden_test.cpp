@@ -14,7 +14,7 @@ namespace {
 
 // Reads tests/golden/nn_<name>.txt: lines "name|d0,d1|v0 v1 ..." ('#' lines are comments).
 TensorDict read_golden(const std::string& name) {
-  const auto path = std::filesystem::path(__FILE__).parent_path().parent_path() / "golden" / ("nn_" + name + ".txt");
+  const auto path = std::filesystem::path(NANODDP_SOURCE_DIR) / "tests" / "golden" / ("nn_" + name + ".txt");
   std::ifstream in(path);
   REQUIRE_MESSAGE(in.good(), "cannot open ", path.string(), " (run tests/golden/make_nn_golden.py)");
   TensorDict out;
