@@ -206,4 +206,43 @@ TEST_CASE("cuda models: DDP over NCCL (world size 1, explicit group) equals plai
   const auto a = wrapped->named_parameters(), b = plain->named_parameters();
   for (size_t i = 0; i < a.size(); ++i) check_matches(a[i].second, b[i].second, "DDP " + a[i].first, 1e-6);
 }
+
+TEST_CASE("cuda models: DDP over NCCL with no_sync accumulation and a model called twice per backward") {
+  if (skip_without_gpu()) return;
+  if (dist::world()->size() != 1) {
+    MESSAGE("SKIPPED: runs alone (one GPU)");
+    return;
+  }
+  auto build = [] {
+    manual_seed(25);
+    auto m = std::make_shared<ConvAttention>();
+    m->to(kGpu);
+    m->eval();  // BatchNorm on running statistics, saved for backward by both calls
+    return m;
+  };
+  auto plain = build(), wrapped = build();
+  dist::DistributedDataParallel ddp(
+      wrapped, "ConvAttention",
+      dist::DistributedDataParallelOptions().process_group(dist::nccl_world()).bucket_cap_mb(1e-3));
+  optim::Adam op(plain->parameters(), optim::AdamOptions(1e-3));
+  optim::Adam ow(wrapped->parameters(), optim::AdamOptions(1e-3));
+  for (int step = 0; step < 3; ++step) {
+    const Tensor x1 = input({4, 3, 9, 9}, 700 + step, kGpu), x2 = input({4, 3, 9, 9}, 710 + step, kGpu);
+    const Tensor y = input({4, 3}, 720 + step, kGpu);
+    auto two_calls = [&](auto&& f) { return mse_loss(f(x1) + f(x2), y); };
+    op.zero_grad();
+    mse_loss(plain->forward(x1), y).backward();
+    two_calls([&](const Tensor& x) { return plain->forward(x); }).backward();
+    op.step();
+    ow.zero_grad();
+    {
+      auto no_sync = ddp.no_sync();
+      mse_loss(ddp(x1), y).backward();
+    }
+    two_calls([&](const Tensor& x) { return ddp(x); }).backward();
+    ow.step();
+  }
+  const auto a = wrapped->named_parameters(), b = plain->named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) check_matches(a[i].second, b[i].second, "DDP " + a[i].first, 1e-6);
+}
 #endif
