@@ -56,14 +56,6 @@ __global__ void copy_kernel(int64_t n, Indexer<2> ix, const S* src, D* dst) {
   }
 }
 
-// Same-size unsigned integer: fill moves bit patterns, whatever the element type.
-template <size_t Bytes>
-struct Bits;
-template <> struct Bits<1> { using type = uint8_t; };
-template <> struct Bits<2> { using type = uint16_t; };
-template <> struct Bits<4> { using type = uint32_t; };
-template <> struct Bits<8> { using type = uint64_t; };
-
 template <class U>
 __global__ void fill_kernel(int64_t n, U value, U* dst) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -85,7 +77,7 @@ void copy_strided(int64_t ndim, const int64_t* shape, const S* src, const int64_
 template <class T>
 void fill(int64_t n, T value, T* dst, cudaStream_t stream) {
   if (n == 0) return;
-  using U = typename Bits<sizeof(T)>::type;
+  using U = typename detail::Bits<sizeof(T)>::type;
   U bits;
   std::memcpy(&bits, &value, sizeof(T));
   fill_kernel<U><<<detail::blocks_for(n), kThreads, 0, stream>>>(n, bits, reinterpret_cast<U*>(dst));

@@ -11,13 +11,6 @@ namespace {
 
 using detail::kThreads;
 
-template <size_t Bytes>
-struct Bits;
-template <> struct Bits<1> { using type = uint8_t; };
-template <> struct Bits<2> { using type = uint16_t; };
-template <> struct Bits<4> { using type = uint32_t; };
-template <> struct Bits<8> { using type = uint64_t; };
-
 // U: the element's bit pattern (a gather converts nothing).
 template <class U>
 __global__ void index_select_kernel(int64_t outer, int64_t D, int64_t inner, const U* x, int64_t K,
@@ -46,7 +39,7 @@ void index_select(int64_t outer, int64_t D, int64_t inner, const T* x, int64_t K
                   cudaStream_t stream) {
   const int64_t n = outer * K * inner;
   if (n == 0) return;
-  using U = typename Bits<sizeof(T)>::type;
+  using U = typename detail::Bits<sizeof(T)>::type;
   index_select_kernel<U><<<detail::blocks_for(n), kThreads, 0, stream>>>(
       outer, D, inner, reinterpret_cast<const U*>(x), K, index, reinterpret_cast<U*>(out));
   check_launch("index_select");

@@ -67,35 +67,41 @@ void* staging_buffer(Staging& s) {
 
 }  // namespace
 
-void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes) {
+namespace {
+
+// Host <-> device through the staging buffer, one chunk at a time: host -> pinned ->
+// device, or device -> pinned -> host. Each chunk waits for its DMA before the buffer is
+// refilled (to the device) or read (to the host).
+void staged_copy(int device, bool to_device, void* dst, const void* src, size_t nbytes) {
   if (nbytes == 0) return;
   cudaStream_t stream = use_device(device);
+  const std::string what = (to_device ? "copy to cuda:" : "copy from cuda:") + std::to_string(device);
   Staging& s = staging();
   std::lock_guard lock(s.mutex);
   void* pinned = staging_buffer(s);
   for (size_t off = 0; off < nbytes; off += kStagingBytes) {
     const size_t n = std::min(kStagingBytes, nbytes - off);
-    std::memcpy(pinned, static_cast<const char*>(src) + off, n);
-    check(cudaMemcpyAsync(static_cast<char*>(dst) + off, pinned, n, cudaMemcpyHostToDevice, stream),
-          "cudaMemcpyAsync(HostToDevice)", "copy to cuda:" + std::to_string(device));
-    // The buffer is refilled next: wait until the DMA has read it.
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize", "copy to cuda:" + std::to_string(device));
+    char* to = static_cast<char*>(dst) + off;
+    const char* from = static_cast<const char*>(src) + off;
+    if (to_device) {
+      std::memcpy(pinned, from, n);
+      check(cudaMemcpyAsync(to, pinned, n, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync(HostToDevice)", what);
+    } else {
+      check(cudaMemcpyAsync(pinned, from, n, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync(DeviceToHost)", what);
+    }
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize", what);
+    if (!to_device) std::memcpy(to, pinned, n);
   }
 }
 
+}  // namespace
+
+void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes) {
+  staged_copy(device, true, dst, src, nbytes);
+}
+
 void copy_device_to_host(int device, void* dst, const void* src, size_t nbytes) {
-  if (nbytes == 0) return;
-  cudaStream_t stream = use_device(device);
-  Staging& s = staging();
-  std::lock_guard lock(s.mutex);
-  void* pinned = staging_buffer(s);
-  for (size_t off = 0; off < nbytes; off += kStagingBytes) {
-    const size_t n = std::min(kStagingBytes, nbytes - off);
-    check(cudaMemcpyAsync(pinned, static_cast<const char*>(src) + off, n, cudaMemcpyDeviceToHost, stream),
-          "cudaMemcpyAsync(DeviceToHost)", "copy from cuda:" + std::to_string(device));
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize", "copy from cuda:" + std::to_string(device));
-    std::memcpy(static_cast<char*>(dst) + off, pinned, n);
-  }
+  staged_copy(device, false, dst, src, nbytes);
 }
 
 void copy_device_to_device(int dst_device, void* dst, int src_device, const void* src, size_t nbytes) {

@@ -60,4 +60,13 @@ Indexer<N> make_indexer(const char* kernel, int64_t ndim, const int64_t* shape,
   return ix;
 }
 
+// The unsigned integer of an element's size: kernels that only move elements (fill,
+// gathers) move bit patterns, whatever the element type.
+template <size_t Bytes>
+struct Bits;
+template <> struct Bits<1> { using type = uint8_t; };
+template <> struct Bits<2> { using type = uint16_t; };
+template <> struct Bits<4> { using type = uint32_t; };
+template <> struct Bits<8> { using type = uint64_t; };
+
 }  // namespace nd::kernels::cuda::detail
