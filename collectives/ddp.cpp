@@ -57,7 +57,8 @@ Reducer::Reducer(nn::Module& module, std::string name, const DistributedDataPara
   // One process needs no communication (and no NCCL): with the default group the bucket
   // all-reduces are skipped; a group passed in explicitly is always used.
   reduce_buckets_ = pg_ != nullptr || world()->size() > 1;
-  if (!pg_) pg_ = params_[0].is_cuda() && world()->size() > 1 ? nccl_world() : world();
+  if (!pg_) pg_ = default_group(params_[0].device());
+  if (!pg_) pg_ = world();  // a GPU alone: only the size-1 checks below read it
   control_ = pg_->backend() == "nccl" ? world() : pg_;
   buffers_ = module.buffers();
   verify_layout();

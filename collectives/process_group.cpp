@@ -101,6 +101,11 @@ std::shared_ptr<ProcessGroup> nccl_world() {
 #endif
 }
 
+std::shared_ptr<ProcessGroup> default_group(const Device& device) {
+  if (device.is_cpu()) return world();
+  return world()->size() == 1 ? nullptr : nccl_world();
+}
+
 int local_rank() {
 #ifdef NANODDP_WITH_MPI
   return static_cast<MpiProcessGroup&>(*world()).local_rank();

@@ -115,6 +115,10 @@ std::shared_ptr<ProcessGroup> world();
 // The process group for CUDA tensors on this rank's GPU (NCCL; its unique id is
 // broadcast over the MPI world). Throws nd::Error when built without NCCL or no GPU.
 std::shared_ptr<ProcessGroup> nccl_world();
+// The group that DDP and SyncBatchNorm use by default for tensors on `device`: world() for
+// the CPU, nccl_world() for a GPU; null for a GPU in a world of one process, where there
+// is nothing to communicate (and no NCCL is needed).
+std::shared_ptr<ProcessGroup> default_group(const Device& device);
 // This rank's index among the ranks on its machine (MPI's shared-memory split): the GPU to use.
 int local_rank();
 inline int get_rank() { return world()->rank(); }

@@ -12,13 +12,10 @@ namespace nd::nn {
 
 namespace {
 
-// The group a training forward all-reduces over: the module's, else the world's group
-// for the input's device. Null for a CUDA input in a world of one rank: the all-reduce
-// of one rank's sums is the identity, and the CPU world group takes no CUDA tensor.
+// The group a training forward all-reduces over: the module's, else the default one for
+// the input's device (null, no communication, for a GPU in a world of one rank).
 std::shared_ptr<dist::ProcessGroup> group_for(const std::shared_ptr<dist::ProcessGroup>& chosen, const Tensor& input) {
-  if (chosen) return chosen;
-  if (!input.is_cuda()) return dist::world();
-  return dist::world()->size() == 1 ? nullptr : dist::nccl_world();
+  return chosen ? chosen : dist::default_group(input.device());
 }
 
 // Sums `t` (f64, on the input's device) over the group's ranks in place.
