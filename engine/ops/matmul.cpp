@@ -70,16 +70,15 @@ void run_gemm(const char* op, const Tensor& a, const Tensor& b, int64_t batch, c
   if (!autocast_applies(a)) return run_gemm_exact(op, a, b, batch, out);
   NoGradGuard no_grad;  // private copies for the kernel; the graph records a and b
   const Tensor a16 = a.to(kBFloat16), b16 = b.to(kBFloat16);
-  if (a.is_cpu()) return run_gemm_exact(op, a16.to(kFloat32), b16.to(kFloat32), batch, out);
-#ifdef NANODDP_WITH_CUDA
-  const Operand A = as_operand(a16), B = as_operand(b16);
-  const int64_t n = a.size(-2), m = a.size(-1), p = b.size(-1);
-  kernels::cuda::bmm_bf16(A.trans, B.trans, batch, n, p, m, 1.0f, A.t.data_ptr<BFloat16>(), A.ld, A.batch_stride,
-                          B.t.data_ptr<BFloat16>(), B.ld, B.batch_stride, 0.0f, out.data_ptr<float>(),
-                          std::max<int64_t>(p, 1), n * p, kernels::cuda::use_device(out.device().index));
-#else
-  throw Error(std::string(op) + ": a CUDA tensor in a build without CUDA: " + a.describe());
-#endif
+  ops::on_device(
+      out, [&] { run_gemm_exact(op, a16.to(kFloat32), b16.to(kFloat32), batch, out); },
+      [&](auto stream) {
+        const Operand A = as_operand(a16), B = as_operand(b16);
+        const int64_t n = a.size(-2), m = a.size(-1), p = b.size(-1);
+        kernels::cuda::bmm_bf16(A.trans, B.trans, batch, n, p, m, 1.0f, A.t.data_ptr<BFloat16>(), A.ld,
+                                A.batch_stride, B.t.data_ptr<BFloat16>(), B.ld, B.batch_stride, 0.0f,
+                                out.data_ptr<float>(), std::max<int64_t>(p, 1), n * p, stream);
+      });
 }
 
 std::string dims_str(const Tensor& t) {  // "2x3" as in PyTorch's message
