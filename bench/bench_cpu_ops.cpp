@@ -8,7 +8,7 @@
 //                  (M = C_out, N = batch*OH*OW, K = C_in*kH*kW for the forward), i.e. the
 //                  ceiling for im2col + GEMM. Target: ratio >= 0.6.
 // ratio = our GFLOP/s / baseline GFLOP/s (> 1: faster than the baseline).
-// Output: a human table on stdout, then one JSON line per row
+// Output: a human table on stdout, then one JSON line per row (json_line.h)
 //   {"op","shape","dtype","impl","ms","gflops","gbps","baseline","ratio"}.
 // Timing: warm-up, then baseline and ours alternately, median of each (steady_clock), so
 // load from other processes hits both alike; threads as OMP_NUM_THREADS sets them.
@@ -35,6 +35,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/matmul.h"
+#include "json_line.h"
 
 namespace cpu = nd::kernels::cpu;
 
@@ -347,11 +348,14 @@ int main(int argc, char** argv) {
     else std::printf("%7.2f\n", r.ratio);
   }
   for (const auto& r : rep.rows) {
-    std::printf("{\"op\":\"%s\",\"shape\":\"%s\",\"dtype\":\"%s\",\"impl\":\"%s\",\"ms\":%.4f,"
-                "\"gflops\":%.2f,\"gbps\":%.3f,\"baseline\":",
-                r.op.c_str(), r.shape.c_str(), r.dtype.c_str(), r.impl.c_str(), r.ms, r.gflops, r.gbps);
-    if (r.baseline.empty()) std::printf("null,\"ratio\":null}\n");
-    else std::printf("\"%s\",\"ratio\":%.3f}\n", r.baseline.c_str(), r.ratio);
+    auto line = nd::bench::JsonLine::row(r.op, r.shape, r.dtype, r.impl)
+                    .number("ms", r.ms, "%.4f")
+                    .number("gflops", r.gflops, "%.2f")
+                    .number("gbps", r.gbps, "%.3f")
+                    .text_or_null("baseline", r.baseline);
+    if (r.baseline.empty()) line.null("ratio");
+    else line.number("ratio", r.ratio, "%.3f");
+    line.print();
   }
   return 0;
 }
