@@ -7,10 +7,16 @@
 // CPU tensors run kernels/cpu/conv.h, CUDA tensors its twin kernels/cuda/conv.h.
 // input is saved only when weight needs a gradient and weight only when input does, so
 // an in-place update of a tensor no gradient reads is not an error (as in PyTorch).
+// Under autocast (engine/autocast.h) f32 convs take bf16-rounded operands with f32
+// accumulation, forward and backward (dgrad, wgrad; the bias and its gradient stay f32):
+// CUDA rounds as its kernels gather (ConvOperands::kBf16, tensor cores), the CPU runs its
+// f32 kernels on rounded copies, which gives the same products (bf16 x bf16 is exact in
+// f32) and is the reference the CUDA path is tested against.
 #include "engine/ops/conv.h"
 
 #include <array>
 
+#include "engine/autocast.h"
 #include "engine/ops/common.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cuda/conv.h"
@@ -20,7 +26,23 @@ namespace {
 
 using kernels::cpu::Conv2dShape;
 using kernels::cpu::ConvTranspose2dShape;
+using kernels::cuda::ConvOperands;
 using Pair = std::array<int64_t, 2>;
+
+// Whether mixed precision applies to a conv of `input` (engine/autocast.h).
+bool autocast_applies(const Tensor& input) {
+  return input.dtype() == kFloat32 && is_autocast_enabled(input.device().type);
+}
+
+// Under autocast, the operand a CPU kernel reads: the f32 values rounded to bf16 (the CUDA
+// kernels round as they gather, so they take `t` itself). Otherwise `t`.
+Tensor cpu_operand(const Tensor& t, bool autocast) {
+  if (!autocast || t.is_cuda()) return t;
+  NoGradGuard no_grad;  // a private copy for the kernel
+  return t.to(kBFloat16).to(kFloat32).contiguous();
+}
+
+ConvOperands operands_of(bool autocast) { return autocast ? ConvOperands::kBf16 : ConvOperands::kExact; }
 
 // One value for both spatial dims, or {h, w}; each at least `min`.
 Pair to_pair(const char* op, const char* arg, const std::vector<int64_t>& v, int64_t min) {
@@ -57,14 +79,17 @@ struct ConvolutionBackward : autograd::Node {
   Conv2dShape conv;              // when !transposed
   ConvTranspose2dShape tconv;    // when transposed
   int64_t C_out = 0, out_hw = 0;
+  bool autocast = false;  // the forward ran under autocast: dgrad and wgrad take bf16 operands too
   autograd::SavedTensor input, weight;
   std::string name() const override { return "ConvolutionBackward"; }
   void release_saved_tensors() override { input.reset(); weight.reset(); }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
-    const Tensor dy = g[0].contiguous();
+    const Tensor dy_exact = g[0].contiguous();           // what the bias gradient sums
+    const Tensor dy = cpu_operand(dy_exact, autocast);  // the operand of dx's and dw's products
+    const ConvOperands operands = operands_of(autocast);
     Tensor dx, dw, db;
     if (next_edges[0].fn) {
-      const Tensor w = weight.unpack(*this).contiguous();
+      const Tensor w = cpu_operand(weight.unpack(*this).contiguous(), autocast);
       dx = empty(transposed ? Shape{tconv.N, tconv.C_in, tconv.H, tconv.W} : Shape{conv.N, conv.C_in, conv.H, conv.W},
                  dy.options());
       ops::dispatch_floating("ConvolutionBackward", dy, [&]<class T>() {
@@ -80,14 +105,14 @@ struct ConvolutionBackward : autograd::Node {
             },
             [&](auto stream) {
               if (transposed)
-                kernels::cuda::conv_transpose2d_backward_input<T>(tconv, dyp, wp, dxp, stream);
+                kernels::cuda::conv_transpose2d_backward_input<T>(tconv, dyp, wp, dxp, stream, operands);
               else
-                kernels::cuda::conv2d_backward_input<T>(conv, dyp, wp, dxp, stream);
+                kernels::cuda::conv2d_backward_input<T>(conv, dyp, wp, dxp, stream, operands);
             });
       });
     }
     if (next_edges[1].fn) {
-      const Tensor x = input.unpack(*this).contiguous();
+      const Tensor x = cpu_operand(input.unpack(*this).contiguous(), autocast);
       const Shape ws = transposed ? Shape{tconv.C_in, tconv.C_out / tconv.groups, tconv.kH, tconv.kW}
                                   : Shape{conv.C_out, conv.C_in / conv.groups, conv.kH, conv.kW};
       dw = empty(ws, dy.options());
@@ -104,9 +129,9 @@ struct ConvolutionBackward : autograd::Node {
             },
             [&](auto stream) {
               if (transposed)
-                kernels::cuda::conv_transpose2d_backward_weight<T>(tconv, xp, dyp, dwp, stream);
+                kernels::cuda::conv_transpose2d_backward_weight<T>(tconv, xp, dyp, dwp, stream, operands);
               else
-                kernels::cuda::conv2d_backward_weight<T>(conv, xp, dyp, dwp, stream);
+                kernels::cuda::conv2d_backward_weight<T>(conv, xp, dyp, dwp, stream, operands);
             });
       });
     }
@@ -115,9 +140,11 @@ struct ConvolutionBackward : autograd::Node {
       ops::dispatch_floating("ConvolutionBackward", dy, [&]<class T>() {
         const int64_t N = dy.size(0);
         ops::on_device(
-            dy, [&] { kernels::cpu::conv2d_backward_bias<T>(N, C_out, out_hw, dy.data_ptr<T>(), db.data_ptr<T>()); },
+            dy_exact,
+            [&] { kernels::cpu::conv2d_backward_bias<T>(N, C_out, out_hw, dy_exact.data_ptr<T>(), db.data_ptr<T>()); },
             [&](auto stream) {
-              kernels::cuda::conv2d_backward_bias<T>(N, C_out, out_hw, dy.data_ptr<T>(), db.data_ptr<T>(), stream);
+              kernels::cuda::conv2d_backward_bias<T>(N, C_out, out_hw, dy_exact.data_ptr<T>(), db.data_ptr<T>(),
+                                                     stream);
             });
       });
     }
@@ -134,6 +161,7 @@ void record_backward(const Tensor& input4, const Tensor& weight, const Tensor& b
     n.tconv = tconv;
     n.C_out = output.size(1);
     n.out_hw = output.size(2) * output.size(3);
+    n.autocast = autocast_applies(input4);
     if (n.next_edges[1].fn) n.input = autograd::SavedTensor(input4);
     if (n.next_edges[0].fn) n.weight = autograd::SavedTensor(weight);
   });
@@ -164,13 +192,15 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
   Tensor out = empty({s.N, s.C_out, s.out_h(), s.out_w()}, input.options());
   {
     NoGradGuard no_grad;  // contiguous copies for the kernel; the graph records the inputs themselves
-    const Tensor x = x4.contiguous(), w = weight.contiguous(), b = bias.defined() ? bias.contiguous() : bias;
+    const bool amp = autocast_applies(input);
+    const Tensor x = cpu_operand(x4.contiguous(), amp), w = cpu_operand(weight.contiguous(), amp);
+    const Tensor b = bias.defined() ? bias.contiguous() : bias;
     ops::dispatch_floating(op, input, [&]<class T>() {
       const T *xp = x.data_ptr<T>(), *wp = w.data_ptr<T>(), *bp = b.defined() ? b.data_ptr<T>() : nullptr;
       T* yp = out.data_ptr<T>();
       ops::on_device(
           out, [&] { kernels::cpu::conv2d_forward<T>(s, xp, wp, bp, yp); },
-          [&](auto stream) { kernels::cuda::conv2d_forward<T>(s, xp, wp, bp, yp, stream); });
+          [&](auto stream) { kernels::cuda::conv2d_forward<T>(s, xp, wp, bp, yp, stream, operands_of(amp)); });
     });
   }
   record_backward(x4, weight, bias, out, false, s, {});
@@ -206,13 +236,17 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
   Tensor out = empty({s.N, s.C_out, s.out_h(), s.out_w()}, input.options());
   {
     NoGradGuard no_grad;
-    const Tensor x = x4.contiguous(), w = weight.contiguous(), b = bias.defined() ? bias.contiguous() : bias;
+    const bool amp = autocast_applies(input);
+    const Tensor x = cpu_operand(x4.contiguous(), amp), w = cpu_operand(weight.contiguous(), amp);
+    const Tensor b = bias.defined() ? bias.contiguous() : bias;
     ops::dispatch_floating(op, input, [&]<class T>() {
       const T *xp = x.data_ptr<T>(), *wp = w.data_ptr<T>(), *bp = b.defined() ? b.data_ptr<T>() : nullptr;
       T* yp = out.data_ptr<T>();
       ops::on_device(
           out, [&] { kernels::cpu::conv_transpose2d_forward<T>(s, xp, wp, bp, yp); },
-          [&](auto stream) { kernels::cuda::conv_transpose2d_forward<T>(s, xp, wp, bp, yp, stream); });
+          [&](auto stream) {
+            kernels::cuda::conv_transpose2d_forward<T>(s, xp, wp, bp, yp, stream, operands_of(amp));
+          });
     });
   }
   record_backward(x4, weight, bias, out, true, {}, s);

@@ -15,11 +15,20 @@
 // long against few output tiles, so it is cut into chunks (split-K) whose partial
 // results go to a buffer that a second kernel sums in chunk order: no atomics, the same
 // bits on every run.
+//
+// Mixed precision (ConvOperands::kBf16, float only): tensor_core_gemm_kernel is the same
+// tiling on bf16 tensor cores through the documented WMMA API. It gathers the same
+// accessors, rounds each value to bf16 as it writes the shared tiles, multiplies 16x16x16
+// fragments into f32 accumulators, and goes back through a shared f32 tile to p.store, so
+// bias, groups and split-K are the accessors' business exactly as in the f32 kernel.
 #include "kernels/cuda/conv.h"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/common/conv_index.h"
 #include "kernels/cuda/row_reduce.cuh"
@@ -101,15 +110,137 @@ __global__ void __launch_bounds__(kGemmThreads)
   }
 }
 
+// The tensor-core variant. 64x64 block tile (kTileM x kTileN), depth step 32, 4 warps
+// in a 2 x 2 layout, each owning a 32x32 sub-tile as 2 x 2 accumulator fragments.
+// Shared layouts follow the gather order so that neighbouring threads write neighbouring
+// shared words and read neighbouring global addresses:
+//   pixel-row problems (forward, dgrad: row m is a pixel): A gathered row-fastest, kept
+//     k-major (As[k][m], a col_major fragment); the result tile kept j-major
+//     (Cs[j][m]) so that the stores walk pixels;
+//   wgrad (its pixels are the depth): A gathered depth-fastest, kept m-major (As[m][k],
+//     row_major); Cs[m][j], stores walk the filter taps j.
+//   B is gathered depth-fastest in every pass (the weight rows of forward and dgrad, the
+//     pixels of wgrad's X) and kept j-major (Bs[j][k], a col_major fragment).
+// Rows are padded (+8 bf16, +4 f32) against bank conflicts; every fragment starts on a
+// 32-byte boundary (row offsets are multiples of 16 elements, the padded strides of 40,
+// 72 bf16 and 68 f32 keep 16-row steps at multiples of 32 bytes), as load_matrix_sync
+// and store_matrix_sync require; the strides are multiples of 8 (bf16) and 4 (f32).
+namespace wmma = nvcuda::wmma;
+constexpr int kTcTileK = 32, kFrag = 16;
+constexpr int kTcWarps = 4, kTcThreads = 32 * kTcWarps;  // 128
+constexpr int kLdKMajor = kTileM + 8;  // As[k][m]: 72 bf16 per k
+constexpr int kLdDepth = kTcTileK + 8;  // As[m][k] and Bs[j][k]: 40 bf16 per row
+constexpr int kLdC = kTileM + 4;        // Cs: 68 f32 per row (kTileM == kTileN)
+static_assert(kTileM == kTileN && kTileM == 2 * 2 * kFrag, "2 x 2 warps of 2 x 2 fragments cover the tile");
+static_assert((kFrag * kLdKMajor * 2) % 32 == 0 && (kFrag * kLdDepth * 2) % 32 == 0 && (kFrag * kLdC * 4) % 32 == 0,
+              "16 rows of every shared tile span a multiple of 32 bytes: fragment starts stay aligned");
+constexpr int kAsSize = kTcTileK * kLdKMajor > kTileM * kLdDepth ? kTcTileK * kLdKMajor : kTileM * kLdDepth;
+static_assert(kLdKMajor % 8 == 0 && kLdDepth % 8 == 0 && kLdC % 4 == 0, "WMMA ldm: 8 for bf16, 4 for f32");
+
+// Whether the rows of a problem are pixels (forward, dgrad) or its depth is (wgrad).
+template <class Problem>
+constexpr bool kPixelRows = true;
+template <class T>
+constexpr bool kPixelRows<ci::WgradGemm<T>> = false;
+
+template <class Problem>
+__global__ void __launch_bounds__(kTcThreads)
+    tensor_core_gemm_kernel(Problem p, int64_t groups, int64_t splits, int64_t chunk) {
+  constexpr bool pixel_rows = kPixelRows<Problem>;
+  using ALayout = std::conditional_t<pixel_rows, wmma::col_major, wmma::row_major>;
+  constexpr int lda = pixel_rows ? kLdKMajor : kLdDepth;
+  constexpr wmma::layout_t c_layout = pixel_rows ? wmma::mem_col_major : wmma::mem_row_major;
+  __shared__ __align__(32) __nv_bfloat16 As[kAsSize];
+  __shared__ __align__(32) __nv_bfloat16 Bs[kTileN * kLdDepth];
+  __shared__ __align__(32) float Cs[kTileN * kLdC];
+  // Offsets of element (m, k) of A, (k, j) of B and (m, j) of C in their shared tiles.
+  auto a_at = [](int ml, int kl) { return pixel_rows ? kl * kLdKMajor + ml : ml * kLdDepth + kl; };
+  auto b_at = [](int kl, int jl) { return jl * kLdDepth + kl; };
+  auto c_at = [](int ml, int jl) { return pixel_rows ? jl * kLdC + ml : ml * kLdC + jl; };
+
+  const int64_t M = p.rows(), Ncols = p.cols(), K = p.depth();
+  const int64_t m_tiles = (M + kTileM - 1) / kTileM, n_tiles = (Ncols + kTileN - 1) / kTileN;
+  const int tid = threadIdx.x, warp = tid / 32;
+  const int wm = (warp / 2) * 2 * kFrag, wn = (warp % 2) * 2 * kFrag;  // the warp's sub-tile origin
+  for (int64_t z = blockIdx.z; z < groups * splits; z += gridDim.z) {
+    const int64_t g = z % groups, split = z / groups;
+    const int64_t k_begin = split * chunk, k_end = k_begin + chunk < K ? k_begin + chunk : K;
+    for (int64_t nt = blockIdx.y; nt < n_tiles; nt += gridDim.y) {
+      for (int64_t mt = blockIdx.x; mt < m_tiles; mt += gridDim.x) {
+        const int64_t m0 = mt * kTileM, n0 = nt * kTileN;
+        wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float> acc[2][2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+        for (int64_t k0 = k_begin; k0 < k_end; k0 += kTcTileK) {
+          for (int e = tid; e < kTileM * kTcTileK; e += kTcThreads) {
+            const int ml = pixel_rows ? e % kTileM : e / kTcTileK, kl = pixel_rows ? e / kTileM : e % kTcTileK;
+            const int64_t m = m0 + ml, k = k0 + kl;
+            As[a_at(ml, kl)] = __float2bfloat16_rn(m < M && k < k_end ? p.a(g, m, k) : 0.0f);
+          }
+          for (int e = tid; e < kTileN * kTcTileK; e += kTcThreads) {
+            const int kl = e % kTcTileK, jl = e / kTcTileK;
+            const int64_t j = n0 + jl, k = k0 + kl;
+            Bs[b_at(kl, jl)] = __float2bfloat16_rn(j < Ncols && k < k_end ? p.b(g, k, j) : 0.0f);
+          }
+          __syncthreads();
+#pragma unroll
+          for (int kk = 0; kk < kTcTileK; kk += kFrag) {
+            wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, __nv_bfloat16, ALayout> a[2];
+            wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, __nv_bfloat16, wmma::col_major> b[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              wmma::load_matrix_sync(a[i], As + a_at(wm + kFrag * i, kk), lda);
+              wmma::load_matrix_sync(b[i], Bs + b_at(kk, wn + kFrag * i), kLdDepth);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+              for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+          }
+          __syncthreads();  // the next depth step overwrites As and Bs
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            wmma::store_matrix_sync(Cs + c_at(wm + kFrag * i, wn + kFrag * j), acc[i][j], kLdC, c_layout);
+        __syncthreads();
+        for (int e = tid; e < kTileM * kTileN; e += kTcThreads) {
+          const int ml = pixel_rows ? e % kTileM : e / kTileN, jl = pixel_rows ? e / kTileM : e % kTileN;
+          const int64_t m = m0 + ml, col = n0 + jl;
+          if (m < M && col < Ncols) p.store(g, split, m, col, Cs[c_at(ml, jl)]);
+        }
+        __syncthreads();  // the next tile overwrites Cs
+      }
+    }
+  }
+}
+
 // One depth chunk covering all of K.
 ci::SplitK whole_depth(int64_t K) { return {1, std::max<int64_t>(K, 1)}; }
 
+// bf16 operands exist for float only (conv.h).
+template <class T>
+void require_operands(const char* kernel, ConvOperands operands) {
+  require(std::is_same_v<T, float> || operands == ConvOperands::kExact, kernel,
+          "expected f32 tensors for bf16 operands (mixed precision), found f64");
+}
+
 template <class T, class Problem>
-void launch_gemm(const char* kernel, const Problem& p, int64_t groups, ci::SplitK split, cudaStream_t stream) {
+void launch_gemm(const char* kernel, const Problem& p, int64_t groups, ci::SplitK split, ConvOperands operands,
+                 cudaStream_t stream) {
   const int64_t m_tiles = (p.rows() + kTileM - 1) / kTileM, n_tiles = (p.cols() + kTileN - 1) / kTileN;
   const dim3 grid(static_cast<unsigned>(std::min(m_tiles, kMaxGridX)),
                   static_cast<unsigned>(std::min(n_tiles, kMaxGridYZ)),
                   static_cast<unsigned>(std::min(groups * split.splits, kMaxGridYZ)));
+  if constexpr (std::is_same_v<T, float>) {
+    if (operands == ConvOperands::kBf16) {
+      tensor_core_gemm_kernel<Problem><<<grid, kTcThreads, 0, stream>>>(p, groups, split.splits, split.chunk);
+      return check_launch(kernel);
+    }
+  }
   implicit_gemm_kernel<T, Problem><<<grid, kGemmThreads, 0, stream>>>(p, groups, split.splits, split.chunk);
   check_launch(kernel);
 }
@@ -140,7 +271,9 @@ __global__ void bias_grad_kernel(int64_t N, int64_t C, int64_t HW, const T* dy, 
 
 // wgrad of the conv2d s: dw = DY^T X (conv_index.h's WgradGemm), split-K when the depth is long.
 template <class T>
-void wgrad(const char* kernel, const Conv2dShape& s, const T* x, const T* dy, T* dw, cudaStream_t stream) {
+void wgrad(const char* kernel, const Conv2dShape& s, const T* x, const T* dy, T* dw, ConvOperands operands,
+           cudaStream_t stream) {
+  require_operands<T>(kernel, operands);
   ci::WgradGemm<T> p{ci::geometry(s), x, dy, dw};
   const int64_t size = p.q.C_out * p.cols();
   if (p.depth() == 0) {  // N == 0: the sum over no samples
@@ -148,11 +281,12 @@ void wgrad(const char* kernel, const Conv2dShape& s, const T* x, const T* dy, T*
     return;
   }
   const int64_t tiles = (p.rows() + kTileM - 1) / kTileM * ((p.cols() + kTileN - 1) / kTileN) * p.q.groups;
-  const ci::SplitK split = ci::split_depth(p.depth(), tiles, kTileK, kMinChunk, kTargetBlocks);
-  if (split.splits == 1) return launch_gemm<T>(kernel, p, p.q.groups, split, stream);
+  const int64_t tile_k = operands == ConvOperands::kBf16 ? kTcTileK : kTileK;  // chunks of whole depth steps
+  const ci::SplitK split = ci::split_depth(p.depth(), tiles, tile_k, kMinChunk, kTargetBlocks);
+  if (split.splits == 1) return launch_gemm<T>(kernel, p, p.q.groups, split, operands, stream);
   const detail::Scratch partial(kernel, sizeof(T) * split.splits * size, stream);
   p.out = partial.as<T>();
-  launch_gemm<T>(kernel, p, p.q.groups, split, stream);
+  launch_gemm<T>(kernel, p, p.q.groups, split, operands, stream);
   sum_chunks_kernel<T><<<detail::blocks_for(size), kThreads, 0, stream>>>(split.splits, size, partial.as<T>(), dw);
   check_launch(kernel);
 }
@@ -161,31 +295,32 @@ void wgrad(const char* kernel, const Conv2dShape& s, const T* x, const T* dy, T*
 // adjoint applied to in, + bias[channel]) of the conv2d s, the whole depth in one chunk.
 template <template <class> class Gemm, class T>
 void one_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* w, const T* bias, T* out,
-              cudaStream_t stream) {
+              ConvOperands operands, cudaStream_t stream) {
+  require_operands<T>(kernel, operands);
   const Gemm<T> p{ci::geometry(s), in, w, bias, out};
   if (p.rows() == 0) return;
-  launch_gemm<T>(kernel, p, p.q.groups, whole_depth(p.depth()), stream);
+  launch_gemm<T>(kernel, p, p.q.groups, whole_depth(p.depth()), operands, stream);
 }
 
 }  // namespace
 
 template <class T>
 void conv2d_forward(const Conv2dShape& s, const T* input, const T* weight, const T* bias, T* output,
-                    cudaStream_t stream) {
-  one_pass<ci::ForwardGemm>("conv2d_forward", s, input, weight, bias, output, stream);
+                    cudaStream_t stream, ConvOperands operands) {
+  one_pass<ci::ForwardGemm>("conv2d_forward", s, input, weight, bias, output, operands, stream);
 }
 
 template <class T>
 void conv2d_backward_input(const Conv2dShape& s, const T* grad_output, const T* weight, T* grad_input,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, ConvOperands operands) {
   one_pass<ci::DgradGemm>("conv2d_backward_input", s, grad_output, weight, static_cast<const T*>(nullptr),
-                          grad_input, stream);
+                          grad_input, operands, stream);
 }
 
 template <class T>
 void conv2d_backward_weight(const Conv2dShape& s, const T* input, const T* grad_output, T* grad_weight,
-                            cudaStream_t stream) {
-  wgrad("conv2d_backward_weight", s, input, grad_output, grad_weight, stream);
+                            cudaStream_t stream, ConvOperands operands) {
+  wgrad("conv2d_backward_weight", s, input, grad_output, grad_weight, operands, stream);
 }
 
 template <class T>
@@ -198,34 +333,36 @@ void conv2d_backward_bias(int64_t N, int64_t C, int64_t HW, const T* grad_output
 
 template <class T>
 void conv_transpose2d_forward(const ConvTranspose2dShape& s, const T* input, const T* weight, const T* bias,
-                              T* output, cudaStream_t stream) {
-  one_pass<ci::DgradGemm>("conv_transpose2d_forward", s.as_conv(), input, weight, bias, output, stream);
+                              T* output, cudaStream_t stream, ConvOperands operands) {
+  one_pass<ci::DgradGemm>("conv_transpose2d_forward", s.as_conv(), input, weight, bias, output, operands, stream);
 }
 
 template <class T>
 void conv_transpose2d_backward_input(const ConvTranspose2dShape& s, const T* grad_output, const T* weight,
-                                     T* grad_input, cudaStream_t stream) {
+                                     T* grad_input, cudaStream_t stream, ConvOperands operands) {
   one_pass<ci::ForwardGemm>("conv_transpose2d_backward_input", s.as_conv(), grad_output, weight,
-                            static_cast<const T*>(nullptr), grad_input, stream);
+                            static_cast<const T*>(nullptr), grad_input, operands, stream);
 }
 
 template <class T>
 void conv_transpose2d_backward_weight(const ConvTranspose2dShape& s, const T* input, const T* grad_output,
-                                      T* grad_weight, cudaStream_t stream) {
-  wgrad("conv_transpose2d_backward_weight", s.as_conv(), grad_output, input, grad_weight, stream);
+                                      T* grad_weight, cudaStream_t stream, ConvOperands operands) {
+  wgrad("conv_transpose2d_backward_weight", s.as_conv(), grad_output, input, grad_weight, operands, stream);
 }
 
 #define ND_INSTANTIATE_CONV(T)                                                                                  \
-  template void conv2d_forward<T>(const Conv2dShape&, const T*, const T*, const T*, T*, cudaStream_t);          \
-  template void conv2d_backward_input<T>(const Conv2dShape&, const T*, const T*, T*, cudaStream_t);             \
-  template void conv2d_backward_weight<T>(const Conv2dShape&, const T*, const T*, T*, cudaStream_t);            \
+  template void conv2d_forward<T>(const Conv2dShape&, const T*, const T*, const T*, T*, cudaStream_t,           \
+                                  ConvOperands);                                                                \
+  template void conv2d_backward_input<T>(const Conv2dShape&, const T*, const T*, T*, cudaStream_t, ConvOperands); \
+  template void conv2d_backward_weight<T>(const Conv2dShape&, const T*, const T*, T*, cudaStream_t,             \
+                                          ConvOperands);                                                        \
   template void conv2d_backward_bias<T>(int64_t, int64_t, int64_t, const T*, T*, cudaStream_t);                 \
   template void conv_transpose2d_forward<T>(const ConvTranspose2dShape&, const T*, const T*, const T*, T*,      \
-                                            cudaStream_t);                                                      \
+                                            cudaStream_t, ConvOperands);                                        \
   template void conv_transpose2d_backward_input<T>(const ConvTranspose2dShape&, const T*, const T*, T*,         \
-                                                   cudaStream_t);                                               \
+                                                   cudaStream_t, ConvOperands);                                 \
   template void conv_transpose2d_backward_weight<T>(const ConvTranspose2dShape&, const T*, const T*, T*,        \
-                                                    cudaStream_t);
+                                                    cudaStream_t, ConvOperands);
 ND_INSTANTIATE_CONV(float)
 ND_INSTANTIATE_CONV(double)
 #undef ND_INSTANTIATE_CONV

@@ -10,6 +10,14 @@
 // run to run: no atomics; wgrad's split-K partial sums are added in a fixed order.
 // The engine checks the shape requirements of kernels/cpu/conv.h first; sizes that do
 // not fit a launch are an nd::Error.
+//
+// Mixed precision (engine/autocast.h): the six GEMM passes take a last argument
+// ConvOperands::kBf16 (float only; on double an nd::Error). Both operands are rounded to
+// bf16 (nearest even) as the kernel gathers them, multiplied on bf16 tensor cores (WMMA)
+// with f32 accumulation; tensors, bias, split-K sums and the output stay f32. The CPU
+// twin is the cpu:: function on operands rounded to bf16 and widened back to f32: the
+// products are the same (bf16 x bf16 is exact in f32), only the order of the f32
+// additions differs. The bias gradient is a sum, not a product: always f32.
 #include <cstdint>
 
 #include "kernels/cpu/conv.h"
@@ -20,21 +28,24 @@ namespace nd::kernels::cuda {
 using cpu::Conv2dShape;
 using cpu::ConvTranspose2dShape;
 
+// The precision of a pass's products: T x T, or bf16 x bf16 into f32 (float only).
+enum class ConvOperands { kExact, kBf16 };
+
 // y = conv2d(x, w) + bias. requires/ensures as cpu::conv2d_forward.  in-place: no.
 template <class T>
 void conv2d_forward(const Conv2dShape& s, const T* input, const T* weight, const T* bias, T* output,
-                    cudaStream_t stream);
+                    cudaStream_t stream, ConvOperands operands = ConvOperands::kExact);
 
 // dgrad, as cpu::conv2d_backward_input: grad_input written (pixels no window reads get 0).
 template <class T>
 void conv2d_backward_input(const Conv2dShape& s, const T* grad_output, const T* weight, T* grad_input,
-                           cudaStream_t stream);
+                           cudaStream_t stream, ConvOperands operands = ConvOperands::kExact);
 
 // wgrad, as cpu::conv2d_backward_weight: grad_weight written (0 when N == 0). Uses a
 // split-K partial buffer from the caching allocator when the depth N*OH*OW is long.
 template <class T>
 void conv2d_backward_weight(const Conv2dShape& s, const T* input, const T* grad_output, T* grad_weight,
-                            cudaStream_t stream);
+                            cudaStream_t stream, ConvOperands operands = ConvOperands::kExact);
 
 // grad_bias[c] = sum_{n, p} dy[n, c, p], as cpu::conv2d_backward_bias (accumulated in double).
 template <class T>
@@ -44,16 +55,17 @@ void conv2d_backward_bias(int64_t N, int64_t C, int64_t HW, const T* grad_output
 // conv_transpose2d forward = conv2d dgrad of s.as_conv() with the bias added in the same pass.
 template <class T>
 void conv_transpose2d_forward(const ConvTranspose2dShape& s, const T* input, const T* weight, const T* bias,
-                              T* output, cudaStream_t stream);
+                              T* output, cudaStream_t stream, ConvOperands operands = ConvOperands::kExact);
 
 // dgrad of conv_transpose2d = conv2d forward of s.as_conv() applied to grad_output.
 template <class T>
 void conv_transpose2d_backward_input(const ConvTranspose2dShape& s, const T* grad_output, const T* weight,
-                                     T* grad_input, cudaStream_t stream);
+                                     T* grad_input, cudaStream_t stream, ConvOperands operands = ConvOperands::kExact);
 
 // wgrad of conv_transpose2d = conv2d wgrad of s.as_conv() with input and grad_output swapped.
 template <class T>
 void conv_transpose2d_backward_weight(const ConvTranspose2dShape& s, const T* input, const T* grad_output,
-                                      T* grad_weight, cudaStream_t stream);
+                                      T* grad_weight, cudaStream_t stream,
+                                      ConvOperands operands = ConvOperands::kExact);
 
 }  // namespace nd::kernels::cuda

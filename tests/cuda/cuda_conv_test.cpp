@@ -4,10 +4,16 @@
 // generator layers, odd sizes with stride / padding / dilation / groups, 1x1 kernels and
 // bias on and off. Also: f64 matches to double precision, the weight gradient (split-K)
 // is bit-identical run to run, and an empty batch still writes zero weight and bias
-// gradients. Without a GPU every case
+// gradients. Under autocast (ConvOperands::kBf16, the tensor-core kernel) all six passes
+// match the CPU's bf16-operand reference (tests/ops/autocast_conv_test.cpp pins that one
+// down) element by element and are bit-identical run to run. Without a GPU every case
 // reports "SKIPPED:" (the index math these kernels run is tested on the CPU in
 // tests/kernels/conv_index_test.cpp).
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/cuda_compare.h"
@@ -128,4 +134,158 @@ TEST_CASE("cuda conv: an empty batch gives an empty output and zero weight and b
   check_matches(on_gpu[1], on_cpu[1], "empty input gradient");
   check_matches(on_gpu[2], on_cpu[2], "weight gradient of an empty batch");
   check_matches(on_gpu[3], on_cpu[3], "bias gradient of an empty batch");
+}
+
+namespace {
+
+// Under autocast both devices multiply the same bf16 values, and a product of two bf16
+// values is exact in f32, so the CUDA and CPU results are sums of the same numbers that
+// differ only in the order of their f32 additions (tensor-core fragments, tiles, split-K
+// chunks against the CPU's GEMM blocking). An order's error is sum_k d_k S_k over its
+// partial sums S_k with |d_k| <= u = 2^-24; the terms here have random signs, so the
+// partial sums stay far below sum|a||b| and the error is a few u times sum|a||b| at any
+// depth (the kernel run in a CPU emulator: <= 1.5e-7 at depths up to 1024). The bound,
+// 1e-5 sum|a||b| per element (160 u), leaves wide room for any order, tensor-core
+// accumulation included, yet is 200x under one bf16 rounding (2^-9), which an operand
+// left unrounded, or rounded twice, on one side would cost.
+struct AmpCase {
+  std::string name;
+  Shape x, w;
+  bool bias;
+  Fn fn;  // {input, weight, bias (may be undefined)}
+};
+
+struct AmpRun {
+  Tensor y, dx, dw, db;
+};
+
+Tensor rounded(const Tensor& t) {  // f32 with bf16 precision
+  NoGradGuard no_grad;
+  return t.to(kBFloat16).to(kFloat32);
+}
+
+// y = fn(x, w, b) with autocast on for `d` during the forward, and the gradients of
+// sum(y * gy) (so dy = gy); the backward runs outside the guard (its node remembers).
+AmpRun amp_run(const AmpCase& c, const Device& d, const Tensor& x0, const Tensor& w0, const Tensor& b0,
+               const Tensor& gy) {
+  const Tensor x = x0.to(d).detach().requires_grad_(true), w = w0.to(d).detach().requires_grad_(true);
+  const Tensor b = c.bias ? b0.to(d).detach().requires_grad_(true) : Tensor();
+  Tensor y;
+  {
+    AutocastGuard amp(d.type);
+    y = c.fn({x, w, b});
+  }
+  (y * gy.to(d)).sum().backward();
+  return {y.detach(), x.grad(), w.grad(), c.bias ? b.grad() : Tensor()};
+}
+
+// |on_gpu - on_cpu| <= rel * bound elementwise (bound: sum |a||b| of each result), no NaN.
+void check_within(const Tensor& on_gpu, const Tensor& on_cpu, const Tensor& bound, const std::string& what,
+                  double rel) {
+  REQUIRE_MESSAGE(on_gpu.is_cuda(), what, ": expected a CUDA result, found ", on_gpu.describe());
+  REQUIRE_MESSAGE(on_gpu.sizes() == on_cpu.sizes(), what, ": shape ", on_gpu.describe(), " vs ", on_cpu.describe());
+  REQUIRE(on_gpu.dtype() == kFloat32);
+  const std::vector<double> a = testing::to_vector(on_gpu.cpu()), b = testing::to_vector(on_cpu),
+                            m = testing::to_vector(bound);
+  size_t bad = 0, first = a.size();
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double err = std::abs(a[i] - b[i]);
+    if (!(err <= rel * m[i])) {  // NaN (an unwritten, poisoned element) fails too
+      first = bad++ ? first : i;
+    }
+    if (m[i] > 0) worst = std::max(worst, err / m[i]);
+  }
+  CHECK_MESSAGE(bad == 0, what, ": ", bad, " of ", a.size(), " elements off by more than ", rel,
+                " sum|a||b| (first at ", first, "); largest err / sum|a||b| = ", worst);
+}
+
+void compare_amp_case(const AmpCase& c, uint64_t seed) {
+  CAPTURE(c.name);
+  PoisonAllocations poison;
+  const Tensor x = testing::random_input(c.x, seed).to(kFloat32), w = testing::random_input(c.w, seed + 1).to(kFloat32);
+  Shape y_shape;
+  {
+    NoGradGuard no_grad;
+    y_shape = c.fn({x, w, Tensor()}).sizes();
+  }
+  const Tensor b = testing::random_input({y_shape[1]}, seed + 2).to(kFloat32);
+  const Tensor gy = testing::random_input(y_shape, seed + 3).to(kFloat32);
+  const AmpRun on_cpu = amp_run(c, Device(kCPU), x, w, b, gy), on_gpu = amp_run(c, kGpu, x, w, b, gy);
+  // sum |a||b| of every result: the f64 pass on |rounded operands| (all terms >= 0).
+  const Tensor ax = abs(rounded(x)).to(kFloat64).requires_grad_(true);
+  const Tensor aw = abs(rounded(w)).to(kFloat64).requires_grad_(true);
+  const Tensor ab = abs(b).to(kFloat64).requires_grad_(true);
+  const Tensor bound_y = c.fn({ax, aw, c.bias ? ab : Tensor()});
+  (bound_y * abs(rounded(gy)).to(kFloat64)).sum().backward();
+  check_within(on_gpu.y, on_cpu.y, bound_y.detach(), c.name + " forward", 1e-5);
+  check_within(on_gpu.dx, on_cpu.dx, ax.grad(), c.name + " input gradient", 1e-5);
+  check_within(on_gpu.dw, on_cpu.dw, aw.grad(), c.name + " weight gradient", 1e-5);
+  if (c.bias) check_within(on_gpu.db, on_cpu.db, ab.grad(), c.name + " bias gradient (f32)", 1e-5);
+  // The same bits on a second run: fixed tiling and split-K order, no atomics.
+  const AmpRun again = amp_run(c, kGpu, x, w, b, gy);
+  const std::pair<Tensor, Tensor> runs[] = {{on_gpu.y, again.y}, {on_gpu.dx, again.dx}, {on_gpu.dw, again.dw}};
+  for (const auto& [first, second] : runs) {
+    const Tensor u = first.cpu().contiguous(), v = second.cpu().contiguous();
+    CHECK_MESSAGE(std::memcmp(u.data_ptr<float>(), v.data_ptr<float>(), sizeof(float) * u.numel()) == 0,
+                  c.name, ": two autocast runs differ in some bits");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda conv: under autocast all six passes match the CPU's bf16-operand reference, bit-stable") {
+  if (skip_without_gpu()) return;
+  const std::vector<AmpCase> cases = {
+      // conv2d: forward, dgrad, wgrad. DCGAN D at batch 16: wgrad depth 16*14*14 = 3136
+      // and 16*7*7 = 784 against a few column tiles, so split-K runs.
+      {"conv2d DCGAN D 1->64 k4 s2 p1 on 28x28", {16, 1, 28, 28}, {64, 1, 4, 4}, true,
+       [](const V& v) { return conv2d(v[0], v[1], v[2], {2}, {1}); }},
+      {"conv2d DCGAN D 64->128 k4 s2 p1 on 14x14", {16, 64, 14, 14}, {128, 64, 4, 4}, true,
+       [](const V& v) { return conv2d(v[0], v[1], v[2], {2}, {1}); }},
+      {"conv2d DCGAN D 128->1 k7 on 7x7, no bias", {16, 128, 7, 7}, {1, 128, 7, 7}, false,
+       [](const V& v) { return conv2d(v[0], v[1], v[2]); }},
+      {"conv2d stride 3x2, padding 0x2, dilation 1x2, groups 2", {2, 4, 10, 7}, {6, 2, 2, 3}, true,
+       [](const V& v) { return conv2d(v[0], v[1], v[2], {3, 2}, {0, 2}, {1, 2}, 2); }},
+      {"conv2d groups 3, 6->9 k3 p1 on 11x9", {2, 6, 11, 9}, {9, 2, 3, 3}, true,
+       [](const V& v) { return conv2d(v[0], v[1], v[2], {1}, {1}, {1}, 3); }},
+      {"conv2d 70 output channels, depth 180, 1x1 and 3x3 tails", {3, 20, 9, 9}, {70, 20, 3, 3}, true,
+       [](const V& v) { return conv2d(v[0], v[1], v[2], {1}, {1}); }},
+      // conv_transpose2d: forward (conv dgrad), dgrad (conv forward), wgrad.
+      {"conv_transpose2d DCGAN G 100->256 k7 on 1x1, no bias", {16, 100, 1, 1}, {100, 256, 7, 7}, false,
+       [](const V& v) { return conv_transpose2d(v[0], v[1], v[2]); }},
+      {"conv_transpose2d DCGAN G 256->128 k4 s2 p1 on 7x7", {16, 256, 7, 7}, {256, 128, 4, 4}, true,
+       [](const V& v) { return conv_transpose2d(v[0], v[1], v[2], {2}, {1}); }},
+      {"conv_transpose2d DCGAN G 128->1 k4 s2 p1 on 14x14", {16, 128, 14, 14}, {128, 1, 4, 4}, true,
+       [](const V& v) { return conv_transpose2d(v[0], v[1], v[2], {2}, {1}); }},
+      {"conv_transpose2d stride 3, dilation 2, groups 2, output_padding 1", {2, 4, 5, 6}, {4, 3, 3, 2}, true,
+       [](const V& v) { return conv_transpose2d(v[0], v[1], v[2], {3}, {1}, {1}, 2, {2}); }},
+  };
+  uint64_t seed = 5000;
+  for (const AmpCase& c : cases) compare_amp_case(c, seed += 10);
+}
+
+TEST_CASE("cuda conv: autocast leaves f64 exact and a forward outside it exact in its backward") {
+  if (skip_without_gpu()) return;
+  PoisonAllocations poison;
+  const Tensor x = testing::random_input({2, 6, 11, 9}, 1), w = testing::random_input({9, 2, 3, 3}, 2);
+  auto run = [&](const Tensor& x0, const Tensor& w0, bool amp_forward, bool amp_backward) {
+    const Tensor xg = x0.to(kGpu).detach().requires_grad_(true), wg = w0.to(kGpu).detach().requires_grad_(true);
+    Tensor y;
+    {
+      AutocastGuard amp(kCUDA, amp_forward);
+      y = conv2d(xg, wg, {}, {2}, {1}, {2}, 3);
+    }
+    AutocastGuard amp(kCUDA, amp_backward);
+    y.sum().backward();
+    return std::vector<Tensor>{y.detach().cpu(), xg.grad().cpu(), wg.grad().cpu()};
+  };
+  // f64 under autocast: the same bits as without (the f64 kernel either way).
+  const auto f64_amp = run(x, w, true, true), f64_plain = run(x, w, false, false);
+  for (size_t i = 0; i < f64_amp.size(); ++i)
+    CHECK(testing::to_vector(f64_amp[i]) == testing::to_vector(f64_plain[i]));
+  // f32 forward without autocast, backward inside a guard: the exact f32 kernels.
+  const Tensor x32 = x.to(kFloat32), w32 = w.to(kFloat32);
+  const auto exact_bwd = run(x32, w32, false, true), plain = run(x32, w32, false, false);
+  for (size_t i = 0; i < plain.size(); ++i) CHECK(testing::to_vector(exact_bwd[i]) == testing::to_vector(plain[i]));
 }
