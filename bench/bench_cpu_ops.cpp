@@ -32,10 +32,10 @@
 #include <string>
 #include <vector>
 
+#include "json_line.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/matmul.h"
-#include "json_line.h"
 
 namespace cpu = nd::kernels::cpu;
 

@@ -8,7 +8,7 @@
 // less sensitive to other load on the machine, the wait at the end of backward
 // (Reducer::last_exposed_wait_ms: communication not yet done when backward finished,
 // plus waiting for a slower rank):  hidden_by_wait = 1 - wait / t_comm.
-// Output (rank 0): a table, then JSON lines {"op","shape","dtype","impl","ms",...}.
+// Output (rank 0): a table, then JSON lines {"op","shape","dtype","impl","ms",...} (json_line.h).
 // Usage: OMP_NUM_THREADS=1 mpirun -np N bench_ddp [steps]
 #include <algorithm>
 #include <chrono>
@@ -19,6 +19,8 @@
 #include <omp.h>
 
 #include <nanoddp.h>
+
+#include "json_line.h"
 
 using namespace nd;
 using Clock = std::chrono::steady_clock;
@@ -121,15 +123,21 @@ int main(int argc, char** argv) {
     if (root) {
       std::printf("%-6s %-10g %10.2f %10.2f %10.2f %9.1f%% %7.0f%% %9.2f %7.0f%%\n", config.c_str(), cap, t_local,
                   t_ddp, t_comm, 100.0 * (t_ddp - t_local) / t_local, 100.0 * hidden, t_wait, 100.0 * hidden_by_wait);
-      char line[512];
-      std::snprintf(line, sizeof line,
-                    "{\"op\":\"ddp_step\",\"shape\":\"mae_%s b%d x%d ranks, bucket %gMB, %zu buckets\","
-                    "\"dtype\":\"f32\",\"impl\":\"nanoddp\",\"ms\":%.3f,\"gflops\":null,\"gbps\":null,"
-                    "\"baseline\":\"same model, no communication\",\"ratio\":%.3f,\"baseline_ms\":%.3f,"
-                    "\"comm_ms\":%.3f,\"hidden\":%.3f,\"exposed_wait_ms\":%.3f,\"hidden_by_wait\":%.3f}",
-                    config.c_str(), per_rank, W, cap, flats.size(), t_ddp, t_local / t_ddp, t_local, t_comm, hidden, t_wait,
-                    hidden_by_wait);
-      json.push_back(line);
+      char shape[128];
+      std::snprintf(shape, sizeof shape, "mae_%s b%d x%d ranks, bucket %gMB, %zu buckets", config.c_str(), per_rank, W,
+                    cap, flats.size());
+      json.push_back(bench::JsonLine::row("ddp_step", shape, "f32", "nanoddp")
+                         .number("ms", t_ddp, "%.3f")
+                         .null("gflops")
+                         .null("gbps")
+                         .text("baseline", "same model, no communication")
+                         .number("ratio", t_local / t_ddp, "%.3f")
+                         .number("baseline_ms", t_local, "%.3f")
+                         .number("comm_ms", t_comm, "%.3f")
+                         .number("hidden", hidden, "%.3f")
+                         .number("exposed_wait_ms", t_wait, "%.3f")
+                         .number("hidden_by_wait", hidden_by_wait, "%.3f")
+                         .str());
     }
   }
   for (const auto& line : json) std::printf("%s\n", line.c_str());

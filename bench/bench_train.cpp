@@ -19,7 +19,7 @@
 // run (bare Eigen and our matmul, same thread count; on CUDA: our matmul = cuBLAS).
 // The PyTorch twin of this file is bench/bench_train_torch.py (same rows, impl "pytorch").
 //
-// Output: a table, then JSON lines {"op","shape","dtype","impl","ms","gflops","gbps",
+// Output: a table, then JSON lines (json_line.h) {"op","shape","dtype","impl","ms","gflops","gbps",
 // "baseline","ratio"} plus "model","device","threads","ms_min","ms_max","runs" (timed runs)
 // and, for steps, "steps_per_s","images_per_s","gflop_per_step". ms is the median; ratio = achieved
 // GFLOP/s / the baseline GEMM's GFLOP/s. Rows that cannot run say why ("skipped: ...",
@@ -44,6 +44,7 @@
 #include <nanoddp.h>
 
 #include "kernels/cpu/matmul.h"
+#include "json_line.h"
 #include "kernels/cuda/stream.h"
 
 namespace {
@@ -261,20 +262,20 @@ void print(const std::vector<Row>& rows, int threads) {
     else std::printf("%6.3f\n", r.ratio);
   }
   for (const Row& r : rows) {
-    std::printf("{\"op\":\"%s\",\"shape\":\"%s\",\"dtype\":\"f32\",\"impl\":\"%s\",", r.op.c_str(), r.shape.c_str(),
-                r.impl.c_str());
-    if (r.ms < 0) std::printf("\"ms\":null,\"gflops\":null,");
-    else std::printf("\"ms\":%.4f,\"gflops\":%.3f,", r.ms, r.gflops);
-    std::printf("\"gbps\":null,\"baseline\":");
-    if (r.ratio < 0) std::printf("null,\"ratio\":null,");
-    else std::printf("\"%s\",\"ratio\":%.4f,", r.baseline.c_str(), r.ratio);
-    std::printf("\"model\":\"%s\",\"device\":\"%s\",\"threads\":%d", r.model.c_str(), r.device.c_str(), threads);
+    auto line = nd::bench::JsonLine::row(r.op, r.shape, "f32", r.impl);
+    if (r.ms < 0) line.null("ms").null("gflops");
+    else line.number("ms", r.ms, "%.4f").number("gflops", r.gflops, "%.3f");
+    line.null("gbps");
+    if (r.ratio < 0) line.null("baseline").null("ratio");
+    else line.text("baseline", r.baseline).number("ratio", r.ratio, "%.4f");
+    line.text("model", r.model).text("device", r.device).integer("threads", threads);
     if (r.ms >= 0 && r.images > 0)
-      std::printf(",\"steps_per_s\":%.3f,\"images_per_s\":%.1f,\"gflop_per_step\":%.4f", 1e3 / r.ms,
-                  r.images * 1e3 / r.ms, r.flops / 1e9);
-    if (r.ms >= 0) std::printf(",\"ms_min\":%.4f,\"ms_max\":%.4f,\"runs\":%d", r.ms_min, r.ms_max, r.steps);
-    if (!r.note.empty()) std::printf(",\"note\":\"%s\"", r.note.c_str());
-    std::printf("}\n");
+      line.number("steps_per_s", 1e3 / r.ms, "%.3f")
+          .number("images_per_s", r.images * 1e3 / r.ms, "%.1f")
+          .number("gflop_per_step", r.flops / 1e9, "%.4f");
+    if (r.ms >= 0) line.number("ms_min", r.ms_min, "%.4f").number("ms_max", r.ms_max, "%.4f").integer("runs", r.steps);
+    if (!r.note.empty()) line.text("note", r.note);
+    line.print();
   }
 }
 
