@@ -8,8 +8,11 @@
 // the key tiles. No atomics: every element is summed by one thread in a fixed order, so the
 // results are bit-reproducible run to run.
 // Head dims E, Ev <= 128, compiled for 32, 64 and 128 (other sizes are zero-padded up to the
-// next of these). Kernel: kernels/cuda/attention.cu. Tests: tests/cuda/cuda_attention_test.cpp
-// (against the CPU), tests/kernels/online_softmax_test.cpp (the shared math).
+// next of these). f32 and f64 run SIMT FMA kernels (the engine's exact path); bf16 runs on
+// tensor cores (WMMA bf16 16x16x16 fragments, f32 accumulation), forward and backward, with
+// 64-row query and key tiles and up to 121 KiB of dynamic shared memory per block (sm_90).
+// Kernel: kernels/cuda/attention.cu. Tests: tests/cuda/cuda_attention_test.cpp (against the
+// CPU), tests/kernels/online_softmax_test.cpp (the shared math).
 #include <cstdint>
 
 #include "kernels/common/float16.h"
@@ -52,9 +55,14 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
                                            bool is_causal, double scale, T* dq, T* dk, T* dv,
                                            cudaStream_t stream);
 
-// bf16 storage with f32 arithmetic and an f32 logsumexp, for the kernel benchmarks (the
-// engine's attention is f32/f64). Same contracts as above; out, dq, dk, dv are rounded to
-// bf16 once, at the end.
+// bf16 on tensor cores, with an f32 logsumexp: what f32 attention under autocast runs
+// (engine/ops/attention.cpp), and what bench/bench_kernels times. Same contracts as above,
+// with bf16 rounding at fixed points: the probabilities P (forward and backward) and dS
+// (backward) are rounded to bf16 before they multiply V, dO, Q or K; every product
+// accumulates in f32 (scores, logsumexp, delta, accumulators); out, dq, dk, dv are rounded
+// once, at the end. Also bit-reproducible, no atomics; a fully masked row gives out = 0,
+// lse = -inf and no gradient. Needs sm_80 or newer with at least 121 KiB of shared memory
+// per block (nd::Error from cudaFuncSetAttribute otherwise).
 void scaled_dot_product_attention_forward(const BFloat16* q, const BFloat16* k, const BFloat16* v,
                                           AttentionMask<BFloat16> mask, int64_t B, int64_t H, int64_t Sq,
                                           int64_t Sk, int64_t E, int64_t Ev, bool is_causal, double scale,
