@@ -59,16 +59,12 @@ nd::Device setup(const std::string& program, CommonOptions& o, const World& worl
   return device;
 }
 
-std::shared_ptr<nd::dist::ProcessGroup> process_group(nd::Device device) {
-  return device.is_cuda() ? nd::dist::nccl_world() : nd::dist::world();
-}
-
 nd::dist::DistributedDataParallelOptions ddp_options(nd::Device device) {
-  return nd::dist::DistributedDataParallelOptions().process_group(process_group(device));
+  return nd::dist::DistributedDataParallelOptions().process_group(nd::dist::default_group(device));
 }
 
 void sync_batchnorm(const std::shared_ptr<nd::nn::Module>& module, nd::Device device) {
-  nd::nn::convert_sync_batchnorm(module, process_group(device));
+  nd::nn::convert_sync_batchnorm(module, nd::dist::default_group(device));
 }
 
 int run_main(const std::string& program, const std::function<int()>& body) {

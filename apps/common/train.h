@@ -57,12 +57,10 @@ World world();
 // Throws UsageError or nd::Error.
 nd::Device setup(const std::string& program, CommonOptions& options, const World& world);
 
-// The process group for tensors on `device`: dist::world() (MPI) for the CPU,
-// dist::nccl_world() for CUDA. DDP and SyncBatchNorm take it from ddp_options() and
-// sync_batchnorm().
-std::shared_ptr<nd::dist::ProcessGroup> process_group(nd::Device device);
+// DDP's options and the SyncBatchNorm conversion for a model on `device`, over
+// dist::default_group(device): world() (MPI) for the CPU, nccl_world() for CUDA, and for
+// a GPU in a world of one process no group (nothing to communicate, no NCCL needed).
 nd::dist::DistributedDataParallelOptions ddp_options(nd::Device device);
-// convert_sync_batchnorm over process_group(device).
 void sync_batchnorm(const std::shared_ptr<nd::nn::Module>& module, nd::Device device);
 
 // Runs body, turning a UsageError into "<program>: <message>" + exit status 2 (printed
