@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "engine/autocast.h"
 #include "engine/ops/common.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cuda/attention.h"
@@ -23,7 +24,10 @@ struct MaskView {
   Shape strides;  // [B, H, L, S] element strides, 0 on broadcast dims
 };
 
-MaskView prepare_mask(const Tensor& attn_mask, const Tensor& q, const Dims& d) {
+// Under autocast (`autocast`), a floating mask is an operand like q, k, v and is rounded to
+// bf16 (bool masks give 0 / -inf, exact in bf16): kept as bf16 for the CUDA kernel, as the
+// rounded values in f32 for the CPU's.
+MaskView prepare_mask(const Tensor& attn_mask, const Tensor& q, const Dims& d, bool autocast) {
   if (!attn_mask.defined()) return {};
   const char* op = "scaled_dot_product_attention";
   ND_CHECK(attn_mask.device() == q.device(), op, ": expected attn_mask on ", q.device().str(), ", found ",
@@ -51,6 +55,11 @@ MaskView prepare_mask(const Tensor& attn_mask, const Tensor& q, const Dims& d) {
     ND_CHECK(attn_mask.dtype() == q.dtype(), op, ": expected a bool attn_mask or one of the query's dtype (",
              dtype_name(q.dtype()), "), found ", attn_mask.describe());
     additive = attn_mask.detach();
+  }
+  if (autocast) {
+    NoGradGuard no_grad;
+    additive = additive.to(kBFloat16);
+    if (!q.is_cuda()) additive = additive.to(kFloat32);
   }
   Shape strides = ops::broadcast_strides(additive, full);
   if (!d.heads) strides.insert(strides.begin() + 1, 0);
@@ -84,12 +93,101 @@ kernels::cpu::AttentionMask<T> kernel_mask(const MaskView& m) {
   return {m.storage.data_ptr<T>(), m.strides[0], m.strides[1], m.strides[2], m.strides[3]};
 }
 
+// ---- autocast (engine/autocast.h) ---------------------------------------------------
+// f32 attention under autocast for its device computes from bf16 operands:
+//   CUDA: q, k, v (and a floating mask) converted to bf16, the bf16 tensor-core kernels
+//     (kernels/cuda/attention.h), out returned as f32. The backward converts dout to bf16,
+//     runs the bf16 backward from the saved bf16 q, k, v, out and the f32 logsumexp and
+//     returns f32 gradients.
+//   CPU, the reference the CUDA path is tested against: q, k, v (and a floating mask)
+//     rounded to bf16 values, the f32 CPU kernel, out rounded to bf16. The backward rounds
+//     dout, runs the f32 CPU kernel on the rounded q, k, v, dout and the rounded out with
+//     the f32 logsumexp, and rounds dq, dk, dv to bf16.
+// Both devices thus round at the same points: the inputs q, k, v, mask, dout and the results
+// out, dq, dk, dv; logsumexp (and the backward's delta) stay f32. The CUDA kernels also
+// round P (forward and backward) and dS (backward) to bf16 before the second products
+// (kernels/cuda/attention.cu) where the CPU keeps f32: the devices agree to bf16 precision,
+// not bit for bit. The node remembers that its forward ran under autocast and runs its
+// backward the same way wherever the backward is called (as mm's, engine/ops/matmul.cpp).
+bool autocast_applies(const Tensor& q) { return q.dtype() == kFloat32 && is_autocast_enabled(q.device().type); }
+
+// What the forward under autocast keeps for the backward: bf16 q, k, v, out; f32 lse.
+struct AutocastSaved {
+  Tensor q16, k16, v16, out16, lse;
+};
+
+// The forward under autocast (above); returns out as f32.
+Tensor autocast_forward(const Tensor& query, const Tensor& key, const Tensor& value, const MaskView& mask,
+                        const Dims& d, bool is_causal, double sc, AutocastSaved& saved) {
+  NoGradGuard no_grad;  // private copies; the graph records query, key, value
+  saved.q16 = query.detach().to(kBFloat16);
+  saved.k16 = key.detach().to(kBFloat16);
+  saved.v16 = value.detach().to(kBFloat16);
+  saved.lse = empty({d.B, d.H, d.L}, query.options());
+  Shape out_shape = query.sizes();
+  out_shape.back() = d.Ev;
+  ops::on_device(
+      query,
+      [&] {
+        const Tensor q = saved.q16.to(kFloat32), k = saved.k16.to(kFloat32), v = saved.v16.to(kFloat32);
+        const Tensor out = empty(out_shape, query.options());
+        kernels::cpu::scaled_dot_product_attention_forward<float>(
+            q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), kernel_mask<float>(mask), d.B, d.H, d.L,
+            d.S, d.E, d.Ev, is_causal, sc, out.data_ptr<float>(), saved.lse.data_ptr<float>());
+        saved.out16 = out.to(kBFloat16);
+      },
+      [&](auto stream) {
+        saved.out16 = empty(out_shape, query.options().dtype(kBFloat16));
+        kernels::cuda::scaled_dot_product_attention_forward(
+            saved.q16.data_ptr<BFloat16>(), saved.k16.data_ptr<BFloat16>(), saved.v16.data_ptr<BFloat16>(),
+            kernel_mask<BFloat16>(mask), d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, sc,
+            saved.out16.data_ptr<BFloat16>(), saved.lse.data_ptr<float>(), stream);
+      });
+  return saved.out16.to(kFloat32);
+}
+
+// The backward under autocast (above): f32 dq, dk, dv.
+std::vector<Tensor> autocast_backward(const Tensor& grad, const AutocastSaved& s, const MaskView& m, const Dims& d,
+                                      bool is_causal, double scale) {
+  NoGradGuard no_grad;
+  const Tensor g16 = grad.to(kBFloat16).contiguous();
+  Tensor dq, dk, dv;
+  ops::on_device(
+      s.q16,
+      [&] {
+        auto f32 = [](const Tensor& t) { return t.to(kFloat32); };
+        const Tensor g = f32(g16), q = f32(s.q16), k = f32(s.k16), v = f32(s.v16), out = f32(s.out16);
+        dq = empty(q.sizes(), q.options());
+        dk = empty(k.sizes(), k.options());
+        dv = empty(v.sizes(), v.options());
+        kernels::cpu::scaled_dot_product_attention_backward<float>(
+            g.data_ptr<float>(), q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), kernel_mask<float>(m),
+            out.data_ptr<float>(), s.lse.data_ptr<float>(), d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, scale,
+            dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>());
+        dq = dq.to(kBFloat16);
+        dk = dk.to(kBFloat16);
+        dv = dv.to(kBFloat16);
+      },
+      [&](auto stream) {
+        dq = empty(s.q16.sizes(), s.q16.options());
+        dk = empty(s.k16.sizes(), s.k16.options());
+        dv = empty(s.v16.sizes(), s.v16.options());
+        kernels::cuda::scaled_dot_product_attention_backward(
+            g16.data_ptr<BFloat16>(), s.q16.data_ptr<BFloat16>(), s.k16.data_ptr<BFloat16>(),
+            s.v16.data_ptr<BFloat16>(), kernel_mask<BFloat16>(m), s.out16.data_ptr<BFloat16>(),
+            s.lse.data_ptr<float>(), d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, scale, dq.data_ptr<BFloat16>(),
+            dk.data_ptr<BFloat16>(), dv.data_ptr<BFloat16>(), stream);
+      });
+  return {dq.to(kFloat32), dk.to(kFloat32), dv.to(kFloat32)};
+}
+
 struct ScaledDotProductAttentionBackward : autograd::Node {
   autograd::SavedTensor q, k, v, out, logsumexp, mask;
   Shape mask_strides;
   Dims d;
   bool is_causal = false;
   double scale = 1;
+  bool autocast = false;  // the forward ran under autocast: q, k, v, out are bf16 (above)
   std::string name() const override { return "ScaledDotProductAttentionBackward"; }
   void release_saved_tensors() override {
     q.reset();
@@ -103,6 +201,12 @@ struct ScaledDotProductAttentionBackward : autograd::Node {
     const Tensor qv = q.unpack(*this), kv = k.unpack(*this), vv = v.unpack(*this);
     const Tensor o = out.unpack(*this), lse = logsumexp.unpack(*this);
     const MaskView m{mask.unpack(*this), mask_strides};
+    if (autocast) {
+      std::vector<Tensor> g = autocast_backward(grads[0], {qv, kv, vv, o, lse}, m, d, is_causal, scale);
+      for (size_t x = 0; x < g.size(); ++x)
+        if (!next_edges[x].fn) g[x] = Tensor();
+      return g;
+    }
     const Tensor g = kernel_operand(grads[0]);
     Tensor dq = empty_operand(qv.sizes(), qv), dk = empty_operand(kv.sizes(), kv), dv = empty_operand(vv.sizes(), vv);
     const kernels::cpu::AttentionLayout layout{rows_of(qv), rows_of(kv), rows_of(vv), rows_of(o),
@@ -167,7 +271,27 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
            ", value ", value.describe(), ". Use more heads or the CPU.");
   const double sc = scale.value_or(d.E > 0 ? 1.0 / std::sqrt(static_cast<double>(d.E)) : 1.0);
 
-  const MaskView mask = prepare_mask(attn_mask, query, d);
+  const bool amp = autocast_applies(query);
+  const MaskView mask = prepare_mask(attn_mask, query, d, amp);
+  if (amp) {
+    AutocastSaved saved;
+    const Tensor out = autocast_forward(query, key, value, mask, d, is_causal, sc, saved);
+    autograd::record<ScaledDotProductAttentionBackward>(
+        {query, key, value}, {out}, [&](ScaledDotProductAttentionBackward& n) {
+          n.q = autograd::SavedTensor(saved.q16);
+          n.k = autograd::SavedTensor(saved.k16);
+          n.v = autograd::SavedTensor(saved.v16);
+          n.out = autograd::SavedTensor(saved.out16);
+          n.logsumexp = autograd::SavedTensor(saved.lse);
+          n.mask = autograd::SavedTensor(mask.storage);
+          n.mask_strides = mask.strides;
+          n.d = d;
+          n.is_causal = is_causal;
+          n.scale = sc;
+          n.autocast = true;
+        });
+    return out;
+  }
   const Tensor q = kernel_operand(query.detach()), k = kernel_operand(key.detach()), v = kernel_operand(value.detach());
   Shape out_shape = query.sizes();
   out_shape.back() = d.Ev;

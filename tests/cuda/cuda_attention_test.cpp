@@ -5,9 +5,12 @@
 // lengths that do not divide the tiles, causal with Sq < Sk and Sq > Sk, masks broadcast
 // by strides, a fully masked row, empty sequences and the MAE's shapes. GPU outputs come
 // from NaN-poisoned allocations, so an element the kernels never write fails. The backward
-// must also be bit-identical run to run. The bf16 kernels (kernel level only) are checked
-// against the f32 CPU op on the same bf16-rounded values. Without a GPU every case reports
-// "SKIPPED:".
+// must also be bit-identical run to run.
+// bf16 (the tensor-core kernels): at kernel level against the f32 CPU kernel on the same
+// bf16-rounded inputs with the results rounded (out, lse, dq, dk, dv), and through the op
+// under autocast against the CPU's autocast path (engine/ops/attention.cpp), both at bf16
+// tolerance: the CUDA kernels also round P and dS to bf16 before the second products.
+// Without a GPU every case reports "SKIPPED:".
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -15,8 +18,12 @@
 #include <vector>
 
 #include "cuda/cuda_compare.h"
+#include "engine/autocast.h"
+#include "engine/nn/attention.h"
 #include "engine/ops/attention.h"
 #include "harness.h"
+#include "kernels/common/float16.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/stream.h"
 
@@ -43,7 +50,10 @@ Shape shape_of(const AttentionCase& c, int64_t rows, int64_t width) {
 }
 
 // One forward and backward on `device`; the seed fixes q, k, v and the output weights w.
-Result run(const AttentionCase& c, ScalarType dtype, Device device, uint64_t seed) {
+// amp: the forward under an AutocastGuard of the device's type, the backward outside it
+// (the node remembers; backward_in_guard puts it inside too).
+Result run(const AttentionCase& c, ScalarType dtype, Device device, uint64_t seed, bool amp = false,
+           bool backward_in_guard = false) {
   auto input = [&](const Shape& shape, uint64_t s) {
     return testing::random_input(shape, s, false, -2, 2).to(dtype).to(device).requires_grad_(true);
   };
@@ -55,8 +65,13 @@ Result run(const AttentionCase& c, ScalarType dtype, Device device, uint64_t see
     if (mask.dtype() != kBool) mask = mask.to(dtype);
     mask = mask.to(device);
   }
-  const Tensor out = scaled_dot_product_attention(q, k, v, mask, 0.0, c.causal);
+  Tensor out;
+  {
+    AutocastGuard guard(device.type, amp);
+    out = scaled_dot_product_attention(q, k, v, mask, 0.0, c.causal);
+  }
   const Tensor w = testing::random_input(out.sizes(), seed + 3).to(dtype).to(device);
+  AutocastGuard guard(device.type, amp && backward_in_guard);
   (out * w).sum().backward();
   return {out, q.grad(), k.grad(), v.grad()};
 }
@@ -174,42 +189,155 @@ TEST_CASE("cuda attention: head dims over 128 are an error naming the limit") {
   CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, q, v), doctest::Contains("at most 128"), Error);
 }
 
+TEST_CASE("cuda attention: under autocast (bf16 tensor cores) matches the CPU's autocast path") {
+  if (skip_without_gpu()) return;
+  // Both round q, k, v, mask, dout and the results to bf16 at the same points; the GPU also
+  // rounds P and dS before the second products, so the devices agree to bf16 precision
+  // (each rounding <= 2^-9 relative; the CPU emulation of the kernels measured <= 3.2e-3
+  // in this norm), not bit for bit: 1e-2, the bound.
+  uint64_t seed = 7000;
+  for (const AttentionCase& c : cases()) {
+    CAPTURE(c.name);
+    PoisonAllocations poison;
+    const Result cpu = run(c, kFloat32, Device(kCPU), seed += 10, true),
+                 gpu = run(c, kFloat32, kGpu, seed, true);
+    CHECK(gpu.out.dtype() == kFloat32);
+    check_matches(gpu.out, cpu.out, c.name + " amp out", 1e-2);
+    check_matches(gpu.dq, cpu.dq, c.name + " amp dq", 1e-2);
+    check_matches(gpu.dk, cpu.dk, c.name + " amp dk", 1e-2);
+    check_matches(gpu.dv, cpu.dv, c.name + " amp dv", 1e-2);
+    // Not the f32 path: out is bf16-rounded.
+    CHECK(bits(gpu.out) == bits(gpu.out.to(kBFloat16).to(kFloat32)));
+  }
+}
+
+TEST_CASE("cuda attention: under autocast the backward keeps bf16 outside the guard and is bit-reproducible") {
+  if (skip_without_gpu()) return;
+  for (const AttentionCase& c : {cases()[1], cases()[7], cases()[9]}) {
+    CAPTURE(c.name);
+    const Result outside = run(c, kFloat32, kGpu, 9, true, false), inside = run(c, kFloat32, kGpu, 9, true, true);
+    CHECK(bits(outside.out) == bits(inside.out));
+    CHECK(bits(outside.dq) == bits(inside.dq));
+    CHECK(bits(outside.dk) == bits(inside.dk));
+    CHECK(bits(outside.dv) == bits(inside.dv));
+    const Result exact = run(c, kFloat32, kGpu, 9);
+    CHECK(bits(outside.dq) != bits(exact.dq));
+  }
+}
+
+TEST_CASE("cuda attention: MultiheadAttention under autocast on CUDA matches the CPU's autocast run") {
+  if (skip_without_gpu()) return;
+  manual_seed(31);
+  nn::MultiheadAttention mha(nn::MultiheadAttentionOptions(64, 2).batch_first(true));
+  const Tensor x = testing::random_input({3, 50, 64}, 32).to(kFloat32);
+  Tensor cpu_out, gpu_out;
+  {
+    AutocastGuard amp(kCPU);
+    cpu_out = mha(x, x, x);
+  }
+  mha->to(kGpu);
+  {
+    AutocastGuard amp(kCUDA);
+    const Tensor xg = x.to(kGpu);
+    gpu_out = mha(xg, xg, xg);
+  }
+  check_matches(gpu_out, cpu_out, "MultiheadAttention amp out", 1e-2);
+}
+
 // Kernel level: calls kernels::cuda directly, which CUDA builds alone contain.
 #ifdef NANODDP_WITH_CUDA
 
-TEST_CASE("cuda attention: bf16 kernels (f32 arithmetic) match the f32 CPU op on bf16 values") {
+namespace {
+
+std::vector<float> floats(const Tensor& t) {
+  const std::vector<double> d = testing::to_vector(t.cpu());
+  return std::vector<float>(d.begin(), d.end());
+}
+Tensor from_floats(const std::vector<float>& x, const Shape& shape) {
+  return tensor(std::vector<double>(x.begin(), x.end()), TensorOptions(kFloat32)).reshape(shape);
+}
+std::vector<float> round_bf16(std::vector<float> x) {
+  for (float& v : x) v = static_cast<float>(BFloat16(v));
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("cuda attention: bf16 tensor-core kernels match the f32 CPU kernel on bf16 values") {
   if (skip_without_gpu()) return;
-  for (const AttentionCase& c : {cases()[1], cases()[4], cases()[7]}) {
+  // Every head dim (compiled and padded), odd lengths, causal both ways, an additive bf16
+  // mask with -inf entries, a fully masked row, empty sequences. The CPU reference is
+  // kernels::cpu in f32 on the same bf16 values, out rounded to bf16 and fed to its backward
+  // (what the engine's CPU autocast path computes), results rounded. Tolerance 1e-2 (above).
+  for (const AttentionCase& c : cases()) {
+    if (c.mask && c.name != std::string(kMaskedRowCase) && c.name.find("additive") == std::string::npos) continue;
     CAPTURE(c.name);
     PoisonAllocations poison;
-    // Values representable in bf16, as f32 on the CPU (with gradients) and bf16 on the GPU.
+    const int64_t BH = c.B * c.H;
     auto input = [&](int64_t rows, int64_t width, uint64_t seed) {
-      return testing::random_input(shape_of(c, rows, width), seed, false, -2, 2).to(kBFloat16).to(kFloat32);
+      return round_bf16(floats(testing::random_input({BH * rows * width}, seed, false, -2, 2)));
     };
-    const Tensor q = input(c.Sq, c.E, 1).requires_grad_(true), k = input(c.Sk, c.E, 2).requires_grad_(true),
-                 v = input(c.Sk, c.Ev, 3).requires_grad_(true), dout = input(c.Sq, c.Ev, 4);
-    const Tensor out = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal);
-    (out * dout).sum().backward();
-
-    auto on_gpu = [](const Tensor& t) { return t.detach().to(kBFloat16).to(kGpu); };
-    const Tensor qg = on_gpu(q), kg = on_gpu(k), vg = on_gpu(v), dg = on_gpu(dout);
-    const Tensor out_g = empty_like(dg), lse_g = empty({c.B, c.H, c.Sq}, TensorOptions(kFloat32).device(kGpu));
-    const Tensor dq_g = empty_like(qg), dk_g = empty_like(kg), dv_g = empty_like(vg);
+    const std::vector<float> q = input(c.Sq, c.E, 1), k = input(c.Sk, c.E, 2), v = input(c.Sk, c.Ev, 3),
+                             dout = input(c.Sq, c.Ev, 4);
+    std::vector<float> mask;
+    kernels::cpu::AttentionMask<float> cpu_mask;
+    Tensor mask_gpu;
+    kernels::cuda::AttentionMask<BFloat16> gpu_mask;
+    if (c.mask) {  // [B, 1, Sq, Sk]
+      mask = round_bf16(floats(c.mask(c).to(kFloat32)));
+      cpu_mask = {mask.data(), c.Sq * c.Sk, 0, c.Sk, 1};
+      mask_gpu = from_floats(mask, {int64_t(mask.size())}).to(kBFloat16).to(kGpu);
+      gpu_mask = {mask_gpu.data_ptr<BFloat16>(), c.Sq * c.Sk, 0, c.Sk, 1};
+    }
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.E));
-    const cudaStream_t stream = kernels::cuda::use_device(0);
-    kernels::cuda::scaled_dot_product_attention_forward(
-        qg.data_ptr<BFloat16>(), kg.data_ptr<BFloat16>(), vg.data_ptr<BFloat16>(), {}, c.B, c.H, c.Sq, c.Sk, c.E,
-        c.Ev, c.causal, scale, out_g.data_ptr<BFloat16>(), lse_g.data_ptr<float>(), stream);
-    kernels::cuda::scaled_dot_product_attention_backward(
-        dg.data_ptr<BFloat16>(), qg.data_ptr<BFloat16>(), kg.data_ptr<BFloat16>(), vg.data_ptr<BFloat16>(), {},
-        out_g.data_ptr<BFloat16>(), lse_g.data_ptr<float>(), c.B, c.H, c.Sq, c.Sk, c.E, c.Ev, c.causal, scale,
-        dq_g.data_ptr<BFloat16>(), dk_g.data_ptr<BFloat16>(), dv_g.data_ptr<BFloat16>(), stream);
-    // bf16 rounds each result once (relative 2^-9); the backward also reads the rounded out.
-    const double rel = 1e-2;
-    check_matches(out_g.to(kFloat32), out, c.name + " bf16 out", rel);
-    check_matches(dq_g.to(kFloat32), q.grad(), c.name + " bf16 dq", rel);
-    check_matches(dk_g.to(kFloat32), k.grad(), c.name + " bf16 dk", rel);
-    check_matches(dv_g.to(kFloat32), v.grad(), c.name + " bf16 dv", rel);
+    std::vector<float> out(BH * c.Sq * c.Ev), lse(BH * c.Sq), dq(q.size()), dk(k.size()), dv(v.size());
+    kernels::cpu::scaled_dot_product_attention_forward<float>(q.data(), k.data(), v.data(), cpu_mask, c.B, c.H, c.Sq,
+                                                              c.Sk, c.E, c.Ev, c.causal, scale, out.data(),
+                                                              lse.data());
+    out = round_bf16(out);
+    kernels::cpu::scaled_dot_product_attention_backward<float>(dout.data(), q.data(), k.data(), v.data(), cpu_mask,
+                                                               out.data(), lse.data(), c.B, c.H, c.Sq, c.Sk, c.E,
+                                                               c.Ev, c.causal, scale, dq.data(), dk.data(), dv.data());
+
+    auto on_gpu = [](const std::vector<float>& x) {
+      return from_floats(x, {int64_t(x.size())}).to(kBFloat16).to(kGpu);
+    };
+    const Tensor qg = on_gpu(q), kg = on_gpu(k), vg = on_gpu(v), dg = on_gpu(dout);
+    auto run_gpu = [&] {
+      const Tensor out_g = empty_like(dg), lse_g = empty({BH * c.Sq}, TensorOptions(kFloat32).device(kGpu));
+      const Tensor dq_g = empty_like(qg), dk_g = empty_like(kg), dv_g = empty_like(vg);
+      const cudaStream_t stream = kernels::cuda::use_device(0);
+      kernels::cuda::scaled_dot_product_attention_forward(
+          qg.data_ptr<BFloat16>(), kg.data_ptr<BFloat16>(), vg.data_ptr<BFloat16>(), gpu_mask, c.B, c.H, c.Sq, c.Sk,
+          c.E, c.Ev, c.causal, scale, out_g.data_ptr<BFloat16>(), lse_g.data_ptr<float>(), stream);
+      kernels::cuda::scaled_dot_product_attention_backward(
+          dg.data_ptr<BFloat16>(), qg.data_ptr<BFloat16>(), kg.data_ptr<BFloat16>(), vg.data_ptr<BFloat16>(),
+          gpu_mask, out_g.data_ptr<BFloat16>(), lse_g.data_ptr<float>(), c.B, c.H, c.Sq, c.Sk, c.E, c.Ev, c.causal,
+          scale, dq_g.data_ptr<BFloat16>(), dk_g.data_ptr<BFloat16>(), dv_g.data_ptr<BFloat16>(), stream);
+      return std::vector<Tensor>{out_g.to(kFloat32), lse_g, dq_g.to(kFloat32), dk_g.to(kFloat32), dv_g.to(kFloat32)};
+    };
+    const std::vector<Tensor> a = run_gpu();
+    check_matches(a[0], from_floats(out, {int64_t(out.size())}), c.name + " bf16 out", 1e-2);
+    check_matches(a[2], from_floats(round_bf16(dq), {int64_t(dq.size())}), c.name + " bf16 dq", 1e-2);
+    check_matches(a[3], from_floats(round_bf16(dk), {int64_t(dk.size())}), c.name + " bf16 dk", 1e-2);
+    check_matches(a[4], from_floats(round_bf16(dv), {int64_t(dv.size())}), c.name + " bf16 dv", 1e-2);
+    // lse is f32 from f32 scores of exact bf16 products: close to the CPU's; -inf where a row
+    // sees no key (the masked row, Sk = 0) on both.
+    const std::vector<float> lse_g = floats(a[1]);
+    for (size_t x = 0; x < lse.size(); ++x) {
+      CAPTURE(x);
+      if (std::isinf(lse[x])) CHECK(lse_g[x] == lse[x]);
+      else CHECK(std::abs(lse_g[x] - lse[x]) <= 1e-4 * (1 + std::abs(lse[x])));
+    }
+    if (c.name == std::string(kMaskedRowCase)) {  // batch 0, row kMaskedRow of every head: out = 0, dq = 0
+      const std::vector<float> o = floats(a[0]), g = floats(a[2]);
+      for (int64_t h = 0; h < c.H; ++h) {
+        for (int64_t e = 0; e < c.Ev; ++e) CHECK(o[(h * c.Sq + kMaskedRow) * c.Ev + e] == 0.0f);
+        for (int64_t e = 0; e < c.E; ++e) CHECK(g[(h * c.Sq + kMaskedRow) * c.E + e] == 0.0f);
+      }
+    }
+    const std::vector<Tensor> b = run_gpu();  // bit-reproducible
+    for (size_t x = 0; x < a.size(); ++x) CHECK(bits(a[x]) == bits(b[x]));
   }
 }
 
