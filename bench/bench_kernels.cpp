@@ -6,6 +6,9 @@
 //       from cudnnFind*Ex, one workspace for the whole run. A transposed conv is the conv
 //       with input and output swapped, so its fwd is cuDNN's BackwardData, its dgrad
 //       cuDNN's Forward and its wgrad BackwardFilter of that conv.   Target ratio >= 0.8.
+//       Each pass again under autocast (dtype "bf16": f32 tensors, bf16 operands on tensor
+//       cores, f32 accumulation) vs cuDNN's fastest on bf16 tensors with f32 compute and
+//       tensor-op math ("cudnn_bf16"), the bytes counted as for f32.
 //   batch_norm training fwd+bwd      vs cuDNN (ForwardTraining + Backward, spatial) and vs
 //       a device-to-device copy that moves the same bytes.         Target >= 0.75 of copy.
 //   layer_norm fwd+bwd, AdamW step (10M and 100M elements) vs a copy of the same bytes.
@@ -60,10 +63,10 @@ double target(const Row& r) {
 
 // The human table; "below" marks a ratio under the target.
 void print_table(const std::vector<Row>& rows) {
-  std::printf("\n%-24s %-28s %-16s %9s %9s %8s %-11s %6s\n", "op", "shape", "impl", "ms", "GFLOP/s", "GB/s", "baseline",
-              "ratio");
+  std::printf("\n%-24s %-28s %-5s %-16s %9s %9s %8s %-11s %6s\n", "op", "shape", "dtype", "impl", "ms", "GFLOP/s",
+              "GB/s", "baseline", "ratio");
   for (const Row& r : rows) {
-    std::printf("%-24s %-28s %-16s ", r.op.c_str(), r.shape.c_str(), r.impl.c_str());
+    std::printf("%-24s %-28s %-5s %-16s ", r.op.c_str(), r.shape.c_str(), r.dtype.c_str(), r.impl.c_str());
     if (!r.note.empty()) {
       std::printf("%s\n", r.note.substr(0, 160).c_str());
       continue;
@@ -112,13 +115,18 @@ struct ConvLayer {
 };
 
 // Ours: the forward op, or one backward pass through autograd (only x or only w needs a
-// gradient, so ConvolutionBackward computes just that one).
-Impl our_conv(Bench& b, const ConvLayer& layer, Pass pass) {
-  return {layer.transposed ? "nd::conv_t2d" : "nd::conv2d", [&b, layer, pass]() -> Run {
+// gradient, so ConvolutionBackward computes just that one). amp: the forward under
+// autocast; its backward node remembers that, as in training.
+Impl our_conv(Bench& b, const ConvLayer& layer, Pass pass, bool amp) {
+  return {layer.transposed ? "nd::conv_t2d" : "nd::conv2d", [&b, layer, pass, amp]() -> Run {
             const nd::Tensor x = randn(b, layer.input_shape(), pass == Pass::Dgrad);
             const nd::Tensor w = randn(b, layer.weight_shape(), pass == Pass::Wgrad);
-            if (pass == Pass::Fwd) return [=] { layer.forward(x, w); };
-            const nd::Tensor y = layer.forward(x, w);
+            const auto forward = [=] {
+              const nd::AutocastGuard guard(nd::kCUDA, amp);
+              return layer.forward(x, w);
+            };
+            if (pass == Pass::Fwd) return [=] { forward(); };
+            const nd::Tensor y = forward();
             return backward_replay(y, randn(b, y.sizes()), {pass == Pass::Dgrad ? x : w});
           }};
 }
@@ -129,13 +137,16 @@ struct Context {
   const Cudnn& cudnn;
 };
 
+// Every pass in f32, then under autocast (bf16 operands) against cuDNN on bf16 tensors.
 void bench_conv_layers(Context& c, const std::vector<ConvLayer>& layers) {
-  for (const ConvLayer& layer : layers)
-    for (Pass pass : {Pass::Fwd, Pass::Dgrad, Pass::Wgrad}) {
-      const ConvGeom g = layer.geom();
-      c.bench.compare({layer.op(pass), layer.shape(), g.flops(), g.bytes()},
-                      {cudnn_conv(c.bench, c.cudnn, g, layer.cudnn_pass(pass))}, our_conv(c.bench, layer, pass));
-    }
+  for (bool amp : {false, true})
+    for (const ConvLayer& layer : layers)
+      for (Pass pass : {Pass::Fwd, Pass::Dgrad, Pass::Wgrad}) {
+        const ConvGeom g = layer.geom();
+        c.bench.compare({layer.op(pass), layer.shape(), g.flops(), g.bytes(), amp ? "bf16" : "f32"},
+                        {cudnn_conv(c.bench, c.cudnn, g, layer.cudnn_pass(pass), amp)},
+                        our_conv(c.bench, layer, pass, amp));
+      }
 }
 
 // DCGAN D (ndf 64) at batch 64 and 256, then ResNet basic-block convs at batch 32.

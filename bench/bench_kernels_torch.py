@@ -4,7 +4,10 @@ same way, so the two outputs join on (op, shape, dtype).
 
 Rows (shapes as in bench/bench_kernels.cpp -- keep the two lists in step):
   conv2d / conv_transpose2d fwd, dgrad, wgrad   F.conv2d / F.conv_transpose2d and autograd,
-                                                cudnn.benchmark on, TF32 off (f32 like ours)
+                                                cudnn.benchmark on, TF32 off (f32 like ours);
+                                                again as dtype "bf16": the forward under
+                                                torch.autocast(bf16) on the same f32 tensors
+                                                (the backward outside it, as in training)
   batch_norm_fwd_bwd, layer_norm_fwd_bwd        F.batch_norm (training) / F.layer_norm + backward
   adamw_step                                    torch.optim.AdamW(fused=True)
   attention_fwd, attention_fwd_bwd              F.scaled_dot_product_attention in f32 (backend
@@ -121,22 +124,30 @@ def forward_backward(forward, grad, leaves):
 
 
 def bench_conv(b, layers, transposed):
+    """Every layer and pass in f32, then under autocast (bench_kernels' order)."""
     torch, F = b.torch, b.torch.nn.functional
-    for layer in layers:
-        n, c_in, c_out, hw, k, s, p = layer
-        flops, nbytes = conv_geom(layer, transposed)
-        shape = f"N={n} {c_in}->{c_out} k{k} s{s} p{p} {hw}x{hw}"
-        w_shape = (c_in, c_out, k, k) if transposed else (c_out, c_in, k, k)
-        conv = F.conv_transpose2d if transposed else F.conv2d
-        for pass_ in ("fwd", "dgrad", "wgrad"):
-            def prepare(pass_=pass_):
-                x = randn(torch, n, c_in, hw, hw, requires_grad=pass_ == "dgrad")
-                w = randn(torch, *w_shape, requires_grad=pass_ == "wgrad")
-                if pass_ == "fwd":
-                    return lambda: conv(x, w, None, s, p)
-                y = conv(x, w, None, s, p)
-                return backward_replay(y, torch.randn_like(y), [x if pass_ == "dgrad" else w])
-            b.row(("conv_transpose2d_" if transposed else "conv2d_") + pass_, shape, "f32", flops, nbytes, prepare)
+    for dtype_name in ("f32", "bf16"):
+        for layer in layers:
+            n, c_in, c_out, hw, k, s, p = layer
+            flops, nbytes = conv_geom(layer, transposed)
+            shape = f"N={n} {c_in}->{c_out} k{k} s{s} p{p} {hw}x{hw}"
+            w_shape = (c_in, c_out, k, k) if transposed else (c_out, c_in, k, k)
+            conv = F.conv_transpose2d if transposed else F.conv2d
+
+            def forward(x, w, s=s, p=p, conv=conv, amp=dtype_name == "bf16"):
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+                    return conv(x, w, None, s, p)
+
+            for pass_ in ("fwd", "dgrad", "wgrad"):
+                def prepare(pass_=pass_, n=n, c_in=c_in, hw=hw, w_shape=w_shape, forward=forward):
+                    x = randn(torch, n, c_in, hw, hw, requires_grad=pass_ == "dgrad")
+                    w = randn(torch, *w_shape, requires_grad=pass_ == "wgrad")
+                    if pass_ == "fwd":
+                        return lambda: forward(x, w)
+                    y = forward(x, w)
+                    return backward_replay(y, torch.randn_like(y), [x if pass_ == "dgrad" else w])
+                b.row(("conv_transpose2d_" if transposed else "conv2d_") + pass_, shape, dtype_name, flops, nbytes,
+                      prepare)
 
 
 def bench_conv2d(b):

@@ -1,5 +1,6 @@
 // The libraries bench_kernels compares our ops with: cuDNN (conv2d fwd / dgrad / wgrad at
-// its fastest FP32 algorithm from cudnnFind*Ex, batch norm training fwd + bwd) and cuBLAS
+// its fastest FP32 algorithm from cudnnFind*Ex, or for the autocast rows its fastest on bf16
+// tensors with f32 compute and tensor-op math; batch norm training fwd + bwd) and cuBLAS
 // (a bare cublasSgemm), each an Impl of the timing harness (cuda_timing.h) bound to the
 // bench stream. cuDNN is compiled in only with NANODDP_BENCH_CUDNN (bench/CMakeLists.txt
 // defines it when cudnn.h and libcudnn are found); without it the cuDNN rows say why.
@@ -107,7 +108,8 @@ class Cudnn {
   }
   void* workspace() const { return workspace_; }
   std::string status() const {
-    return unavailable_.empty() ? "on (cuDNN " + std::to_string(cudnnGetVersion()) + ", FP32 FMA math)"
+    return unavailable_.empty() ? "on (cuDNN " + std::to_string(cudnnGetVersion()) +
+                                      ", FP32 FMA math; bf16 tensor-op math for the autocast rows)"
                                 : "off: " + unavailable_;
   }
 
@@ -117,29 +119,31 @@ class Cudnn {
   std::string unavailable_;
 };
 
-// NCHW f32 descriptors of one conv, FMA math (no TF32: our kernels are FP32).
+// NCHW descriptors of one conv with f32 compute: f32 tensors and FMA math (no TF32: our
+// kernels are FP32), or bf16 tensors and tensor-op math (the autocast rows).
 struct ConvDescriptors {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
 
-  explicit ConvDescriptors(const ConvGeom& g) {
+  ConvDescriptors(const ConvGeom& g, bool bf16) {
     check_cudnn(cudnnCreateTensorDescriptor(&x), "cudnnCreateTensorDescriptor");
     check_cudnn(cudnnCreateTensorDescriptor(&y), "cudnnCreateTensorDescriptor");
     check_cudnn(cudnnCreateFilterDescriptor(&w), "cudnnCreateFilterDescriptor");
     check_cudnn(cudnnCreateConvolutionDescriptor(&conv), "cudnnCreateConvolutionDescriptor");
-    const auto f32 = CUDNN_DATA_FLOAT;
+    const auto data = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
     const int o = int(g.out());
-    check_cudnn(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, f32, int(g.N), int(g.Cx), int(g.H), int(g.H)),
+    check_cudnn(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, data, int(g.N), int(g.Cx), int(g.H), int(g.H)),
                 "cudnnSetTensor4dDescriptor");
-    check_cudnn(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, f32, int(g.N), int(g.Cy), o, o),
+    check_cudnn(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, data, int(g.N), int(g.Cy), o, o),
                 "cudnnSetTensor4dDescriptor");
-    check_cudnn(cudnnSetFilter4dDescriptor(w, f32, CUDNN_TENSOR_NCHW, int(g.Cy), int(g.Cx), int(g.k), int(g.k)),
+    check_cudnn(cudnnSetFilter4dDescriptor(w, data, CUDNN_TENSOR_NCHW, int(g.Cy), int(g.Cx), int(g.k), int(g.k)),
                 "cudnnSetFilter4dDescriptor");
     check_cudnn(cudnnSetConvolution2dDescriptor(conv, int(g.p), int(g.p), int(g.s), int(g.s), 1, 1,
-                                                CUDNN_CROSS_CORRELATION, f32),
+                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
                 "cudnnSetConvolution2dDescriptor");
-    check_cudnn(cudnnSetConvolutionMathType(conv, CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
+    check_cudnn(cudnnSetConvolutionMathType(conv, bf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH),
+                "cudnnSetConvolutionMathType");
   }
   ~ConvDescriptors() {
     if (conv) cudnnDestroyConvolutionDescriptor(conv);
@@ -151,42 +155,52 @@ struct ConvDescriptors {
   ConvDescriptors& operator=(const ConvDescriptors&) = delete;
 };
 
-// The fastest successful non-tensor-op result (cudnnFind* sorts by time).
+// The fastest successful result (cudnnFind* sorts by time); for f32 data, among the
+// non-tensor-op ones.
 template <class Perf>
-inline Perf fastest(const Perf* perf, int n, const char* call) {
+inline Perf fastest(const Perf* perf, int n, const char* call, bool tensor_ops) {
   for (int i = 0; i < n; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].mathType != CUDNN_TENSOR_OP_MATH &&
-        perf[i].mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS &&
+        (tensor_ops || (perf[i].mathType != CUDNN_TENSOR_OP_MATH &&
+                        perf[i].mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)))
       return perf[i];
-  throw nd::Error(std::string("cuDNN baseline: ") + call + " found no FP32 algorithm within the " +
-                  std::to_string(Cudnn::kWorkspaceBytes >> 20) + " MiB workspace (" + std::to_string(n) + " tried)");
+  throw nd::Error(std::string("cuDNN baseline: ") + call + " found no " + (tensor_ops ? "bf16" : "FP32") +
+                  " algorithm within the " + std::to_string(Cudnn::kWorkspaceBytes >> 20) + " MiB workspace (" +
+                  std::to_string(n) + " tried)");
 }
 
 // Runs cuDNN's benchmark `find(perf, kAlgos, &n)` and returns the closure that launches
 // the fastest algorithm it found: launch(best).
 template <class Perf, class Find, class Launch>
-inline Run find_fastest(const char* find_call, Find&& find, Launch launch) {
+inline Run find_fastest(const char* find_call, bool tensor_ops, Find&& find, Launch launch) {
   constexpr int kAlgos = 16;
   Perf perf[kAlgos];
   int n = 0;
   check_cudnn(find(perf, kAlgos, &n), find_call);
-  const Perf best = fastest(perf, n, find_call);
+  const Perf best = fastest(perf, n, find_call, tensor_ops);
   return [=] { launch(best); };
 }
 
-inline Impl cudnn_conv(Bench& b, const Cudnn& dnn, const ConvGeom& g, Pass pass) {
-  return {"cudnn", [&b, &dnn, g, pass]() -> Run {
+// bf16: the tensors are bf16 and cuDNN computes in f32 on tensor cores (what torch.autocast
+// runs), the baseline of our autocast rows.
+inline Impl cudnn_conv(Bench& b, const Cudnn& dnn, const ConvGeom& g, Pass pass, bool bf16 = false) {
+  return {bf16 ? "cudnn_bf16" : "cudnn", [&b, &dnn, g, pass, bf16]() -> Run {
             const cudnnHandle_t h = dnn.handle();
-            const auto d = std::make_shared<ConvDescriptors>(g);
-            const nd::Tensor x = randn(b, {g.N, g.Cx, g.H, g.H}), w = randn(b, {g.Cy, g.Cx, g.k, g.k}),
-                             y = randn(b, {g.N, g.Cy, g.out(), g.out()});
+            const auto d = std::make_shared<ConvDescriptors>(g, bf16);
+            const auto data = [&](const nd::Shape& shape) {
+              const nd::Tensor t = randn(b, shape);
+              return bf16 ? t.to(nd::kBFloat16) : t;
+            };
+            const nd::Tensor x = data({g.N, g.Cx, g.H, g.H}), w = data({g.Cy, g.Cx, g.k, g.k}),
+                             y = data({g.N, g.Cy, g.out(), g.out()});
+            const auto ptr = [](const nd::Tensor& t) { return t.data_ptr(); };  // f32 or bf16
             void* ws = dnn.workspace();
             const size_t ws_bytes = Cudnn::kWorkspaceBytes;
             static const float one = 1.f, zero = 0.f;
             switch (pass) {
               case Pass::Fwd:  // y = conv(x, w)
                 return find_fastest<cudnnConvolutionFwdAlgoPerf_t>(
-                    "cudnnFindConvolutionForwardAlgorithmEx",
+                    "cudnnFindConvolutionForwardAlgorithmEx", bf16,
                     [&](auto* perf, int count, int* n) {
                       return cudnnFindConvolutionForwardAlgorithmEx(h, d->x, ptr(x), d->w, ptr(w), d->conv, d->y,
                                                                     ptr(y), count, n, perf, ws, ws_bytes);
@@ -198,7 +212,7 @@ inline Impl cudnn_conv(Bench& b, const Cudnn& dnn, const ConvGeom& g, Pass pass)
                     });
               case Pass::Dgrad:  // x = dgrad(y, w)
                 return find_fastest<cudnnConvolutionBwdDataAlgoPerf_t>(
-                    "cudnnFindConvolutionBackwardDataAlgorithmEx",
+                    "cudnnFindConvolutionBackwardDataAlgorithmEx", bf16,
                     [&](auto* perf, int count, int* n) {
                       return cudnnFindConvolutionBackwardDataAlgorithmEx(h, d->w, ptr(w), d->y, ptr(y), d->conv, d->x,
                                                                          ptr(x), count, n, perf, ws, ws_bytes);
@@ -212,7 +226,7 @@ inline Impl cudnn_conv(Bench& b, const Cudnn& dnn, const ConvGeom& g, Pass pass)
                 break;
             }
             return find_fastest<cudnnConvolutionBwdFilterAlgoPerf_t>(
-                "cudnnFindConvolutionBackwardFilterAlgorithmEx",
+                "cudnnFindConvolutionBackwardFilterAlgorithmEx", bf16,
                 [&](auto* perf, int count, int* n) {
                   return cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d->x, ptr(x), d->y, ptr(y), d->conv, d->w,
                                                                        ptr(w), count, n, perf, ws, ws_bytes);
@@ -275,7 +289,7 @@ class Cudnn {
 inline Impl cudnn_missing() {
   return {"cudnn", []() -> Run { throw nd::Error(Cudnn::kWhy); }};
 }
-inline Impl cudnn_conv(Bench&, const Cudnn&, const ConvGeom&, Pass) { return cudnn_missing(); }
+inline Impl cudnn_conv(Bench&, const Cudnn&, const ConvGeom&, Pass, bool = false) { return cudnn_missing(); }
 inline Impl cudnn_batch_norm(Bench&, const Cudnn&, int64_t, int64_t, int64_t) { return cudnn_missing(); }
 #endif
 

@@ -29,7 +29,7 @@ namespace cu = nd::kernels::cuda;
 
 // ---- rows and output ------------------------------------------------------------------
 struct Row {
-  std::string op, shape, impl;
+  std::string op, shape, dtype = "f32", impl;
   double ms = 0, gflops = 0, gbps = 0;  // 0: not measured / not meaningful (null in JSON)
   std::string baseline;                 // impl of the row this one is compared to
   double ratio = 0;
@@ -39,7 +39,7 @@ struct Row {
 // The row's JSON line, printed as soon as it is measured (a phase timeout must not lose
 // the rows already measured): unmeasured numbers are null, "note" only when there is one.
 inline void print_json(const Row& r) {
-  JsonLine line = JsonLine::row(r.op, r.shape, "f32", r.impl)
+  JsonLine line = JsonLine::row(r.op, r.shape, r.dtype, r.impl)
                       .positive_or_null("ms", r.ms, "%.5f")
                       .positive_or_null("gflops", r.gflops, "%.2f")
                       .positive_or_null("gbps", r.gbps, "%.2f")
@@ -70,9 +70,12 @@ struct Impl {
 };
 
 // What a row computes: GFLOP/s = flops / time, GB/s = bytes / time (0: not reported).
+// dtype: the precision of the products, "f32", or "bf16" for autocast rows (f32 tensors,
+// bf16 operands).
 struct Work {
   std::string op, shape;
   double flops = 0, bytes = 0;
+  std::string dtype = "f32";
 };
 
 class Bench {
@@ -181,6 +184,7 @@ class Bench {
     Row r;
     r.op = work.op;
     r.shape = work.shape;
+    r.dtype = work.dtype;
     r.impl = s.impl->name;
     if (!s.run) {
       r.note = s.note;
