@@ -143,6 +143,19 @@ constexpr bool kPixelRows = true;
 template <class T>
 constexpr bool kPixelRows<ci::WgradGemm<T>> = false;
 
+// f(fast, slow) for every cell of a Fast x Slow tile, by the block's kTcThreads threads:
+// each thread keeps one `fast` index (neighbouring threads, neighbouring addresses) and
+// steps through `slow`, so what an accessor derives from the fixed index (a pixel's n, h,
+// w: integer divisions) is computed once per thread and tile, not once per element.
+template <int Fast, int Slow, class F>
+__device__ __forceinline__ void walk_tile(int tid, F&& f) {
+  constexpr int step = kTcThreads / Fast;
+  static_assert(kTcThreads % Fast == 0 && Slow % step == 0, "the threads tile the tile exactly");
+  const int fast = tid % Fast, first = tid / Fast;
+#pragma unroll
+  for (int i = 0; i < Slow / step; ++i) f(fast, first + i * step);
+}
+
 template <class Problem>
 __global__ void __launch_bounds__(kTcThreads)
     tensor_core_gemm_kernel(Problem p, int64_t groups, int64_t splits, int64_t chunk) {
@@ -174,16 +187,18 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
           for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
         for (int64_t k0 = k_begin; k0 < k_end; k0 += kTcTileK) {
-          for (int e = tid; e < kTileM * kTcTileK; e += kTcThreads) {
-            const int ml = pixel_rows ? e % kTileM : e / kTcTileK, kl = pixel_rows ? e / kTileM : e % kTcTileK;
+          const auto gather_a = [&](int ml, int kl) {
             const int64_t m = m0 + ml, k = k0 + kl;
             As[a_at(ml, kl)] = __float2bfloat16_rn(m < M && k < k_end ? p.a(g, m, k) : 0.0f);
-          }
-          for (int e = tid; e < kTileN * kTcTileK; e += kTcThreads) {
-            const int kl = e % kTcTileK, jl = e / kTcTileK;
+          };
+          if constexpr (pixel_rows)
+            walk_tile<kTileM, kTcTileK>(tid, gather_a);
+          else
+            walk_tile<kTcTileK, kTileM>(tid, [&](int kl, int ml) { gather_a(ml, kl); });
+          walk_tile<kTcTileK, kTileN>(tid, [&](int kl, int jl) {
             const int64_t j = n0 + jl, k = k0 + kl;
             Bs[b_at(kl, jl)] = __float2bfloat16_rn(j < Ncols && k < k_end ? p.b(g, k, j) : 0.0f);
-          }
+          });
           __syncthreads();
 #pragma unroll
           for (int kk = 0; kk < kTcTileK; kk += kFrag) {
@@ -207,11 +222,14 @@ __global__ void __launch_bounds__(kTcThreads)
           for (int j = 0; j < 2; ++j)
             wmma::store_matrix_sync(Cs + c_at(wm + kFrag * i, wn + kFrag * j), acc[i][j], kLdC, c_layout);
         __syncthreads();
-        for (int e = tid; e < kTileM * kTileN; e += kTcThreads) {
-          const int ml = pixel_rows ? e % kTileM : e / kTileN, jl = pixel_rows ? e / kTileM : e % kTileN;
+        const auto store = [&](int ml, int jl) {
           const int64_t m = m0 + ml, col = n0 + jl;
           if (m < M && col < Ncols) p.store(g, split, m, col, Cs[c_at(ml, jl)]);
-        }
+        };
+        if constexpr (pixel_rows)
+          walk_tile<kTileM, kTileN>(tid, store);
+        else
+          walk_tile<kTileN, kTileM>(tid, [&](int jl, int ml) { store(ml, jl); });
         __syncthreads();  // the next tile overwrites Cs
       }
     }
