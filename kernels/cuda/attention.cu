@@ -417,8 +417,10 @@ struct TcLayout {
   static constexpr size_t row_bytes = size_t(kTcTile) * 4;
   // forward: Q, K, V | S | P | row-factor tiles | 1 / l
   static constexpr size_t forward = 3 * in_bytes + f_bytes + b_bytes + corr_bytes + row_bytes;
-  // backward: Q, dO, K, V | S, dP | P, dS | lse, delta
-  static constexpr size_t backward = 4 * in_bytes + 2 * f_bytes + 2 * b_bytes + 2 * row_bytes;
+  // backward dk/dv: Q, dO, K, V | S, dP | P, dS | lse, delta; dq: the same without P (so at
+  // D = 128 two dq blocks fit on an SM, 111.5 KiB each; dk/dv takes 120.5 KiB)
+  static constexpr size_t backward_dq = 4 * in_bytes + 2 * f_bytes + b_bytes + 2 * row_bytes;
+  static constexpr size_t backward = backward_dq + b_bytes;
   static_assert(in_bytes % 128 == 0 && f_bytes % 128 == 0 && b_bytes % 128 == 0 && corr_bytes % 128 == 0 &&
                 row_bytes % 128 == 0);
   static_assert(backward <= 227 * 1024 && forward <= 227 * 1024, "sm_90 allows 227 KiB per block");
@@ -466,14 +468,18 @@ __device__ float tc_score(const Problem<BFloat16>& p, const Head<BFloat16>& hd, 
   return hd.mask ? s + to_compute(hd.mask[i * p.mask.stride_q + j * p.mask.stride_k]) : s;
 }
 
-// out[16][64] (f32, ld 64 + 4) = A B^T for the warp's 16 rows A [16][D] and a whole tile
-// B [64][D] (both bf16, ld D + 8): B^T read as a col-major matrix_b.
+// The warp's 16 rows A [16][D] (bf16, ld D + 8) as matrix_a fragments.
 template <int D>
-__device__ void warp_scores(float* out, const bf16* a, const bf16* b) {
-  constexpr int ld = D + 8;
-  FragA fa[D / 16];
+__device__ void warp_rows(FragA (&fa)[D / 16], const bf16* a) {
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) wmma::load_matrix_sync(fa[kk], a + 16 * kk, ld);
+  for (int kk = 0; kk < D / 16; ++kk) wmma::load_matrix_sync(fa[kk], a + 16 * kk, D + 8);
+}
+
+// out[16][64] (f32, ld 64 + 4) = A B^T for the warp's 16 rows A (fragments) and a whole
+// tile B [64][D] (bf16, ld D + 8): B^T read as a col-major matrix_b.
+template <int D>
+__device__ void warp_scores(float* out, const FragA (&fa)[D / 16], const bf16* b) {
+  constexpr int ld = D + 8;
 #pragma unroll
   for (int n = 0; n < kTcTile / 16; ++n) {
     FragC acc;
@@ -486,6 +492,12 @@ __device__ void warp_scores(float* out, const bf16* a, const bf16* b) {
     }
     wmma::store_matrix_sync(out + 16 * n, acc, kTcTile + 4, wmma::mem_row_major);
   }
+}
+template <int D>
+__device__ void warp_scores(float* out, const bf16* a, const bf16* b) {
+  FragA fa[D / 16];
+  warp_rows<D>(fa, a);
+  warp_scores<D>(out, fa, b);
 }
 
 // acc[d] += A B[:, 16d .. 16d + 16) for the warp's A [16][64] (bf16, ld 64 + 8) and a tile
@@ -564,6 +576,9 @@ __global__ void __launch_bounds__(kThreads) tc_forward_kernel(Problem<BFloat16> 
 #pragma unroll
   for (int d = 0; d < D / 16; ++d) wmma::fill_fragment(acc[d], 0.0f);
   OnlineSoftmax<float> row_state;  // of row r (both halves keep identical copies)
+  FragA q_rows[D / 16];            // the warp's queries, held for the whole loop
+  __syncthreads();                 // the Q tile is in
+  warp_rows<D>(q_rows, wq);
   const int64_t key_end = attention_key_end(i0 + rows, p.Sk, p.is_causal);
   for (int64_t j0 = 0; j0 < key_end; j0 += kTcTile) {
     const int64_t cols = key_end - j0 < kTcTile ? key_end - j0 : kTcTile;
@@ -571,23 +586,22 @@ __global__ void __launch_bounds__(kThreads) tc_forward_kernel(Problem<BFloat16> 
     tc_load<D>(sk, hd.k, j0, cols, p.E);
     tc_load<D>(sv, hd.v, j0, cols, p.Ev);
     __syncthreads();
-    warp_scores<D>(ws, wq, sk);
+    warp_scores<D>(ws, q_rows, sk);
     __syncwarp();
-    float s[kTcTile / 2];  // this lane's scores, in registers (the loops unroll)
     float block_max = -INFINITY;
-#pragma unroll
     for (int t = 0; t < kTcTile / 2; ++t) {
       const int c = 2 * t + half;
-      s[t] = tc_score(p, hd, ws[r * L::ld_f + c], i, j0 + c, row_valid);
-      block_max = s[t] > block_max ? s[t] : block_max;
+      const float s = tc_score(p, hd, ws[r * L::ld_f + c], i, j0 + c, row_valid);
+      ws[r * L::ld_f + c] = s;
+      block_max = s > block_max ? s : block_max;
     }
     const float other_max = __shfl_xor_sync(0xffffffffu, block_max, 16);
     const float correction = row_state.begin_block(other_max > block_max ? other_max : block_max);
     float sum = 0;
-#pragma unroll
     for (int t = 0; t < kTcTile / 2; ++t) {
-      const float w = row_state.weight(s[t]);
-      wp[r * L::ld_b + 2 * t + half] = __float2bfloat16_rn(w);
+      const int c = 2 * t + half;
+      const float w = row_state.weight(ws[r * L::ld_f + c]);
+      wp[r * L::ld_b + c] = __float2bfloat16_rn(w);
       sum += w;
     }
     row_state.add(sum + __shfl_xor_sync(0xffffffffu, sum, 16));  // a + b == b + a: both halves agree
@@ -623,7 +637,6 @@ __global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<BFloat16> p, in
   bf16* sv = carve.take<bf16>(L::in_bytes);
   float* ss = carve.take<float>(L::f_bytes);
   float* sdp = carve.take<float>(L::f_bytes);
-  carve.take<bf16>(L::b_bytes);  // P: only the dk/dv kernel keeps it
   bf16* sds = carve.take<bf16>(L::b_bytes);
   float* slse = carve.take<float>(L::row_bytes);
   float* sdelta = carve.take<float>(L::row_bytes);
@@ -797,7 +810,7 @@ void launch_delta(int64_t rows, int64_t Ev, const S* dout, const S* out, compute
 }
 
 // The tensor-core kernels take more than the default 48 KiB of dynamic shared memory
-// (TcLayout: 46-100 KiB forward, 70-121 KiB backward), which sm_90 grants on request.
+// (TcLayout: 46-100 KiB forward, 61-121 KiB backward), which sm_90 grants on request.
 template <class Kernel>
 void allow_shared(Kernel kernel, size_t bytes, const char* name) {
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
@@ -817,9 +830,9 @@ void tc_forward_for(const Problem<BFloat16>& p, int64_t BH, BFloat16* out, float
 template <int D>
 void tc_backward_for(const Problem<BFloat16>& p, int64_t BH, BFloat16* dq, BFloat16* dk, BFloat16* dv,
                      cudaStream_t stream) {
-  constexpr size_t bytes = TcLayout<D>::backward;
   if (p.Sk > 0) {  // dk, dv: written even when Sq == 0 (then zero)
     const char* name = "attention backward dk, dv (bf16)";
+    constexpr size_t bytes = TcLayout<D>::backward;
     allow_shared(tc_dk_dv_kernel<D>, bytes, name);
     const int64_t n_tiles = ceil_div(p.Sk, kTcTile);
     tc_dk_dv_kernel<D><<<grid_for(name, BH, n_tiles), kThreads, bytes, stream>>>(p, n_tiles, dk, dv);
@@ -827,6 +840,7 @@ void tc_backward_for(const Problem<BFloat16>& p, int64_t BH, BFloat16* dq, BFloa
   }
   if (p.Sq > 0) {
     const char* name = "attention backward dq (bf16)";
+    constexpr size_t bytes = TcLayout<D>::backward_dq;
     allow_shared(tc_dq_kernel<D>, bytes, name);
     const int64_t n_tiles = ceil_div(p.Sq, kTcTile);
     tc_dq_kernel<D><<<grid_for(name, BH, n_tiles), kThreads, bytes, stream>>>(p, n_tiles, dq);
