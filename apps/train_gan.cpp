@@ -22,7 +22,7 @@ struct Options : app::CommonOptions {
   int64_t nz = 64, ngf = 32, ndf = 32;
   bool eval = false;
   std::string classifier = "out/train_classifier/classifier.safetensors";
-  int64_t eval_samples = 2000;
+  int64_t eval_samples = 10000;  // the whole test set
 };
 
 // G(z) in eval mode: BatchNorm uses its running statistics, so sampling neither
