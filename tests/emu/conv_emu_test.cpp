@@ -1,0 +1,177 @@
+// kernels/cuda/conv.cu in the emulator against kernels/cpu/conv.cpp: all six GEMM passes
+// and the bias gradient, f32 and f64 on the exact (SIMT) kernel and f32 with bf16 operands
+// on the WMMA kernel, on shapes with partial tiles in every GEMM dimension, groups,
+// stride / dilation / padding, and a wgrad depth long enough to be split (split-K).
+//
+// Tolerances (emu_test.h check_sum_bound): each output element is a sum of at most n
+// products (+ bias) that the CPU and the CUDA kernel add in different orders, so they differ
+// by at most 2 gamma_n sum|a b|. The bf16 path is held to the SAME f32 bound against the CPU
+// on bf16-rounded operands: a bf16 x bf16 product is exact in f32 (8 + 8 significant bits),
+// so only the order of the f32 additions differs there too.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "emu_test.h"
+#include "engine/error.h"
+#include "kernels/cpu/conv.h"
+#include "kernels/cuda/conv.h"
+
+namespace {
+
+using namespace nd::kernels;
+using namespace nd::emu_test;
+using Op = cuda::ConvOperands;
+
+template <class T>
+std::vector<T> cast(const std::vector<float>& v) {
+  return {v.begin(), v.end()};
+}
+
+// conv2d forward, dgrad, wgrad and the bias gradient of shape s, CUDA (emulated) vs CPU.
+template <class T>
+void check_conv2d(const std::string& name, const cpu::Conv2dShape& s, Op op, unsigned seed) {
+  const int64_t OH = s.out_h(), OW = s.out_w(), cig = s.C_in / s.groups, cog = s.C_out / s.groups;
+  const size_t nx = s.N * s.C_in * s.H * s.W, nw = s.C_out * cig * s.kH * s.kW, ny = s.N * s.C_out * OH * OW;
+  const bool bf = op == Op::kBf16;
+  // The CUDA kernel rounds operands itself; the CPU reference gets them rounded.
+  const auto x0 = uniform(nx, seed), w0 = uniform(nw, seed + 1), b0 = uniform(s.C_out, seed + 2),
+             dy0 = uniform(ny, seed + 3);
+  const auto x = cast<T>(x0), w = cast<T>(w0), b = cast<T>(b0), dy = cast<T>(dy0);
+  const auto xr = bf ? cast<T>(rounded_bf16(x0)) : x, wr = bf ? cast<T>(rounded_bf16(w0)) : w,
+             dyr = bf ? cast<T>(rounded_bf16(dy0)) : dy;
+  const auto ax = abs_values(xr), aw = abs_values(wr), ab = abs_values(b), ady = abs_values(dyr);
+  const std::string tag = name + (bf ? " bf16" : sizeof(T) == 4 ? " f32" : " f64");
+
+  std::vector<T> ref(ny), got = nans<T>(ny);
+  std::vector<double> bound(ny);
+  cpu::conv2d_forward<T>(s, xr.data(), wr.data(), b.data(), ref.data());
+  cpu::conv2d_forward<double>(s, ax.data(), aw.data(), ab.data(), bound.data());
+  cuda::conv2d_forward<T>(s, x.data(), w.data(), b.data(), got.data(), nullptr, op);
+  check_sum_bound(tag + " forward", got, ref, bound, cig * s.kH * s.kW + 1);
+
+  ref.assign(nx, 0);
+  got = nans<T>(nx);
+  bound.assign(nx, 0);
+  cpu::conv2d_backward_input<T>(s, dyr.data(), wr.data(), ref.data());
+  cpu::conv2d_backward_input<double>(s, ady.data(), aw.data(), bound.data());
+  cuda::conv2d_backward_input<T>(s, dy.data(), w.data(), got.data(), nullptr, op);
+  check_sum_bound(tag + " dgrad", got, ref, bound, cog * s.kH * s.kW);
+
+  ref.assign(nw, 0);
+  got = nans<T>(nw);
+  bound.assign(nw, 0);
+  cpu::conv2d_backward_weight<T>(s, xr.data(), dyr.data(), ref.data());
+  cpu::conv2d_backward_weight<double>(s, ax.data(), ady.data(), bound.data());
+  cuda::conv2d_backward_weight<T>(s, x.data(), dy.data(), got.data(), nullptr, op);
+  check_sum_bound(tag + " wgrad", got, ref, bound, s.N * OH * OW);
+
+  if (bf) return;  // the bias gradient has no bf16 variant
+  // Both accumulate in double and round once: equal unless the double sums round apart.
+  ref.assign(s.C_out, 0);
+  got = nans<T>(s.C_out);
+  bound.assign(s.C_out, 0);
+  cpu::conv2d_backward_bias<T>(s.N, s.C_out, OH * OW, dy.data(), ref.data());
+  cpu::conv2d_backward_bias<double>(s.N, s.C_out, OH * OW, ady.data(), bound.data());
+  cuda::conv2d_backward_bias<T>(s.N, s.C_out, OH * OW, dy.data(), got.data(), nullptr);
+  check_sum_bound(tag + " bias grad", got, ref, bound, 2);
+}
+
+template <class T>
+void check_conv_transpose2d(const std::string& name, const cpu::ConvTranspose2dShape& s, Op op, unsigned seed) {
+  const int64_t OH = s.out_h(), OW = s.out_w(), cig = s.C_in / s.groups, cog = s.C_out / s.groups;
+  const size_t nx = s.N * s.C_in * s.H * s.W, nw = s.C_in * cog * s.kH * s.kW, ny = s.N * s.C_out * OH * OW;
+  const bool bf = op == Op::kBf16;
+  const auto x0 = uniform(nx, seed), w0 = uniform(nw, seed + 1), b0 = uniform(s.C_out, seed + 2),
+             dy0 = uniform(ny, seed + 3);
+  const auto x = cast<T>(x0), w = cast<T>(w0), b = cast<T>(b0), dy = cast<T>(dy0);
+  const auto xr = bf ? cast<T>(rounded_bf16(x0)) : x, wr = bf ? cast<T>(rounded_bf16(w0)) : w,
+             dyr = bf ? cast<T>(rounded_bf16(dy0)) : dy;
+  const auto ax = abs_values(xr), aw = abs_values(wr), ab = abs_values(b), ady = abs_values(dyr);
+  const std::string tag = name + (bf ? " bf16" : sizeof(T) == 4 ? " f32" : " f64");
+
+  std::vector<T> ref(ny), got = nans<T>(ny);
+  std::vector<double> bound(ny);
+  cpu::conv_transpose2d_forward<T>(s, xr.data(), wr.data(), b.data(), ref.data());
+  cpu::conv_transpose2d_forward<double>(s, ax.data(), aw.data(), ab.data(), bound.data());
+  cuda::conv_transpose2d_forward<T>(s, x.data(), w.data(), b.data(), got.data(), nullptr, op);
+  check_sum_bound(tag + " transpose forward", got, ref, bound, cig * s.kH * s.kW + 1);
+
+  ref.assign(nx, 0);
+  got = nans<T>(nx);
+  bound.assign(nx, 0);
+  cpu::conv_transpose2d_backward_input<T>(s, dyr.data(), wr.data(), ref.data());
+  cpu::conv_transpose2d_backward_input<double>(s, ady.data(), aw.data(), bound.data());
+  cuda::conv_transpose2d_backward_input<T>(s, dy.data(), w.data(), got.data(), nullptr, op);
+  check_sum_bound(tag + " transpose dgrad", got, ref, bound, cog * s.kH * s.kW);
+
+  ref.assign(nw, 0);
+  got = nans<T>(nw);
+  bound.assign(nw, 0);
+  cpu::conv_transpose2d_backward_weight<T>(s, xr.data(), dyr.data(), ref.data());
+  cpu::conv_transpose2d_backward_weight<double>(s, ax.data(), ady.data(), bound.data());
+  cuda::conv_transpose2d_backward_weight<T>(s, x.data(), dy.data(), got.data(), nullptr, op);
+  check_sum_bound(tag + " transpose wgrad", got, ref, bound, s.N * s.H * s.W);
+}
+
+// Groups, stride 2 x 1, padding, dilation 1 x 2, kernel 3 x 2: 70 pixel rows (two row
+// tiles, the second partial), 5 channels per group, depth 18 (partial depth steps).
+cpu::Conv2dShape grouped() {
+  cpu::Conv2dShape s;
+  s.N = 2, s.C_in = 6, s.H = 9, s.W = 7, s.C_out = 10, s.kH = 3, s.kW = 2;
+  s.stride = {2, 1}, s.padding = {1, 1}, s.dilation = {1, 2}, s.groups = 2;
+  return s;
+}
+// Wide channels: 70 output channels (two column tiles), depth 360 / 630, 3 x 3 padding 1.
+cpu::Conv2dShape wide() {
+  cpu::Conv2dShape s;
+  s.N = 1, s.C_in = 40, s.H = 6, s.W = 6, s.C_out = 70, s.kH = 3, s.kW = 3;
+  s.padding = {1, 1};
+  return s;
+}
+// wgrad depth N*OH*OW = 1058 against one output tile: split into 4 chunks, the last partial.
+cpu::Conv2dShape long_depth() {
+  cpu::Conv2dShape s;
+  s.N = 2, s.C_in = 3, s.H = 23, s.W = 23, s.C_out = 5, s.kH = 3, s.kW = 3;
+  s.padding = {1, 1};
+  return s;
+}
+cpu::ConvTranspose2dShape transposed() {
+  cpu::ConvTranspose2dShape s;
+  s.N = 2, s.C_in = 6, s.H = 5, s.W = 4, s.C_out = 4, s.kH = 3, s.kW = 2;
+  s.stride = {2, 2}, s.padding = {1, 0}, s.output_padding = {1, 1}, s.groups = 2;
+  return s;
+}
+
+TEST_CASE("conv2d f32 exact kernel: grouped, strided, dilated, padded, partial tiles") {
+  check_conv2d<float>("grouped", grouped(), Op::kExact, 10);
+  check_conv2d<float>("wide", wide(), Op::kExact, 20);
+}
+
+TEST_CASE("conv2d bf16 operands on the WMMA kernel") {
+  check_conv2d<float>("grouped", grouped(), Op::kBf16, 10);
+  check_conv2d<float>("wide", wide(), Op::kBf16, 20);
+}
+
+TEST_CASE("conv2d wgrad split-K (f32, bf16) and f64") {
+  check_conv2d<float>("long depth", long_depth(), Op::kExact, 30);
+  check_conv2d<float>("long depth", long_depth(), Op::kBf16, 30);
+  check_conv2d<double>("grouped", grouped(), Op::kExact, 40);
+}
+
+TEST_CASE("conv_transpose2d f32, bf16 and f64") {
+  check_conv_transpose2d<float>("transposed", transposed(), Op::kExact, 50);
+  check_conv_transpose2d<float>("transposed", transposed(), Op::kBf16, 50);
+  check_conv_transpose2d<double>("transposed", transposed(), Op::kExact, 60);
+}
+
+TEST_CASE("conv2d bf16 operands on f64 tensors are an nd::Error") {
+  const auto s = grouped();
+  std::vector<double> x(s.N * s.C_in * s.H * s.W), w(s.C_out * s.C_in / s.groups * s.kH * s.kW),
+      y(s.N * s.C_out * s.out_h() * s.out_w());
+  CHECK_THROWS_WITH_AS(cuda::conv2d_forward<double>(s, x.data(), w.data(), nullptr, y.data(), nullptr, Op::kBf16),
+                       doctest::Contains("expected f32 tensors for bf16 operands"), nd::Error);
+}
+
+}  // namespace

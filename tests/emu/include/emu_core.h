@@ -1,0 +1,347 @@
+#pragma once
+// The emulator's core: runs CUDA kernel bodies on CPU threads so that CI (no GPU) checks
+// the kernels' logic. Test-only; never part of libnanoddp. See tests/emu/README.md.
+//
+// What is emulated:
+// - a launch (emu_launch, which tests/emu/emu_rewrite.cpp substitutes for <<<...>>>) runs
+//   the grid's blocks one after another; each block runs one OS thread per CUDA thread
+//   (a team kept across launches), so threads of a block really run concurrently (races are races; -fsanitize=thread sees
+//   them). Because blocks run one at a time, a kernel's `__shared__` variable is a
+//   function-local `static`: one copy, shared by the threads of the running block.
+// - `__syncthreads` is a block barrier; `__syncwarp`, the shuffles and ballots are warp
+//   barriers. Every barrier checks that all threads reach the SAME call: a thread at
+//   another barrier aborts naming both, and a barrier some thread never reaches (a
+//   divergent `__syncthreads`) aborts after a timeout instead of hanging.
+// - dynamic shared memory (`extern __shared__`) is filled with 0xff bytes (NaN for floats)
+//   at every launch and aligned to exactly its declared alignment (never more), so a
+//   kernel that reads shared memory it never wrote, or relies on alignment it did not ask
+//   for, shows up.
+// - atomics are serialised by one mutex (exact, not fast).
+// What is NOT emulated: timing, occupancy and memory limits (the launch checks block size
+// <= 1024 and grid y/z <= 65535 only), partial warps (a block size that is not a multiple
+// of 32 aborts), warp-level scheduling (lanes are threads, not lockstep: code that relies
+// on implicit warp synchrony without __syncwarp is a race here, as it is on Volta+),
+// cub, cooperative groups, raw PTX (asm, mma.sync, ldmatrix, cp.async), textures,
+// streams (everything runs synchronously at the launch), and device-side fast-math
+// (__expf is exact expf; nvcc's FMA contraction is the host compiler's business).
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+// ---- vector types and dim3 -------------------------------------------------------------
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  dim3() = default;
+  dim3(unsigned x_, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) double2 { double x, y; };
+struct alignas(8) int2 { int x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline double2 make_double2(double x, double y) { return {x, y}; }
+inline int2 make_int2(int x, int y) { return {x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+
+// ---- the launch's state ------------------------------------------------------------------
+inline thread_local dim3 threadIdx, blockIdx;
+inline dim3 gridDim, blockDim;
+
+[[noreturn]] inline void emu_die(const char* message) {
+  std::fprintf(stderr, "EMU: %s\n", message);
+  std::fflush(stderr);
+  std::abort();
+}
+
+// A reusable barrier for n threads that checks all of them wait at the same call, and
+// aborts when some never arrive (a divergent barrier would hang on the GPU, or worse).
+class EmuBarrier {
+ public:
+  EmuBarrier(int n, const char* what) : n_(n), what_(what) {}
+  void wait(const char* call);
+
+ private:
+  int n_, count_ = 0;
+  long generation_ = 0;
+  const char* what_;
+  const char* first_call_ = "";
+  std::mutex m_;
+  std::condition_variable cv_;
+};
+
+inline EmuBarrier* emu_block_barrier = nullptr;
+inline std::vector<std::unique_ptr<EmuBarrier>> emu_warp_barriers;
+inline std::vector<std::vector<uint64_t>> emu_warp_exchange;  // [warp][lane]: shuffle values
+inline std::vector<unsigned char> emu_dynamic_smem_buffer;
+inline size_t emu_dynamic_smem_bytes = 0;
+inline long emu_blocks_run = 0;  // blocks run since the program started (tests check > 0)
+inline long emu_launches = 0;    // launches since the program started
+
+inline int emu_linear_tid() {
+  return int(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+}
+inline int emu_warp() { return emu_linear_tid() / 32; }
+inline int emu_lane() { return emu_linear_tid() % 32; }
+
+inline void EmuBarrier::wait(const char* call) {
+  std::unique_lock<std::mutex> lock(m_);
+  const long generation = generation_;
+  if (count_ == 0) {
+    first_call_ = call;
+  } else if (std::strcmp(first_call_, call) != 0) {
+    std::fprintf(stderr, "EMU: divergent %s barrier: thread %d of block (%u,%u,%u) is at %s while others wait at %s\n",
+                 what_, emu_linear_tid(), blockIdx.x, blockIdx.y, blockIdx.z, call, first_call_);
+    emu_die("aborting");
+  }
+  if (++count_ == n_) {
+    count_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    return;
+  }
+  if (!cv_.wait_for(lock, std::chrono::seconds(30), [&] { return generation_ != generation; })) {
+    std::fprintf(stderr, "EMU: %s barrier at %s reached by %d of %d threads after 30 s (a divergent call?): block (%u,%u,%u)\n",
+                 what_, call, count_, n_, blockIdx.x, blockIdx.y, blockIdx.z);
+    emu_die("aborting");
+  }
+}
+inline void emu_warp_sync(const char* call) { emu_warp_barriers[emu_warp()]->wait(call); }
+
+// `extern __shared__ __align__(A) T name[];` becomes `T* name = emu_dynamic_shared(A)`
+// (emu_rewrite): the launch's dynamic shared memory, aligned to max(A, 16) bytes and
+// deliberately NOT to twice that. 16 is what CUDA guarantees without an __align__.
+inline unsigned char* emu_dynamic_shared(size_t align) {
+  align = std::max<size_t>(align, 16);
+  if (align > 2048 || (align & (align - 1))) emu_die("extern __shared__ alignment not a power of two <= 2048");
+  unsigned char* base = emu_dynamic_smem_buffer.data();
+  const uintptr_t a = reinterpret_cast<uintptr_t>(base);
+  unsigned char* aligned = base + (4096 - a % 4096) % 4096;  // 4096-aligned
+  return aligned + align;  // a multiple of align, an odd multiple of it
+}
+
+// ---- qualifiers and intrinsics -----------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __shared__ static
+#define __constant__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+
+inline void __syncthreads() { emu_block_barrier->wait("__syncthreads"); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_warp_sync("__syncwarp"); }
+inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+// Warp exchange: every lane publishes v, then reads lane src's value. All 32 lanes must
+// call it (the mask argument of the *_sync intrinsics is not emulated: full warps only).
+template <class T>
+T emu_exchange(T v, int src, const char* call) {
+  static_assert(sizeof(T) <= 8, "emulated shuffles move at most 8 bytes, like CUDA's");
+  const int w = emu_warp(), lane = emu_lane();
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  emu_warp_sync(call);  // everyone has read the previous exchange
+  emu_warp_exchange[w][lane] = bits;
+  emu_warp_sync(call);  // everyone has written
+  const uint64_t got = emu_warp_exchange[w][src];
+  T r;
+  std::memcpy(&r, &got, sizeof(T));
+  return r;
+}
+template <class T>
+T __shfl_sync(unsigned, T v, int src, int width = 32) {
+  const int lane = emu_lane();
+  return emu_exchange(v, (lane / width) * width + (src % width), "__shfl_sync");
+}
+template <class T>
+T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
+  const int lane = emu_lane(), src = lane ^ mask;
+  return emu_exchange(v, (src / width == lane / width) ? src : lane, "__shfl_xor_sync");
+}
+template <class T>
+T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
+  const int lane = emu_lane(), src = lane + int(delta);
+  return emu_exchange(v, (src / width == lane / width) ? src : lane, "__shfl_down_sync");
+}
+template <class T>
+T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
+  const int lane = emu_lane(), src = lane - int(delta);
+  return emu_exchange(v, (src >= 0 && src / width == lane / width) ? src : lane, "__shfl_up_sync");
+}
+inline unsigned __ballot_sync(unsigned, int pred) {
+  const int w = emu_warp(), lane = emu_lane();
+  emu_warp_sync("__ballot_sync");
+  emu_warp_exchange[w][lane] = pred != 0;
+  emu_warp_sync("__ballot_sync");
+  unsigned r = 0;
+  for (int l = 0; l < 32; ++l) r |= unsigned(emu_warp_exchange[w][l] != 0) << l;
+  return r;
+}
+inline int __any_sync(unsigned m, int p) { return __ballot_sync(m, p) != 0; }
+inline int __all_sync(unsigned m, int p) { return __ballot_sync(m, p) == 0xffffffffu; }
+
+template <class T>
+T __ldg(const T* p) {
+  return *p;
+}
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __saturatef(float x) { return x < 0 ? 0.0f : x > 1 ? 1.0f : x; }
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+using std::max;
+using std::min;
+
+inline std::mutex emu_atomic_mutex;
+template <class T>
+T atomicAdd(T* p, T v) {
+  std::lock_guard<std::mutex> g(emu_atomic_mutex);
+  const T old = *p;
+  *p = old + v;
+  return old;
+}
+template <class T>
+T atomicMin(T* p, T v) {
+  std::lock_guard<std::mutex> g(emu_atomic_mutex);
+  const T old = *p;
+  *p = std::min(old, v);
+  return old;
+}
+template <class T>
+T atomicMax(T* p, T v) {
+  std::lock_guard<std::mutex> g(emu_atomic_mutex);
+  const T old = *p;
+  *p = std::max(old, v);
+  return old;
+}
+
+// ---- launches ----------------------------------------------------------------------------
+// A block's CUDA threads are a team of worker threads kept across blocks and launches
+// (starting 256 fresh threads per block would cost more than most kernels here).
+// run(n, job) runs job(t) on workers t = 0..n-1 concurrently and returns when all have.
+class EmuTeam {
+ public:
+  ~EmuTeam() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    start_.notify_all();
+    for (auto& w : workers_) w.join();
+  }
+  template <class Job>
+  void run(int n, Job& job) {
+    while (int(workers_.size()) < n) workers_.emplace_back([this, id = int(workers_.size())] { work(id); });
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      job_ = [&job](int t) { job(t); };
+      active_ = remaining_ = n;
+      ++generation_;
+    }
+    start_.notify_all();
+    std::unique_lock<std::mutex> lock(m_);
+    done_.wait(lock, [&] { return remaining_ == 0; });
+  }
+
+ private:
+  void work(int id) {
+    long seen = 0;
+    for (;;) {
+      std::unique_lock<std::mutex> lock(m_);
+      start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      if (id >= active_) continue;
+      lock.unlock();
+      job_(id);
+      lock.lock();
+      if (--remaining_ == 0) done_.notify_one();
+    }
+  }
+  std::vector<std::thread> workers_;
+  std::mutex m_;
+  std::condition_variable start_, done_;
+  std::function<void(int)> job_;
+  long generation_ = 0;
+  int active_ = 0, remaining_ = 0;
+  bool stop_ = false;
+};
+inline EmuTeam emu_team;
+
+// emu_launch(grid, block[, dynamic shared bytes[, stream]], [&] { kernel(args...); }):
+// runs the grid to completion before returning (streams are not emulated).
+template <class F>
+void emu_launch_impl(dim3 grid, dim3 block, size_t smem, F&& kernel) {
+  const long threads = long(block.x) * block.y * block.z;
+  if (threads <= 0 || threads > 1024) emu_die("block size outside 1..1024");
+  if (threads % 32) emu_die("block size not a multiple of 32 (partial warps are not emulated)");
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) emu_die("empty grid (CUDA reports an invalid configuration)");
+  if (grid.y > 65535 || grid.z > 65535) emu_die("grid y or z over 65535");
+  if (grid.x > 2147483647u) emu_die("grid x over 2^31 - 1");
+  if (smem > 227 * 1024) emu_die("dynamic shared memory over 227 KiB (the H100/H200 opt-in limit)");
+  ++emu_launches;
+  gridDim = grid;
+  blockDim = block;
+  emu_dynamic_smem_bytes = smem;
+  const int warps = int(threads / 32);
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        emu_dynamic_smem_buffer.assign(smem + 8192, 0xff);
+        EmuBarrier block_barrier(int(threads), "block");
+        emu_block_barrier = &block_barrier;
+        emu_warp_barriers.clear();
+        for (int w = 0; w < warps; ++w) emu_warp_barriers.push_back(std::make_unique<EmuBarrier>(32, "warp"));
+        emu_warp_exchange.assign(warps, std::vector<uint64_t>(32));
+        auto job = [&](int t) {
+          threadIdx = dim3(unsigned(t % block.x), unsigned((t / block.x) % block.y), unsigned(t / (block.x * block.y)));
+          blockIdx = dim3(bx, by, bz);
+          kernel();
+        };
+        emu_team.run(int(threads), job);
+        ++emu_blocks_run;
+      }
+}
+template <class F>
+void emu_launch(dim3 g, dim3 b, F&& kernel) {
+  emu_launch_impl(g, b, 0, kernel);
+}
+template <class F>
+void emu_launch(dim3 g, dim3 b, size_t smem, F&& kernel) {
+  emu_launch_impl(g, b, smem, kernel);
+}
+template <class S, class F>
+void emu_launch(dim3 g, dim3 b, size_t smem, S /*stream*/, F&& kernel) {
+  emu_launch_impl(g, b, smem, kernel);
+}
