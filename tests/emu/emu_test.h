@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -69,6 +70,8 @@ void check_within(const std::string& what, const std::vector<A>& got, const std:
       worst = i;
     }
   }
+  if (std::getenv("NANODDP_EMU_VERBOSE") != nullptr)  // margins: how close each check came to its tolerance
+    MESSAGE(what, ": worst element at ", worst_ratio, " x its tolerance");
   INFO(what, ": ", got.size(), " elements, worst [", worst, "] got ", static_cast<double>(got[worst]), " expected ",
        static_cast<double>(ref[worst]), " (", worst_ratio, " x its tolerance)");
   CHECK_MESSAGE(bad == 0, what, ": ", bad, " elements outside their tolerance");

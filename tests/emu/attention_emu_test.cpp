@@ -1,0 +1,201 @@
+// kernels/cuda/attention.cu in the emulator against kernels/cpu/attention.cpp: the f32 and
+// f64 SIMT kernels and the bf16 WMMA kernels, forward and backward, at the compiled head
+// dims 32, 64, 128 and zero-padded ones (16, 40, 72), Sq and Sk off the 64-row tiles,
+// causal (Sq < Sk and Sq > Sk), an additive mask broadcast over heads with -inf entries,
+// and a fully masked row.
+//
+// Tolerances, relative to the largest |value| of each output tensor (each element is a
+// sum of at most n = Sk (out, dq) or Sq (dk, dv) terms, each a softmax weight times an
+// operand, plus the E-long dot products inside the weights):
+// - f32 / f64: the CPU and CUDA kernels add in different orders and exponentiate
+//   differently shifted scores, so their results differ by O((n + E) u) of that largest
+//   value; 4 (n + E) u is the bound used (u = 2^-24 or 2^-53).
+// - bf16: the CPU reference is the f32 kernel on bf16-rounded operands with its outputs
+//   rounded to bf16 (the engine's CPU autocast path). The CUDA kernel also rounds P and dS
+//   to bf16 before the second products (engine/autocast.h's contract): relative 2^-9 per
+//   weight, plus the outputs' own rounding (2^-9 on each side); 1e-2 (about 5 bf16 ulps of
+//   the largest value) bounds these. lse is f32 in both: 1e-5 relative.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "emu_test.h"
+#include "engine/error.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cuda/attention.h"
+
+namespace {
+
+using namespace nd::kernels;
+using namespace nd::emu_test;
+using nd::BFloat16;
+
+struct Case {
+  const char* name;
+  int64_t B, H, Sq, Sk, E, Ev;
+  bool causal;
+  int mask;  // 0 none, 1 random additive with -inf entries (broadcast over heads), 2 query row 5 fully masked
+};
+
+template <class T>
+double max_abs(const std::vector<T>& v) {
+  double m = 0;
+  for (const auto& x : v)
+    if (std::isfinite(double(x))) m = std::max(m, std::abs(double(x)));
+  return m;
+}
+template <class A, class B>
+void check_rel(const std::string& what, const std::vector<A>& got, const std::vector<B>& ref, double rel) {
+  const double tol = rel * std::max(max_abs(ref), 1e-30);
+  check_within(what, got, ref, [&](size_t) { return tol; });
+}
+
+std::vector<float> make_mask(const Case& c) {
+  if (c.mask == 0) return {};
+  std::vector<float> m(c.B * c.Sq * c.Sk, 0.0f);
+  const auto r = uniform(m.size(), 99, 0.0, 1.0);
+  for (size_t i = 0; i < m.size(); ++i)
+    m[i] = c.mask == 1 ? (r[i] < 0.2f ? -INFINITY : round_bf16(3 * r[i] - 1)) : 0.0f;
+  if (c.mask == 2)
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t j = 0; j < c.Sk; ++j) m[(b * c.Sq + 5) * c.Sk + j] = -INFINITY;
+  return m;
+}
+template <class T>
+cpu::AttentionMask<T> mask_of(const Case& c, const std::vector<T>& m) {
+  if (m.empty()) return {};
+  return {m.data(), c.Sq * c.Sk, 0, c.Sk, 1};  // [B, 1, Sq, Sk]: broadcast over heads
+}
+
+// A fully masked query row 5: out = 0, lse = -inf and no gradient to q, on every head.
+template <class O, class L, class G>
+void check_masked_row(const Case& c, const std::vector<O>& out, const std::vector<L>& lse, const std::vector<G>& dq) {
+  if (c.mask != 2) return;
+  for (int64_t bh = 0; bh < c.B * c.H; ++bh) {
+    const int64_t row = bh * c.Sq + 5;
+    CHECK(double(lse[row]) == -INFINITY);
+    for (int64_t x = 0; x < c.Ev; ++x) CHECK(double(out[row * c.Ev + x]) == 0.0);
+    for (int64_t x = 0; x < c.E; ++x) CHECK(double(dq[row * c.E + x]) == 0.0);
+  }
+}
+
+template <class T>
+void check_exact(const Case& c) {
+  INFO(c.name, sizeof(T) == 4 ? " f32" : " f64");
+  const int64_t BH = c.B * c.H;
+  auto cast = [](const std::vector<float>& x) { return std::vector<T>(x.begin(), x.end()); };
+  const auto q = cast(uniform(BH * c.Sq * c.E, 1, -2, 2)), k = cast(uniform(BH * c.Sk * c.E, 2, -2, 2)),
+             v = cast(uniform(BH * c.Sk * c.Ev, 3, -2, 2)), dout = cast(uniform(BH * c.Sq * c.Ev, 4, -2, 2));
+  const auto maskv = cast(make_mask(c));
+  const auto mask = mask_of<T>(c, maskv);
+  const double scale = 1.0 / std::sqrt(double(c.E));
+  std::vector<T> o1(BH * c.Sq * c.Ev), l1(BH * c.Sq), dq1(q.size()), dk1(k.size()), dv1(v.size());
+  auto o2 = nans<T>(o1.size()), l2 = nans<T>(l1.size()), dq2 = nans<T>(q.size()), dk2 = nans<T>(k.size()),
+       dv2 = nans<T>(v.size());
+  cpu::scaled_dot_product_attention_forward<T>(q.data(), k.data(), v.data(), mask, c.B, c.H, c.Sq, c.Sk, c.E, c.Ev,
+                                               c.causal, scale, o1.data(), l1.data());
+  cuda::scaled_dot_product_attention_forward<T>(q.data(), k.data(), v.data(), mask, c.B, c.H, c.Sq, c.Sk, c.E, c.Ev,
+                                                c.causal, scale, o2.data(), l2.data(), nullptr);
+  // Both backwards from the CPU's forward results: the gradients are compared, not the forward twice.
+  cpu::scaled_dot_product_attention_backward<T>(dout.data(), q.data(), k.data(), v.data(), mask, o1.data(), l1.data(),
+                                                c.B, c.H, c.Sq, c.Sk, c.E, c.Ev, c.causal, scale, dq1.data(),
+                                                dk1.data(), dv1.data());
+  cuda::scaled_dot_product_attention_backward<T>(dout.data(), q.data(), k.data(), v.data(), mask, o1.data(),
+                                                 l1.data(), c.B, c.H, c.Sq, c.Sk, c.E, c.Ev, c.causal, scale,
+                                                 dq2.data(), dk2.data(), dv2.data(), nullptr);
+  const double u = sizeof(T) == 4 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -53);
+  const double rel = 4.0 * double(std::max(c.Sq, c.Sk) + std::max(c.E, c.Ev)) * u;
+  check_rel("out", o2, o1, rel);
+  check_rel("logsumexp", l2, l1, rel);
+  check_rel("dq", dq2, dq1, rel);
+  check_rel("dk", dk2, dk1, rel);
+  check_rel("dv", dv2, dv1, rel);
+  check_masked_row(c, o2, l2, dq2);
+}
+
+void check_bf16(const Case& c, bool twice = false) {
+  INFO(c.name, " bf16");
+  const int64_t BH = c.B * c.H;
+  const auto q = rounded_bf16(uniform(BH * c.Sq * c.E, 1, -2, 2)), k = rounded_bf16(uniform(BH * c.Sk * c.E, 2, -2, 2)),
+             v = rounded_bf16(uniform(BH * c.Sk * c.Ev, 3, -2, 2)),
+             dout = rounded_bf16(uniform(BH * c.Sq * c.Ev, 4, -2, 2));
+  const auto maskf = make_mask(c);
+  const auto maskb = to_bf16(maskf);
+  const double scale = 1.0 / std::sqrt(double(c.E));
+  // The reference: the f32 CPU kernel on the rounded operands, outputs rounded to bf16.
+  std::vector<float> o1(BH * c.Sq * c.Ev), l1(BH * c.Sq), dq1(q.size()), dk1(k.size()), dv1(v.size());
+  cpu::scaled_dot_product_attention_forward<float>(q.data(), k.data(), v.data(), mask_of(c, maskf), c.B, c.H, c.Sq,
+                                                   c.Sk, c.E, c.Ev, c.causal, scale, o1.data(), l1.data());
+  o1 = rounded_bf16(o1);
+  cpu::scaled_dot_product_attention_backward<float>(dout.data(), q.data(), k.data(), v.data(), mask_of(c, maskf),
+                                                    o1.data(), l1.data(), c.B, c.H, c.Sq, c.Sk, c.E, c.Ev, c.causal,
+                                                    scale, dq1.data(), dk1.data(), dv1.data());
+  const auto qb = to_bf16(q), kb = to_bf16(k), vb = to_bf16(v), db = to_bf16(dout);
+  auto run = [&](std::vector<BFloat16>& o2, std::vector<float>& l2, std::vector<BFloat16>& dq2,
+                 std::vector<BFloat16>& dk2, std::vector<BFloat16>& dv2) {
+    o2 = to_bf16(nans<float>(o1.size())), l2 = nans<float>(l1.size()), dq2 = to_bf16(nans<float>(q.size())),
+    dk2 = to_bf16(nans<float>(k.size())), dv2 = to_bf16(nans<float>(v.size()));
+    cuda::scaled_dot_product_attention_forward(qb.data(), kb.data(), vb.data(), mask_of(c, maskb), c.B, c.H, c.Sq,
+                                               c.Sk, c.E, c.Ev, c.causal, scale, o2.data(), l2.data(), nullptr);
+    cuda::scaled_dot_product_attention_backward(db.data(), qb.data(), kb.data(), vb.data(), mask_of(c, maskb),
+                                                o2.data(), l2.data(), c.B, c.H, c.Sq, c.Sk, c.E, c.Ev, c.causal,
+                                                scale, dq2.data(), dk2.data(), dv2.data(), nullptr);
+  };
+  std::vector<BFloat16> o2, dq2, dk2, dv2;
+  std::vector<float> l2;
+  run(o2, l2, dq2, dk2, dv2);
+  check_rel("out", to_float(o2), o1, 1e-2);
+  check_rel("logsumexp", l2, l1, 1e-5);
+  check_rel("dq", to_float(dq2), rounded_bf16(dq1), 1e-2);
+  check_rel("dk", to_float(dk2), rounded_bf16(dk1), 1e-2);
+  check_rel("dv", to_float(dv2), rounded_bf16(dv1), 1e-2);
+  check_masked_row(c, to_float(o2), l2, to_float(dq2));
+  if (!twice) return;
+  std::vector<BFloat16> o3, dq3, dk3, dv3;
+  std::vector<float> l3;
+  run(o3, l3, dq3, dk3, dv3);
+  auto same = [](const auto& a, const auto& b) { return std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0; };
+  CHECK_MESSAGE(same(o2, o3), "out not bit-reproducible");
+  CHECK_MESSAGE(same(l2, l3), "logsumexp not bit-reproducible");
+  CHECK_MESSAGE((same(dq2, dq3) && same(dk2, dk3) && same(dv2, dv3)), "gradients not bit-reproducible");
+}
+
+const Case kE32{"B=2 H=2 Sq=Sk=77 E=32", 2, 2, 77, 77, 32, 32, false, 0};
+const Case kE64{"Sq=50 Sk=129 E=64", 1, 1, 50, 129, 64, 64, false, 0};
+const Case kE128Causal{"causal E=128 Sq=70 Sk=45", 1, 1, 70, 45, 128, 128, true, 0};
+const Case kPadded{"E=40 Ev=24 (padded to 64)", 1, 1, 37, 29, 40, 24, false, 0};
+const Case kPadded128{"E=16 Ev=72 (padded to 128)", 1, 1, 20, 31, 16, 72, false, 0};
+const Case kCausalWide{"causal Sq=40 < Sk=97", 1, 1, 40, 97, 32, 32, true, 0};
+const Case kMask{"additive mask over heads, -inf entries", 2, 2, 45, 70, 32, 32, false, 1};
+const Case kMaskedRow{"fully masked query row", 1, 2, 19, 23, 32, 32, false, 2};
+
+TEST_CASE("attention f32 SIMT kernels: head dims 32/64/128 and padded, tails, causal, masks") {
+  for (const Case& c : {kE32, kE64, kE128Causal, kPadded, kPadded128, kCausalWide, kMask, kMaskedRow})
+    check_exact<float>(c);
+}
+
+TEST_CASE("attention f64 SIMT kernels") {
+  for (const Case& c : {kE64, kE128Causal, kPadded, kMaskedRow}) check_exact<double>(c);
+}
+
+TEST_CASE("attention bf16 WMMA kernels: head dims 32/64/128 and padded, tails, causal") {
+  for (const Case& c : {kE32, kE64, kE128Causal, kPadded, kPadded128, kCausalWide}) check_bf16(c);
+}
+
+TEST_CASE("attention bf16 WMMA kernels: additive mask, a fully masked row, bit-reproducible") {
+  check_bf16(kMask, true);
+  check_bf16(kMaskedRow);
+}
+
+TEST_CASE("attention head dims over 128 are an nd::Error") {
+  std::vector<float> x(2 * 129, 0.0f), lse(2);
+  CHECK_THROWS_WITH_AS(cuda::scaled_dot_product_attention_forward<float>(x.data(), x.data(), x.data(), {}, 1, 1, 2, 2,
+                                                                         129, 129, false, 1.0, x.data(), lse.data(),
+                                                                         nullptr),
+                       doctest::Contains("expected head dims E and Ev of at most 128, found E = 129"), nd::Error);
+}
+
+}  // namespace
