@@ -40,19 +40,6 @@ struct Case {
   int mask;  // 0 none, 1 random additive with -inf entries (broadcast over heads), 2 query row 5 fully masked
 };
 
-template <class T>
-double max_abs(const std::vector<T>& v) {
-  double m = 0;
-  for (const auto& x : v)
-    if (std::isfinite(double(x))) m = std::max(m, std::abs(double(x)));
-  return m;
-}
-template <class A, class B>
-void check_rel(const std::string& what, const std::vector<A>& got, const std::vector<B>& ref, double rel) {
-  const double tol = rel * std::max(max_abs(ref), 1e-30);
-  check_within(what, got, ref, [&](size_t) { return tol; });
-}
-
 std::vector<float> make_mask(const Case& c) {
   if (c.mask == 0) return {};
   std::vector<float> m(c.B * c.Sq * c.Sk, 0.0f);
@@ -84,7 +71,7 @@ void check_masked_row(const Case& c, const std::vector<O>& out, const std::vecto
 
 template <class T>
 void check_exact(const Case& c) {
-  INFO(c.name, sizeof(T) == 4 ? " f32" : " f64");
+  INFO(std::string(c.name), sizeof(T) == 4 ? " f32" : " f64");
   const int64_t BH = c.B * c.H;
   auto cast = [](const std::vector<float>& x) { return std::vector<T>(x.begin(), x.end()); };
   const auto q = cast(uniform(BH * c.Sq * c.E, 1, -2, 2)), k = cast(uniform(BH * c.Sk * c.E, 2, -2, 2)),
@@ -117,7 +104,7 @@ void check_exact(const Case& c) {
 }
 
 void check_bf16(const Case& c, bool twice = false) {
-  INFO(c.name, " bf16");
+  INFO(std::string(c.name), " bf16");
   const int64_t BH = c.B * c.H;
   const auto q = rounded_bf16(uniform(BH * c.Sq * c.E, 1, -2, 2)), k = rounded_bf16(uniform(BH * c.Sk * c.E, 2, -2, 2)),
              v = rounded_bf16(uniform(BH * c.Sk * c.Ev, 3, -2, 2)),

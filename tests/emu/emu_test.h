@@ -4,6 +4,7 @@
 // emulated allocator and the tests poison outputs with NaN, so an unwritten element fails).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -75,6 +76,20 @@ void check_within(const std::string& what, const std::vector<A>& got, const std:
   INFO(what, ": ", got.size(), " elements, worst [", worst, "] got ", static_cast<double>(got[worst]), " expected ",
        static_cast<double>(ref[worst]), " (", worst_ratio, " x its tolerance)");
   CHECK_MESSAGE(bad == 0, what, ": ", bad, " elements outside their tolerance");
+}
+
+template <class T>
+double max_abs(const std::vector<T>& v) {
+  double m = 0;
+  for (const auto& x : v)
+    if (std::isfinite(static_cast<double>(x))) m = std::max(m, std::abs(static_cast<double>(x)));
+  return m;
+}
+// |got[i] - ref[i]| <= rel * max|ref| (the tensor's largest finite value).
+template <class A, class B>
+void check_rel(const std::string& what, const std::vector<A>& got, const std::vector<B>& ref, double rel) {
+  const double tol = rel * std::max(max_abs(ref), 1e-300);
+  check_within(what, got, ref, [&](size_t) { return tol; });
 }
 
 // The same bits (floats compared as values, so +0 == -0; NaN fails).

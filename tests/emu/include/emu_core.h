@@ -28,17 +28,21 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 // ---- vector types and dim3 -------------------------------------------------------------
 struct dim3 {
@@ -67,6 +71,18 @@ inline dim3 gridDim, blockDim;
   std::abort();
 }
 
+// Waiting without a mutex: threads sleep on a 32-bit generation counter with Linux futexes
+// (a woken thread needs no lock, so a barrier of 256 threads costs 256 wake-ups, not 256
+// turns at one mutex). emu_futex_wait returns after at most `timeout_ms` even if nothing
+// changed (the caller re-checks).
+inline void emu_futex_wait(std::atomic<int>& word, int expected, int timeout_ms) {
+  timespec ts{timeout_ms / 1000, long(timeout_ms % 1000) * 1000000L};
+  syscall(SYS_futex, reinterpret_cast<int*>(&word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
+}
+inline void emu_futex_wake_all(std::atomic<int>& word) {
+  syscall(SYS_futex, reinterpret_cast<int*>(&word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+}
+
 // A reusable barrier for n threads that checks all of them wait at the same call, and
 // aborts when some never arrive (a divergent barrier would hang on the GPU, or worse).
 class EmuBarrier {
@@ -75,12 +91,10 @@ class EmuBarrier {
   void wait(const char* call);
 
  private:
-  int n_, count_ = 0;
-  long generation_ = 0;
-  const char* what_;
-  const char* first_call_ = "";
-  std::mutex m_;
-  std::condition_variable cv_;
+  const int n_;
+  const char* const what_;
+  std::atomic<int> count_{0}, generation_{0};
+  std::atomic<const char*> first_call_{nullptr};  // the call the first arrival is at
 };
 
 inline EmuBarrier* emu_block_barrier = nullptr;
@@ -98,25 +112,30 @@ inline int emu_warp() { return emu_linear_tid() / 32; }
 inline int emu_lane() { return emu_linear_tid() % 32; }
 
 inline void EmuBarrier::wait(const char* call) {
-  std::unique_lock<std::mutex> lock(m_);
-  const long generation = generation_;
-  if (count_ == 0) {
-    first_call_ = call;
-  } else if (std::strcmp(first_call_, call) != 0) {
+  const int generation = generation_.load(std::memory_order_acquire);
+  const char* first = nullptr;
+  if (!first_call_.compare_exchange_strong(first, call) && first != call && std::strcmp(first, call) != 0) {
     std::fprintf(stderr, "EMU: divergent %s barrier: thread %d of block (%u,%u,%u) is at %s while others wait at %s\n",
-                 what_, emu_linear_tid(), blockIdx.x, blockIdx.y, blockIdx.z, call, first_call_);
+                 what_, emu_linear_tid(), blockIdx.x, blockIdx.y, blockIdx.z, call, first);
     emu_die("aborting");
   }
-  if (++count_ == n_) {
-    count_ = 0;
-    ++generation_;
-    cv_.notify_all();
+  if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {  // the last arrival releases the others
+    count_.store(0, std::memory_order_relaxed);
+    first_call_.store(nullptr, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    emu_futex_wake_all(generation_);
     return;
   }
-  if (!cv_.wait_for(lock, std::chrono::seconds(30), [&] { return generation_ != generation; })) {
-    std::fprintf(stderr, "EMU: %s barrier at %s reached by %d of %d threads after 30 s (a divergent call?): block (%u,%u,%u)\n",
-                 what_, call, count_, n_, blockIdx.x, blockIdx.y, blockIdx.z);
-    emu_die("aborting");
+  for (int spin = 0; spin < 64 && generation_.load(std::memory_order_acquire) == generation; ++spin)
+    std::this_thread::yield();
+  const auto start = std::chrono::steady_clock::now();
+  while (generation_.load(std::memory_order_acquire) == generation) {
+    emu_futex_wait(generation_, generation, 1000);
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(30)) {
+      std::fprintf(stderr, "EMU: %s barrier at %s reached by %d of %d threads after 30 s (a divergent call?): block (%u,%u,%u)\n",
+                   what_, call, count_.load(), n_, blockIdx.x, blockIdx.y, blockIdx.z);
+      emu_die("aborting");
+    }
   }
 }
 inline void emu_warp_sync(const char* call) { emu_warp_barriers[emu_warp()]->wait(call); }
@@ -253,49 +272,45 @@ T atomicMax(T* p, T v) {
 class EmuTeam {
  public:
   ~EmuTeam() {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      stop_ = true;
-    }
-    start_.notify_all();
+    stop_.store(true);
+    generation_.fetch_add(1);
+    emu_futex_wake_all(generation_);
     for (auto& w : workers_) w.join();
   }
   template <class Job>
   void run(int n, Job& job) {
-    while (int(workers_.size()) < n) workers_.emplace_back([this, id = int(workers_.size())] { work(id); });
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      job_ = [&job](int t) { job(t); };
-      active_ = remaining_ = n;
-      ++generation_;
-    }
-    start_.notify_all();
-    std::unique_lock<std::mutex> lock(m_);
-    done_.wait(lock, [&] { return remaining_ == 0; });
+    const int current = generation_.load();  // a new worker waits for the next generation
+    while (int(workers_.size()) < n)
+      workers_.emplace_back([this, id = int(workers_.size()), current] { work(id, current); });
+    job_ = [&job](int t) { job(t); };
+    active_.store(n);
+    remaining_.store(n);
+    generation_.fetch_add(1, std::memory_order_release);  // publishes job_ and active_
+    emu_futex_wake_all(generation_);
+    for (int r; (r = remaining_.load(std::memory_order_acquire)) != 0;) emu_futex_wait(remaining_, r, 1000);
   }
 
  private:
-  void work(int id) {
-    long seen = 0;
+  void work(int id, int seen) {
     for (;;) {
-      std::unique_lock<std::mutex> lock(m_);
-      start_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      if (id >= active_) continue;
-      lock.unlock();
+      int g;
+      while ((g = generation_.load(std::memory_order_acquire)) == seen) emu_futex_wait(generation_, seen, 1000);
+      if (stop_.load()) return;
+      // active_ must belong to generation g: a worker left out of g may wake only when
+      // the next run has begun. Re-reading the generation settles it (it cannot move on
+      // while a worker that takes part has not finished).
+      const int active = active_.load(std::memory_order_acquire);
+      if (generation_.load(std::memory_order_acquire) != g) continue;
+      seen = g;
+      if (id >= active) continue;
       job_(id);
-      lock.lock();
-      if (--remaining_ == 0) done_.notify_one();
+      if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) emu_futex_wake_all(remaining_);
     }
   }
   std::vector<std::thread> workers_;
-  std::mutex m_;
-  std::condition_variable start_, done_;
   std::function<void(int)> job_;
-  long generation_ = 0;
-  int active_ = 0, remaining_ = 0;
-  bool stop_ = false;
+  std::atomic<int> active_{0}, generation_{0}, remaining_{0};
+  std::atomic<bool> stop_{false};
 };
 inline EmuTeam emu_team;
 

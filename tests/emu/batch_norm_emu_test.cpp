@@ -1,0 +1,172 @@
+// kernels/cuda/batch_norm.cu in the emulator against kernels/cpu/batch_norm.cpp: every piece
+// SyncBatchNorm uses (channel_stats, stats_to_mean_invstd, invstd, apply, backward_reduce,
+// backward_elemt) and the fused forward (training, eval) and backward, f32 and f64, on the
+// three reduction layouts: S > 1 with one block per channel, S > 1 with a channel split
+// over several blocks (a second kernel combines their partials), and S = 1 (32 channels
+// side by side in a block, the last column block partial, split over blocks too).
+//
+// Tolerances: the statistics are double sums of n = N*S terms in different orders:
+// 2 gamma_n (u = 2^-53) of the sum of |terms|. Everything after them is a short
+// per-element formula in T on inputs that agree to that accuracy: within 64 u of the
+// tensor's largest |value| (u = 2^-24 for f32, 2^-53 for f64), which absorbs the handful of
+// roundings (and FMA contractions) either side makes, cancellation in dx included. Where a
+// fused call computes its own statistics (forward_training), the variance's error (the
+// sums' gamma times E[x^2] / var, under 4 for these inputs) is added: it matters in f64.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "emu_test.h"
+#include "kernels/cpu/batch_norm.h"
+#include "kernels/cuda/batch_norm.h"
+
+namespace {
+
+using namespace nd::kernels;
+using namespace nd::emu_test;
+
+struct Shape {
+  const char* name;
+  int64_t N, C, S;
+};
+
+template <class T>
+double unit() {
+  return sizeof(T) == 4 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -53);
+}
+
+template <class T>
+void check_batch_norm(const Shape& sh) {
+  INFO(std::string(sh.name), sizeof(T) == 4 ? " f32" : " f64");
+  const int64_t N = sh.N, C = sh.C, S = sh.S, n = N * S, total = N * C * S;
+  auto cast = [](const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); };
+  const auto x = cast(uniform(total, 1, -1.0, 3.0)), dy = cast(uniform(total, 2)), w = cast(uniform(C, 3, 0.5, 1.5)),
+             b = cast(uniform(C, 4));
+  const double rel = 64 * unit<T>();
+
+  // channel_stats: sum and sumsq (double), bound from the sums of |x| and x^2.
+  std::vector<double> sum1(C), sumsq1(C), sum2 = nans<double>(C), sumsq2 = nans<double>(C), abs_sum(C), sq_sum(C);
+  cpu::batch_norm_channel_stats<T>(x.data(), N, C, S, sum1.data(), sumsq1.data());
+  cuda::batch_norm_channel_stats<T>(x.data(), N, C, S, sum2.data(), sumsq2.data(), nullptr);
+  for (int64_t i = 0; i < total; ++i) {
+    const int64_t c = (i / S) % C;
+    abs_sum[c] += std::abs(double(x[i]));
+    sq_sum[c] += double(x[i]) * double(x[i]);
+  }
+  // Welford's mean/M2 on each side adds a few roundings per value over a plain sum.
+  const double gamma = 2.0 * 4 * n * std::ldexp(1.0, -53);
+  check_within("channel_stats sum", sum2, sum1, [&](size_t c) { return gamma * abs_sum[c]; });
+  check_within("channel_stats sumsq", sumsq2, sumsq1, [&](size_t c) { return gamma * sq_sum[c]; });
+
+  // stats_to_mean_invstd with a running-stat update, from the CPU's sums.
+  std::vector<T> mean1(C), invstd1(C), rm1 = cast(uniform(C, 5)), rv1 = cast(uniform(C, 6, 0.5, 2.0));
+  auto mean2 = nans<T>(C), invstd2 = nans<T>(C);
+  auto rm2 = rm1, rv2 = rv1;
+  cpu::batch_norm_stats_to_mean_invstd<T>(sum1.data(), sumsq1.data(), double(n), C, 1e-5, 0.1, mean1.data(),
+                                          invstd1.data(), rm1.data(), rv1.data());
+  cuda::batch_norm_stats_to_mean_invstd<T>(sum1.data(), sumsq1.data(), double(n), C, 1e-5, 0.1, mean2.data(),
+                                           invstd2.data(), rm2.data(), rv2.data(), nullptr);
+  check_rel("stats_to_mean_invstd mean", mean2, mean1, rel);
+  check_rel("stats_to_mean_invstd invstd", invstd2, invstd1, rel);
+  check_rel("stats_to_mean_invstd running_mean", rm2, rm1, rel);
+  check_rel("stats_to_mean_invstd running_var", rv2, rv1, rel);
+
+  // invstd, in place as SyncBatchNorm's eval path may call it.
+  auto var = cast(uniform(C, 7, 0.1, 2.0));
+  std::vector<T> inv1(C);
+  cpu::batch_norm_invstd<T>(var.data(), C, 1e-5, inv1.data());
+  cuda::batch_norm_invstd<T>(var.data(), C, 1e-5, var.data(), nullptr);
+  check_rel("invstd (in place)", var, inv1, rel);
+
+  // apply, with and without the affine parameters.
+  std::vector<T> y1(total), y2 = nans<T>(total);
+  cpu::batch_norm_apply<T>(x.data(), mean1.data(), invstd1.data(), w.data(), b.data(), N, C, S, y1.data());
+  cuda::batch_norm_apply<T>(x.data(), mean1.data(), invstd1.data(), w.data(), b.data(), N, C, S, y2.data(), nullptr);
+  check_rel("apply", y2, y1, rel);
+  y2 = nans<T>(total);
+  cpu::batch_norm_apply<T>(x.data(), mean1.data(), invstd1.data(), nullptr, nullptr, N, C, S, y1.data());
+  cuda::batch_norm_apply<T>(x.data(), mean1.data(), invstd1.data(), nullptr, nullptr, N, C, S, y2.data(), nullptr);
+  check_rel("apply without weight, bias", y2, y1, rel);
+
+  // backward_reduce and backward_elemt.
+  std::vector<double> sdy1(C), sdx1(C), sdy2 = nans<double>(C), sdx2 = nans<double>(C), abs_dy(C), abs_dyx(C);
+  cpu::batch_norm_backward_reduce<T>(dy.data(), x.data(), mean1.data(), N, C, S, sdy1.data(), sdx1.data());
+  cuda::batch_norm_backward_reduce<T>(dy.data(), x.data(), mean1.data(), N, C, S, sdy2.data(), sdx2.data(), nullptr);
+  for (int64_t i = 0; i < total; ++i) {
+    const int64_t c = (i / S) % C;
+    abs_dy[c] += std::abs(double(dy[i]));
+    abs_dyx[c] += std::abs(double(dy[i]) * (double(x[i]) - double(mean1[c])));
+  }
+  check_within("backward_reduce sum_dy", sdy2, sdy1, [&](size_t c) { return gamma * abs_dy[c]; });
+  check_within("backward_reduce sum_dy_xmu", sdx2, sdx1, [&](size_t c) { return gamma * abs_dyx[c]; });
+  std::vector<T> dx1(total), dx2 = nans<T>(total);
+  cpu::batch_norm_backward_elemt<T>(dy.data(), x.data(), mean1.data(), invstd1.data(), w.data(), sdy1.data(),
+                                    sdx1.data(), double(n), N, C, S, dx1.data());
+  cuda::batch_norm_backward_elemt<T>(dy.data(), x.data(), mean1.data(), invstd1.data(), w.data(), sdy1.data(),
+                                     sdx1.data(), double(n), N, C, S, dx2.data(), nullptr);
+  check_rel("backward_elemt", dx2, dx1, rel);
+
+  // The fused forward (training, eval) and backward (training, eval).
+  const double rel_fused = rel + 4 * gamma;
+  std::vector<T> sm1(C), si1(C), rmt1 = cast(uniform(C, 8)), rvt1 = cast(uniform(C, 9, 0.5, 2.0));
+  auto sm2 = nans<T>(C), si2 = nans<T>(C);
+  auto rmt2 = rmt1, rvt2 = rvt1;
+  y2 = nans<T>(total);
+  cpu::batch_norm_forward_training<T>(x.data(), w.data(), b.data(), rmt1.data(), rvt1.data(), N, C, S, 0.1, 1e-5,
+                                      y1.data(), sm1.data(), si1.data());
+  cuda::batch_norm_forward_training<T>(x.data(), w.data(), b.data(), rmt2.data(), rvt2.data(), N, C, S, 0.1, 1e-5,
+                                       y2.data(), sm2.data(), si2.data(), nullptr);
+  check_rel("forward_training y", y2, y1, rel_fused);
+  check_rel("forward_training save_mean", sm2, sm1, rel_fused);
+  check_rel("forward_training save_invstd", si2, si1, rel_fused);
+  check_rel("forward_training running_mean", rmt2, rmt1, rel_fused);
+  check_rel("forward_training running_var", rvt2, rvt1, rel_fused);
+  y2 = nans<T>(total);
+  cpu::batch_norm_forward_eval<T>(x.data(), rmt1.data(), rvt1.data(), w.data(), b.data(), N, C, S, 1e-5, y1.data());
+  cuda::batch_norm_forward_eval<T>(x.data(), rmt1.data(), rvt1.data(), w.data(), b.data(), N, C, S, 1e-5, y2.data(),
+                                   nullptr);
+  check_rel("forward_eval y", y2, y1, rel);
+  for (bool training : {true, false}) {
+    const std::string mode = training ? "backward (training) " : "backward (eval) ";
+    std::vector<T> gi1(total), gw1(C), gb1(C);
+    auto gi2 = nans<T>(total), gw2 = nans<T>(C), gb2 = nans<T>(C);
+    cpu::batch_norm_backward<T>(dy.data(), x.data(), sm1.data(), si1.data(), w.data(), N, C, S, training, gi1.data(),
+                                gw1.data(), gb1.data());
+    cuda::batch_norm_backward<T>(dy.data(), x.data(), sm1.data(), si1.data(), w.data(), N, C, S, training,
+                                 gi2.data(), gw2.data(), gb2.data(), nullptr);
+    check_rel(mode + "grad_input", gi2, gi1, rel_fused);  // grad_weight, grad_bias: sums of n terms
+    check_rel(mode + "grad_weight", gw2, gw1, rel_fused);
+    check_rel(mode + "grad_bias", gb2, gb1, rel_fused);
+  }
+}
+
+// One block per channel (N*S = 1400 values: one chunk of 4096).
+const Shape kPlanes{"[2, 5, 700]", 2, 5, 700};
+// N*S = 10000 values: three chunks per channel, combined by the second kernel.
+const Shape kSplit{"[4, 3, 2500]", 4, 3, 2500};
+// S = 1: 40 channels in two column blocks (the second partial), 300 rows in 3 chunks of 128.
+const Shape kColumns{"[300, 40, 1]", 300, 40, 1};
+
+TEST_CASE("batch_norm f32: every piece on the three reduction layouts") {
+  for (const Shape& s : {kPlanes, kSplit, kColumns}) check_batch_norm<float>(s);
+}
+
+TEST_CASE("batch_norm f64: every piece on the three reduction layouts") {
+  for (const Shape& s : {kPlanes, kSplit, kColumns}) check_batch_norm<double>(s);
+}
+
+TEST_CASE("batch_norm statistics of an empty batch are zero") {
+  std::vector<double> sum = nans<double>(4), sumsq = nans<double>(4), sdy = nans<double>(4), sdx = nans<double>(4);
+  std::vector<float> mean(4, 0.5f);
+  cuda::batch_norm_channel_stats<float>(nullptr, 0, 4, 5, sum.data(), sumsq.data(), nullptr);
+  cuda::batch_norm_backward_reduce<float>(nullptr, nullptr, mean.data(), 0, 4, 5, sdy.data(), sdx.data(), nullptr);
+  const std::vector<double> zeros(4, 0.0);
+  check_equal("sum", sum, zeros);
+  check_equal("sumsq", sumsq, zeros);
+  check_equal("sum_dy", sdy, zeros);
+  check_equal("sum_dy_xmu", sdx, zeros);
+}
+
+}  // namespace
