@@ -31,7 +31,7 @@ struct Options : app::CommonOptions {
 int train(Options& o) {
   const app::World world = app::world();
   const nd::Device device = app::setup("train_classifier", o, world);
-  const nd::AutocastGuard amp(device.type, o.amp);  // --amp: bf16 GEMM operands (engine/autocast.h)
+  const nd::AutocastGuard amp(device.type, o.amp);  // --amp: bf16 operands (engine/autocast.h)
   const nd::data::Dataset train_set = nd::data::load_fashion_mnist(o.data, true);
   const nd::data::Dataset test_set = nd::data::load_fashion_mnist(o.data, false);
   o.test_images = std::min(o.test_images, test_set.labels.size(0));

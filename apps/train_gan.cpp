@@ -55,7 +55,7 @@ double fid(models::DCGANGenerator& G, const std::string& path, const nd::data::D
 int train(Options& o) {
   const app::World world = app::world();
   const nd::Device device = app::setup("train_gan", o, world);
-  const nd::AutocastGuard amp(device.type, o.amp);  // --amp: bf16 GEMM operands (engine/autocast.h)
+  const nd::AutocastGuard amp(device.type, o.amp);  // --amp: bf16 operands (engine/autocast.h)
   if (o.eval && o.eval_samples > 10000) throw app::UsageError{"--eval-samples is at most 10000 (the test set)"};
   const nd::data::Dataset train_set = nd::data::load_fashion_mnist(o.data, true);
   const nd::data::Dataset test_set = o.eval ? nd::data::load_fashion_mnist(o.data, false) : nd::data::Dataset{};

@@ -98,7 +98,7 @@ double linear_probe(models::MAE& mae, const nd::data::Dataset& train, const nd::
 int train(Options& o) {
   const app::World world = app::world();
   const nd::Device device = app::setup("train_mae", o, world);
-  const nd::AutocastGuard amp(device.type, o.amp);  // --amp: bf16 GEMM operands (engine/autocast.h)
+  const nd::AutocastGuard amp(device.type, o.amp);  // --amp: bf16 operands (engine/autocast.h)
   if (o.model.empty()) o.model = device.is_cpu() ? "tiny" : "small";
   models::MAEConfig config;
   try {

@@ -29,7 +29,7 @@ void add_common_flags(Flags& flags, CommonOptions& o, bool has_batch_norm) {
             "stop right after this step and its checkpoint, as if killed (tests --resume; 0: off)", 0);
   if (has_batch_norm) flags.add("--sync-bn", &o.sync_bn, "SyncBatchNorm: BatchNorm statistics over all ranks");
   flags.add("--amp", &o.amp,
-            "mixed precision: bf16 operands, f32 accumulation in the GEMMs (Linear, attention projections); "
+            "mixed precision: bf16 operands, f32 accumulation in the GEMMs, convolutions and attention; "
             "on the CPU a slower reference");
 }
 

@@ -200,27 +200,31 @@ TEST_CASE("apps: each app trains a few steps and writes metrics.jsonl, PNGs and 
   }
 }
 
-TEST_CASE("apps: --amp trains with bf16 GEMM operands on the CPU too, close to but not equal to f32") {
-  // The MAE is Linear layers and attention projections: every one of its GEMMs changes.
-  std::string first_line[2];
-  for (int amp = 0; amp < 2; ++amp) {
-    const fs::path out = temp_dir(amp ? "mae_amp" : "mae_f32");
-    const Run r = run_app("train_mae", tiny(out) + (amp ? " --amp" : ""));
-    INFO(r.output);
-    REQUIRE(r.status == 0);
-    const auto lines = read_lines(out / "metrics.jsonl");
-    REQUIRE(lines.size() >= 2);
-    first_line[amp] = lines[0];
+TEST_CASE("apps: --amp trains with bf16 operands on the CPU too, close to but not equal to f32") {
+  // The MAE is Linear layers, attention projections and attention; the DCGAN is
+  // convolutions and transposed convolutions: under --amp every one of them changes.
+  for (const auto& [app, key] : {std::pair{"train_mae", "\"loss\":"}, std::pair{"train_gan", "\"loss_d\":"}}) {
+    CAPTURE(app);
+    std::string first_line[2];
+    for (int amp = 0; amp < 2; ++amp) {
+      const fs::path out = temp_dir(std::string(app) + (amp ? "_amp" : "_f32"));
+      const Run r = run_app(app, tiny(out) + (amp ? " --amp" : ""));
+      INFO(r.output);
+      REQUIRE(r.status == 0);
+      const auto lines = read_lines(out / "metrics.jsonl");
+      REQUIRE(lines.size() >= 2);
+      first_line[amp] = lines[0];
+    }
+    auto loss = [key = std::string(key)](const std::string& line) {
+      const size_t at = line.find(key);
+      REQUIRE(at != std::string::npos);
+      return std::stod(line.substr(at + key.size()));
+    };
+    const double f32 = loss(first_line[0]), bf16 = loss(first_line[1]);
+    CHECK(std::isfinite(bf16));
+    CHECK(bf16 != f32);
+    CHECK(std::abs(bf16 - f32) < 0.02 * std::abs(f32));
   }
-  auto loss = [](const std::string& line) {
-    const size_t at = line.find("\"loss\":");
-    REQUIRE(at != std::string::npos);
-    return std::stod(line.substr(at + 7));
-  };
-  const double f32 = loss(first_line[0]), bf16 = loss(first_line[1]);
-  CHECK(std::isfinite(bf16));
-  CHECK(bf16 != f32);
-  CHECK(std::abs(bf16 - f32) < 0.02 * std::abs(f32));
 }
 
 TEST_CASE("apps: train_gan --eval reports an FID with train_classifier's weights and train_mae --probe an accuracy") {
