@@ -468,24 +468,36 @@ __device__ float tc_score(const Problem<BFloat16>& p, const Head<BFloat16>& hd, 
   return hd.mask ? s + to_compute(hd.mask[i * p.mask.stride_q + j * p.mask.stride_k]) : s;
 }
 
-// The warp's 16 rows A [16][D] (bf16, ld D + 8) as matrix_a fragments.
+// Fragment counts skip work on padding (block-uniform, so every wmma call stays
+// warp-uniform): a tile's rows past the sequence's end and head-dim columns past E or Ev are
+// zero in shared memory, so their products add nothing, and score columns past the tile's
+// last key (or query) are never read (the SIMT passes give them P = dS = 0 without looking).
+// The MAE's short sequences (13 and 50 rows in a 64-row tile) and small heads gain most.
+__host__ __device__ constexpr int frags16(int64_t n) { return static_cast<int>((n + 15) / 16); }
+
+// The warp's 16 rows A [16][D] (bf16, ld D + 8) as matrix_a fragments: the first k_frags
+// of them (the others stay unused).
 template <int D>
-__device__ void warp_rows(FragA (&fa)[D / 16], const bf16* a) {
+__device__ void warp_rows(FragA (&fa)[D / 16], const bf16* a, int k_frags) {
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) wmma::load_matrix_sync(fa[kk], a + 16 * kk, D + 8);
+  for (int kk = 0; kk < D / 16; ++kk)
+    if (kk < k_frags) wmma::load_matrix_sync(fa[kk], a + 16 * kk, D + 8);
 }
 
-// out[16][64] (f32, ld 64 + 4) = A B^T for the warp's 16 rows A (fragments) and a whole
-// tile B [64][D] (bf16, ld D + 8): B^T read as a col-major matrix_b.
+// out[16][16 n] (f32, ld 64 + 4) = A B^T for n < n_frags, for the warp's 16 rows A
+// (fragments) and a tile B [64][D] (bf16, ld D + 8; B^T read as a col-major matrix_b),
+// over the first k_frags 16-column blocks of the head dim.
 template <int D>
-__device__ void warp_scores(float* out, const FragA (&fa)[D / 16], const bf16* b) {
+__device__ void warp_scores(float* out, const FragA (&fa)[D / 16], const bf16* b, int n_frags, int k_frags) {
   constexpr int ld = D + 8;
 #pragma unroll
   for (int n = 0; n < kTcTile / 16; ++n) {
+    if (n >= n_frags) break;
     FragC acc;
     wmma::fill_fragment(acc, 0.0f);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
+      if (kk >= k_frags) break;
       FragBCol fb;
       wmma::load_matrix_sync(fb, b + 16 * n * ld + 16 * kk, ld);
       wmma::mma_sync(acc, fa[kk], fb, acc);
@@ -494,24 +506,28 @@ __device__ void warp_scores(float* out, const FragA (&fa)[D / 16], const bf16* b
   }
 }
 template <int D>
-__device__ void warp_scores(float* out, const bf16* a, const bf16* b) {
+__device__ void warp_scores(float* out, const bf16* a, const bf16* b, int n_frags, int k_frags) {
   FragA fa[D / 16];
-  warp_rows<D>(fa, a);
-  warp_scores<D>(out, fa, b);
+  warp_rows<D>(fa, a, k_frags);
+  warp_scores<D>(out, fa, b, n_frags, k_frags);
 }
 
-// acc[d] += A B[:, 16d .. 16d + 16) for the warp's A [16][64] (bf16, ld 64 + 8) and a tile
-// B [64][D] (bf16, ld D + 8, row-major matrix_b).
+// acc[d] += A B[:, 16d .. 16d + 16) for d < d_frags, for the warp's A [16][64] (bf16,
+// ld 64 + 8) and a tile B [64][D] (bf16, ld D + 8, row-major matrix_b), over the first
+// k_frags 16-row blocks of B (A is 0 past them).
 template <int D>
-__device__ void warp_accumulate(FragC (&acc)[D / 16], const bf16* a, const bf16* b) {
+__device__ void warp_accumulate(FragC (&acc)[D / 16], const bf16* a, const bf16* b, int k_frags, int d_frags) {
   constexpr int ld = D + 8;
   FragA fa[kTcTile / 16];
 #pragma unroll
-  for (int kk = 0; kk < kTcTile / 16; ++kk) wmma::load_matrix_sync(fa[kk], a + 16 * kk, kTcTile + 8);
+  for (int kk = 0; kk < kTcTile / 16; ++kk)
+    if (kk < k_frags) wmma::load_matrix_sync(fa[kk], a + 16 * kk, kTcTile + 8);
 #pragma unroll
   for (int d = 0; d < D / 16; ++d) {
+    if (d >= d_frags) break;
 #pragma unroll
     for (int kk = 0; kk < kTcTile / 16; ++kk) {
+      if (kk >= k_frags) break;
       FragBRow fb;
       wmma::load_matrix_sync(fb, b + 16 * kk * ld + 16 * d, ld);
       wmma::mma_sync(acc[d], fa[kk], fb, acc[d]);
@@ -577,8 +593,10 @@ __global__ void __launch_bounds__(kThreads) tc_forward_kernel(Problem<BFloat16> 
   for (int d = 0; d < D / 16; ++d) wmma::fill_fragment(acc[d], 0.0f);
   OnlineSoftmax<float> row_state;  // of row r (both halves keep identical copies)
   FragA q_rows[D / 16];            // the warp's queries, held for the whole loop
-  __syncthreads();                 // the Q tile is in
-  warp_rows<D>(q_rows, wq);
+  const int e_frags = frags16(p.E), ev_frags = frags16(p.Ev);
+  const bool warp_busy = 16 * warp < rows;  // else every row of the warp is padding
+  __syncthreads();                          // the Q tile is in
+  if (warp_busy) warp_rows<D>(q_rows, wq, e_frags);
   const int64_t key_end = attention_key_end(i0 + rows, p.Sk, p.is_causal);
   for (int64_t j0 = 0; j0 < key_end; j0 += kTcTile) {
     const int64_t cols = key_end - j0 < kTcTile ? key_end - j0 : kTcTile;
@@ -586,7 +604,9 @@ __global__ void __launch_bounds__(kThreads) tc_forward_kernel(Problem<BFloat16> 
     tc_load<D>(sk, hd.k, j0, cols, p.E);
     tc_load<D>(sv, hd.v, j0, cols, p.Ev);
     __syncthreads();
-    warp_scores<D>(ws, q_rows, sk);
+    if (!warp_busy) continue;  // it still loads its share of every tile (above)
+    const int key_frags = frags16(cols);
+    warp_scores<D>(ws, q_rows, sk, key_frags, e_frags);
     __syncwarp();
     float block_max = -INFINITY;
     for (int t = 0; t < kTcTile / 2; ++t) {
@@ -614,7 +634,7 @@ __global__ void __launch_bounds__(kThreads) tc_forward_kernel(Problem<BFloat16> 
 #pragma unroll
       for (int x = 0; x < corr.num_elements; ++x) acc[d].x[x] *= corr.x[x];
     }
-    warp_accumulate<D>(acc, wp, sv);
+    warp_accumulate<D>(acc, wp, sv, key_frags, ev_frags);
   }
   if (half == 0) {
     sinv[16 * warp + r] = row_state.inverse_sum();  // 0 for a row with no allowed key: out = 0
@@ -652,6 +672,8 @@ __global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<BFloat16> p, in
     sdelta[x] = x < rows ? hd.delta[i0 + x] : 0.0f;
   }
   const bf16 *wq = sq + 16 * warp * L::ld_in, *wdo = sdo + 16 * warp * L::ld_in;
+  const int e_frags = frags16(p.E), ev_frags = frags16(p.Ev);
+  const bool warp_busy = 16 * warp < rows;  // else every query row of the warp is padding
   float *ws = ss + 16 * warp * L::ld_f, *wdp = sdp + 16 * warp * L::ld_f;
   bf16* wds = sds + 16 * warp * L::ld_b;
 
@@ -665,8 +687,10 @@ __global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<BFloat16> p, in
     tc_load<D>(sk, hd.k, j0, cols, p.E);
     tc_load<D>(sv, hd.v, j0, cols, p.Ev);
     __syncthreads();
-    warp_scores<D>(ws, wq, sk);
-    warp_scores<D>(wdp, wdo, sv);
+    if (!warp_busy) continue;  // it still loads its share of every tile (above)
+    const int key_frags = frags16(cols);
+    warp_scores<D>(ws, wq, sk, key_frags, e_frags);
+    warp_scores<D>(wdp, wdo, sv, key_frags, ev_frags);
     __syncwarp();
     for (int idx = lane; idx < 16 * kTcTile; idx += 32) {
       const int r = idx / kTcTile, c = idx % kTcTile, row = 16 * warp + r;
@@ -676,7 +700,7 @@ __global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<BFloat16> p, in
       wds[r * L::ld_b + c] = __float2bfloat16_rn(ds);
     }
     __syncwarp();
-    warp_accumulate<D>(acc, wds, sk);
+    warp_accumulate<D>(acc, wds, sk, key_frags, e_frags);
   }
   warp_store<D>(acc, ws, nullptr, p.scale, dq + tb.bh * p.Sq * p.E + (i0 + 16 * warp) * p.E, rows - 16 * warp,
                 p.E);
@@ -709,6 +733,8 @@ __global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<BFloat16> p,
   tc_load<D>(sk, hd.k, j0, cols, p.E);
   tc_load<D>(sv, hd.v, j0, cols, p.Ev);
   const bf16 *wk = sk + 16 * warp * L::ld_in, *wv = sv + 16 * warp * L::ld_in;
+  const int e_frags = frags16(p.E), ev_frags = frags16(p.Ev);
+  const bool warp_busy = 16 * warp < cols;  // else every key of the warp is padding
   float *ws = ss + 16 * warp * L::ld_f, *wdp = sdp + 16 * warp * L::ld_f;
   bf16 *wp = sp + 16 * warp * L::ld_b, *wds = sds + 16 * warp * L::ld_b;
 
@@ -728,8 +754,10 @@ __global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<BFloat16> p,
       sdelta[x] = x < rows ? hd.delta[i0 + x] : 0.0f;
     }
     __syncthreads();
-    warp_scores<D>(ws, wk, sq);
-    warp_scores<D>(wdp, wv, sdo);
+    if (!warp_busy) continue;  // it still loads its share of every tile (above)
+    const int query_frags = frags16(rows);
+    warp_scores<D>(ws, wk, sq, query_frags, e_frags);
+    warp_scores<D>(wdp, wv, sdo, query_frags, ev_frags);
     __syncwarp();
     for (int idx = lane; idx < 16 * kTcTile; idx += 32) {  // element (key r, query c)
       const int r = idx / kTcTile, c = idx % kTcTile;
@@ -740,8 +768,8 @@ __global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<BFloat16> p,
       wds[r * L::ld_b + c] = __float2bfloat16_rn(ds);
     }
     __syncwarp();
-    warp_accumulate<D>(acc_dv, wp, sdo);
-    warp_accumulate<D>(acc_dk, wds, sq);
+    warp_accumulate<D>(acc_dv, wp, sdo, query_frags, ev_frags);
+    warp_accumulate<D>(acc_dk, wds, sq, query_frags, e_frags);
   }
   const int64_t key = j0 + 16 * warp;
   warp_store<D>(acc_dk, ws, nullptr, p.scale, dk + tb.bh * p.Sk * p.E + key * p.E, cols - 16 * warp, p.E);
