@@ -1,0 +1,82 @@
+// kernels/cuda/optim.cu in the emulator against kernels/cpu/optim.cpp: SGD (plain, momentum
+// first and later steps, dampening, Nesterov, weight decay) and Adam (Adam / AdamW, AMSGrad,
+// weight decay), f32 and f64, a length that is not a multiple of the block. Both sides
+// evaluate kernels/common/optim_math.h per element, so the comparison checks the indexing
+// and the coefficients: within 8 ulps of the largest value (compilations may contract
+// multiply-adds differently: check_ulps).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "emu_test.h"
+#include "kernels/cpu/optim.h"
+#include "kernels/cuda/optim.h"
+
+namespace {
+
+using namespace nd::kernels;
+using namespace nd::emu_test;
+
+// A contracted multiply-add changes a result by about an ulp of its largest intermediate
+// term, which can exceed the result (cancellation); these inputs keep every term within the
+// tensor's largest |value|, so 8 ulps of that bound the difference.
+template <class T>
+void check_ulps(const std::string& what, const std::vector<T>& got, const std::vector<T>& ref) {
+  check_rel(what, got, ref, 8 * (sizeof(T) == 4 ? std::ldexp(1.0, -23) : std::ldexp(1.0, -52)));
+}
+
+template <class T>
+void check_sgd(const cpu::SgdParams& hp) {
+  INFO("momentum ", hp.momentum, " nesterov ", hp.nesterov, " first ", hp.first_step, sizeof(T) == 4 ? " f32" : " f64");
+  const int64_t n = 777;
+  auto cast = [](const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); };
+  auto p1 = cast(uniform(n, 1)), buf1 = cast(uniform(n, 2));
+  const auto g = cast(uniform(n, 3));
+  auto p2 = p1, buf2 = buf1;
+  T* b1 = hp.momentum != 0 ? buf1.data() : nullptr;
+  T* b2 = hp.momentum != 0 ? buf2.data() : nullptr;
+  cpu::sgd_step<T>(n, hp, p1.data(), g.data(), b1);
+  cuda::sgd_step<T>(n, hp, p2.data(), g.data(), b2, nullptr);
+  check_ulps("sgd p", p2, p1);
+  check_ulps("sgd buf", buf2, buf1);
+}
+
+template <class T>
+void check_adam(const cpu::AdamParams& hp) {
+  INFO("amsgrad ", hp.amsgrad, " decoupled ", hp.decoupled_weight_decay, " step ", hp.step,
+       sizeof(T) == 4 ? " f32" : " f64");
+  const int64_t n = 777;
+  auto cast = [](const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); };
+  auto p1 = cast(uniform(n, 1)), m1 = cast(uniform(n, 2)), v1 = cast(uniform(n, 3, 0, 1)),
+       vmax1 = cast(uniform(n, 4, 0, 1));
+  const auto g = cast(uniform(n, 5));
+  auto p2 = p1, m2 = m1, v2 = v1, vmax2 = vmax1;
+  cpu::adam_step<T>(n, hp, p1.data(), g.data(), m1.data(), v1.data(), hp.amsgrad ? vmax1.data() : nullptr);
+  cuda::adam_step<T>(n, hp, p2.data(), g.data(), m2.data(), v2.data(), hp.amsgrad ? vmax2.data() : nullptr, nullptr);
+  check_ulps("adam p", p2, p1);
+  check_ulps("adam m", m2, m1);
+  check_ulps("adam v", v2, v1);
+  check_ulps("adam vmax", vmax2, vmax1);
+}
+
+TEST_CASE("sgd_step: plain, momentum (first and later steps), dampening, nesterov, weight decay") {
+  for (const cpu::SgdParams& hp : {cpu::SgdParams{0.1, 0, 0, 0, false, true}, cpu::SgdParams{0.1, 0.9, 0, 0.01, false, true},
+                                   cpu::SgdParams{0.1, 0.9, 0.1, 0.01, false, false},
+                                   cpu::SgdParams{0.05, 0.9, 0, 0, true, false}}) {
+    check_sgd<float>(hp);
+    check_sgd<double>(hp);
+  }
+}
+
+TEST_CASE("adam_step: Adam, AdamW, AMSGrad, weight decay") {
+  for (const cpu::AdamParams& hp : {cpu::AdamParams{1e-3, 0.9, 0.999, 1e-8, 0, false, false, 1},
+                                    cpu::AdamParams{1e-3, 0.9, 0.999, 1e-8, 0.01, true, false, 7},
+                                    cpu::AdamParams{1e-2, 0.8, 0.99, 1e-6, 0.1, false, true, 3}}) {
+    check_adam<float>(hp);
+    check_adam<double>(hp);
+  }
+}
+
+}  // namespace
