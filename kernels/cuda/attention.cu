@@ -470,8 +470,8 @@ __device__ float tc_score(const Problem<BFloat16>& p, const Head<BFloat16>& hd, 
 
 // Fragment counts skip work on padding (block-uniform, so every wmma call stays
 // warp-uniform): a tile's rows past the sequence's end and head-dim columns past E or Ev are
-// zero in shared memory, so their products add nothing, and score columns past the tile's
-// last key (or query) are never read (the SIMT passes give them P = dS = 0 without looking).
+// zero in shared memory, so their products add nothing; score columns past the tile's last
+// key (or query) get P = dS = 0 from the SIMT passes, which skip whole 16-column blocks of them.
 // The MAE's short sequences (13 and 50 rows in a 64-row tile) and small heads gain most.
 __host__ __device__ constexpr int frags16(int64_t n) { return static_cast<int>((n + 15) / 16); }
 
@@ -609,7 +609,7 @@ __global__ void __launch_bounds__(kThreads) tc_forward_kernel(Problem<BFloat16> 
     warp_scores<D>(ws, q_rows, sk, key_frags, e_frags);
     __syncwarp();
     float block_max = -INFINITY;
-    for (int t = 0; t < kTcTile / 2; ++t) {
+    for (int t = 0; t < 8 * key_frags; ++t) {  // columns past 16 * key_frags are never read
       const int c = 2 * t + half;
       const float s = tc_score(p, hd, ws[r * L::ld_f + c], i, j0 + c, row_valid);
       ws[r * L::ld_f + c] = s;
@@ -618,7 +618,7 @@ __global__ void __launch_bounds__(kThreads) tc_forward_kernel(Problem<BFloat16> 
     const float other_max = __shfl_xor_sync(0xffffffffu, block_max, 16);
     const float correction = row_state.begin_block(other_max > block_max ? other_max : block_max);
     float sum = 0;
-    for (int t = 0; t < kTcTile / 2; ++t) {
+    for (int t = 0; t < 8 * key_frags; ++t) {
       const int c = 2 * t + half;
       const float w = row_state.weight(ws[r * L::ld_f + c]);
       wp[r * L::ld_b + c] = __float2bfloat16_rn(w);
@@ -692,8 +692,9 @@ __global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<BFloat16> p, in
     warp_scores<D>(ws, wq, sk, key_frags, e_frags);
     warp_scores<D>(wdp, wdo, sv, key_frags, ev_frags);
     __syncwarp();
-    for (int idx = lane; idx < 16 * kTcTile; idx += 32) {
-      const int r = idx / kTcTile, c = idx % kTcTile, row = 16 * warp + r;
+    const int width = 16 * key_frags;  // columns past it are never read
+    for (int idx = lane; idx < 16 * width; idx += 32) {
+      const int r = idx / width, c = idx % width, row = 16 * warp + r;
       const float prob =
           probability_from_lse(tc_score(p, hd, ws[r * L::ld_f + c], i0 + row, j0 + c, row < rows), slse[row]);
       const float ds = prob != 0.0f ? prob * (wdp[r * L::ld_f + c] - sdelta[row]) : 0.0f;
@@ -759,8 +760,9 @@ __global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<BFloat16> p,
     warp_scores<D>(ws, wk, sq, query_frags, e_frags);
     warp_scores<D>(wdp, wv, sdo, query_frags, ev_frags);
     __syncwarp();
-    for (int idx = lane; idx < 16 * kTcTile; idx += 32) {  // element (key r, query c)
-      const int r = idx / kTcTile, c = idx % kTcTile;
+    const int width = 16 * query_frags;  // columns past it are never read
+    for (int idx = lane; idx < 16 * width; idx += 32) {  // element (key r, query c)
+      const int r = idx / width, c = idx % width;
       const float prob =
           probability_from_lse(tc_score(p, hd, ws[r * L::ld_f + c], i0 + c, j0 + 16 * warp + r, c < rows), slse[c]);
       const float ds = prob != 0.0f ? prob * (wdp[r * L::ld_f + c] - sdelta[c]) : 0.0f;
