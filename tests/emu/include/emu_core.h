@@ -5,9 +5,12 @@
 // What is emulated:
 // - a launch (emu_launch, which tests/emu/emu_rewrite.cpp substitutes for <<<...>>>) runs
 //   the grid's blocks one after another; each block runs one OS thread per CUDA thread
-//   (a team kept across launches), so threads of a block really run concurrently (races are races; -fsanitize=thread sees
-//   them). Because blocks run one at a time, a kernel's `__shared__` variable is a
-//   function-local `static`: one copy, shared by the threads of the running block.
+//   (a team kept across launches), so the threads of a block really run concurrently:
+//   races are races, and -fsanitize=thread sees them. Because blocks run one at a time, a
+//   kernel's `__shared__` variable is a function-local `static`: one copy, shared by the
+//   threads of the running block (static shared memory is not re-poisoned between blocks).
+// - gridDim, blockDim, blockIdx and threadIdx (3-D), with the launch limits checked:
+//   block size 1..1024, grid y/z <= 65535, dynamic shared memory <= 227 KiB.
 // - `__syncthreads` is a block barrier; `__syncwarp`, the shuffles and ballots are warp
 //   barriers. Every barrier checks that all threads reach the SAME call: a thread at
 //   another barrier aborts naming both, and a barrier some thread never reaches (a
@@ -17,13 +20,14 @@
 //   kernel that reads shared memory it never wrote, or relies on alignment it did not ask
 //   for, shows up.
 // - atomics are serialised by one mutex (exact, not fast).
-// What is NOT emulated: timing, occupancy and memory limits (the launch checks block size
-// <= 1024 and grid y/z <= 65535 only), partial warps (a block size that is not a multiple
-// of 32 aborts), warp-level scheduling (lanes are threads, not lockstep: code that relies
-// on implicit warp synchrony without __syncwarp is a race here, as it is on Volta+),
-// cub, cooperative groups, raw PTX (asm, mma.sync, ldmatrix, cp.async), textures,
-// streams (everything runs synchronously at the launch), and device-side fast-math
-// (__expf is exact expf; nvcc's FMA contraction is the host compiler's business).
+// What is NOT emulated: timing, occupancy, registers and the static shared memory limit;
+// partial warps (a block size that is not a multiple of 32 aborts); warp-level scheduling
+// (lanes are threads, not lockstep: code that relies on implicit warp synchrony without
+// __syncwarp is a race here, as it is on Volta and newer); the mask argument of the *_sync
+// intrinsics (full warps only); cub, cuBLAS, cooperative groups, raw PTX (asm, mma.sync,
+// ldmatrix, cp.async), textures; streams (everything runs synchronously at the launch);
+// device math (__expf is expf, the device's libm ulps are the host's; FMA contraction is
+// the host compiler's); Linux only (futexes).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
