@@ -13,12 +13,21 @@
 //       a device-to-device copy that moves the same bytes.         Target >= 0.75 of copy.
 //   layer_norm fwd+bwd, AdamW step (10M and 100M elements) vs a copy of the same bytes.
 //                                                                  Target >= 0.8 of copy.
-//   attention fwd and fwd+bwd, f32  GFLOP/s only (PyTorch side: bench_kernels_torch.py).
+//   attention fwd and fwd+bwd        no baseline in this binary: bench_kernels_torch.py times
+//       PyTorch's SDPA at the same shapes, and `bench_kernels_torch.py --join` (run by
+//       gpu_check.sh) gives each of our rows its ratio vs the PyTorch row of the same
+//       (op, shape, dtype). Rows: dtype "f32", impl "nd::sdpa": f32 tensors, the SIMT
+//       kernels (vs PyTorch f32, the backend it picks). dtype "bf16", impl "nd::sdpa": f32
+//       tensors under autocast, so the conversions to bf16 and back are timed too.
+//       dtype "bf16", impl "cuda::sdpa_bf16": the bf16 tensor-core kernel entry points called
+//       directly on bf16 device buffers, the kernel-level number the targets are about:
+//       forward >= 0.6, fwd+bwd >= 0.5 of PyTorch's flash SDPA on bf16 tensors.
 //   matmul                           vs raw cublasSgemm (a sanity check: ratio ~ 1).
 //   copy 1 GiB                       the engine's copy_ vs cudaMemcpyAsync (the ceiling).
 // ratio = baseline ms / our ms (> 1: ours is faster), one row of ours per baseline.
 // FLOPs: 2 N C_out OH OW C_in k k per conv pass; attention 4 B H S S D forward and 2.5x
-// that backward; matmul 2 M N K. Bytes (GB/s) are what each pass must move, in f32:
+// that backward; matmul 2 M N K. Bytes (GB/s) are what each pass must move, in f32
+// (attention's bf16 rows: 2 bytes an element, as on the PyTorch side):
 //   batch_norm 8 n: forward reads x for the statistics, then reads x and writes y;
 //                   backward reads x, dy for the sums, then reads x, dy and writes dx.
 //   layer_norm 5 n: forward reads x, writes y; backward reads x, dy, writes dx (rows stay
@@ -37,6 +46,7 @@
 #include <nanoddp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -45,6 +55,7 @@
 #ifdef NANODDP_WITH_CUDA
 #include "cuda_baselines.h"
 #include "cuda_timing.h"
+#include "kernels/cuda/attention.h"
 #endif
 
 namespace {
@@ -79,6 +90,8 @@ void print_table(const std::vector<Row>& rows) {
     else
       std::printf("%6.2f\n", r.ratio);
   }
+  if (std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.op.rfind("attention", 0) == 0; }))
+    std::printf("(attention: ratios vs PyTorch's SDPA come from bench_kernels_torch.py --join, see gpu_check.sh)\n");
 }
 
 // ---- convolution ------------------------------------------------------------------------------
@@ -222,29 +235,74 @@ void bench_adamw(Context& c) {
   }
 }
 
+// Our bf16 tensor-core kernels (kernels/cuda/attention.h) called directly on bf16 device
+// buffers, no engine and no autograd: the forward, or the forward then the backward (its
+// delta pass and scratch included), as PyTorch's flash rows compute them. Scale 1/sqrt(D),
+// no mask, not causal.
+Impl bf16_kernels(Bench& b, const nd::Shape& shape, bool backward) {
+  return {"cuda::sdpa_bf16", [&b, shape, backward]() -> Run {
+            const auto bf16 = [&] { return randn(b, shape).to(nd::kBFloat16); };
+            const auto empty_bf16 = [&] { return nd::empty(shape, b.options().dtype(nd::kBFloat16)); };
+            const nd::Tensor q = bf16(), k = bf16(), v = bf16(), dout = bf16(), out = empty_bf16(), dq = empty_bf16(),
+                             dk = empty_bf16(), dv = empty_bf16();
+            const int64_t B = shape[0], H = shape[1], S = shape[2], D = shape[3];
+            const nd::Tensor lse = nd::empty({B, H, S}, b.options());
+            const double scale = 1.0 / std::sqrt(double(D));
+            const cudaStream_t stream = b.stream();
+            const auto p = [](const nd::Tensor& t) { return t.data_ptr<nd::BFloat16>(); };
+            return [=] {
+              cu::scaled_dot_product_attention_forward(p(q), p(k), p(v), {}, B, H, S, S, D, D, false, scale, p(out),
+                                                       lse.data_ptr<float>(), stream);
+              if (backward)
+                cu::scaled_dot_product_attention_backward(p(dout), p(q), p(k), p(v), {}, p(out),
+                                                          lse.data_ptr<float>(), B, H, S, S, D, D, false, scale,
+                                                          p(dq), p(dk), p(dv), stream);
+            };
+          }};
+}
+
 // B H S D: a long sequence, then the MAE "small" encoder (12 visible patches + cls, 192
 // wide, 6 heads) and decoder (49 patches + cls, 96 wide, 3 heads) at its batch of 128.
+// f32 rows: nd::sdpa on f32 tensors (the SIMT kernels). bf16 rows: nd::sdpa on f32 tensors
+// under autocast (conversions to and from bf16 included), then the bf16 kernels alone
+// (bf16_kernels above), the number the targets are about.
 void bench_attention(Context& c) {
   const int64_t shapes[][4] = {{8, 8, 1024, 64}, {128, 6, 13, 32}, {128, 3, 50, 32}};
   for (const auto& s : shapes) {
     const nd::Shape shape{s[0], s[1], s[2], s[3]};
     Bench& b = c.bench;
-    // bytes: forward reads q, k, v, writes out; backward also reads out, dout, writes dq, dk, dv
-    const double fwd = 4.0 * s[0] * s[1] * s[2] * s[2] * s[3], tensor_bytes = 4.0 * s[0] * s[1] * s[2] * s[3];
+    // bytes: forward reads q, k, v, writes out; backward also reads out, dout, writes dq, dk,
+    // dv; 4 bytes an element in f32, 2 in bf16 (as bench_kernels_torch.py counts them)
+    const double fwd = 4.0 * s[0] * s[1] * s[2] * s[2] * s[3], elements = double(s[0]) * s[1] * s[2] * s[3];
     const std::string name = "B=" + std::to_string(s[0]) + " H=" + std::to_string(s[1]) + " S=" + std::to_string(s[2]) +
                              " D=" + std::to_string(s[3]);
-    const Impl fwd_only{"nd::sdpa", [&b, shape]() -> Run {
-                          const nd::Tensor q = randn(b, shape), k = randn(b, shape), v = randn(b, shape);
-                          return [=] { nd::scaled_dot_product_attention(q, k, v); };
-                        }};
-    const Impl fwd_bwd{"nd::sdpa", [&b, shape]() -> Run {
-                         const nd::Tensor q = randn(b, shape, true), k = randn(b, shape, true),
-                                          v = randn(b, shape, true);
-                         return forward_backward([=] { return nd::scaled_dot_product_attention(q, k, v); },
-                                                 randn(b, shape), {q, k, v});
-                       }};
-    b.compare({"attention_fwd", name, fwd, 4 * tensor_bytes}, {}, fwd_only);
-    b.compare({"attention_fwd_bwd", name, 3.5 * fwd, 12 * tensor_bytes}, {}, fwd_bwd);
+    for (bool amp : {false, true}) {
+      const Impl fwd_only{"nd::sdpa", [&b, shape, amp]() -> Run {
+                            const nd::Tensor q = randn(b, shape), k = randn(b, shape), v = randn(b, shape);
+                            return [=] {
+                              const nd::AutocastGuard guard(nd::kCUDA, amp);
+                              nd::scaled_dot_product_attention(q, k, v);
+                            };
+                          }};
+      const Impl fwd_bwd{"nd::sdpa", [&b, shape, amp]() -> Run {
+                           const nd::Tensor q = randn(b, shape, true), k = randn(b, shape, true),
+                                            v = randn(b, shape, true);
+                           return forward_backward(
+                               [=] {
+                                 const nd::AutocastGuard guard(nd::kCUDA, amp);
+                                 return nd::scaled_dot_product_attention(q, k, v);
+                               },
+                               randn(b, shape), {q, k, v});
+                         }};
+      const char* dtype = amp ? "bf16" : "f32";
+      const double tensor_bytes = (amp ? 2.0 : 4.0) * elements;
+      b.compare({"attention_fwd", name, fwd, 4 * tensor_bytes, dtype}, {}, fwd_only);
+      b.compare({"attention_fwd_bwd", name, 3.5 * fwd, 12 * tensor_bytes, dtype}, {}, fwd_bwd);
+      if (amp) {
+        b.compare({"attention_fwd", name, fwd, 4 * tensor_bytes, dtype}, {}, bf16_kernels(b, shape, false));
+        b.compare({"attention_fwd_bwd", name, 3.5 * fwd, 12 * tensor_bytes, dtype}, {}, bf16_kernels(b, shape, true));
+      }
+    }
   }
 }
 

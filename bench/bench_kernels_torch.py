@@ -23,6 +23,13 @@ Output: one JSON line per row as measured
 exit 0.
 
 Usage: python3 bench/bench_kernels_torch.py [NAME...]   (NAME as in bench_kernels; default all)
+       python3 bench/bench_kernels_torch.py --join ROWS.jsonl
+--join (needs no torch, no GPU): ROWS.jsonl holds both programs' JSON lines (gpu_check.sh's
+bench_kernels.jsonl). Each of our measured rows (impl "nd::..." or "cuda::...", once per impl)
+that has a measured PyTorch row of the same (op, shape, dtype) is printed again as a JSON
+line with "baseline":"pytorch" and "ratio" = PyTorch ms / our ms (> 1: ours is faster),
+then as a table that marks the issue's targets: attention_fwd >= 0.6 and attention_fwd_bwd
+>= 0.5 of PyTorch's flash SDPA in bf16, for the bf16 kernels (impl "cuda::sdpa_bf16").
 """
 import contextlib
 import json
@@ -253,7 +260,46 @@ FAMILIES = {
 }
 
 
+# The issue's targets vs PyTorch: (op, dtype, our impl) -> ratio >= target.
+JOIN_TARGETS = {("attention_fwd", "bf16", "cuda::sdpa_bf16"): 0.6,
+                ("attention_fwd_bwd", "bf16", "cuda::sdpa_bf16"): 0.5}
+
+
+def join(path):
+    """Our rows against PyTorch's of the same (op, shape, dtype): JSON lines, then a table."""
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.startswith("{")]
+    torch_ms = {(r["op"], r["shape"], r["dtype"]): r["ms"] for r in rows if r["impl"] == "pytorch" and r.get("ms")}
+    joined, seen = [], set()
+    for r in rows:
+        key = (r["op"], r["shape"], r["dtype"])
+        # ours: impl "nd::..." or "cuda::..." (the others are cuDNN, cuBLAS, copy baselines);
+        # once per impl (bench_kernels prints ours once per baseline)
+        if not r["impl"].startswith(("nd::", "cuda::")) or not r.get("ms") or key not in torch_ms:
+            continue
+        if key + (r["impl"],) in seen:
+            continue
+        seen.add(key + (r["impl"],))
+        out = dict(r, baseline="pytorch", ratio=round(torch_ms[key] / r["ms"], 3))
+        out.pop("note", None)
+        joined.append(out)
+        print(json.dumps(out, separators=(",", ":")), flush=True)
+    print(f"\nours vs PyTorch (ratio = PyTorch ms / our ms), {len(joined)} row(s) joined on (op, shape, dtype)")
+    print(f"{'op':24} {'shape':28} {'dtype':5} {'impl':16} {'ms':>9} {'pytorch':>9} {'ratio':>6}")
+    for r in joined:
+        target = JOIN_TARGETS.get((r["op"], r["dtype"], r["impl"]), 0)
+        verdict = f" below the target {target:.2f}" if r["ratio"] < target else ""
+        print(f"{r['op']:24} {r['shape']:28} {r['dtype']:5} {r['impl']:16} {r['ms']:9.4f} "
+              f"{torch_ms[(r['op'], r['shape'], r['dtype'])]:9.4f} {r['ratio']:6.2f}{verdict}")
+    return 0
+
+
 def main(argv):
+    if len(argv) >= 2 and argv[1] == "--join":
+        if len(argv) != 3:
+            print("usage: bench_kernels_torch.py --join ROWS.jsonl", file=sys.stderr)
+            return 2
+        return join(argv[2])
     names = argv[1:]
     if any(n in ("-h", "--help") for n in names):
         print(__doc__)

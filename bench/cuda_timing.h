@@ -71,7 +71,7 @@ struct Impl {
 
 // What a row computes: GFLOP/s = flops / time, GB/s = bytes / time (0: not reported).
 // dtype: the precision of the products, "f32", or "bf16" for autocast rows (f32 tensors,
-// bf16 operands).
+// bf16 operands) and for kernels called on bf16 buffers (attention's "cuda::sdpa_bf16").
 struct Work {
   std::string op, shape;
   double flops = 0, bytes = 0;

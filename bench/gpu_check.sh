@@ -7,7 +7,8 @@
 # Files in $OUT (the device tool returns at most 8): env.txt, build.log, ctest.log, one
 # <test binary>.log for the first two CUDA test binaries (any further ones append to
 # cuda_tests_more.log), bench_kernels.txt (both benchmarks' tables and messages) and
-# bench_kernels.jsonl (every JSON row: ours, the baselines, then impl "pytorch").
+# bench_kernels.jsonl (every JSON row: ours, the baselines, then impl "pytorch", then ours
+# again with "baseline":"pytorch" and the ratio, from bench_kernels_torch.py --join).
 # Budget: well inside 8 minutes. Every phase has its own timeout, and no phase runs past
 # BUDGET_S seconds (default 420) from the start: a phase that would start with less than
 # 15 s left is skipped and says so in the table.
@@ -156,6 +157,20 @@ else
       "rc=$rc, $(grep -c '^{' "$torch_out") JSON rows"
     rm -f "$torch_out"
   fi
+fi
+
+# Ours vs PyTorch: each of our rows with the PyTorch row of the same (op, shape, dtype),
+# ratio and the attention targets (bench_kernels_torch.py --join; pure Python, no GPU).
+if grep -q '"impl":"pytorch"' "$BENCH_JSON" && grep -q '"impl":"\(nd\|cuda\)::' "$BENCH_JSON"; then
+  echo "=== ours vs pytorch (bench_kernels_torch.py --join)" >>"$BENCH_TXT"
+  join_out=$(mktemp)
+  timeout 30 python3 bench/bench_kernels_torch.py --join "$BENCH_JSON" >"$join_out" 2>&1
+  rc=$?
+  cat "$join_out" >>"$BENCH_TXT"
+  grep '^{' "$join_out" >>"$BENCH_JSON"
+  below=$(grep -c 'below the target' "$join_out")
+  row "ours vs pytorch" "$(status "$rc")" 0 "$(grep -c '^{' "$join_out") joined rows ($below below the target)"
+  rm -f "$join_out"
 fi
 
 # Last, with what is left of the budget: each test binary again with full doctest output
