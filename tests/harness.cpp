@@ -128,4 +128,34 @@ std::string error_message(const std::function<void()>& fn) {
   return "";
 }
 
+Tensor bf16_rounded(const Tensor& t) {
+  NoGradGuard no_grad;
+  return t.to(kBFloat16).to(kFloat32);
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) { return a.sizes() == b.sizes() && to_vector(a) == to_vector(b); }
+
+std::vector<double> train_losses(optim::Optimizer& opt, const std::function<Tensor()>& loss_fn, int steps, bool amp) {
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    opt.zero_grad();
+    Tensor loss;
+    {
+      AutocastGuard guard(kCPU, amp);
+      loss = loss_fn();
+    }
+    loss.backward();
+    opt.step();
+    losses.push_back(loss.item());
+  }
+  return losses;
+}
+
+double relative_error(const Tensor& a, const Tensor& b) {
+  const auto x = to_vector(a), y = to_vector(b);
+  double d = 0, n = 0;
+  for (size_t i = 0; i < x.size(); ++i) d += (x[i] - y[i]) * (x[i] - y[i]), n += y[i] * y[i];
+  return std::sqrt(d / n);
+}
+
 }  // namespace nd::testing

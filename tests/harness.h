@@ -64,4 +64,15 @@ class WarningCapture {
 // The message of the nd::Error that fn throws; FAILs when it throws nothing.
 std::string error_message(const std::function<void()>& fn);
 
+// Mixed-precision helpers (engine/autocast.h tests):
+// t's values rounded to bf16, as an f32 tensor outside the graph.
+Tensor bf16_rounded(const Tensor& t);
+// Same shape and the same values bit for bit (compared as doubles, so -0 == 0).
+bool bitwise_equal(const Tensor& a, const Tensor& b);
+// ||a - b|| / ||b|| over all elements (L2).
+double relative_error(const Tensor& a, const Tensor& b);
+// The losses of `steps` training steps: zero_grad, loss_fn() with autocast on for the CPU
+// when `amp` (the backward outside the guard: the nodes remember), backward, opt.step().
+std::vector<double> train_losses(optim::Optimizer& opt, const std::function<Tensor()>& loss_fn, int steps, bool amp);
+
 }  // namespace nd::testing

@@ -159,10 +159,7 @@ struct AmpRun {
   Tensor y, dx, dw, db;
 };
 
-Tensor rounded(const Tensor& t) {  // f32 with bf16 precision
-  NoGradGuard no_grad;
-  return t.to(kBFloat16).to(kFloat32);
-}
+using testing::bf16_rounded;
 
 // y = fn(x, w, b) with autocast on for `d` during the forward, and the gradients of
 // sum(y * gy) (so dy = gy); the backward runs outside the guard (its node remembers).
@@ -213,11 +210,11 @@ void compare_amp_case(const AmpCase& c, uint64_t seed) {
   const Tensor gy = testing::random_input(y_shape, seed + 3).to(kFloat32);
   const AmpRun on_cpu = amp_run(c, Device(kCPU), x, w, b, gy), on_gpu = amp_run(c, kGpu, x, w, b, gy);
   // sum |a||b| of every result: the f64 pass on |rounded operands| (all terms >= 0).
-  const Tensor ax = abs(rounded(x)).to(kFloat64).requires_grad_(true);
-  const Tensor aw = abs(rounded(w)).to(kFloat64).requires_grad_(true);
+  const Tensor ax = abs(bf16_rounded(x)).to(kFloat64).requires_grad_(true);
+  const Tensor aw = abs(bf16_rounded(w)).to(kFloat64).requires_grad_(true);
   const Tensor ab = abs(b).to(kFloat64).requires_grad_(true);
   const Tensor bound_y = c.fn({ax, aw, c.bias ? ab : Tensor()});
-  (bound_y * abs(rounded(gy)).to(kFloat64)).sum().backward();
+  (bound_y * abs(bf16_rounded(gy)).to(kFloat64)).sum().backward();
   check_within(on_gpu.y, on_cpu.y, bound_y.detach(), c.name + " forward", 1e-5);
   check_within(on_gpu.dx, on_cpu.dx, ax.grad(), c.name + " input gradient", 1e-5);
   check_within(on_gpu.dw, on_cpu.dw, aw.grad(), c.name + " weight gradient", 1e-5);

@@ -136,16 +136,9 @@ Run run_op(const Case& c, ScalarType dtype, bool forward_amp, bool backward_amp)
 }
 
 bool same_bits(const Tensor& a, const std::vector<float>& b) { return values(a) == b; }
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.sizes() == b.sizes() && testing::to_vector(a) == testing::to_vector(b);
-}
+bool same_bits(const Tensor& a, const Tensor& b) { return testing::bitwise_equal(a, b); }
 
-double relative_error(const Tensor& a, const Tensor& b) {
-  const auto x = testing::to_vector(a), y = testing::to_vector(b);
-  double d = 0, n = 0;
-  for (size_t i = 0; i < x.size(); ++i) d += (x[i] - y[i]) * (x[i] - y[i]), n += y[i] * y[i];
-  return std::sqrt(d / n);
-}
+using testing::relative_error;
 
 }  // namespace
 

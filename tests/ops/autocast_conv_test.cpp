@@ -16,21 +16,11 @@ using namespace nd;
 
 namespace {
 
-Tensor rounded(const Tensor& t) {  // f32 with bf16 precision
-  NoGradGuard no_grad;
-  return t.to(kBFloat16).to(kFloat32);
-}
+using testing::bf16_rounded;
 
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.sizes() == b.sizes() && testing::to_vector(a) == testing::to_vector(b);
-}
+using testing::bitwise_equal;
 
-double relative_error(const Tensor& a, const Tensor& b) {
-  const auto x = testing::to_vector(a), y = testing::to_vector(b);
-  double d = 0, n = 0;
-  for (size_t i = 0; i < x.size(); ++i) d += (x[i] - y[i]) * (x[i] - y[i]), n += y[i] * y[i];
-  return std::sqrt(d / n);
-}
+using testing::relative_error;
 
 // One conv call: (input, weight, bias) -> output, bias possibly undefined.
 using ConvFn = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>;
@@ -101,8 +91,8 @@ void check_case(const Case& c, uint64_t seed) {
   const Run amp = run(c, x, w, b, gy, true);
   const Run plain = run(c, x, w, b, gy, false);
   // The reference: plain f32 convs of the rounded operands, and dy rounded as the
-  // products' operand (rounded(gy) is then dy of sum(y * rounded(gy))).
-  const Run ref = run(c, rounded(x), rounded(w), b, rounded(gy), false);
+  // products' operand (bf16_rounded(gy) is then dy of sum(y * bf16_rounded(gy))).
+  const Run ref = run(c, bf16_rounded(x), bf16_rounded(w), b, bf16_rounded(gy), false);
   CHECK(amp.y.dtype() == kFloat32);
   CHECK(bitwise_equal(amp.y, ref.y));
   CHECK(bitwise_equal(amp.dx, ref.dx));
@@ -146,7 +136,7 @@ TEST_CASE("autocast conv: the backward takes the forward's precision, not the gu
       AutocastGuard off(kCPU, false);
       loss.backward();
     }
-    const Run ref = run(c, rounded(x0), rounded(w0), Tensor(), rounded(gy), false);
+    const Run ref = run(c, bf16_rounded(x0), bf16_rounded(w0), Tensor(), bf16_rounded(gy), false);
     CHECK(bitwise_equal(x.grad(), ref.dx));
     CHECK(bitwise_equal(w.grad(), ref.dw));
   }
@@ -209,19 +199,7 @@ TEST_CASE("autocast conv: a small conv net trained with SGD under autocast follo
     Generator data{22, 0};
     const Tensor X = randn({8, 3, 10, 10}, kFloat32, &data);
     const Tensor Y = tanh(X) * 0.5;
-    std::vector<double> losses;
-    for (int step = 0; step < 25; ++step) {
-      opt.zero_grad();
-      Tensor loss;
-      {
-        AutocastGuard guard(kCPU, amp);
-        loss = mse_loss(net(X), Y);
-      }
-      loss.backward();
-      opt.step();
-      losses.push_back(loss.item());
-    }
-    return losses;
+    return testing::train_losses(opt, [&] { return mse_loss(net(X), Y); }, 25, amp);
   };
   const auto f32 = train(false), bf16 = train(true);
   CHECK(f32.back() < 0.5 * f32.front());

@@ -11,23 +11,13 @@ using namespace nd;
 
 namespace {
 
-Tensor rounded(const Tensor& t) {  // f32 with bf16 precision
-  NoGradGuard no_grad;
-  return t.to(kBFloat16).to(kFloat32);
-}
+using testing::bf16_rounded;
 
 Tensor f32_input(const Shape& shape, uint64_t seed) { return testing::random_input(shape, seed).to(kFloat32); }
 
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.sizes() == b.sizes() && testing::to_vector(a) == testing::to_vector(b);
-}
+using testing::bitwise_equal;
 
-double relative_error(const Tensor& a, const Tensor& b) {
-  const auto x = testing::to_vector(a), y = testing::to_vector(b);
-  double d = 0, n = 0;
-  for (size_t i = 0; i < x.size(); ++i) d += (x[i] - y[i]) * (x[i] - y[i]), n += y[i] * y[i];
-  return std::sqrt(d / n);
-}
+using testing::relative_error;
 
 }  // namespace
 
@@ -62,10 +52,10 @@ TEST_CASE("autocast: mm, bmm and matmul equal f32 products of bf16-rounded opera
     under_matmul = matmul(x, b.narrow(0, 0, 17));
     under_t = mm(b.t(), a.t());  // transposed operands
   }
-  CHECK(bitwise_equal(under_mm, mm(rounded(a), rounded(b))));
-  CHECK(bitwise_equal(under_bmm, bmm(rounded(x), rounded(y))));
-  CHECK(bitwise_equal(under_matmul, matmul(rounded(x), rounded(b.narrow(0, 0, 17)))));
-  CHECK(bitwise_equal(under_t, mm(rounded(b).t(), rounded(a).t())));
+  CHECK(bitwise_equal(under_mm, mm(bf16_rounded(a), bf16_rounded(b))));
+  CHECK(bitwise_equal(under_bmm, bmm(bf16_rounded(x), bf16_rounded(y))));
+  CHECK(bitwise_equal(under_matmul, matmul(bf16_rounded(x), bf16_rounded(b.narrow(0, 0, 17)))));
+  CHECK(bitwise_equal(under_t, mm(bf16_rounded(b).t(), bf16_rounded(a).t())));
   CHECK(under_mm.dtype() == kFloat32);
   // bf16 keeps 8 bits of mantissa: different from f32, within bf16's resolution.
   const double err = relative_error(under_mm, exact);
@@ -90,8 +80,8 @@ TEST_CASE("autocast: the backward multiplies in the forward's precision, even ou
   }
   loss.backward();  // the guard is gone; the node remembers
   // d/da = w b^T, d/db = a^T w, each a bf16-operand product.
-  CHECK(bitwise_equal(a.grad(), mm(rounded(w), rounded(b0).t())));
-  CHECK(bitwise_equal(b.grad(), mm(rounded(a0).t(), rounded(w))));
+  CHECK(bitwise_equal(a.grad(), mm(bf16_rounded(w), bf16_rounded(b0).t())));
+  CHECK(bitwise_equal(b.grad(), mm(bf16_rounded(a0).t(), bf16_rounded(w))));
 
   // And a forward without autocast keeps an exact backward inside a guard.
   Tensor c = a0.clone().requires_grad_(true);
@@ -114,7 +104,7 @@ TEST_CASE("autocast: Linear under the guard is x_bf16 W_bf16^T + b, and an MLP t
   }
   {
     NoGradGuard no_grad;
-    CHECK(bitwise_equal(out, mm(rounded(x), rounded(lin->weight).t()) + lin->bias));
+    CHECK(bitwise_equal(out, mm(bf16_rounded(x), bf16_rounded(lin->weight).t()) + lin->bias));
   }
 
   // A small regression, 30 Adam steps with and without autocast: the losses follow each
@@ -125,19 +115,7 @@ TEST_CASE("autocast: Linear under the guard is x_bf16 W_bf16^T + b, and an MLP t
     optim::Adam opt(net->parameters(), optim::AdamOptions(1e-2));
     Generator data{14, 0};
     const Tensor X = randn({64, 8}, kFloat32, &data), Y = randn({64, 2}, kFloat32, &data) * 0.1 + X.narrow(1, 0, 2);
-    std::vector<double> losses;
-    for (int step = 0; step < 30; ++step) {
-      opt.zero_grad();
-      Tensor loss;
-      {
-        AutocastGuard guard(kCPU, amp);
-        loss = mse_loss(net(X), Y);
-      }
-      loss.backward();
-      opt.step();
-      losses.push_back(loss.item());
-    }
-    return losses;
+    return testing::train_losses(opt, [&] { return mse_loss(net(X), Y); }, 30, amp);
   };
   const auto f32 = train(false), bf16 = train(true);
   CHECK(f32.back() < 0.5 * f32.front());
