@@ -116,7 +116,7 @@ TEST_CASE("SyncBatchNorm: f32 and a cumulative-average momentum") {
   check_close(sync->running_var, ref->running_var, 1e-6, 1e-5, "f32 running_var");
 }
 
-TEST_CASE("SyncBatchNorm: state_dict names are BatchNorm2d's; running stats bump their versions") {
+TEST_CASE("SyncBatchNorm: state_dict names are BatchNorm2d's, running stats bump their versions") {
   nn::SyncBatchNorm sync(4);
   nn::BatchNorm2d bn(4);
   std::vector<std::string> a, b;

@@ -57,7 +57,7 @@ void check_layer_norm(int64_t M, int64_t D, bool affine) {
   check_rel("dbias", db2, db1, rel_for<T>(M));
 }
 
-TEST_CASE("layer_norm f32: one partial warp, several warps, 256 threads striding; dweight columns") {
+TEST_CASE("layer_norm f32: one partial warp, several warps, 256 threads striding, dweight columns") {
   check_layer_norm<float>(5, 7, true);
   check_layer_norm<float>(3, 100, true);
   check_layer_norm<float>(4, 700, true);

@@ -13,7 +13,7 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 Tensor D(const Tensor& x, const Tensor& w) { return sigmoid((x * w).sum({1})); }
 }  // namespace
 
-TEST_CASE("story 1: backward through a freed graph names the node; retain_graph works") {
+TEST_CASE("story 1: backward through a freed graph names the node, retain_graph works") {
   Tensor w = tensor({1, 2, 3}, kFloat64).requires_grad_().set_name("G.fc.weight");
   Tensor x = tensor({0.5, -1, 2}, kFloat64);
   Tensor loss = (x * w).sum();
@@ -130,7 +130,7 @@ TEST_CASE("autograd: shared inputs, retain_grad, grad(), post-accumulate hooks")
                  "grad can be implicitly created only for scalar outputs"));
 }
 
-TEST_CASE("autograd: no reference cycles; saved tensors are freed after backward") {
+TEST_CASE("autograd: no reference cycles, saved tensors are freed after backward") {
   const int64_t before = Storage::live_count();
   {
     Tensor w = randn({4, 3}, kFloat64).requires_grad_();

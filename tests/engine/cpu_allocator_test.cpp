@@ -57,7 +57,7 @@ std::vector<std::vector<double>> train_two_steps() {
 
 }  // namespace
 
-TEST_CASE("cpu allocator: a released block comes back for a request of its size class; small and huge ones are not cached") {
+TEST_CASE("cpu allocator: a released block comes back for a request of its size class, small and huge ones are not cached") {
   cpu::empty_cache();
   CHECK(cpu::allocate(0) == nullptr);
   cpu::release(nullptr, 0);

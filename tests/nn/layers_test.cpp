@@ -339,7 +339,7 @@ TEST_CASE("train/eval: BatchNorm2d running stats and Dropout") {
   CHECK(!net[1]->is_training());
 }
 
-TEST_CASE("load_state_dict: strict errors list every key; a 'module.' prefix is stripped") {
+TEST_CASE("load_state_dict: strict errors list every key, a 'module.' prefix is stripped") {
   Tree a, b;
   TensorDict sd;
   for (const auto& [k, v] : a->state_dict()) sd["module." + k] = v;
