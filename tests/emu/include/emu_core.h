@@ -24,7 +24,8 @@
 // partial warps (a block size that is not a multiple of 32 aborts); warp-level scheduling
 // (lanes are threads, not lockstep: code that relies on implicit warp synchrony without
 // __syncwarp is a race here, as it is on Volta and newer); the mask argument of the *_sync
-// intrinsics (full warps only); cub, cuBLAS, cooperative groups, raw PTX (asm, mma.sync,
+// intrinsics (full warps only); cub and cuBLAS beyond the calls the stand-ins in this folder
+// implement (cub/device/device_radix_sort.cuh, cublas_v2.h), cooperative groups, raw PTX (asm, mma.sync,
 // ldmatrix, cp.async), textures; streams (everything runs synchronously at the launch);
 // device math (__expf is expf, the device's libm ulps are the host's; FMA contraction is
 // the host compiler's); Linux only (futexes).
