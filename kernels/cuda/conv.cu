@@ -51,6 +51,28 @@ static_assert(kTileM / kMicro == 16 && kTileN / kMicro == 16, "the thread layout
 constexpr int64_t kMinChunk = 256, kTargetBlocks = 512;
 constexpr int64_t kMaxGridX = int64_t(1) << 30, kMaxGridYZ = 65535;
 
+// f(fast, slow) for every cell of a Fast x Slow tile, by a block of Threads threads:
+// each thread keeps one `fast` index (neighbouring threads, neighbouring addresses) and
+// steps through `slow`, so what an accessor derives from the fixed index (a pixel's n, h,
+// w: integer divisions) can be computed once per thread and tile, not once per element
+// (see in_tile).
+template <int Threads, int Fast, int Slow, class F>
+__device__ __forceinline__ void walk_tile(int tid, F&& f) {
+  constexpr int step = Threads / Fast;
+  static_assert(Threads % Fast == 0 && Slow % step == 0, "the threads tile the tile exactly");
+  const int fast = tid % Fast, first = tid / Fast;
+#pragma unroll
+  for (int i = 0; i < Slow / step; ++i) f(fast, first + i * step);
+}
+
+// Index i of a tile cell when i < end, else the tile's first index (first < end holds for
+// every tile a block walks). The gathers call the accessors on in_tile indices without a
+// branch and then zero the cells outside the problem: a call under a branch per cell keeps
+// the compiler from computing the fixed index's part once (it does not move an integer
+// division out of a branch: the divisor might be 0), an unconditional one lets it. Cells
+// outside the problem (edge tiles only) then load an element the tile holds anyway.
+__device__ __forceinline__ int64_t in_tile(int64_t i, int64_t end, int64_t first) { return i < end ? i : first; }
+
 // For every z = (group g, chunk s), column tile and row tile:
 //   C_g[m, j] = sum_{k in chunk s} p.a(g, m, k) * p.b(g, k, j), stored by p.store(g, s, m, j, .).
 // Thread (ty, tx) owns rows m0 + ty + 16*i and columns n0 + tx + 16*j (i, j < kMicro), so
@@ -72,16 +94,18 @@ __global__ void __launch_bounds__(kGemmThreads)
         const int64_t m0 = mt * kTileM, n0 = nt * kTileN;
         T acc[kMicro][kMicro] = {};
         for (int64_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
-          for (int e = tid; e < kTileM * kTileK; e += kGemmThreads) {  // row-fastest: coalesced gathers
-            const int ml = e % kTileM, kl = e / kTileM;
+          // A row-fastest (neighbouring threads read neighbouring pixels in forward and
+          // dgrad), B column-fastest; each thread keeps its row (column) for the step.
+          walk_tile<kGemmThreads, kTileM, kTileK>(tid, [&](int ml, int kl) {
             const int64_t m = m0 + ml, k = k0 + kl;
-            As[kl][ml] = m < M && k < k_end ? p.a(g, m, k) : T(0);
-          }
-          for (int e = tid; e < kTileN * kTileK; e += kGemmThreads) {
-            const int jl = e % kTileN, kl = e / kTileN;
+            const T v = p.a(g, in_tile(m, M, m0), in_tile(k, k_end, k0));
+            As[kl][ml] = m < M && k < k_end ? v : T(0);
+          });
+          walk_tile<kGemmThreads, kTileN, kTileK>(tid, [&](int jl, int kl) {
             const int64_t j = n0 + jl, k = k0 + kl;
-            Bs[kl][jl] = j < Ncols && k < k_end ? p.b(g, k, j) : T(0);
-          }
+            const T v = p.b(g, in_tile(k, k_end, k0), in_tile(j, Ncols, n0));
+            Bs[kl][jl] = j < Ncols && k < k_end ? v : T(0);
+          });
           __syncthreads();
 #pragma unroll
           for (int kk = 0; kk < kTileK; ++kk) {
@@ -98,13 +122,22 @@ __global__ void __launch_bounds__(kGemmThreads)
           }
           __syncthreads();  // the next tile overwrites As and Bs
         }
+        // A tile inside the problem stores every cell without a branch per cell (in_tile's
+        // reasoning): a row's pixel is then derived once, not once per column. (Not in
+        // tensor_core_gemm_kernel: there it took forward from 128 registers to 231.)
+        const auto store_tile = [&](auto checked) {
 #pragma unroll
-        for (int i = 0; i < kMicro; ++i)
+          for (int i = 0; i < kMicro; ++i)
 #pragma unroll
-          for (int j = 0; j < kMicro; ++j) {
-            const int64_t m = m0 + ty + 16 * i, col = n0 + tx + 16 * j;
-            if (m < M && col < Ncols) p.store(g, split, m, col, acc[i][j]);
-          }
+            for (int j = 0; j < kMicro; ++j) {
+              const int64_t m = m0 + ty + 16 * i, col = n0 + tx + 16 * j;
+              if (!decltype(checked)::value || (m < M && col < Ncols)) p.store(g, split, m, col, acc[i][j]);
+            }
+        };
+        if (m0 + kTileM <= M && n0 + kTileN <= Ncols)
+          store_tile(std::false_type{});
+        else
+          store_tile(std::true_type{});
       }
     }
   }
@@ -143,19 +176,6 @@ constexpr bool kPixelRows = true;
 template <class T>
 constexpr bool kPixelRows<ci::WgradGemm<T>> = false;
 
-// f(fast, slow) for every cell of a Fast x Slow tile, by the block's kTcThreads threads:
-// each thread keeps one `fast` index (neighbouring threads, neighbouring addresses) and
-// steps through `slow`, so what an accessor derives from the fixed index (a pixel's n, h,
-// w: integer divisions) is computed once per thread and tile, not once per element.
-template <int Fast, int Slow, class F>
-__device__ __forceinline__ void walk_tile(int tid, F&& f) {
-  constexpr int step = kTcThreads / Fast;
-  static_assert(kTcThreads % Fast == 0 && Slow % step == 0, "the threads tile the tile exactly");
-  const int fast = tid % Fast, first = tid / Fast;
-#pragma unroll
-  for (int i = 0; i < Slow / step; ++i) f(fast, first + i * step);
-}
-
 template <class Problem>
 __global__ void __launch_bounds__(kTcThreads)
     tensor_core_gemm_kernel(Problem p, int64_t groups, int64_t splits, int64_t chunk) {
@@ -187,17 +207,32 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
           for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
         for (int64_t k0 = k_begin; k0 < k_end; k0 += kTcTileK) {
+          // Forward and dgrad call the accessors on in_tile indices (see there); wgrad keeps
+          // the branch per cell: unconditional calls took it from 128 registers to 168 (3
+          // blocks of 128 threads per SM instead of 4).
           const auto gather_a = [&](int ml, int kl) {
             const int64_t m = m0 + ml, k = k0 + kl;
-            As[a_at(ml, kl)] = __float2bfloat16_rn(m < M && k < k_end ? p.a(g, m, k) : 0.0f);
+            const bool in = m < M && k < k_end;
+            float v = 0.0f;
+            if constexpr (pixel_rows)
+              v = p.a(g, in_tile(m, M, m0), in_tile(k, k_end, k0));
+            else if (in)
+              v = p.a(g, m, k);
+            As[a_at(ml, kl)] = __float2bfloat16_rn(in ? v : 0.0f);
           };
           if constexpr (pixel_rows)
-            walk_tile<kTileM, kTcTileK>(tid, gather_a);
+            walk_tile<kTcThreads, kTileM, kTcTileK>(tid, gather_a);
           else
-            walk_tile<kTcTileK, kTileM>(tid, [&](int kl, int ml) { gather_a(ml, kl); });
-          walk_tile<kTcTileK, kTileN>(tid, [&](int kl, int jl) {
+            walk_tile<kTcThreads, kTcTileK, kTileM>(tid, [&](int kl, int ml) { gather_a(ml, kl); });
+          walk_tile<kTcThreads, kTcTileK, kTileN>(tid, [&](int kl, int jl) {
             const int64_t j = n0 + jl, k = k0 + kl;
-            Bs[b_at(kl, jl)] = __float2bfloat16_rn(j < Ncols && k < k_end ? p.b(g, k, j) : 0.0f);
+            const bool in = j < Ncols && k < k_end;
+            float v = 0.0f;
+            if constexpr (pixel_rows)
+              v = p.b(g, in_tile(k, k_end, k0), in_tile(j, Ncols, n0));
+            else if (in)
+              v = p.b(g, k, j);
+            Bs[b_at(kl, jl)] = __float2bfloat16_rn(in ? v : 0.0f);
           });
           __syncthreads();
 #pragma unroll
@@ -227,9 +262,9 @@ __global__ void __launch_bounds__(kTcThreads)
           if (m < M && col < Ncols) p.store(g, split, m, col, Cs[c_at(ml, jl)]);
         };
         if constexpr (pixel_rows)
-          walk_tile<kTileM, kTileN>(tid, store);
+          walk_tile<kTcThreads, kTileM, kTileN>(tid, store);
         else
-          walk_tile<kTileN, kTileM>(tid, [&](int jl, int ml) { store(ml, jl); });
+          walk_tile<kTcThreads, kTileN, kTileM>(tid, [&](int jl, int ml) { store(ml, jl); });
         __syncthreads();  // the next tile overwrites Cs
       }
     }
