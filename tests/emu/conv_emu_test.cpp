@@ -137,6 +137,14 @@ cpu::Conv2dShape long_depth() {
   s.padding = {1, 1};
   return s;
 }
+// Whole tiles: forward and dgrad rows N*8*8 = 128 (two full 64-row tiles), 64 channels
+// (one full column tile), so their stores take the no-bounds-check path of full tiles.
+cpu::Conv2dShape full_tiles() {
+  cpu::Conv2dShape s;
+  s.N = 2, s.C_in = 64, s.H = 8, s.W = 8, s.C_out = 64, s.kH = 3, s.kW = 3;
+  s.padding = {1, 1};
+  return s;
+}
 cpu::ConvTranspose2dShape transposed() {
   cpu::ConvTranspose2dShape s;
   s.N = 2, s.C_in = 6, s.H = 5, s.W = 4, s.C_out = 4, s.kH = 3, s.kW = 2;
@@ -144,14 +152,16 @@ cpu::ConvTranspose2dShape transposed() {
   return s;
 }
 
-TEST_CASE("conv2d f32 exact kernel: grouped, strided, dilated, padded, partial tiles") {
+TEST_CASE("conv2d f32 exact kernel: grouped, strided, dilated, padded, partial and full tiles") {
   check_conv2d<float>("grouped", grouped(), Op::kExact, 10);
   check_conv2d<float>("wide", wide(), Op::kExact, 20);
+  check_conv2d<float>("full tiles", full_tiles(), Op::kExact, 25);
 }
 
 TEST_CASE("conv2d bf16 operands on the WMMA kernel") {
   check_conv2d<float>("grouped", grouped(), Op::kBf16, 10);
   check_conv2d<float>("wide", wide(), Op::kBf16, 20);
+  check_conv2d<float>("full tiles", full_tiles(), Op::kBf16, 25);
 }
 
 TEST_CASE("conv2d wgrad split-K (f32, bf16) and f64") {
