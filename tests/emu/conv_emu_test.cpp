@@ -29,90 +29,90 @@ std::vector<T> cast(const std::vector<float>& v) {
   return {v.begin(), v.end()};
 }
 
+// One pass of shape s: `cpu` writes the CPU kernel's result on the reference operands,
+// `bound` the same kernel in double on their absolute values (sum |a b|), `cuda` the emulated
+// CUDA kernel's (its output poisoned with NaN first); compared within the summation bound of
+// `terms` products.
+template <class T, class Cpu, class Bound, class Cuda>
+void check_pass(const std::string& what, size_t n, int64_t terms, Cpu cpu_pass, Bound bound_pass, Cuda cuda_pass) {
+  std::vector<T> ref(n, T(0)), got = nans<T>(n);
+  std::vector<double> bound(n, 0.0);
+  cpu_pass(ref.data());
+  bound_pass(bound.data());
+  cuda_pass(got.data());
+  check_sum_bound(what, got, ref, bound, terms);
+}
+
+// The operands of one conv check: x, w, b, dy; the CPU reference's xr, wr, dyr (rounded
+// to bf16 for Op::kBf16: the CUDA kernel rounds them itself); their absolute values for the
+// bound; and the tag naming the case and precision.
+template <class T>
+struct ConvData {
+  std::vector<T> x, w, b, dy, xr, wr, dyr;
+  std::vector<double> ax, aw, ab, ady;
+  std::string tag;
+  ConvData(const std::string& name, size_t nx, size_t nw, size_t nb, size_t ny, Op op, unsigned seed) {
+    const bool bf = op == Op::kBf16;
+    const auto x0 = uniform(nx, seed), w0 = uniform(nw, seed + 1), b0 = uniform(nb, seed + 2),
+               dy0 = uniform(ny, seed + 3);
+    x = cast<T>(x0), w = cast<T>(w0), b = cast<T>(b0), dy = cast<T>(dy0);
+    xr = bf ? cast<T>(rounded_bf16(x0)) : x, wr = bf ? cast<T>(rounded_bf16(w0)) : w;
+    dyr = bf ? cast<T>(rounded_bf16(dy0)) : dy;
+    ax = abs_values(xr), aw = abs_values(wr), ab = abs_values(b), ady = abs_values(dyr);
+    tag = name + (bf ? " bf16" : sizeof(T) == 4 ? " f32" : " f64");
+  }
+};
+
 // conv2d forward, dgrad, wgrad and the bias gradient of shape s, CUDA (emulated) vs CPU.
 template <class T>
 void check_conv2d(const std::string& name, const cpu::Conv2dShape& s, Op op, unsigned seed) {
   const int64_t OH = s.out_h(), OW = s.out_w(), cig = s.C_in / s.groups, cog = s.C_out / s.groups;
   const size_t nx = s.N * s.C_in * s.H * s.W, nw = s.C_out * cig * s.kH * s.kW, ny = s.N * s.C_out * OH * OW;
-  const bool bf = op == Op::kBf16;
-  // The CUDA kernel rounds operands itself; the CPU reference gets them rounded.
-  const auto x0 = uniform(nx, seed), w0 = uniform(nw, seed + 1), b0 = uniform(s.C_out, seed + 2),
-             dy0 = uniform(ny, seed + 3);
-  const auto x = cast<T>(x0), w = cast<T>(w0), b = cast<T>(b0), dy = cast<T>(dy0);
-  const auto xr = bf ? cast<T>(rounded_bf16(x0)) : x, wr = bf ? cast<T>(rounded_bf16(w0)) : w,
-             dyr = bf ? cast<T>(rounded_bf16(dy0)) : dy;
-  const auto ax = abs_values(xr), aw = abs_values(wr), ab = abs_values(b), ady = abs_values(dyr);
-  const std::string tag = name + (bf ? " bf16" : sizeof(T) == 4 ? " f32" : " f64");
+  const ConvData<T> d(name, nx, nw, s.C_out, ny, op, seed);
 
-  std::vector<T> ref(ny), got = nans<T>(ny);
-  std::vector<double> bound(ny);
-  cpu::conv2d_forward<T>(s, xr.data(), wr.data(), b.data(), ref.data());
-  cpu::conv2d_forward<double>(s, ax.data(), aw.data(), ab.data(), bound.data());
-  cuda::conv2d_forward<T>(s, x.data(), w.data(), b.data(), got.data(), nullptr, op);
-  check_sum_bound(tag + " forward", got, ref, bound, cig * s.kH * s.kW + 1);
+  check_pass<T>(d.tag + " forward", ny, cig * s.kH * s.kW + 1,
+                [&](T* ref) { cpu::conv2d_forward<T>(s, d.xr.data(), d.wr.data(), d.b.data(), ref); },
+                [&](double* bound) { cpu::conv2d_forward<double>(s, d.ax.data(), d.aw.data(), d.ab.data(), bound); },
+                [&](T* got) { cuda::conv2d_forward<T>(s, d.x.data(), d.w.data(), d.b.data(), got, nullptr, op); });
 
-  ref.assign(nx, 0);
-  got = nans<T>(nx);
-  bound.assign(nx, 0);
-  cpu::conv2d_backward_input<T>(s, dyr.data(), wr.data(), ref.data());
-  cpu::conv2d_backward_input<double>(s, ady.data(), aw.data(), bound.data());
-  cuda::conv2d_backward_input<T>(s, dy.data(), w.data(), got.data(), nullptr, op);
-  check_sum_bound(tag + " dgrad", got, ref, bound, cog * s.kH * s.kW);
+  check_pass<T>(d.tag + " dgrad", nx, cog * s.kH * s.kW,
+                [&](T* ref) { cpu::conv2d_backward_input<T>(s, d.dyr.data(), d.wr.data(), ref); },
+                [&](double* bound) { cpu::conv2d_backward_input<double>(s, d.ady.data(), d.aw.data(), bound); },
+                [&](T* got) { cuda::conv2d_backward_input<T>(s, d.dy.data(), d.w.data(), got, nullptr, op); });
 
-  ref.assign(nw, 0);
-  got = nans<T>(nw);
-  bound.assign(nw, 0);
-  cpu::conv2d_backward_weight<T>(s, xr.data(), dyr.data(), ref.data());
-  cpu::conv2d_backward_weight<double>(s, ax.data(), ady.data(), bound.data());
-  cuda::conv2d_backward_weight<T>(s, x.data(), dy.data(), got.data(), nullptr, op);
-  check_sum_bound(tag + " wgrad", got, ref, bound, s.N * OH * OW);
+  check_pass<T>(d.tag + " wgrad", nw, s.N * OH * OW,
+                [&](T* ref) { cpu::conv2d_backward_weight<T>(s, d.xr.data(), d.dyr.data(), ref); },
+                [&](double* bound) { cpu::conv2d_backward_weight<double>(s, d.ax.data(), d.ady.data(), bound); },
+                [&](T* got) { cuda::conv2d_backward_weight<T>(s, d.x.data(), d.dy.data(), got, nullptr, op); });
 
-  if (bf) return;  // the bias gradient has no bf16 variant
+  if (op == Op::kBf16) return;  // the bias gradient has no bf16 variant
   // Both accumulate in double and round once: equal unless the double sums round apart.
-  ref.assign(s.C_out, 0);
-  got = nans<T>(s.C_out);
-  bound.assign(s.C_out, 0);
-  cpu::conv2d_backward_bias<T>(s.N, s.C_out, OH * OW, dy.data(), ref.data());
-  cpu::conv2d_backward_bias<double>(s.N, s.C_out, OH * OW, ady.data(), bound.data());
-  cuda::conv2d_backward_bias<T>(s.N, s.C_out, OH * OW, dy.data(), got.data(), nullptr);
-  check_sum_bound(tag + " bias grad", got, ref, bound, 2);
+  check_pass<T>(d.tag + " bias grad", s.C_out, 2,
+                [&](T* ref) { cpu::conv2d_backward_bias<T>(s.N, s.C_out, OH * OW, d.dy.data(), ref); },
+                [&](double* bound) { cpu::conv2d_backward_bias<double>(s.N, s.C_out, OH * OW, d.ady.data(), bound); },
+                [&](T* got) { cuda::conv2d_backward_bias<T>(s.N, s.C_out, OH * OW, d.dy.data(), got, nullptr); });
 }
 
 template <class T>
 void check_conv_transpose2d(const std::string& name, const cpu::ConvTranspose2dShape& s, Op op, unsigned seed) {
   const int64_t OH = s.out_h(), OW = s.out_w(), cig = s.C_in / s.groups, cog = s.C_out / s.groups;
   const size_t nx = s.N * s.C_in * s.H * s.W, nw = s.C_in * cog * s.kH * s.kW, ny = s.N * s.C_out * OH * OW;
-  const bool bf = op == Op::kBf16;
-  const auto x0 = uniform(nx, seed), w0 = uniform(nw, seed + 1), b0 = uniform(s.C_out, seed + 2),
-             dy0 = uniform(ny, seed + 3);
-  const auto x = cast<T>(x0), w = cast<T>(w0), b = cast<T>(b0), dy = cast<T>(dy0);
-  const auto xr = bf ? cast<T>(rounded_bf16(x0)) : x, wr = bf ? cast<T>(rounded_bf16(w0)) : w,
-             dyr = bf ? cast<T>(rounded_bf16(dy0)) : dy;
-  const auto ax = abs_values(xr), aw = abs_values(wr), ab = abs_values(b), ady = abs_values(dyr);
-  const std::string tag = name + (bf ? " bf16" : sizeof(T) == 4 ? " f32" : " f64");
+  const ConvData<T> d(name, nx, nw, s.C_out, ny, op, seed);
 
-  std::vector<T> ref(ny), got = nans<T>(ny);
-  std::vector<double> bound(ny);
-  cpu::conv_transpose2d_forward<T>(s, xr.data(), wr.data(), b.data(), ref.data());
-  cpu::conv_transpose2d_forward<double>(s, ax.data(), aw.data(), ab.data(), bound.data());
-  cuda::conv_transpose2d_forward<T>(s, x.data(), w.data(), b.data(), got.data(), nullptr, op);
-  check_sum_bound(tag + " transpose forward", got, ref, bound, cig * s.kH * s.kW + 1);
+  check_pass<T>(d.tag + " transpose forward", ny, cig * s.kH * s.kW + 1,
+                [&](T* ref) { cpu::conv_transpose2d_forward<T>(s, d.xr.data(), d.wr.data(), d.b.data(), ref); },
+                [&](double* bound) { cpu::conv_transpose2d_forward<double>(s, d.ax.data(), d.aw.data(), d.ab.data(), bound); },
+                [&](T* got) { cuda::conv_transpose2d_forward<T>(s, d.x.data(), d.w.data(), d.b.data(), got, nullptr, op); });
 
-  ref.assign(nx, 0);
-  got = nans<T>(nx);
-  bound.assign(nx, 0);
-  cpu::conv_transpose2d_backward_input<T>(s, dyr.data(), wr.data(), ref.data());
-  cpu::conv_transpose2d_backward_input<double>(s, ady.data(), aw.data(), bound.data());
-  cuda::conv_transpose2d_backward_input<T>(s, dy.data(), w.data(), got.data(), nullptr, op);
-  check_sum_bound(tag + " transpose dgrad", got, ref, bound, cog * s.kH * s.kW);
+  check_pass<T>(d.tag + " transpose dgrad", nx, cog * s.kH * s.kW,
+                [&](T* ref) { cpu::conv_transpose2d_backward_input<T>(s, d.dyr.data(), d.wr.data(), ref); },
+                [&](double* bound) { cpu::conv_transpose2d_backward_input<double>(s, d.ady.data(), d.aw.data(), bound); },
+                [&](T* got) { cuda::conv_transpose2d_backward_input<T>(s, d.dy.data(), d.w.data(), got, nullptr, op); });
 
-  ref.assign(nw, 0);
-  got = nans<T>(nw);
-  bound.assign(nw, 0);
-  cpu::conv_transpose2d_backward_weight<T>(s, xr.data(), dyr.data(), ref.data());
-  cpu::conv_transpose2d_backward_weight<double>(s, ax.data(), ady.data(), bound.data());
-  cuda::conv_transpose2d_backward_weight<T>(s, x.data(), dy.data(), got.data(), nullptr, op);
-  check_sum_bound(tag + " transpose wgrad", got, ref, bound, s.N * s.H * s.W);
+  check_pass<T>(d.tag + " transpose wgrad", nw, s.N * s.H * s.W,
+                [&](T* ref) { cpu::conv_transpose2d_backward_weight<T>(s, d.xr.data(), d.dyr.data(), ref); },
+                [&](double* bound) { cpu::conv_transpose2d_backward_weight<double>(s, d.ax.data(), d.ady.data(), bound); },
+                [&](T* got) { cuda::conv_transpose2d_backward_weight<T>(s, d.x.data(), d.dy.data(), got, nullptr, op); });
 }
 
 // Groups, stride 2 x 1, padding, dilation 1 x 2, kernel 3 x 2: 70 pixel rows (two row

@@ -23,14 +23,6 @@ namespace {
 using namespace nd::kernels;
 using namespace nd::emu_test;
 
-// A contracted multiply-add changes a result by about an ulp of its largest intermediate
-// term, which can exceed the result (cancellation); these inputs keep every term within the
-// tensor's largest |value|, so 8 ulps of that bound the difference.
-template <class T>
-void check_ulps(const std::string& what, const std::vector<T>& got, const std::vector<T>& ref) {
-  check_rel(what, got, ref, 8 * (sizeof(T) == 4 ? std::ldexp(1.0, -23) : std::ldexp(1.0, -52)));
-}
-
 // A [3, 4, 5] index space read through a [5, 4, 3] buffer (strides 1, 3, 12: a transpose).
 const int64_t kShape[3] = {3, 4, 5};
 const int64_t kTransposed[3] = {1, 3, 12};

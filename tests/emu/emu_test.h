@@ -97,6 +97,14 @@ void check_rel(const std::string& what, const std::vector<A>& got, const std::ve
   check_within(what, got, ref, [&](size_t) { return tol; });
 }
 
+// A contracted multiply-add changes a result by about an ulp of its largest intermediate
+// term, which can exceed the result (cancellation); with inputs that keep every term within
+// the tensor's largest |value|, 8 ulps of that bound the difference.
+template <class T>
+void check_ulps(const std::string& what, const std::vector<T>& got, const std::vector<T>& ref) {
+  check_rel(what, got, ref, 8 * (sizeof(T) == 4 ? std::ldexp(1.0, -23) : std::ldexp(1.0, -52)));
+}
+
 // The same bits (floats compared as values, so +0 == -0; NaN fails).
 template <class T>
 void check_equal(const std::string& what, const std::vector<T>& got, const std::vector<T>& ref) {
