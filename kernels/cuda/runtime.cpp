@@ -65,10 +65,6 @@ void* staging_buffer(Staging& s) {
   return s.buffer;
 }
 
-}  // namespace
-
-namespace {
-
 // Host <-> device through the staging buffer, one chunk at a time: host -> pinned ->
 // device, or device -> pinned -> host. Each chunk waits for its DMA before the buffer is
 // refilled (to the device) or read (to the host).
