@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "kernels/common/float16.h"
+
 namespace nd::testing {
 
 std::vector<double> to_vector(const Tensor& t) {
@@ -131,6 +133,16 @@ std::string error_message(const std::function<void()>& fn) {
 Tensor bf16_rounded(const Tensor& t) {
   NoGradGuard no_grad;
   return t.to(kBFloat16).to(kFloat32);
+}
+
+std::vector<float> bf16_rounded(std::vector<float> x) {
+  for (float& v : x) v = static_cast<float>(BFloat16(v));
+  return x;
+}
+
+std::vector<float> to_floats(const Tensor& t) {
+  const std::vector<double> d = to_vector(t);
+  return std::vector<float>(d.begin(), d.end());
 }
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) { return a.sizes() == b.sizes() && to_vector(a) == to_vector(b); }

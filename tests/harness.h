@@ -67,6 +67,10 @@ std::string error_message(const std::function<void()>& fn);
 // Mixed-precision helpers (engine/autocast.h tests):
 // t's values rounded to bf16, as an f32 tensor outside the graph.
 Tensor bf16_rounded(const Tensor& t);
+// x's values rounded to bf16 (kernel-level references).
+std::vector<float> bf16_rounded(std::vector<float> x);
+// Values of t as floats in row-major order (to_vector's, narrowed).
+std::vector<float> to_floats(const Tensor& t);
 // Same shape and the same values bit for bit (compared as doubles, so -0 == 0).
 bool bitwise_equal(const Tensor& a, const Tensor& b);
 // ||a - b|| / ||b|| over all elements (L2).

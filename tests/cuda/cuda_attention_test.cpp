@@ -249,17 +249,11 @@ TEST_CASE("cuda attention: MultiheadAttention under autocast on CUDA matches the
 
 namespace {
 
-std::vector<float> floats(const Tensor& t) {
-  const std::vector<double> d = testing::to_vector(t.cpu());
-  return std::vector<float>(d.begin(), d.end());
-}
 Tensor from_floats(const std::vector<float>& x, const Shape& shape) {
   return tensor(std::vector<double>(x.begin(), x.end()), TensorOptions(kFloat32)).reshape(shape);
 }
-std::vector<float> round_bf16(std::vector<float> x) {
-  for (float& v : x) v = static_cast<float>(BFloat16(v));
-  return x;
-}
+using testing::bf16_rounded;
+using testing::to_floats;
 
 }  // namespace
 
@@ -275,7 +269,7 @@ TEST_CASE("cuda attention: bf16 tensor-core kernels match the f32 CPU kernel on 
     PoisonAllocations poison;
     const int64_t BH = c.B * c.H;
     auto input = [&](int64_t rows, int64_t width, uint64_t seed) {
-      return round_bf16(floats(testing::random_input({BH * rows * width}, seed, false, -2, 2)));
+      return bf16_rounded(to_floats(testing::random_input({BH * rows * width}, seed, false, -2, 2)));
     };
     const std::vector<float> q = input(c.Sq, c.E, 1), k = input(c.Sk, c.E, 2), v = input(c.Sk, c.Ev, 3),
                              dout = input(c.Sq, c.Ev, 4);
@@ -284,7 +278,7 @@ TEST_CASE("cuda attention: bf16 tensor-core kernels match the f32 CPU kernel on 
     Tensor mask_gpu;
     kernels::cuda::AttentionMask<BFloat16> gpu_mask;
     if (c.mask) {  // [B, 1, Sq, Sk]
-      mask = round_bf16(floats(c.mask(c).to(kFloat32)));
+      mask = bf16_rounded(to_floats(c.mask(c).to(kFloat32)));
       cpu_mask = {mask.data(), c.Sq * c.Sk, 0, c.Sk, 1};
       mask_gpu = from_floats(mask, {int64_t(mask.size())}).to(kBFloat16).to(kGpu);
       gpu_mask = {mask_gpu.data_ptr<BFloat16>(), c.Sq * c.Sk, 0, c.Sk, 1};
@@ -294,7 +288,7 @@ TEST_CASE("cuda attention: bf16 tensor-core kernels match the f32 CPU kernel on 
     kernels::cpu::scaled_dot_product_attention_forward<float>(q.data(), k.data(), v.data(), cpu_mask, c.B, c.H, c.Sq,
                                                               c.Sk, c.E, c.Ev, c.causal, scale, out.data(),
                                                               lse.data());
-    out = round_bf16(out);
+    out = bf16_rounded(out);
     kernels::cpu::scaled_dot_product_attention_backward<float>(dout.data(), q.data(), k.data(), v.data(), cpu_mask,
                                                                out.data(), lse.data(), c.B, c.H, c.Sq, c.Sk, c.E,
                                                                c.Ev, c.causal, scale, dq.data(), dk.data(), dv.data());
@@ -318,19 +312,19 @@ TEST_CASE("cuda attention: bf16 tensor-core kernels match the f32 CPU kernel on 
     };
     const std::vector<Tensor> a = run_gpu();
     check_matches(a[0], from_floats(out, {int64_t(out.size())}), c.name + " bf16 out", 1e-2);
-    check_matches(a[2], from_floats(round_bf16(dq), {int64_t(dq.size())}), c.name + " bf16 dq", 1e-2);
-    check_matches(a[3], from_floats(round_bf16(dk), {int64_t(dk.size())}), c.name + " bf16 dk", 1e-2);
-    check_matches(a[4], from_floats(round_bf16(dv), {int64_t(dv.size())}), c.name + " bf16 dv", 1e-2);
+    check_matches(a[2], from_floats(bf16_rounded(dq), {int64_t(dq.size())}), c.name + " bf16 dq", 1e-2);
+    check_matches(a[3], from_floats(bf16_rounded(dk), {int64_t(dk.size())}), c.name + " bf16 dk", 1e-2);
+    check_matches(a[4], from_floats(bf16_rounded(dv), {int64_t(dv.size())}), c.name + " bf16 dv", 1e-2);
     // lse is f32 from f32 scores of exact bf16 products: close to the CPU's; -inf where a row
     // sees no key (the masked row, Sk = 0) on both.
-    const std::vector<float> lse_g = floats(a[1]);
+    const std::vector<float> lse_g = to_floats(a[1]);
     for (size_t x = 0; x < lse.size(); ++x) {
       CAPTURE(x);
       if (std::isinf(lse[x])) CHECK(lse_g[x] == lse[x]);
       else CHECK(std::abs(lse_g[x] - lse[x]) <= 1e-4 * (1 + std::abs(lse[x])));
     }
     if (c.name == std::string(kMaskedRowCase)) {  // batch 0, row kMaskedRow of every head: out = 0, dq = 0
-      const std::vector<float> o = floats(a[0]), g = floats(a[2]);
+      const std::vector<float> o = to_floats(a[0]), g = to_floats(a[2]);
       for (int64_t h = 0; h < c.H; ++h) {
         for (int64_t e = 0; e < c.Ev; ++e) CHECK(o[(h * c.Sq + kMaskedRow) * c.Ev + e] == 0.0f);
         for (int64_t e = 0; e < c.E; ++e) CHECK(g[(h * c.Sq + kMaskedRow) * c.E + e] == 0.0f);

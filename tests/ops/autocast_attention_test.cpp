@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "harness.h"
-#include "kernels/common/float16.h"
 #include "kernels/cpu/attention.h"
 
 using namespace nd;
@@ -37,15 +36,8 @@ const Case kCases[] = {
     {"heads-inner views", 2, 3, 10, 10, 4, 4, false, 0, true},
 };
 
-std::vector<float> values(const Tensor& t) {
-  const std::vector<double> d = testing::to_vector(t);
-  return std::vector<float>(d.begin(), d.end());
-}
-
-std::vector<float> round_bf16(std::vector<float> x) {
-  for (float& v : x) v = static_cast<float>(BFloat16(v));
-  return x;
-}
+using testing::bf16_rounded;
+using testing::to_floats;
 
 // An f32 input of `shape` [B, H, rows, X] in [-2, 2); heads_inner: a [B, rows, H, X] tensor
 // viewed as [B, H, rows, X].
@@ -80,7 +72,7 @@ std::vector<float> dense_mask(const Case& c, const Tensor& mask) {
         const double x = m[(is_bool ? 0 : b * c.L * c.S) + ij];
         out.push_back(is_bool ? (x != 0 ? 0.0f : -std::numeric_limits<float>::infinity()) : static_cast<float>(x));
       }
-  return round_bf16(out);
+  return bf16_rounded(out);
 }
 
 struct Result {
@@ -90,8 +82,8 @@ struct Result {
 // The expectation by hand (see the file comment).
 Result expected(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                 const Tensor& dout) {
-  const std::vector<float> qr = round_bf16(values(q)), kr = round_bf16(values(k)), vr = round_bf16(values(v));
-  const std::vector<float> dr = round_bf16(values(dout));
+  const std::vector<float> qr = bf16_rounded(to_floats(q)), kr = bf16_rounded(to_floats(k)), vr = bf16_rounded(to_floats(v));
+  const std::vector<float> dr = bf16_rounded(to_floats(dout));
   std::vector<float> m;
   kernels::cpu::AttentionMask<float> km;
   if (mask.defined()) {
@@ -102,12 +94,12 @@ Result expected(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v
   std::vector<float> out(c.B * c.H * c.L * c.Ev), lse(c.B * c.H * c.L);
   kernels::cpu::scaled_dot_product_attention_forward<float>(qr.data(), kr.data(), vr.data(), km, c.B, c.H, c.L, c.S,
                                                             c.E, c.Ev, c.causal, scale, out.data(), lse.data());
-  out = round_bf16(out);
+  out = bf16_rounded(out);
   std::vector<float> dq(qr.size()), dk(kr.size()), dv(vr.size());
   kernels::cpu::scaled_dot_product_attention_backward<float>(dr.data(), qr.data(), kr.data(), vr.data(), km,
                                                              out.data(), lse.data(), c.B, c.H, c.L, c.S, c.E, c.Ev,
                                                              c.causal, scale, dq.data(), dk.data(), dv.data());
-  return {out, round_bf16(dq), round_bf16(dk), round_bf16(dv)};
+  return {out, bf16_rounded(dq), bf16_rounded(dk), bf16_rounded(dv)};
 }
 
 struct Run {
@@ -135,7 +127,7 @@ Run run_op(const Case& c, ScalarType dtype, bool forward_amp, bool backward_amp)
   return {out, q.grad(), k.grad(), v.grad()};
 }
 
-bool same_bits(const Tensor& a, const std::vector<float>& b) { return values(a) == b; }
+bool same_bits(const Tensor& a, const std::vector<float>& b) { return to_floats(a) == b; }
 bool same_bits(const Tensor& a, const Tensor& b) { return testing::bitwise_equal(a, b); }
 
 using testing::relative_error;
