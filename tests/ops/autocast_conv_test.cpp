@@ -16,11 +16,7 @@ using namespace nd;
 
 namespace {
 
-using testing::bf16_rounded;
-
-using testing::bitwise_equal;
-
-using testing::relative_error;
+using testing::bf16_rounded, testing::bitwise_equal, testing::relative_error;
 
 // One conv call: (input, weight, bias) -> output, bias possibly undefined.
 using ConvFn = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>;

@@ -11,13 +11,9 @@ using namespace nd;
 
 namespace {
 
-using testing::bf16_rounded;
+using testing::bf16_rounded, testing::bitwise_equal, testing::relative_error;
 
 Tensor f32_input(const Shape& shape, uint64_t seed) { return testing::random_input(shape, seed).to(kFloat32); }
-
-using testing::bitwise_equal;
-
-using testing::relative_error;
 
 }  // namespace
 
