@@ -273,58 +273,49 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
 
   const bool amp = autocast_applies(query);
   const MaskView mask = prepare_mask(attn_mask, query, d, amp);
+  // What the backward reads: the kernel operands and out (bf16 copies under autocast).
+  Tensor out, q, k, v, saved_out, lse;
   if (amp) {
     AutocastSaved saved;
-    const Tensor out = autocast_forward(query, key, value, mask, d, is_causal, sc, saved);
-    autograd::record<ScaledDotProductAttentionBackward>(
-        {query, key, value}, {out}, [&](ScaledDotProductAttentionBackward& n) {
-          n.q = autograd::SavedTensor(saved.q16);
-          n.k = autograd::SavedTensor(saved.k16);
-          n.v = autograd::SavedTensor(saved.v16);
-          n.out = autograd::SavedTensor(saved.out16);
-          n.logsumexp = autograd::SavedTensor(saved.lse);
-          n.mask = autograd::SavedTensor(mask.storage);
-          n.mask_strides = mask.strides;
-          n.d = d;
-          n.is_causal = is_causal;
-          n.scale = sc;
-          n.autocast = true;
-        });
-    return out;
+    out = autocast_forward(query, key, value, mask, d, is_causal, sc, saved);
+    q = saved.q16, k = saved.k16, v = saved.v16, saved_out = saved.out16, lse = saved.lse;
+  } else {
+    q = kernel_operand(query.detach()), k = kernel_operand(key.detach()), v = kernel_operand(value.detach());
+    Shape out_shape = query.sizes();
+    out_shape.back() = d.Ev;
+    out = saved_out = empty_operand(out_shape, q);
+    lse = empty({d.B, d.H, d.L}, query.options());
+    ops::dispatch_floating(op, query, [&]<class T>() {
+      const T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>();
+      ops::on_device(
+          query,
+          [&] {
+            const kernels::cpu::AttentionLayout layout{rows_of(q), rows_of(k), rows_of(v), rows_of(out),
+                                                       {}, {}, {}, {}};
+            kernels::cpu::scaled_dot_product_attention_forward<T>(qp, kp, vp, kernel_mask<T>(mask), layout, d.B, d.H,
+                                                                  d.L, d.S, d.E, d.Ev, is_causal, sc,
+                                                                  out.data_ptr<T>(), lse.data_ptr<T>());
+          },
+          [&](auto stream) {
+            kernels::cuda::scaled_dot_product_attention_forward<T>(qp, kp, vp, kernel_mask<T>(mask), d.B, d.H, d.L,
+                                                                   d.S, d.E, d.Ev, is_causal, sc, out.data_ptr<T>(),
+                                                                   lse.data_ptr<T>(), stream);
+          });
+    });
   }
-  const Tensor q = kernel_operand(query.detach()), k = kernel_operand(key.detach()), v = kernel_operand(value.detach());
-  Shape out_shape = query.sizes();
-  out_shape.back() = d.Ev;
-  Tensor out = empty_operand(out_shape, q);
-  Tensor lse = empty({d.B, d.H, d.L}, query.options());
-  ops::dispatch_floating(op, query, [&]<class T>() {
-    const T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>();
-    ops::on_device(
-        query,
-        [&] {
-          const kernels::cpu::AttentionLayout layout{rows_of(q), rows_of(k), rows_of(v), rows_of(out), {}, {}, {}, {}};
-          kernels::cpu::scaled_dot_product_attention_forward<T>(qp, kp, vp, kernel_mask<T>(mask), layout, d.B, d.H,
-                                                                d.L, d.S, d.E, d.Ev, is_causal, sc,
-                                                                out.data_ptr<T>(), lse.data_ptr<T>());
-        },
-        [&](auto stream) {
-          kernels::cuda::scaled_dot_product_attention_forward<T>(qp, kp, vp, kernel_mask<T>(mask), d.B, d.H, d.L,
-                                                                 d.S, d.E, d.Ev, is_causal, sc, out.data_ptr<T>(),
-                                                                 lse.data_ptr<T>(), stream);
-        });
-  });
   autograd::record<ScaledDotProductAttentionBackward>(
       {query, key, value}, {out}, [&](ScaledDotProductAttentionBackward& n) {
         n.q = autograd::SavedTensor(q);
         n.k = autograd::SavedTensor(k);
         n.v = autograd::SavedTensor(v);
-        n.out = autograd::SavedTensor(out);
+        n.out = autograd::SavedTensor(saved_out);
         n.logsumexp = autograd::SavedTensor(lse);
         n.mask = autograd::SavedTensor(mask.storage);
         n.mask_strides = mask.strides;
         n.d = d;
         n.is_causal = is_causal;
         n.scale = sc;
+        n.autocast = amp;
       });
   return out;
 }
