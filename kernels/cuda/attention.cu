@@ -174,10 +174,7 @@ struct BackwardTiles {
   __device__ void load_queries(const Problem<S>& p, const Head<S>& hd, int64_t i0, int64_t rows) {
     load_tile<TILE, D>(q, hd.q, i0, rows, p.E);
     load_tile<TILE, D>(dout, hd.dout, i0, rows, p.Ev);
-    for (int r = threadIdx.x; r < TILE; r += kThreads) {
-      lse[r] = r < rows ? hd.lse[i0 + r] : neg_inf<T>();
-      delta[r] = r < rows ? hd.delta[i0 + r] : T(0);
-    }
+    load_row_stats(lse, delta, TILE, hd, i0, rows);
   }
   // Keys [j0, j0 + cols).
   __device__ void load_keys(const Problem<S>& p, const Head<S>& hd, int64_t j0, int64_t cols) {

@@ -88,6 +88,16 @@ struct Head {
   }
 };
 
+// lse and delta of query rows [i0, i0 + rows) into the first `tile` entries of lse_out and
+// delta_out; padding rows get lse = -inf (so their P is 0) and delta = 0.
+template <class S, class T = compute_t<S>>
+__device__ void load_row_stats(T* lse_out, T* delta_out, int tile, const Head<S>& hd, int64_t i0, int64_t rows) {
+  for (int r = threadIdx.x; r < tile; r += kThreads) {
+    lse_out[r] = r < rows ? hd.lse[i0 + r] : -static_cast<T>(INFINITY);
+    delta_out[r] = r < rows ? hd.delta[i0 + r] : T(0);
+  }
+}
+
 // delta_i = dout_i . out_i, one warp per row (a fixed shuffle tree: deterministic).
 template <class S, class T = compute_t<S>>
 __global__ void __launch_bounds__(kThreads) delta_kernel(int64_t rows, int64_t Ev, const S* dout, const S* out,

@@ -329,10 +329,7 @@ __global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<BFloat16> p, in
   const int64_t i0 = tb.tile * kTcTile, rows = p.Sq - i0 < kTcTile ? p.Sq - i0 : kTcTile;
   tc_load<D>(sq, hd.q, i0, rows, p.E);
   tc_load<D>(sdo, hd.dout, i0, rows, p.Ev);
-  for (int x = threadIdx.x; x < kTcTile; x += kThreads) {  // padding rows: lse = -inf, so P = 0
-    slse[x] = x < rows ? hd.lse[i0 + x] : -INFINITY;
-    sdelta[x] = x < rows ? hd.delta[i0 + x] : 0.0f;
-  }
+  load_row_stats(slse, sdelta, kTcTile, hd, i0, rows);
   const bf16 *wq = sq + 16 * warp * L::ld_in, *wdo = sdo + 16 * warp * L::ld_in;
   const int e_frags = frags16(p.E), ev_frags = frags16(p.Ev);
   const bool warp_busy = 16 * warp < rows;  // else every query row of the warp is padding
@@ -412,10 +409,7 @@ __global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<BFloat16> p,
     __syncthreads();  // every warp is done with the previous Q, dO (and K, V are in)
     tc_load<D>(sq, hd.q, i0, rows, p.E);
     tc_load<D>(sdo, hd.dout, i0, rows, p.Ev);
-    for (int x = threadIdx.x; x < kTcTile; x += kThreads) {
-      slse[x] = x < rows ? hd.lse[i0 + x] : -INFINITY;
-      sdelta[x] = x < rows ? hd.delta[i0 + x] : 0.0f;
-    }
+    load_row_stats(slse, sdelta, kTcTile, hd, i0, rows);
     __syncthreads();
     if (!warp_busy) continue;  // it still loads its share of every tile (above)
     const int query_frags = frags16(rows);
