@@ -277,30 +277,28 @@ void bench_attention(Context& c) {
     const std::string name = "B=" + std::to_string(s[0]) + " H=" + std::to_string(s[1]) + " S=" + std::to_string(s[2]) +
                              " D=" + std::to_string(s[3]);
     for (bool amp : {false, true}) {
-      const Impl fwd_only{"nd::sdpa", [&b, shape, amp]() -> Run {
+      const auto sdpa = [amp](const nd::Tensor& q, const nd::Tensor& k, const nd::Tensor& v) {
+        const nd::AutocastGuard guard(nd::kCUDA, amp);
+        return nd::scaled_dot_product_attention(q, k, v);
+      };
+      const Impl fwd_only{"nd::sdpa", [&b, shape, sdpa]() -> Run {
                             const nd::Tensor q = randn(b, shape), k = randn(b, shape), v = randn(b, shape);
-                            return [=] {
-                              const nd::AutocastGuard guard(nd::kCUDA, amp);
-                              nd::scaled_dot_product_attention(q, k, v);
-                            };
+                            return [=] { sdpa(q, k, v); };
                           }};
-      const Impl fwd_bwd{"nd::sdpa", [&b, shape, amp]() -> Run {
+      const Impl fwd_bwd{"nd::sdpa", [&b, shape, sdpa]() -> Run {
                            const nd::Tensor q = randn(b, shape, true), k = randn(b, shape, true),
                                             v = randn(b, shape, true);
-                           return forward_backward(
-                               [=] {
-                                 const nd::AutocastGuard guard(nd::kCUDA, amp);
-                                 return nd::scaled_dot_product_attention(q, k, v);
-                               },
-                               randn(b, shape), {q, k, v});
+                           return forward_backward([=] { return sdpa(q, k, v); }, randn(b, shape), {q, k, v});
                          }};
       const char* dtype = amp ? "bf16" : "f32";
       const double tensor_bytes = (amp ? 2.0 : 4.0) * elements;
-      b.compare({"attention_fwd", name, fwd, 4 * tensor_bytes, dtype}, {}, fwd_only);
-      b.compare({"attention_fwd_bwd", name, 3.5 * fwd, 12 * tensor_bytes, dtype}, {}, fwd_bwd);
+      const Work fwd_work{"attention_fwd", name, fwd, 4 * tensor_bytes, dtype},
+          fwd_bwd_work{"attention_fwd_bwd", name, 3.5 * fwd, 12 * tensor_bytes, dtype};
+      b.compare(fwd_work, {}, fwd_only);
+      b.compare(fwd_bwd_work, {}, fwd_bwd);
       if (amp) {
-        b.compare({"attention_fwd", name, fwd, 4 * tensor_bytes, dtype}, {}, bf16_kernels(b, shape, false));
-        b.compare({"attention_fwd_bwd", name, 3.5 * fwd, 12 * tensor_bytes, dtype}, {}, bf16_kernels(b, shape, true));
+        b.compare(fwd_work, {}, bf16_kernels(b, shape, false));
+        b.compare(fwd_bwd_work, {}, bf16_kernels(b, shape, true));
       }
     }
   }
