@@ -275,9 +275,8 @@ def join(path):
         key = (r["op"], r["shape"], r["dtype"])
         # ours: impl "nd::..." or "cuda::..." (the others are cuDNN, cuBLAS, copy baselines);
         # once per impl (bench_kernels prints ours once per baseline)
-        if not r["impl"].startswith(("nd::", "cuda::")) or not r.get("ms") or key not in torch_ms:
-            continue
-        if key + (r["impl"],) in seen:
+        if (not r["impl"].startswith(("nd::", "cuda::")) or not r.get("ms") or key not in torch_ms
+                or key + (r["impl"],) in seen):
             continue
         seen.add(key + (r["impl"],))
         out = dict(r, baseline="pytorch", ratio=round(torch_ms[key] / r["ms"], 3))
