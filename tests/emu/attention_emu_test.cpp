@@ -73,10 +73,9 @@ template <class T>
 void check_exact(const Case& c) {
   INFO(std::string(c.name), sizeof(T) == 4 ? " f32" : " f64");
   const int64_t BH = c.B * c.H;
-  auto cast = [](const std::vector<float>& x) { return std::vector<T>(x.begin(), x.end()); };
-  const auto q = cast(uniform(BH * c.Sq * c.E, 1, -2, 2)), k = cast(uniform(BH * c.Sk * c.E, 2, -2, 2)),
-             v = cast(uniform(BH * c.Sk * c.Ev, 3, -2, 2)), dout = cast(uniform(BH * c.Sq * c.Ev, 4, -2, 2));
-  const auto maskv = cast(make_mask(c));
+  const auto q = cast<T>(uniform(BH * c.Sq * c.E, 1, -2, 2)), k = cast<T>(uniform(BH * c.Sk * c.E, 2, -2, 2)),
+             v = cast<T>(uniform(BH * c.Sk * c.Ev, 3, -2, 2)), dout = cast<T>(uniform(BH * c.Sq * c.Ev, 4, -2, 2));
+  const auto maskv = cast<T>(make_mask(c));
   const auto mask = mask_of<T>(c, maskv);
   const double scale = 1.0 / std::sqrt(double(c.E));
   std::vector<T> o1(BH * c.Sq * c.Ev), l1(BH * c.Sq), dq1(q.size()), dk1(k.size()), dv1(v.size());

@@ -41,9 +41,8 @@ template <class T>
 void check_batch_norm(const Shape& sh) {
   INFO(std::string(sh.name), sizeof(T) == 4 ? " f32" : " f64");
   const int64_t N = sh.N, C = sh.C, S = sh.S, n = N * S, total = N * C * S;
-  auto cast = [](const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); };
-  const auto x = cast(uniform(total, 1, -1.0, 3.0)), dy = cast(uniform(total, 2)), w = cast(uniform(C, 3, 0.5, 1.5)),
-             b = cast(uniform(C, 4));
+  const auto x = cast<T>(uniform(total, 1, -1.0, 3.0)), dy = cast<T>(uniform(total, 2)),
+             w = cast<T>(uniform(C, 3, 0.5, 1.5)), b = cast<T>(uniform(C, 4));
   const double rel = 64 * unit<T>();
 
   // channel_stats: sum and sumsq (double), bound from the sums of |x| and x^2.
@@ -61,7 +60,7 @@ void check_batch_norm(const Shape& sh) {
   check_within("channel_stats sumsq", sumsq2, sumsq1, [&](size_t c) { return gamma * sq_sum[c]; });
 
   // stats_to_mean_invstd with a running-stat update, from the CPU's sums.
-  std::vector<T> mean1(C), invstd1(C), rm1 = cast(uniform(C, 5)), rv1 = cast(uniform(C, 6, 0.5, 2.0));
+  std::vector<T> mean1(C), invstd1(C), rm1 = cast<T>(uniform(C, 5)), rv1 = cast<T>(uniform(C, 6, 0.5, 2.0));
   auto mean2 = nans<T>(C), invstd2 = nans<T>(C);
   auto rm2 = rm1, rv2 = rv1;
   cpu::batch_norm_stats_to_mean_invstd<T>(sum1.data(), sumsq1.data(), double(n), C, 1e-5, 0.1, mean1.data(),
@@ -74,7 +73,7 @@ void check_batch_norm(const Shape& sh) {
   check_rel("stats_to_mean_invstd running_var", rv2, rv1, rel);
 
   // invstd, in place as SyncBatchNorm's eval path may call it.
-  auto var = cast(uniform(C, 7, 0.1, 2.0));
+  auto var = cast<T>(uniform(C, 7, 0.1, 2.0));
   std::vector<T> inv1(C);
   cpu::batch_norm_invstd<T>(var.data(), C, 1e-5, inv1.data());
   cuda::batch_norm_invstd<T>(var.data(), C, 1e-5, var.data(), nullptr);
@@ -110,7 +109,7 @@ void check_batch_norm(const Shape& sh) {
 
   // The fused forward (training, eval) and backward (training, eval).
   const double rel_fused = rel + 4 * gamma;
-  std::vector<T> sm1(C), si1(C), rmt1 = cast(uniform(C, 8)), rvt1 = cast(uniform(C, 9, 0.5, 2.0));
+  std::vector<T> sm1(C), si1(C), rmt1 = cast<T>(uniform(C, 8)), rvt1 = cast<T>(uniform(C, 9, 0.5, 2.0));
   auto sm2 = nans<T>(C), si2 = nans<T>(C);
   auto rmt2 = rmt1, rvt2 = rvt1;
   y2 = nans<T>(total);

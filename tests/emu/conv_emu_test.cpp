@@ -24,11 +24,6 @@ using namespace nd::kernels;
 using namespace nd::emu_test;
 using Op = cuda::ConvOperands;
 
-template <class T>
-std::vector<T> cast(const std::vector<float>& v) {
-  return {v.begin(), v.end()};
-}
-
 // One pass of shape s: `cpu` writes the CPU kernel's result on the reference operands,
 // `bound` the same kernel in double on their absolute values (sum |a b|), `cuda` the emulated
 // CUDA kernel's (its output poisoned with NaN first); compared within the summation bound of

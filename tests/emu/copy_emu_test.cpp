@@ -38,13 +38,6 @@ void check_copy(const std::vector<S>& src, const char* what) {
   CHECK(got == ref);
 }
 
-template <class T>
-std::vector<T> from_floats(const std::vector<float>& v) {
-  std::vector<T> r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) r[i] = static_cast<T>(v[i]);
-  return r;
-}
-
 TEST_CASE("copy_strided converts like the CPU, byte for byte") {
   // Values with more mantissa than bf16/f16 keep, ties included, an f16 subnormal and overflow.
   auto f = uniform(60, 1, -300, 300);
@@ -52,11 +45,11 @@ TEST_CASE("copy_strided converts like the CPU, byte for byte") {
   f[1] = 3.0e-6f;           // an f16 subnormal
   f[2] = 70000.0f;          // f16 overflow -> inf
   f[3] = -0.0f;
-  const auto d = from_floats<double>(f);
-  const auto b = from_floats<BFloat16>(f);
-  const auto h = from_floats<Half>(f);
-  const auto i64 = from_floats<int64_t>(f);
-  const auto i32 = from_floats<int32_t>(f);
+  const auto d = cast<double>(f);
+  const auto b = cast<BFloat16>(f);
+  const auto h = cast<Half>(f);
+  const auto i64 = cast<int64_t>(f);
+  const auto i32 = cast<int32_t>(f);
   std::vector<uint8_t> u8(60);
   for (int i = 0; i < 60; ++i) u8[i] = static_cast<uint8_t>(i * 7);
   check_copy<float, BFloat16>(f, "f32 -> bf16");

@@ -21,8 +21,7 @@ using namespace nd::emu_test;
 template <class T>
 void check_dropout(int64_t n, double p, uint64_t seed, uint64_t offset) {
   INFO("n = ", n, ", p = ", p, ", offset = ", offset, sizeof(T) == 4 ? " f32" : " f64");
-  auto cast = [](const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); };
-  const auto x = cast(uniform(n, 1, 0.5, 1.5));  // never 0: a zero output means dropped
+  const auto x = cast<T>(uniform(n, 1, 0.5, 1.5));  // never 0: a zero output means dropped
   std::vector<T> y1(n);
   auto y2 = nans<T>(n);
   cpu::dropout_forward<T>(x.data(), n, p, seed, offset, y1.data());

@@ -31,8 +31,8 @@ const int64_t kBroadcast[3] = {0, 1, 0};  // b: [1, 4, 1]
 
 template <class T>
 void check_unary() {
-  auto cast = [](const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); };
-  const auto x = cast(uniform(60, 1, 0.1, 2.0)), xs = cast(uniform(60, 2, -2.0, 2.0)), dy = cast(uniform(60, 3));
+  const auto x = cast<T>(uniform(60, 1, 0.1, 2.0)), xs = cast<T>(uniform(60, 2, -2.0, 2.0)),
+             dy = cast<T>(uniform(60, 3));
   for (int op = 0; op <= static_cast<int>(cpu::UnaryOp::clamp); ++op) {
     const auto uop = static_cast<cpu::UnaryOp>(op);
     INFO("unary op ", op, sizeof(T) == 4 ? " f32" : " f64");
@@ -56,8 +56,7 @@ void check_unary() {
 
 template <class T>
 void check_binary() {
-  auto cast = [](const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); };
-  const auto a = cast(uniform(60, 4, 0.5, 2.0)), b = cast(uniform(4, 5, 0.5, 2.0));
+  const auto a = cast<T>(uniform(60, 4, 0.5, 2.0)), b = cast<T>(uniform(4, 5, 0.5, 2.0));
   for (int op = 0; op <= static_cast<int>(cpu::BinaryOp::minimum); ++op) {
     INFO("binary op ", op, sizeof(T) == 4 ? " f32" : " f64");
     const auto bop = static_cast<cpu::BinaryOp>(op);

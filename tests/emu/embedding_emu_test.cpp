@@ -37,8 +37,7 @@ std::vector<int64_t> indices_for(int64_t n, int64_t num, unsigned seed) {
 template <class T>
 void check_embedding(int64_t num, int64_t D, int64_t n, int64_t padding_idx, unsigned seed) {
   INFO("num_embeddings ", num, " D ", D, " n ", n, " padding_idx ", padding_idx, sizeof(T) == 4 ? " f32" : " f64");
-  auto cast = [](const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); };
-  const auto weight = cast(uniform(num * D, seed)), dout = cast(uniform(n * D, seed + 1, -4.0, 4.0));
+  const auto weight = cast<T>(uniform(num * D, seed)), dout = cast<T>(uniform(n * D, seed + 1, -4.0, 4.0));
   const auto idx = indices_for(n, num, seed + 2);
 
   std::vector<T> out_cpu(n * D);

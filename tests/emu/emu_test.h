@@ -28,6 +28,12 @@ std::vector<T> uniform(size_t n, unsigned seed, double lo = -1.0, double hi = 1.
   return v;
 }
 
+// v's values converted to T (the inputs are drawn as floats, then cast to the tested type).
+template <class T>
+std::vector<T> cast(const std::vector<float>& v) {
+  return std::vector<T>(v.begin(), v.end());
+}
+
 template <class T>
 std::vector<T> nans(size_t n) {
   return std::vector<T>(n, static_cast<T>(NAN));
@@ -103,6 +109,13 @@ void check_rel(const std::string& what, const std::vector<A>& got, const std::ve
 template <class T>
 void check_ulps(const std::string& what, const std::vector<T>& got, const std::vector<T>& ref) {
   check_rel(what, got, ref, 8 * (sizeof(T) == 4 ? std::ldexp(1.0, -23) : std::ldexp(1.0, -52)));
+}
+
+// The relative tolerance of a short formula around sums of n values added in different
+// orders: 4 (n + 16) u (u of T) bounds the sums' 2 gamma_n and the roundings.
+template <class T>
+double rel_for(int64_t n) {
+  return 4.0 * double(n + 16) * (sizeof(T) == 4 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -53));
 }
 
 // The same bits (floats compared as values, so +0 == -0; NaN fails).

@@ -23,8 +23,7 @@ void check_index(int64_t outer, int64_t D, int64_t inner) {
   INFO("outer ", outer, " D ", D, " inner ", inner, sizeof(T) == 4 ? " f32" : " f64");
   const std::vector<int64_t> index = {3, 0, 3, D - 1, 1, 3, 2};  // repeats: index_add adds them
   const int64_t K = static_cast<int64_t>(index.size());
-  auto cast = [](const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); };
-  const auto x = cast(uniform(outer * D * inner, 1)), dy = cast(uniform(outer * K * inner, 2));
+  const auto x = cast<T>(uniform(outer * D * inner, 1)), dy = cast<T>(uniform(outer * K * inner, 2));
   std::vector<T> y1(outer * K * inner);
   auto y2 = nans<T>(y1.size());
   cpu::index_select<T>(outer, D, inner, x.data(), K, index.data(), y1.data());

@@ -25,16 +25,10 @@ using namespace nd::kernels;
 using namespace nd::emu_test;
 
 template <class T>
-double rel_for(int64_t n) {
-  return 4.0 * double(n + 16) * (sizeof(T) == 4 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -53));
-}
-
-template <class T>
 void check_layer_norm(int64_t M, int64_t D, bool affine) {
   INFO("M = ", M, ", D = ", D, std::string(affine ? " affine" : ""), std::string(sizeof(T) == 4 ? " f32" : " f64"));
-  auto cast = [](const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); };
-  const auto x = cast(uniform(M * D, 1, -1, 3)), dy = cast(uniform(M * D, 2)), w = cast(uniform(D, 3, 0.5, 1.5)),
-             b = cast(uniform(D, 4));
+  const auto x = cast<T>(uniform(M * D, 1, -1, 3)), dy = cast<T>(uniform(M * D, 2)),
+             w = cast<T>(uniform(D, 3, 0.5, 1.5)), b = cast<T>(uniform(D, 4));
   const T* wp = affine ? w.data() : nullptr;
   const T* bp = affine ? b.data() : nullptr;
   std::vector<T> y1(M * D), mean1(M), rstd1(M);

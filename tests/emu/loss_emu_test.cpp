@@ -25,19 +25,14 @@ using namespace nd::kernels;
 using namespace nd::emu_test;
 using R = nd::kernels::LossReduction;
 
-template <class T>
-double rel_for(int64_t n) {
-  return 4.0 * double(n + 16) * (sizeof(T) == 4 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -53));
-}
 const char* name_of(R r) { return r == R::None ? "None" : r == R::Mean ? "Mean" : "Sum"; }
 
 template <class T>
 void check_pointwise_losses(R reduction) {
   INFO(std::string(name_of(reduction)), sizeof(T) == 4 ? " f32" : " f64");
   const int64_t n = 1000, C = 8;
-  auto cast = [](const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); };
-  const auto x = cast(uniform(n, 1, -4, 4)), t = cast(uniform(n, 2, 0, 1)), w = cast(uniform(n, 3, 0.5, 1.5)),
-             pw = cast(uniform(C, 4, 0.5, 3)), dout = cast(uniform(n, 5));
+  const auto x = cast<T>(uniform(n, 1, -4, 4)), t = cast<T>(uniform(n, 2, 0, 1)), w = cast<T>(uniform(n, 3, 0.5, 1.5)),
+             pw = cast<T>(uniform(C, 4, 0.5, 3)), dout = cast<T>(uniform(n, 5));
   const int64_t out_n = reduction == R::None ? n : 1;
   const double rel = rel_for<T>(n);
 
@@ -73,8 +68,7 @@ template <class T>
 void check_cross_entropy(int64_t N, int64_t C, R reduction, bool weighted, double smoothing) {
   INFO("N ", N, " C ", C, " ", std::string(name_of(reduction)), weighted ? " weighted" : "", " smoothing ",
        smoothing, sizeof(T) == 4 ? " f32" : " f64");
-  auto cast = [](const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); };
-  const auto x = cast(uniform(N * C, 1, -5, 5)), w = cast(uniform(C, 2, 0.5, 1.5)), dout = cast(uniform(N, 3));
+  const auto x = cast<T>(uniform(N * C, 1, -5, 5)), w = cast<T>(uniform(C, 2, 0.5, 1.5)), dout = cast<T>(uniform(N, 3));
   std::vector<int64_t> target(N);
   for (int64_t i = 0; i < N; ++i) target[i] = (i * 7) % C;
   target[1] = -100;  // ignored

@@ -23,9 +23,8 @@ template <class T>
 void check_sgd(const cpu::SgdParams& hp) {
   INFO("momentum ", hp.momentum, " nesterov ", hp.nesterov, " first ", hp.first_step, sizeof(T) == 4 ? " f32" : " f64");
   const int64_t n = 777;
-  auto cast = [](const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); };
-  auto p1 = cast(uniform(n, 1)), buf1 = cast(uniform(n, 2));
-  const auto g = cast(uniform(n, 3));
+  auto p1 = cast<T>(uniform(n, 1)), buf1 = cast<T>(uniform(n, 2));
+  const auto g = cast<T>(uniform(n, 3));
   auto p2 = p1, buf2 = buf1;
   T* b1 = hp.momentum != 0 ? buf1.data() : nullptr;
   T* b2 = hp.momentum != 0 ? buf2.data() : nullptr;
@@ -40,10 +39,9 @@ void check_adam(const cpu::AdamParams& hp) {
   INFO("amsgrad ", hp.amsgrad, " decoupled ", hp.decoupled_weight_decay, " step ", hp.step,
        sizeof(T) == 4 ? " f32" : " f64");
   const int64_t n = 777;
-  auto cast = [](const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); };
-  auto p1 = cast(uniform(n, 1)), m1 = cast(uniform(n, 2)), v1 = cast(uniform(n, 3, 0, 1)),
-       vmax1 = cast(uniform(n, 4, 0, 1));
-  const auto g = cast(uniform(n, 5));
+  auto p1 = cast<T>(uniform(n, 1)), m1 = cast<T>(uniform(n, 2)), v1 = cast<T>(uniform(n, 3, 0, 1)),
+       vmax1 = cast<T>(uniform(n, 4, 0, 1));
+  const auto g = cast<T>(uniform(n, 5));
   auto p2 = p1, m2 = m1, v2 = v1, vmax2 = vmax1;
   cpu::adam_step<T>(n, hp, p1.data(), g.data(), m1.data(), v1.data(), hp.amsgrad ? vmax1.data() : nullptr);
   cuda::adam_step<T>(n, hp, p2.data(), g.data(), m2.data(), v2.data(), hp.amsgrad ? vmax2.data() : nullptr, nullptr);

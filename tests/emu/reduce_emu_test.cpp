@@ -25,8 +25,7 @@ using namespace nd::emu_test;
 template <class T>
 void check_reduce(int64_t M, int64_t R) {
   INFO("M = ", M, ", R = ", R, sizeof(T) == 4 ? " f32" : " f64");
-  auto cast = [](const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); };
-  auto x = cast(uniform(M * R, 1, -1, 3));
+  auto x = cast<T>(uniform(M * R, 1, -1, 3));
   if (R > 3) {
     x[2] = x[R - 1] = T(10);  // row 0: a tie, the first index wins
     x[R + 1] = static_cast<T>(NAN);  // row 1: NaN is the maximum
@@ -69,7 +68,7 @@ void check_reduce(int64_t M, int64_t R) {
     CHECK(i2[m] == i1[m]);
     CHECK((mx2[m] == mx1[m] || (std::isnan(double(mx1[m])) && std::isnan(double(mx2[m])))));
   }
-  const auto dy = cast(uniform(M, 2));
+  const auto dy = cast<T>(uniform(M, 2));
   std::vector<T> dx1(M * R);
   auto dx2 = nans<T>(M * R);
   cpu::scatter_rows<T>(M, R, i1.data(), dy.data(), dx1.data());

@@ -25,15 +25,11 @@ using namespace nd::emu_test;
 template <class T>
 void check_softmax(int64_t M, int64_t D) {
   INFO("M = ", M, ", D = ", D, sizeof(T) == 4 ? " f32" : " f64");
-  std::vector<T> x(M * D), dy(M * D);
-  const auto r = uniform(M * D, 1, -4, 4), g = uniform(M * D, 2);
-  for (int64_t i = 0; i < M * D; ++i) {
-    x[i] = static_cast<T>(r[i]);
-    dy[i] = static_cast<T>(g[i]);
-  }
+  std::vector<T> x = cast<T>(uniform(M * D, 1, -4, 4));
+  const std::vector<T> dy = cast<T>(uniform(M * D, 2));
   x[D - 1] += 100;  // a row whose maximum (its last element) must be subtracted: exp(100) overflows f32
   if (D > 1) x[D + 1] = -INFINITY;
-  const double rel = 4.0 * double(D + 16) * (sizeof(T) == 4 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -53));
+  const double rel = rel_for<T>(D);
   for (bool log : {false, true}) {
     const std::string name = log ? "log_softmax " : "softmax ";
     std::vector<T> y1(M * D), dx1(M * D);
