@@ -69,7 +69,7 @@ struct Columns {
 };
 std::optional<Columns> leading_columns(const Tensor& x, const std::vector<bool>& reduced) {
   Columns cols;
-  bool in_reduced = false, any_reduced = false;
+  bool in_reduced = false;
   int64_t expected = 1;  // the stride the next (outer) dim must have
   for (int64_t d = x.dim(); d-- > 0;) {
     if (x.size(d) == 1) continue;
@@ -80,14 +80,14 @@ std::optional<Columns> leading_columns(const Tensor& x, const std::vector<bool>&
       continue;
     }
     if (!in_reduced) {
-      in_reduced = any_reduced = true;
+      in_reduced = true;
       cols.ld = expected = x.stride(d);
     }
     if (x.stride(d) != expected) return std::nullopt;
     cols.R *= x.size(d);
     expected *= x.size(d);
   }
-  if (!any_reduced || cols.C == 1) return std::nullopt;
+  if (!in_reduced || cols.C == 1) return std::nullopt;
   return cols;
 }
 
