@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cuda_bf16.h"
 #include "cuda_runtime.h"
 
 // ---- library_types.h -------------------------------------------------------------------
@@ -57,13 +58,10 @@ inline double load(const void* p, cudaDataType_t t, int64_t i) {
   switch (t) {
     case CUDA_R_32F: return static_cast<const float*>(p)[i];
     case CUDA_R_64F: return static_cast<const double*>(p)[i];
-    default: {  // CUDA_R_16BF: the high 16 bits of an f32
-      uint16_t h;
+    default: {  // CUDA_R_16BF
+      __nv_bfloat16 h;
       std::memcpy(&h, static_cast<const char*>(p) + 2 * i, 2);
-      const uint32_t bits = uint32_t(h) << 16;
-      float f;
-      std::memcpy(&f, &bits, 4);
-      return f;
+      return float(h);
     }
   }
 }
@@ -71,12 +69,8 @@ inline void store(void* p, cudaDataType_t t, int64_t i, double v) {
   switch (t) {
     case CUDA_R_32F: static_cast<float*>(p)[i] = static_cast<float>(v); break;
     case CUDA_R_64F: static_cast<double*>(p)[i] = v; break;
-    default: {  // CUDA_R_16BF, round to nearest even from the f32 value (inputs here are finite)
-      const float f = static_cast<float>(v);
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      bits += 0x7fff + ((bits >> 16) & 1);
-      const uint16_t h = static_cast<uint16_t>(bits >> 16);
+    default: {  // CUDA_R_16BF, rounded to nearest even from the f32 value
+      const __nv_bfloat16 h(static_cast<float>(v));
       std::memcpy(static_cast<char*>(p) + 2 * i, &h, 2);
     }
   }
