@@ -83,12 +83,11 @@ void check_case(const Case& c, bool use_gemm, unsigned seed) {
   const Layout la = layout(c.ta ? c.K : c.M, c.ta ? c.M : c.K, c.pad_a, c.batch, c.bcast_a);
   const Layout lb = layout(c.tb ? c.N : c.K, c.tb ? c.K : c.N, c.pad_b, c.batch, c.bcast_b);
   const Layout lc = layout(c.M, c.N, c.pad_c, c.batch, false);
-  auto widen = [](const std::vector<float>& v) { return std::vector<T>(v.begin(), v.end()); };
   std::vector<T> A, B;
   std::vector<In> A_in, B_in;
   if constexpr (std::is_same_v<In, T>) {
-    A = widen(uniform(la.size, seed));
-    B = widen(uniform(lb.size, seed + 1));
+    A = cast<T>(uniform(la.size, seed));
+    B = cast<T>(uniform(lb.size, seed + 1));
     A_in = A;
     B_in = B;
   } else {
@@ -100,7 +99,7 @@ void check_case(const Case& c, bool use_gemm, unsigned seed) {
   }
   const T alpha = static_cast<T>(c.alpha), beta = static_cast<T>(c.beta);
   // beta == 0: C starts as NaN (must not be read); else values; the gaps keep theirs either way.
-  const std::vector<T> C0 = c.beta == 0 ? nans<T>(lc.size) : widen(uniform(lc.size, seed + 2));
+  const std::vector<T> C0 = c.beta == 0 ? nans<T>(lc.size) : cast<T>(uniform(lc.size, seed + 2));
   auto C_cpu = C0, C_emu = C0;
   if (use_gemm) {
     cpu::gemm<T>(c.ta, c.tb, c.M, c.N, c.K, alpha, A.data(), la.ld, B.data(), lb.ld, beta, C_cpu.data(), lc.ld);
