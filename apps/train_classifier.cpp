@@ -38,7 +38,7 @@ int train(Options& o) {
 
   nd::manual_seed(static_cast<uint64_t>(o.seed));
   models::Classifier C;
-  if (o.sync_bn) app::sync_batchnorm(C.ptr(), device);
+  if (o.sync_bn) nd::nn::convert_sync_batchnorm(C.ptr());
   C->to(device);
   nd::dist::DistributedDataParallel c(C, "classifier", app::ddp_options(device));
   nd::optim::Adam opt(C->parameters(), nd::optim::AdamOptions(o.lr));

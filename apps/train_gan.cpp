@@ -68,8 +68,8 @@ int train(Options& o) {
   models::dcgan_init(*G);
   models::dcgan_init(*D);
   if (o.sync_bn) {
-    app::sync_batchnorm(G.ptr(), device);
-    app::sync_batchnorm(D.ptr(), device);
+    nd::nn::convert_sync_batchnorm(G.ptr());
+    nd::nn::convert_sync_batchnorm(D.ptr());
   }
   G->to(device);
   D->to(device);

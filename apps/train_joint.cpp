@@ -67,7 +67,7 @@ int train(Options& o) {
   nd::apps::Perturber G(o.gwidth);
   models::DCGANDiscriminator D(o.ndf);
   models::dcgan_init(*D);
-  app::sync_batchnorm(D.ptr(), device);  // after dcgan_init, which sets the BatchNorm weights
+  nd::nn::convert_sync_batchnorm(D.ptr());  // after dcgan_init, which sets the BatchNorm weights
   models::MAE M(config);
   G->to(device);
   D->to(device);

@@ -63,10 +63,6 @@ nd::dist::DistributedDataParallelOptions ddp_options(nd::Device device) {
   return nd::dist::DistributedDataParallelOptions().process_group(nd::dist::default_group(device));
 }
 
-void sync_batchnorm(const std::shared_ptr<nd::nn::Module>& module, nd::Device device) {
-  nd::nn::convert_sync_batchnorm(module, nd::dist::default_group(device));
-}
-
 int run_main(const std::string& program, const std::function<int()>& body) {
   auto one_line = [](std::string s) {
     for (char& c : s)

@@ -57,11 +57,11 @@ World world();
 // Throws UsageError or nd::Error.
 nd::Device setup(const std::string& program, CommonOptions& options, const World& world);
 
-// DDP's options and the SyncBatchNorm conversion for a model on `device`, over
-// dist::default_group(device): world() (MPI) for the CPU, nccl_world() for CUDA, and for
-// a GPU in a world of one process no group (nothing to communicate, no NCCL needed).
+// DDP's options for a model on `device`, over dist::default_group(device): world() (MPI)
+// for the CPU, nccl_world() for CUDA, and for a GPU in a world of one process no group
+// (nothing to communicate, no NCCL needed). SyncBatchNorm needs no helper:
+// nn::convert_sync_batchnorm(module) takes the same default group from its input's device.
 nd::dist::DistributedDataParallelOptions ddp_options(nd::Device device);
-void sync_batchnorm(const std::shared_ptr<nd::nn::Module>& module, nd::Device device);
 
 // Runs body, turning a UsageError into "<program>: <message>" + exit status 2 (printed
 // by rank 0: every rank checks the same command line) and any other error into
