@@ -312,46 +312,16 @@ void backward_for(const Problem<S>& p, int64_t BH, S* dq, S* dk, S* dv, cudaStre
     check_launch("attention backward dq");
   }
 }
-// The entry points for f32 and f64 (SIMT): checks, the head-dim dispatch, the scratch.
-template <class S>
-void run_forward(const S* q, const S* k, const S* v, AttentionMask<S> mask, int64_t B, int64_t H, int64_t Sq,
-                 int64_t Sk, int64_t E, int64_t Ev, bool is_causal, double scale, S* out, compute_t<S>* lse,
-                 cudaStream_t stream) {
-  const int d = head_dim_for("attention forward", E, Ev);
-  const int64_t BH = B * H;
-  if (BH == 0 || Sq == 0) return;
-  const Problem<S> p{q, k, v, nullptr, nullptr, nullptr, nullptr, mask, H, Sq, Sk, E, Ev, is_causal,
-                     static_cast<compute_t<S>>(scale)};
-  if (d == 32) forward_for<S, 32>(p, BH, out, lse, stream);
-  else if (d == 64) forward_for<S, 64>(p, BH, out, lse, stream);
-  else forward_for<S, 128>(p, BH, out, lse, stream);
-}
-
-template <class S>
-void run_backward(const S* dout, const S* q, const S* k, const S* v, AttentionMask<S> mask, const S* out,
-                  const compute_t<S>* lse, int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
-                  bool is_causal, double scale, S* dq, S* dk, S* dv, cudaStream_t stream) {
-  using T = compute_t<S>;
-  const int d = head_dim_for("attention backward", E, Ev);
-  const int64_t BH = B * H;
-  if (BH == 0 || (Sq == 0 && Sk == 0)) return;
-  // delta_i = dout_i . out_i for every query row, computed once (FlashAttention-2).
-  const detail::Scratch delta("attention backward", static_cast<size_t>(BH * Sq) * sizeof(T), stream);
-  launch_delta<S>(BH * Sq, Ev, dout, out, delta.as<T>(), stream);
-  const Problem<S> p{q, k, v, out, dout, lse, delta.as<T>(), mask, H, Sq, Sk, E, Ev, is_causal,
-                     static_cast<T>(scale)};
-  if (d == 32) backward_for<S, 32>(p, BH, dq, dk, dv, stream);
-  else if (d == 64) backward_for<S, 64>(p, BH, dq, dk, dv, stream);
-  else backward_for<S, 128>(p, BH, dq, dk, dv, stream);
-}
-
 }  // namespace
 template <typename T>
 void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v, AttentionMask<T> mask, int64_t B,
                                           int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
                                           bool is_causal, double scale, T* out, T* logsumexp,
                                           cudaStream_t stream) {
-  run_forward<T>(q, k, v, mask, B, H, Sq, Sk, E, Ev, is_causal, scale, out, logsumexp, stream);
+  run_forward<T>("attention forward", q, k, v, mask, B, H, Sq, Sk, E, Ev, is_causal, scale,
+                 [&](auto D, const Problem<T>& p, int64_t BH) {
+                   forward_for<T, decltype(D)::value>(p, BH, out, logsumexp, stream);
+                 });
 }
 
 template <typename T>
@@ -360,7 +330,10 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
                                            int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
                                            bool is_causal, double scale, T* dq, T* dk, T* dv,
                                            cudaStream_t stream) {
-  run_backward<T>(dout, q, k, v, mask, out, logsumexp, B, H, Sq, Sk, E, Ev, is_causal, scale, dq, dk, dv, stream);
+  run_backward<T>("attention backward", dout, q, k, v, mask, out, logsumexp, B, H, Sq, Sk, E, Ev, is_causal, scale,
+                  stream, [&](auto D, const Problem<T>& p, int64_t BH) {
+                    backward_for<T, decltype(D)::value>(p, BH, dq, dk, dv, stream);
+                  });
 }
 #define ND_INSTANTIATE(T)                                                                                      \
   template void scaled_dot_product_attention_forward<T>(const T*, const T*, const T*, AttentionMask<T>,       \

@@ -2,7 +2,7 @@
 // (the bf16 tensor-core kernels): what both need. The problem a kernel takes by value
 // (Problem) and one head's slice of it, the mask's included (Head); storage and compute
 // types; the delta pass D_i = dout_i . out_i that both backwards run first (f32 sums for
-// bf16); the head-dim dispatch and the grid helpers.
+// bf16); the head-dim dispatch, the grid helpers and the entry points around the launchers.
 //
 // Why a header and not a third .cu: the kernels are templates instantiated by each file's
 // launchers, and all of this sits in an anonymous namespace, as it did when the two files
@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include <string>
+#include <type_traits>
 
 #include "kernels/common/float16.h"
 #include "kernels/common/online_softmax.h"
@@ -140,6 +141,44 @@ void launch_delta(int64_t rows, int64_t Ev, const S* dout, const S* out, compute
   delta_kernel<S><<<static_cast<unsigned>(blocks < (1 << 20) ? blocks : (1 << 20)), kThreads, 0, stream>>>(
       rows, Ev, dout, out, delta);
   check_launch("attention backward delta");
+}
+
+// launch(D, p, BH) with D the compiled head dim d as a std::integral_constant.
+template <class S, class Launch>
+void launch_for_head_dim(int d, Launch& launch, const Problem<S>& p, int64_t BH) {
+  if (d == 32) launch(std::integral_constant<int, 32>{}, p, BH);
+  else if (d == 64) launch(std::integral_constant<int, 64>{}, p, BH);
+  else launch(std::integral_constant<int, 128>{}, p, BH);
+}
+
+// The entry points' body for every storage type S, around the launchers `launch` (attention.cu's
+// SIMT ones for f32 and f64, attention_bf16.cu's tensor-core ones for bf16): the head-dim
+// check, the empty cases, the backward's delta, the head-dim dispatch. `name` labels errors.
+template <class S, class Launch>
+void run_forward(const char* name, const S* q, const S* k, const S* v, AttentionMask<S> mask, int64_t B, int64_t H,
+                 int64_t Sq, int64_t Sk, int64_t E, int64_t Ev, bool is_causal, double scale, Launch launch) {
+  const int d = head_dim_for(name, E, Ev);
+  const int64_t BH = B * H;
+  if (BH == 0 || Sq == 0) return;
+  const Problem<S> p{q, k, v, nullptr, nullptr, nullptr, nullptr, mask, H, Sq, Sk, E, Ev, is_causal,
+                     static_cast<compute_t<S>>(scale)};
+  launch_for_head_dim(d, launch, p, BH);
+}
+
+template <class S, class Launch>
+void run_backward(const char* name, const S* dout, const S* q, const S* k, const S* v, AttentionMask<S> mask,
+                  const S* out, const compute_t<S>* lse, int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t E,
+                  int64_t Ev, bool is_causal, double scale, cudaStream_t stream, Launch launch) {
+  using T = compute_t<S>;
+  const int d = head_dim_for(name, E, Ev);
+  const int64_t BH = B * H;
+  if (BH == 0 || (Sq == 0 && Sk == 0)) return;
+  // delta_i = dout_i . out_i for every query row, computed once (FlashAttention-2).
+  const detail::Scratch delta(name, static_cast<size_t>(BH * Sq) * sizeof(T), stream);
+  launch_delta<S>(BH * Sq, Ev, dout, out, delta.as<T>(), stream);
+  const Problem<S> p{q, k, v, out, dout, lse, delta.as<T>(), mask, H, Sq, Sk, E, Ev, is_causal,
+                     static_cast<T>(scale)};
+  launch_for_head_dim(d, launch, p, BH);
 }
 
 }  // namespace

@@ -477,14 +477,10 @@ void scaled_dot_product_attention_forward(const BFloat16* q, const BFloat16* k, 
                                           AttentionMask<BFloat16> mask, int64_t B, int64_t H, int64_t Sq,
                                           int64_t Sk, int64_t E, int64_t Ev, bool is_causal, double scale,
                                           BFloat16* out, float* logsumexp, cudaStream_t stream) {
-  const int d = head_dim_for("attention forward (bf16)", E, Ev);
-  const int64_t BH = B * H;
-  if (BH == 0 || Sq == 0) return;
-  const Problem<BFloat16> p{q, k, v, nullptr, nullptr, nullptr, nullptr, mask, H, Sq, Sk, E, Ev, is_causal,
-                            static_cast<float>(scale)};
-  if (d == 32) tc_forward_for<32>(p, BH, out, logsumexp, stream);
-  else if (d == 64) tc_forward_for<64>(p, BH, out, logsumexp, stream);
-  else tc_forward_for<128>(p, BH, out, logsumexp, stream);
+  run_forward<BFloat16>("attention forward (bf16)", q, k, v, mask, B, H, Sq, Sk, E, Ev, is_causal, scale,
+                        [&](auto D, const Problem<BFloat16>& p, int64_t BH) {
+                          tc_forward_for<decltype(D)::value>(p, BH, out, logsumexp, stream);
+                        });
 }
 
 void scaled_dot_product_attention_backward(const BFloat16* dout, const BFloat16* q, const BFloat16* k,
@@ -492,15 +488,9 @@ void scaled_dot_product_attention_backward(const BFloat16* dout, const BFloat16*
                                            const float* logsumexp, int64_t B, int64_t H, int64_t Sq, int64_t Sk,
                                            int64_t E, int64_t Ev, bool is_causal, double scale, BFloat16* dq,
                                            BFloat16* dk, BFloat16* dv, cudaStream_t stream) {
-  const int d = head_dim_for("attention backward (bf16)", E, Ev);
-  const int64_t BH = B * H;
-  if (BH == 0 || (Sq == 0 && Sk == 0)) return;
-  const detail::Scratch delta("attention backward (bf16)", static_cast<size_t>(BH * Sq) * sizeof(float), stream);
-  launch_delta<BFloat16>(BH * Sq, Ev, dout, out, delta.as<float>(), stream);
-  const Problem<BFloat16> p{q, k, v, out, dout, logsumexp, delta.as<float>(), mask, H, Sq, Sk, E, Ev, is_causal,
-                            static_cast<float>(scale)};
-  if (d == 32) tc_backward_for<32>(p, BH, dq, dk, dv, stream);
-  else if (d == 64) tc_backward_for<64>(p, BH, dq, dk, dv, stream);
-  else tc_backward_for<128>(p, BH, dq, dk, dv, stream);
+  run_backward<BFloat16>("attention backward (bf16)", dout, q, k, v, mask, out, logsumexp, B, H, Sq, Sk, E, Ev,
+                         is_causal, scale, stream, [&](auto D, const Problem<BFloat16>& p, int64_t BH) {
+                           tc_backward_for<decltype(D)::value>(p, BH, dq, dk, dv, stream);
+                         });
 }
 }  // namespace nd::kernels::cuda
