@@ -55,7 +55,7 @@ void copy_strided(int64_t ndim, const int64_t* shape, const S* src, const int64_
                   const int64_t* dst_strides) {
   const MergedDims<2> m = merge_dims<2>(ndim, shape, {src_strides, dst_strides});
   if (m.empty || copy_transposed(m, src, dst)) return;
-  for_each_row<2>(ndim, shape, {src_strides, dst_strides}, [&](auto off, int64_t n, auto st) {
+  for_each_row(m, [&](auto off, int64_t n, auto st) {
     const S* s = src + off[0];
     D* d = dst + off[1];
     if (st[0] == 1 && st[1] == 1) {

@@ -62,11 +62,11 @@ std::array<int64_t, K> row_offsets(const MergedDims<K>& m, int64_t outer, int64_
 //  - rows longer than kPiece are cut into pieces, so a single long row still spreads
 //    over the threads.
 // Pieces run in parallel (OpenMP) when the problem is large. Requires ndim >= 0; a 0-d
-// problem is one row of length 1.
+// problem is one row of length 1. This overload takes the dims merged already, for a
+// caller that looked at them first (copy_strided); the one below merges them.
 template <size_t K, class Body>
-void for_each_row(int64_t ndim, const int64_t* shape, const std::array<const int64_t*, K>& strides, Body&& body) {
+void for_each_row(const MergedDims<K>& m, Body&& body) {
   constexpr int64_t kPiece = 16384;
-  const MergedDims<K> m = merge_dims<K>(ndim, shape, strides);
   if (m.empty) return;
   const int64_t n = m.sizes.empty() ? 1 : m.sizes.back();
   const std::array<int64_t, K> inner = m.strides.empty() ? std::array<int64_t, K>{} : m.strides.back();
@@ -81,6 +81,11 @@ void for_each_row(int64_t ndim, const int64_t* shape, const std::array<const int
     for (size_t k = 0; k < K; ++k) off[k] += start * inner[k];
     body(off, std::min(kPiece, n - start), inner);
   }
+}
+
+template <size_t K, class Body>
+void for_each_row(int64_t ndim, const int64_t* shape, const std::array<const int64_t*, K>& strides, Body&& body) {
+  for_each_row(merge_dims<K>(ndim, shape, strides), body);
 }
 
 }  // namespace nd::kernels::cpu
