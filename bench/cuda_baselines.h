@@ -286,10 +286,12 @@ class Cudnn {
   static constexpr const char* kWhy =
       "cuDNN baseline not built (cudnn.h or libcudnn not found when bench/ was configured)";
 };
-inline Impl cudnn_missing() {
-  return {"cudnn", []() -> Run { throw nd::Error(Cudnn::kWhy); }};
+inline Impl cudnn_missing(const char* name = "cudnn") {
+  return {name, []() -> Run { throw nd::Error(Cudnn::kWhy); }};
 }
-inline Impl cudnn_conv(Bench&, const Cudnn&, const ConvGeom&, Pass, bool = false) { return cudnn_missing(); }
+inline Impl cudnn_conv(Bench&, const Cudnn&, const ConvGeom&, Pass, bool bf16 = false) {
+  return cudnn_missing(bf16 ? "cudnn_bf16" : "cudnn");
+}
 inline Impl cudnn_batch_norm(Bench&, const Cudnn&, int64_t, int64_t, int64_t) { return cudnn_missing(); }
 #endif
 
