@@ -201,12 +201,12 @@ struct ScaledDotProductAttentionBackward : autograd::Node {
     const Tensor qv = q.unpack(*this), kv = k.unpack(*this), vv = v.unpack(*this);
     const Tensor o = out.unpack(*this), lse = logsumexp.unpack(*this);
     const MaskView m{mask.unpack(*this), mask_strides};
-    if (autocast) {
-      std::vector<Tensor> g = autocast_backward(grads[0], {qv, kv, vv, o, lse}, m, d, is_causal, scale);
-      for (size_t x = 0; x < g.size(); ++x)
-        if (!next_edges[x].fn) g[x] = Tensor();
-      return g;
-    }
+    auto needed = [&](std::vector<Tensor> dqkv) {  // no gradient for an input that takes none
+      for (size_t x = 0; x < dqkv.size(); ++x)
+        if (!next_edges[x].fn) dqkv[x] = Tensor();
+      return dqkv;
+    };
+    if (autocast) return needed(autocast_backward(grads[0], {qv, kv, vv, o, lse}, m, d, is_causal, scale));
     const Tensor g = kernel_operand(grads[0]);
     Tensor dq = empty_operand(qv.sizes(), qv), dk = empty_operand(kv.sizes(), kv), dv = empty_operand(vv.sizes(), vv);
     const kernels::cpu::AttentionLayout layout{rows_of(qv), rows_of(kv), rows_of(vv), rows_of(o),
@@ -228,7 +228,7 @@ struct ScaledDotProductAttentionBackward : autograd::Node {
                 dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>(), stream);
           });
     });
-    return {next_edges[0].fn ? dq : Tensor(), next_edges[1].fn ? dk : Tensor(), next_edges[2].fn ? dv : Tensor()};
+    return needed({dq, dk, dv});
   }
 };
 
