@@ -1,5 +1,7 @@
 #include "engine/autocast.h"
 
+#include "engine/tensor.h"
+
 namespace nd {
 
 namespace {
@@ -15,5 +17,7 @@ AutocastGuard::AutocastGuard(DeviceType device_type, bool enabled)
 AutocastGuard::~AutocastGuard() { g_enabled[index_of(device_type_)] = previous_; }
 
 bool is_autocast_enabled(DeviceType device_type) { return g_enabled[index_of(device_type)]; }
+
+bool autocast_applies_to(const Tensor& t) { return t.dtype() == kFloat32 && is_autocast_enabled(t.device().type); }
 
 }  // namespace nd

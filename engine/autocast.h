@@ -28,6 +28,8 @@
 
 namespace nd {
 
+class Tensor;
+
 class AutocastGuard {
  public:
   explicit AutocastGuard(DeviceType device_type, bool enabled = true);
@@ -42,5 +44,9 @@ class AutocastGuard {
 
 // Whether autocast is on for tensors of `device_type` on this thread.
 bool is_autocast_enabled(DeviceType device_type);
+
+// Whether the ops listed above take bf16-rounded operands for input t: t is f32 and autocast
+// is on for its device type.
+bool autocast_applies_to(const Tensor& t);
 
 }  // namespace nd
