@@ -18,6 +18,6 @@ AutocastGuard::~AutocastGuard() { g_enabled[index_of(device_type_)] = previous_;
 
 bool is_autocast_enabled(DeviceType device_type) { return g_enabled[index_of(device_type)]; }
 
-bool autocast_applies_to(const Tensor& t) { return t.dtype() == kFloat32 && is_autocast_enabled(t.device().type); }
+bool autocast_applies(const Tensor& t) { return t.dtype() == kFloat32 && is_autocast_enabled(t.device().type); }
 
 }  // namespace nd

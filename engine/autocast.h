@@ -47,6 +47,6 @@ bool is_autocast_enabled(DeviceType device_type);
 
 // Whether the ops listed above take bf16-rounded operands for input t: t is f32 and autocast
 // is on for its device type.
-bool autocast_applies_to(const Tensor& t);
+bool autocast_applies(const Tensor& t);
 
 }  // namespace nd

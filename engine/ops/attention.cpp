@@ -109,7 +109,6 @@ kernels::cpu::AttentionMask<T> kernel_mask(const MaskView& m) {
 // (kernels/cuda/attention_bf16.cu) where the CPU keeps f32: the devices agree to bf16 precision,
 // not bit for bit. The node remembers that its forward ran under autocast and runs its
 // backward the same way wherever the backward is called (as mm's, engine/ops/matmul.cpp).
-bool autocast_applies(const Tensor& q) { return q.dtype() == kFloat32 && is_autocast_enabled(q.device().type); }
 
 // What the forward under autocast keeps for the backward: bf16 q, k, v, out; f32 lse.
 struct AutocastSaved {

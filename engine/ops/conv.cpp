@@ -156,7 +156,7 @@ void record_backward(const Tensor& input4, const Tensor& weight, const Tensor& b
     n.tconv = tconv;
     n.C_out = output.size(1);
     n.out_hw = output.size(2) * output.size(3);
-    n.autocast = autocast_applies_to(input4);
+    n.autocast = autocast_applies(input4);
     if (n.next_edges[1].fn) n.input = autograd::SavedTensor(input4);
     if (n.next_edges[0].fn) n.weight = autograd::SavedTensor(weight);
   });
@@ -187,7 +187,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
   Tensor out = empty({s.N, s.C_out, s.out_h(), s.out_w()}, input.options());
   {
     NoGradGuard no_grad;  // contiguous copies for the kernel; the graph records the inputs themselves
-    const bool amp = autocast_applies_to(input);
+    const bool amp = autocast_applies(input);
     const Tensor x = cpu_operand(x4.contiguous(), amp), w = cpu_operand(weight.contiguous(), amp);
     const Tensor b = bias.defined() ? bias.contiguous() : bias;
     ops::dispatch_floating(op, input, [&]<class T>() {
@@ -231,7 +231,7 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
   Tensor out = empty({s.N, s.C_out, s.out_h(), s.out_w()}, input.options());
   {
     NoGradGuard no_grad;
-    const bool amp = autocast_applies_to(input);
+    const bool amp = autocast_applies(input);
     const Tensor x = cpu_operand(x4.contiguous(), amp), w = cpu_operand(weight.contiguous(), amp);
     const Tensor b = bias.defined() ? bias.contiguous() : bias;
     ops::dispatch_floating(op, input, [&]<class T>() {

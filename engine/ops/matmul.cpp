@@ -64,7 +64,7 @@ void run_gemm_exact(const char* op, const Tensor& a, const Tensor& b, int64_t ba
 // CUDA multiplies bf16 copies on tensor cores; the CPU multiplies the rounded values in
 // f32, which gives the same products (bf16 x bf16 is exact in f32).
 void run_gemm(const char* op, const Tensor& a, const Tensor& b, int64_t batch, const Tensor& out) {
-  if (!autocast_applies_to(a)) return run_gemm_exact(op, a, b, batch, out);
+  if (!autocast_applies(a)) return run_gemm_exact(op, a, b, batch, out);
   NoGradGuard no_grad;  // private copies for the kernel; the graph records a and b
   const Tensor a16 = a.to(kBFloat16), b16 = b.to(kBFloat16);
   ops::on_device(
@@ -129,7 +129,7 @@ Tensor mm(const Tensor& mat1, const Tensor& mat2) {
   run_gemm("mm", mat1, mat2, 1, out);
   autograd::record<MmBackward>({mat1, mat2}, {out}, [&](MmBackward& n) {
     n.device = mat1.device().type;
-    n.autocast = autocast_applies_to(mat1);
+    n.autocast = autocast_applies(mat1);
     if (n.next_edges[1].fn) n.mat1 = autograd::SavedTensor(mat1);
     if (n.next_edges[0].fn) n.mat2 = autograd::SavedTensor(mat2);
   });
@@ -149,7 +149,7 @@ Tensor bmm(const Tensor& batch1, const Tensor& batch2) {
   run_gemm("bmm", batch1, batch2, batch1.size(0), out);
   autograd::record<BmmBackward>({batch1, batch2}, {out}, [&](BmmBackward& n) {
     n.device = batch1.device().type;
-    n.autocast = autocast_applies_to(batch1);
+    n.autocast = autocast_applies(batch1);
     if (n.next_edges[1].fn) n.batch1 = autograd::SavedTensor(batch1);
     if (n.next_edges[0].fn) n.batch2 = autograd::SavedTensor(batch2);
   });
