@@ -73,6 +73,22 @@ struct PowBackward : autograd::Node {
   }
 };
 
+// a ^ e for a number e: ga = g * e * a^(e-1), with e = 2 (a squared error) as g * a * 2 and
+// e = 1 as g: no per-element pow in the backward, and nothing saved for the exponent.
+struct PowScalarBackward : autograd::Node {
+  autograd::SavedTensor a;
+  double exponent = 0;
+  std::string name() const override { return "PowBackward"; }
+  void release_saved_tensors() override { a.reset(); }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    if (exponent == 0) return {zeros_like(g[0])};
+    if (exponent == 1) return {g[0]};
+    const Tensor av = a.unpack(*this);
+    if (exponent == 2) return {g[0] * av * 2.0};
+    return {g[0] * pow(av, exponent - 1) * exponent};
+  }
+};
+
 // maximum/minimum: the gradient goes to the selected input; ties split it evenly.
 struct ExtremumBackward : autograd::Node {
   autograd::SavedTensor a, b;
@@ -287,7 +303,17 @@ Tensor pow(const Tensor& a, const Tensor& exponent) {
   });
   return out;
 }
-Tensor pow(const Tensor& a, double exponent) { return pow(a, scalar_like(exponent, a)); }
+// A number as the exponent: a^2 is the product a * a (exact, no libm pow per element:
+// the MAE's squared error), other exponents the pow kernel with a broadcast scalar.
+Tensor pow(const Tensor& a, double exponent) {
+  Tensor out = exponent == 2 ? binary_forward("pow", BinaryOp::mul, a, a)
+                             : binary_forward("pow", BinaryOp::pow, a, scalar_like(exponent, a));
+  autograd::record<PowScalarBackward>({a}, {out}, [&](PowScalarBackward& n) {
+    n.exponent = exponent;
+    if (exponent != 0 && exponent != 1) n.a = autograd::SavedTensor(a);
+  });
+  return out;
+}
 
 Tensor maximum(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward("maximum", BinaryOp::maximum, a, b);

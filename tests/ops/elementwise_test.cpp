@@ -16,6 +16,9 @@ TEST_CASE("elementwise: gradcheck table (f64, broadcast, non-contiguous)") {
       {"div", {{3, 5}, {3, 5}}, [](const V& x) { return x[0] / x[1]; }, 0.5, 2},
       {"pow tensor", {{4, 3}, {4, 3}}, [](const V& x) { return pow(x[0], x[1]); }, 0.5, 2},
       {"pow scalar", {{4, 3}}, [](const V& x) { return pow(x[0], 3.0); }},
+      {"pow 2 (a * a)", {{4, 3}}, [](const V& x) { return pow(x[0], 2.0); }},
+      {"pow 1", {{4, 3}}, [](const V& x) { return pow(x[0], 1.0) * x[0]; }},
+      {"pow 0.5", {{4, 3}}, [](const V& x) { return pow(x[0], 0.5); }, 0.5, 2},
       {"maximum", {{3, 4}, {3, 4}}, [](const V& x) { return maximum(x[0], x[1]); }},
       {"minimum", {{3, 4}, {4}}, [](const V& x) { return minimum(x[0], x[1]); }},
       {"scalar ops", {{2, 3}}, [](const V& x) { return (2.0 - x[0]) * 3.0 / (x[0] + 4.0) - 1.0; }},
@@ -53,6 +56,30 @@ TEST_CASE("elementwise: known values") {
   nd::testing::check_close(clamp(tensor({-2, 0.25, 3}), -1, 1), {-1, 0.25, 1}, 0, 0, "clamp");
   nd::testing::check_close(pow(tensor({2, 3}), 2.0), {4, 9}, 0, 0, "pow");
   nd::testing::check_close(gt(tensor({1, 5}), tensor({2, 2})), {0, 1}, 0, 0, "gt");
+}
+
+TEST_CASE("elementwise: pow with a number exponent, values and gradients") {
+  const Tensor x = tensor({-1.5, 0, 0.5, 3}, kFloat64).requires_grad_();
+  // a^2 is the exact product a * a; its gradient 2 a g.
+  Tensor y = pow(x, 2.0);
+  CHECK(y.grad_fn()->name() == "PowBackward");
+  nd::testing::check_close(y, {2.25, 0, 0.25, 9}, 0, 0, "x^2");
+  y.backward(tensor({1, 2, 3, 4}, kFloat64));
+  nd::testing::check_close(x.grad(), {-3, 0, 3, 24}, 0, 0, "d x^2");
+  // a^0 = 1 and its gradient is 0 everywhere, also at a = 0 (PyTorch's convention).
+  x.grad().zero_();
+  pow(x, 0.0).sum().backward();
+  nd::testing::check_close(x.grad(), {0, 0, 0, 0}, 0, 0, "d x^0");
+  // a^1 passes the gradient through.
+  x.grad().zero_();
+  pow(x, 1.0).backward(tensor({5, 6, 7, 8}, kFloat64));
+  nd::testing::check_close(x.grad(), {5, 6, 7, 8}, 0, 0, "d x^1");
+  // Saved for backward: modifying x in place after x^2 is the version error.
+  const Tensor w = tensor({1, 2}, kFloat64).requires_grad_();
+  Tensor h = w * 1.0;
+  Tensor sq = pow(h, 2.0);
+  h.add_(1.0);
+  CHECK_THROWS_WITH_AS(sq.sum().backward(), doctest::Contains("PowBackward"), Error);
 }
 
 TEST_CASE("elementwise: in-place ops bump the version and record history") {
