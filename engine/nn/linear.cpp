@@ -12,12 +12,16 @@ Tensor functional::linear(const Tensor& input, const Tensor& weight, const Tenso
   ND_CHECK(weight.dim() == 2, "linear: expected weight [out_features, in_features], found ", weight.describe());
   ND_CHECK(input.dim() >= 1 && input.size(-1) == weight.size(1), "linear: input ", input.describe(),
            " does not end in in_features=", weight.size(1), " (weight ", weight.describe(), ")");
-  // Fold the leading dims into one GEMM: [M, in] x [in, out].
+  // Fold the leading dims into one GEMM: [M, in] x [in, out], accumulated onto the bias.
   Shape out_shape = input.sizes();
   out_shape.back() = weight.size(0);
-  Tensor y = mm(input.reshape({-1, weight.size(1)}), weight.t());
-  if (bias.defined()) y = y + bias;
-  return y.reshape(out_shape);
+  const Tensor rows = input.reshape({-1, weight.size(1)});
+  if (bias.defined()) {
+    ND_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: expected bias [out_features=",
+             weight.size(0), "], found ", bias.describe());
+    return addmm(bias, rows, weight.t()).reshape(out_shape);
+  }
+  return mm(rows, weight.t()).reshape(out_shape);
 }
 
 LinearImpl::LinearImpl(const LinearOptions& options_) : Module("Linear"), options(options_) {

@@ -12,6 +12,7 @@
 
 #include "engine/autocast.h"
 #include "engine/ops/common.h"
+#include "engine/ops/copy.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cuda/matmul.h"
 
@@ -38,9 +39,10 @@ Operand as_operand(const Tensor& x) {
   return {y, false, std::max<int64_t>(c, 1), x.dim() == 3 ? r * c : 0};
 }
 
-// out[b] = a[b] * b[b] for b < batch (a, b 2-D when batch == 1 and unbatched), in the
-// tensors' own precision.
-void run_gemm_exact(const char* op, const Tensor& a, const Tensor& b, int64_t batch, const Tensor& out) {
+// out[b] = a[b] * b[b] (+ out[b] when accumulate) for b < batch (a, b 2-D when batch == 1
+// and unbatched), in the tensors' own precision.
+void run_gemm_exact(const char* op, const Tensor& a, const Tensor& b, int64_t batch, const Tensor& out,
+                    bool accumulate = false) {
   const Operand A = as_operand(a), B = as_operand(b);
   const int64_t n = a.size(-2), m = a.size(-1), p = b.size(-1);
   ops::dispatch_floating(op, a, [&]<class T>() {
@@ -51,11 +53,11 @@ void run_gemm_exact(const char* op, const Tensor& a, const Tensor& b, int64_t ba
         out,
         [&] {
           kernels::cpu::bmm<T>(A.trans, B.trans, batch, n, p, m, T(1), ap, A.ld, A.batch_stride, bp, B.ld,
-                               B.batch_stride, T(0), cp, ldc, n * p);
+                               B.batch_stride, T(accumulate), cp, ldc, n * p);
         },
         [&](auto stream) {
           kernels::cuda::bmm<T>(A.trans, B.trans, batch, n, p, m, T(1), ap, A.ld, A.batch_stride, bp, B.ld,
-                                B.batch_stride, T(0), cp, ldc, n * p, stream);
+                                B.batch_stride, T(accumulate), cp, ldc, n * p, stream);
         });
   });
 }
@@ -63,17 +65,19 @@ void run_gemm_exact(const char* op, const Tensor& a, const Tensor& b, int64_t ba
 // The same product under autocast: bf16-rounded operands, f32 accumulation and output.
 // CUDA multiplies bf16 copies on tensor cores; the CPU multiplies the rounded values in
 // f32, which gives the same products (bf16 x bf16 is exact in f32).
-void run_gemm(const char* op, const Tensor& a, const Tensor& b, int64_t batch, const Tensor& out) {
-  if (!autocast_applies(a)) return run_gemm_exact(op, a, b, batch, out);
+void run_gemm(const char* op, const Tensor& a, const Tensor& b, int64_t batch, const Tensor& out,
+              bool accumulate = false) {
+  if (!autocast_applies(a)) return run_gemm_exact(op, a, b, batch, out, accumulate);
   NoGradGuard no_grad;  // private copies for the kernel; the graph records a and b
   const Tensor a16 = a.to(kBFloat16), b16 = b.to(kBFloat16);
   ops::on_device(
-      out, [&] { run_gemm_exact(op, a16.to(kFloat32), b16.to(kFloat32), batch, out); },
+      out, [&] { run_gemm_exact(op, a16.to(kFloat32), b16.to(kFloat32), batch, out, accumulate); },
       [&](auto stream) {
         const Operand A = as_operand(a16), B = as_operand(b16);
         const int64_t n = a.size(-2), m = a.size(-1), p = b.size(-1);
         kernels::cuda::bmm_bf16(A.trans, B.trans, batch, n, p, m, 1.0f, A.t.data_ptr<BFloat16>(), A.ld,
-                                A.batch_stride, B.t.data_ptr<BFloat16>(), B.ld, B.batch_stride, 0.0f,
+                                A.batch_stride, B.t.data_ptr<BFloat16>(), B.ld, B.batch_stride,
+                                accumulate ? 1.0f : 0.0f,
                                 out.data_ptr<float>(), std::max<int64_t>(p, 1), n * p, stream);
       });
 }
@@ -99,6 +103,25 @@ struct MmBackward : autograd::Node {
     if (next_edges[0].fn) g1 = mm(g[0], mat2.unpack(*this).t());
     if (next_edges[1].fn) g2 = mm(mat1.unpack(*this).t(), g[0]);
     return {g1, g2};
+  }
+};
+
+// addmm: the input's gradient is g summed to its shape (a bias: over the rows), the
+// matrices' as in mm.
+struct AddmmBackward : autograd::Node {
+  autograd::SavedTensor mat1, mat2;
+  Shape input_sizes;
+  DeviceType device = kCPU;
+  bool autocast = false;
+  std::string name() const override { return "AddmmBackward"; }
+  void release_saved_tensors() override { mat1.reset(); mat2.reset(); }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    AutocastGuard precision(device, autocast);
+    Tensor gi, g1, g2;
+    if (next_edges[0].fn) gi = autograd::sum_to(g[0], input_sizes);
+    if (next_edges[1].fn) g1 = mm(g[0], mat2.unpack(*this).t());
+    if (next_edges[2].fn) g2 = mm(mat1.unpack(*this).t(), g[0]);
+    return {gi, g1, g2};
   }
 };
 
@@ -132,6 +155,29 @@ Tensor mm(const Tensor& mat1, const Tensor& mat2) {
     n.autocast = autocast_applies(mat1);
     if (n.next_edges[1].fn) n.mat1 = autograd::SavedTensor(mat1);
     if (n.next_edges[0].fn) n.mat2 = autograd::SavedTensor(mat2);
+  });
+  return out;
+}
+
+Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2) {
+  ops::check_dim("addmm", mat1, 2, "mat1 [n, m]");
+  ops::check_dim("addmm", mat2, 2, "mat2 [m, p]");
+  ops::check_same_device_dtype("addmm", {input, mat1, mat2});
+  ND_CHECK(mat1.size(1) == mat2.size(0), "addmm: mat1 and mat2 shapes cannot be multiplied (", dims_str(mat1),
+           " and ", dims_str(mat2), "): expected mat2 with ", mat1.size(1), " rows, found ", mat2.describe());
+  const Shape out_shape{mat1.size(0), mat2.size(1)};
+  ND_CHECK(input.dim() <= 2 && ops::broadcast_shapes("addmm", input.sizes(), out_shape) == out_shape,
+           "addmm: expected input broadcastable to the product's shape ", shape_str(out_shape), ", found ",
+           input.describe());
+  Tensor out = empty(out_shape, mat1.options());
+  copy_data(out, input);  // the product accumulates onto it: no separate add pass
+  run_gemm("addmm", mat1, mat2, 1, out, /*accumulate=*/true);
+  autograd::record<AddmmBackward>({input, mat1, mat2}, {out}, [&](AddmmBackward& n) {
+    n.input_sizes = input.sizes();
+    n.device = mat1.device().type;
+    n.autocast = autocast_applies(mat1);
+    if (n.next_edges[2].fn) n.mat1 = autograd::SavedTensor(mat1);
+    if (n.next_edges[1].fn) n.mat2 = autograd::SavedTensor(mat2);
   });
   return out;
 }

@@ -7,6 +7,9 @@ namespace nd {
 
 // [n, m] x [m, p] -> [n, p]. Backward node: MmBackward.
 Tensor mm(const Tensor& mat1, const Tensor& mat2);
+// input + mat1 mat2 with input broadcast to [n, p] (a Linear's bias [p]); the product is
+// accumulated onto the copied input. Backward node: AddmmBackward.
+Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2);
 // [B, n, m] x [B, m, p] -> [B, n, p]. Backward node: BmmBackward.
 Tensor bmm(const Tensor& batch1, const Tensor& batch2);
 // torch.matmul: 1-D x 1-D is a dot product (0-d result); 2-D x 2-D is mm; a 1-D

@@ -1,4 +1,4 @@
-// mm, bmm, matmul: gradcheck table (f64; 1-D/2-D/batched, broadcast batch dims,
+// mm, addmm, bmm, matmul: gradcheck table (f64; 1-D/2-D/batched, broadcast batch dims,
 // transposed and non-contiguous operands, batch size 1), known values, shapes,
 // argument errors, and which inputs MmBackward saves.
 #include "engine/ops/matmul.h"
@@ -14,6 +14,10 @@ TEST_CASE("matmul: gradcheck table (f64, broadcast, non-contiguous)") {
       {"mm", {{3, 4}, {4, 5}}, [](const V& x) { return mm(x[0], x[1]); }},
       {"mm transposed operand", {{4, 3}, {4, 5}}, [](const V& x) { return mm(x[0].t(), x[1]); }},
       {"mm row x column", {{1, 4}, {4, 1}}, [](const V& x) { return mm(x[0], x[1]); }},
+      {"addmm bias", {{5}, {3, 4}, {4, 5}}, [](const V& x) { return addmm(x[0], x[1], x[2]); }},
+      {"addmm full input, transposed mat2", {{3, 5}, {3, 4}, {5, 4}},
+       [](const V& x) { return addmm(x[0], x[1], x[2].t()); }},
+      {"addmm column input", {{3, 1}, {3, 4}, {4, 2}}, [](const V& x) { return addmm(x[0], x[1], x[2]); }},
       {"bmm", {{2, 3, 4}, {2, 4, 5}}, [](const V& x) { return bmm(x[0], x[1]); }},
       {"bmm batch size 1", {{1, 3, 2}, {1, 2, 4}}, [](const V& x) { return bmm(x[0], x[1]); }},
       {"matmul dot", {{5}, {5}}, [](const V& x) { return matmul(x[0], x[1]); }},
@@ -54,6 +58,35 @@ TEST_CASE("matmul: known values worked by hand") {
   CHECK(bmm(ones({3, 2, 4}), ones({3, 4, 5})).grad_fn() == nullptr);
 }
 
+TEST_CASE("addmm: the product accumulates onto the broadcast input, which is left unchanged") {
+  // [10, 20] + [[1,2],[3,4]] [[5,6],[7,8]] = [[29, 42], [53, 70]]
+  Tensor bias = tensor({10, 20}, kFloat64).requires_grad_();
+  Tensor a = tensor({1, 2, 3, 4}, kFloat64).reshape({2, 2}).requires_grad_();
+  Tensor b = tensor({5, 6, 7, 8}, kFloat64).reshape({2, 2});
+  Tensor c = addmm(bias, a, b);
+  nd::testing::check_close(c, {29, 42, 53, 70}, 0, 0, "addmm");
+  nd::testing::check_close(bias, {10, 20}, 0, 0, "input untouched");
+  CHECK(c.grad_fn()->name() == "AddmmBackward");
+  c.backward(tensor({1, 2, 3, 4}, kFloat64).reshape({2, 2}));
+  nd::testing::check_close(bias.grad(), {4, 6}, 0, 0, "d bias = column sums of g");
+  // d a = g b^T = [[1*5+2*6, 1*7+2*8], [3*5+4*6, 3*7+4*8]]
+  nd::testing::check_close(a.grad(), {17, 23, 39, 53}, 0, 0, "d a");
+  // A full [n, p] input is copied, not written: the same tensor twice gives the same result.
+  Tensor full = tensor({1, 1, 1, 1}).reshape({2, 2});
+  nd::testing::check_close(addmm(full, ones({2, 3}), ones({3, 2})), {4, 4, 4, 4}, 0, 0, "once");
+  nd::testing::check_close(addmm(full, ones({2, 3}), ones({3, 2})), {4, 4, 4, 4}, 0, 0, "again");
+  nd::testing::check_close(full, {1, 1, 1, 1}, 0, 0, "full input untouched");
+  // Empty inner dimension: the input broadcast alone.
+  nd::testing::check_close(addmm(tensor({7, 8}), ones({3, 0}), ones({0, 2})), {7, 8, 7, 8, 7, 8}, 0, 0, "k = 0");
+  // Saved tensors are version-checked: changing mat1 (needed for d mat2) is the usual error.
+  Tensor w = ones({2, 2}).requires_grad_();
+  Tensor x = ones({3, 2});
+  Tensor y = addmm(zeros({2}), x, w);
+  x.add_(1.0);
+  const std::string msg = nd::testing::error_message([&] { y.sum().backward(); });
+  CHECK_MESSAGE(msg.find("saved by AddmmBackward") != std::string::npos, msg);
+}
+
 TEST_CASE("matmul: result shapes follow torch.matmul") {
   CHECK(matmul(ones({4}), ones({4, 3})).sizes() == Shape{3});
   CHECK(matmul(ones({3, 4}), ones({4})).sizes() == Shape{3});
@@ -89,6 +122,13 @@ TEST_CASE("matmul: argument errors name what was expected and found") {
       "expected b's second-to-last dimension to be 4 (a's last dimension), found 3");
   has(error_message([] { matmul(ones({4}), ones({3})); }), "expected b to be 4 (a's last dimension), found 3");
   has(error_message([] { matmul(ones({2, 3, 4}), ones({3, 4, 5})); }), "[2] and [3] cannot be broadcast together");
+  has(error_message([] { addmm(ones({3}), ones({2, 3}), ones({3, 4})); }),
+      "addmm: shapes [3] and [2, 4] cannot be broadcast together (dimension 1: 3 vs 4)");
+  has(error_message([] { addmm(ones({2, 2, 4}), ones({2, 3}), ones({3, 4})); }),
+      "addmm: expected input broadcastable to the product's shape [2, 4], found [cpu f32 [2, 2, 4]]");
+  has(error_message([] { addmm(ones({4}), ones({2, 3}), ones({2, 4})); }),
+      "addmm: mat1 and mat2 shapes cannot be multiplied (2x3 and 2x4)");
+  has(error_message([] { addmm(ones({4}, kFloat64), ones({2, 3}), ones({3, 4})); }), "same dtype");
 }
 
 TEST_CASE("matmul: MmBackward saves only what a gradient needs") {
