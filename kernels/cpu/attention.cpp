@@ -56,7 +56,9 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // The softmax's exponentials as a loop over kLanes-wide chunks, which GCC turns into one
 // vector instruction each. It replaces Eigen row expressions, which on the short rows of
 // small heads (13 or 50 keys in the MAE) ran most elements through scalar peeling and
-// libm's expf (MAE decoder attention, 50 keys: forward -40%, backward -18%). The sum is
+// libm's expf (MAE decoder attention, 50 keys: forward -40%, backward -18%). Score rows
+// are padded to whole chunks (padded_cols) with -inf, whose exp is 0, so no element
+// takes a scalar tail (encoder, 13 keys: a further -15% forward). The sum is
 // kept per lane and added in a fixed order, so a row's result does not depend on its
 // address. float's exp is the vectorisable exp_nonpositive_f32 (within ~1 ulp; its
 // argument here is a score minus the row's running max or logsumexp, <= 0 up to the
@@ -73,20 +75,19 @@ T exp_nonpositive(T t) {
   }
 }
 
+// A score tile's row length: cols rounded up to whole chunks.
+int64_t padded_cols(int64_t cols) { return (cols + kLanes - 1) / kLanes * kLanes; }
+
 // x[i] = exp(x[i] - shift) for i < n; returns the sum of the new x[0, n).
+// requires: n a multiple of kLanes (a padded score row).
 template <typename T>
 T exp_shifted_sum(T* x, int64_t n, T shift) {
   T lane[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
+  for (int64_t i = 0; i < n; i += kLanes) {
     for (int64_t l = 0; l < kLanes; ++l) {
       x[i + l] = exp_nonpositive(x[i + l] - shift);
       lane[l] += x[i + l];
     }
-  }
-  for (; i < n; ++i) {
-    x[i] = exp_nonpositive(x[i] - shift);
-    lane[0] += x[i];
   }
   T sum = 0;
   for (int64_t l = 0; l < kLanes; ++l) sum += lane[l];
@@ -114,24 +115,27 @@ Head<T> head(const T* q, const T* k, const T* v, const AttentionMask<T>& mask,
           m,  lay.q.stride_row, lay.k.stride_row, lay.v.stride_row};
 }
 
-// Scores of query rows [i0, i1) against keys [j0, j1), row-major into s (leading dim j1 - j0):
-//   s_ij = scale * q_i . k_j + mask_ij,   and -inf where is_causal removes key j > i.
+// Scores of query rows [i0, i1) against keys [j0, j1), row-major into s with leading dim
+// lds = padded_cols(j1 - j0):
+//   s_ij = scale * q_i . k_j + mask_ij,   and -inf where is_causal removes key j > i
+// and in each row's padding.
 template <typename T>
 void tile_scores(const Head<T>& hd, const AttentionMask<T>& mask, int64_t i0, int64_t i1,
                  int64_t j0, int64_t j1, int64_t E, bool is_causal, T scale, T* s) {
-  const int64_t rows = i1 - i0, cols = j1 - j0;
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  const int64_t rows = i1 - i0, cols = j1 - j0, lds = padded_cols(cols);
   gemm(false, true, rows, cols, E, scale, hd.q + i0 * hd.ldq, hd.ldq, hd.k + j0 * hd.ldk, hd.ldk,
-       T(0), s, cols);
+       T(0), s, lds);
   if (hd.mask) {
     for (int64_t r = 0; r < rows; ++r) {
       const T* mrow = hd.mask + (i0 + r) * mask.stride_q + j0 * mask.stride_k;
-      for (int64_t c = 0; c < cols; ++c) s[r * cols + c] += mrow[c * mask.stride_k];
+      for (int64_t c = 0; c < cols; ++c) s[r * lds + c] += mrow[c * mask.stride_k];
     }
   }
-  if (is_causal && j1 - 1 > i0) {  // the tile crosses the diagonal
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = std::max<int64_t>(0, i0 + r + 1 - j0); c < cols; ++c)
-        s[r * cols + c] = -std::numeric_limits<T>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    // the tile crosses the diagonal from column first_hidden of this row on
+    const int64_t first_hidden = is_causal ? std::clamp<int64_t>(i0 + r + 1 - j0, 0, cols) : cols;
+    std::fill(s + r * lds + first_hidden, s + (r + 1) * lds, neg_inf);
   }
 }
 
@@ -152,22 +156,22 @@ void query_tile_forward(const Head<T>& hd, const AttentionMask<T>& mask, int64_t
   std::fill(m.begin(), m.begin() + rows, neg_inf);
   std::fill(l.begin(), l.begin() + rows, T(0));
   for (int64_t j0 = 0; j0 < jend; j0 += kKeyTile) {
-    const int64_t j1 = std::min(jend, j0 + kKeyTile), cols = j1 - j0;
+    const int64_t j1 = std::min(jend, j0 + kKeyTile), cols = j1 - j0, lds = padded_cols(cols);
     tile_scores(hd, mask, i0, i1, j0, j1, E, is_causal, scale, s.data());
     for (int64_t r = 0; r < rows; ++r) {
-      T* pr = s.data() + r * cols;
+      T* pr = s.data() + r * lds;
       const T m_new = std::max(m[r], TileMap<T>(pr, 1, cols).maxCoeff());
       if (m_new == neg_inf) {  // only masked keys so far: nothing to add (and -inf - -inf
         std::fill(pr, pr + cols, T(0));  // would be NaN)
         continue;
       }
       const T correction = exp_nonpositive(m[r] - m_new);  // 0 on the row's first unmasked tile
-      l[r] = l[r] * correction + exp_shifted_sum(pr, cols, m_new);
+      l[r] = l[r] * correction + exp_shifted_sum(pr, lds, m_new);
       acc.row(r) *= correction;
       m[r] = m_new;
     }
     // acc += P V_tile
-    gemm(false, false, rows, Ev, cols, T(1), s.data(), cols, hd.v + j0 * hd.ldv, hd.ldv, T(1),
+    gemm(false, false, rows, Ev, cols, T(1), s.data(), lds, hd.v + j0 * hd.ldv, hd.ldv, T(1),
          acc_buf.data(), Ev);
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -202,7 +206,7 @@ void key_tile_backward(const Head<T>& hd, const AttentionMask<T>& mask, const He
                        int64_t Ev, bool is_causal, T scale, Scratch<T>& p_buf,
                        Scratch<T>& dp_buf) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  const int64_t cols = j1 - j0;
+  const int64_t cols = j1 - j0, lds = padded_cols(cols);  // P and dP tiles: lds per row
   T *dk_tile = g.dk + j0 * g.lddk, *dv_tile = g.dv + j0 * g.lddv;
   for (int64_t c = 0; c < cols; ++c) {
     std::fill(dk_tile + c * g.lddk, dk_tile + c * g.lddk + E, T(0));
@@ -214,16 +218,16 @@ void key_tile_backward(const Head<T>& hd, const AttentionMask<T>& mask, const He
     tile_scores(hd, mask, i0, i1, j0, j1, E, is_causal, scale, p_buf.data());
     // dP = dO_tile V_tile^T
     gemm(false, true, rows, cols, Ev, T(1), g.dout + i0 * g.lddo, g.lddo, hd.v + j0 * hd.ldv,
-         hd.ldv, T(0), dp_buf.data(), cols);
+         hd.ldv, T(0), dp_buf.data(), lds);
     for (int64_t r = 0; r < rows; ++r) {
-      T *pr = p_buf.data() + r * cols, *dsr = dp_buf.data() + r * cols;
+      T *pr = p_buf.data() + r * lds, *dsr = dp_buf.data() + r * lds;
       const T lse = logsumexp[i0 + r];
       if (lse == neg_inf) {  // fully masked row: output was constant 0, no gradient
         std::fill(pr, pr + cols, T(0));
         std::fill(dsr, dsr + cols, T(0));
         continue;
       }
-      exp_shifted_sum(pr, cols, lse);
+      exp_shifted_sum(pr, lds, lse);
       const T* gi = g.dout + (i0 + r) * g.lddo;
       const T* oi = g.out + (i0 + r) * g.ldo;
       T d = 0;
@@ -231,12 +235,12 @@ void key_tile_backward(const Head<T>& hd, const AttentionMask<T>& mask, const He
       for (int64_t c = 0; c < cols; ++c) dsr[c] = pr[c] * (dsr[c] - d);
     }
     // dV_tile += P^T dO_tile
-    gemm(true, false, cols, Ev, rows, T(1), p_buf.data(), cols, g.dout + i0 * g.lddo, g.lddo,
+    gemm(true, false, cols, Ev, rows, T(1), p_buf.data(), lds, g.dout + i0 * g.lddo, g.lddo,
          T(1), dv_tile, g.lddv);
     // dQ_tile += scale dS K_tile,   dK_tile += scale dS^T Q_tile
-    gemm(false, false, rows, E, cols, scale, dp_buf.data(), cols, hd.k + j0 * hd.ldk, hd.ldk,
+    gemm(false, false, rows, E, cols, scale, dp_buf.data(), lds, hd.k + j0 * hd.ldk, hd.ldk,
          T(1), g.dq + i0 * g.lddq, g.lddq);
-    gemm(true, false, cols, E, rows, scale, dp_buf.data(), cols, hd.q + i0 * hd.ldq, hd.ldq,
+    gemm(true, false, cols, E, rows, scale, dp_buf.data(), lds, hd.q + i0 * hd.ldq, hd.ldq,
          T(1), dk_tile, g.lddk);
   }
 }
@@ -254,7 +258,7 @@ void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v,
 #pragma omp parallel
   {
     const int64_t rows = std::min(Sq, kQueryTile);
-    Scratch<T> s(rows * std::min(Sk, kKeyTile)), acc(rows * Ev), m(rows), l(rows);
+    Scratch<T> s(rows * padded_cols(std::min(Sk, kKeyTile))), acc(rows * Ev), m(rows), l(rows);
 #pragma omp for collapse(3) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
@@ -291,7 +295,7 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
     key_tile_backward(head(q, k, v, mask, layout, b, h), mask, g, logsumexp + (b * H + h) * Sq, j0,
                       std::min(Sk, j0 + kKeyTile), Sq, E, Ev, is_causal, sc, p, dp);
   };
-  const int64_t tile_size = std::min(Sq, kQueryTile) * std::min(Sk, kKeyTile);
+  const int64_t tile_size = std::min(Sq, kQueryTile) * padded_cols(std::min(Sk, kKeyTile));
   const int threads = omp_get_max_threads();
   if (BH >= threads) {
     // A thread owns a whole head: it zeroes that head's dq and walks its key tiles.

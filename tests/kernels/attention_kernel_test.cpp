@@ -142,8 +142,14 @@ TEST_CASE("attention forward and backward match the full-matrix reference") {
   SUBCASE("plain, odd sizes") { check_against_reference<double>({2, 3, 5, 7, 5, 3, false, s5, {}}, 1e-10); }
   SUBCASE("causal, Sq > Sk") { check_against_reference<double>({1, 2, 9, 4, 5, 6, true, s5, {}}, 1e-10); }
   SUBCASE("causal, Sq < Sk") { check_against_reference<double>({2, 1, 3, 8, 5, 2, true, 0.7, {}}, 1e-10); }
-  SUBCASE("several key tiles") { check_against_reference<double>({1, 2, 70, 150, 5, 4, true, s5, {}}, 1e-10); }
+  // Tiles are 128 queries x 256 keys (kernels/cpu/attention.cpp): these cross both, with
+  // partial last tiles (and rows padded to 16 lanes) in each direction.
+  SUBCASE("several query and key tiles, causal") {
+    check_against_reference<double>({1, 2, 300, 530, 5, 4, true, s5, {}}, 1e-10);
+  }
+  SUBCASE("several key tiles") { check_against_reference<double>({1, 1, 70, 600, 5, 4, false, s5, {}}, 1e-10); }
   SUBCASE("f32") { check_against_reference<float>({2, 2, 13, 137, 8, 8, false, 0.35, {}}, 2e-4); }
+  SUBCASE("f32, several tiles, causal") { check_against_reference<float>({1, 1, 200, 270, 16, 8, true, 0.25, {}}, 2e-4); }
   SUBCASE("additive mask with fully masked rows") {
     Problem p{2, 2, 6, 5, 3, 4, false, 0.5, {}};
     p.mask = randn(p.B * p.H * p.Sq * p.Sk, 9);
