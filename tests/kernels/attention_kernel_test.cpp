@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include <omp.h>
+#include "omp_threads.h"
 
 #include "kernels/cpu/attention.h"
 
@@ -268,8 +268,7 @@ struct HeadsInner {
 // (same GEMMs and row loops, only other leading dims), under `threads` OpenMP threads.
 template <class T>
 void check_strided_equals_dense(const Problem& p, int threads) {
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(threads);
+  const nd::testing::OmpThreads scoped(threads);
   auto cast = [](const std::vector<double>& a) { return std::vector<T>(a.begin(), a.end()); };
   const auto q = cast(randn(p.B * p.H * p.Sq * p.E, 11)), k = cast(randn(p.B * p.H * p.Sk * p.E, 12)),
              v = cast(randn(p.B * p.H * p.Sk * p.Ev, 13)), dout = cast(randn(p.B * p.H * p.Sq * p.Ev, 14));
@@ -290,7 +289,6 @@ void check_strided_equals_dense(const Problem& p, int threads) {
   scaled_dot_product_attention_backward<T>(dos.data(), qs.data(), ks.data(), vs.data(), {}, outs.data(), lses.data(),
                                            layout, p.B, p.H, p.Sq, p.Sk, p.E, p.Ev, p.causal, p.scale, dqs.data(),
                                            dks.data(), dvs.data());
-  omp_set_num_threads(saved);
   CHECK(lo.gather(outs) == out);
   CHECK(lses == lse);
   CHECK(lq.gather(dqs) == dq);

@@ -3,7 +3,7 @@
 // odd sizes over the stride / padding / dilation / groups / chunking cases that matter,
 // plus hand-computed known values.
 #include <doctest/doctest.h>
-#include <omp.h>
+#include "omp_threads.h"
 
 #include <algorithm>
 #include <cmath>
@@ -301,8 +301,7 @@ TEST_CASE("conv_transpose2d forward and backward match the definition and its ad
 TEST_CASE("conv2d wgrad: the same result bit for bit on every run with several threads") {
   // Per-thread partial sums are added in a fixed order only if every thread gets the
   // same chunks every run; a dynamic schedule made resumed training drift in the last bits.
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(3);
+  const nd::testing::OmpThreads scoped(3);
   cpu::Conv2dShape s;
   s.N = 48, s.C_in = 8, s.H = 14, s.W = 14, s.C_out = 16, s.kH = 3, s.kW = 3, s.padding = {1, 1};
   std::mt19937 gen(7);
@@ -316,5 +315,4 @@ TEST_CASE("conv2d wgrad: the same result bit for bit on every run with several t
     cpu::conv2d_backward_weight(s, x.data(), dy.data(), again.data());
     CHECK(std::equal(first.begin(), first.end(), again.begin()));
   }
-  omp_set_num_threads(saved);
 }

@@ -4,7 +4,7 @@
 // odd, chunk-straddling and large sizes, with rows padded (ld > C) and repeated (ld = 0).
 #include <doctest/doctest.h>
 
-#include <omp.h>
+#include "omp_threads.h"
 
 #include <cstdint>
 #include <random>
@@ -40,15 +40,14 @@ void check_sizes(int64_t R, int64_t C, int64_t ld) {
   std::vector<T> x(n);
   for (auto& v : x) v = static_cast<T>(u(gen));
   const std::vector<T> expected = naive_column_sums(R, C, ld, x);
-  const int saved = omp_get_max_threads();
+  nd::testing::OmpThreads scoped(1);
   for (int threads : {1, 2, 3, 7}) {
     CAPTURE(threads);
-    omp_set_num_threads(threads);
+    scoped.set(threads);
     std::vector<T> out(C, T(-99));  // every entry must be written, including R = 0 zeros
     sum_columns<T>(R, C, ld, x.data(), out.data());
     CHECK(out == expected);
   }
-  omp_set_num_threads(saved);
 }
 
 }  // namespace
