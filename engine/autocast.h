@@ -2,9 +2,9 @@
 // Mixed precision: PyTorch's autocast, reduced to what our kernels can use. While an
 // AutocastGuard lives on this thread, these ops on f32 tensors of its device type take
 // bf16-rounded operands with f32 accumulation and return f32:
-//   - GEMMs: mm, bmm, matmul, and so Linear and MultiheadAttention's projections
+//   - GEMMs: mm, addmm, bmm, matmul, and so Linear and MultiheadAttention's projections
 //     (CUDA: cuBLAS bf16 tensor cores; CPU: an f32 GEMM of the rounded operands, exact
-//     products), engine/ops/matmul.cpp;
+//     products); addmm's added input (Linear's bias) stays f32, engine/ops/matmul.cpp;
 //   - conv2d and conv_transpose2d, forward, dgrad and wgrad (CUDA: the implicit GEMM's
 //     WMMA tensor-core twin, kernels/cuda/conv.h ConvOperands::kBf16; CPU: the f32 kernels
 //     on rounded copies); the bias and its gradient stay f32, engine/ops/conv.cpp;
