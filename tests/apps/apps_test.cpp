@@ -35,42 +35,6 @@ int count_lines(const std::string& s) {
   return n;
 }
 
-// Minimal PNG reader: checks the signature, every chunk's CRC and that the IDAT stream
-// inflates to height scanlines of (1 + width * channels) bytes; returns {width, height}.
-std::pair<int, int> png_size(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  REQUIRE(bytes.size() > 8);
-  REQUIRE(bytes.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0);
-  auto u32 = [&](size_t at) {
-    return (uint32_t(uint8_t(bytes[at])) << 24) | (uint32_t(uint8_t(bytes[at + 1])) << 16) |
-           (uint32_t(uint8_t(bytes[at + 2])) << 8) | uint32_t(uint8_t(bytes[at + 3]));
-  };
-  int width = 0, height = 0, channels = 0;
-  std::string idat;
-  for (size_t at = 8; at + 12 <= bytes.size();) {
-    const uint32_t len = u32(at);
-    REQUIRE(at + 12 + len <= bytes.size());
-    const std::string type = bytes.substr(at + 4, 4);
-    const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(bytes.data() + at + 4), len + 4);
-    CHECK(crc == u32(at + 8 + len));
-    if (type == "IHDR") {
-      width = int(u32(at + 8)), height = int(u32(at + 12));
-      CHECK(bytes[at + 16] == 8);  // bit depth
-      channels = bytes[at + 17] == 0 ? 1 : bytes[at + 17] == 2 ? 3 : 0;
-    } else if (type == "IDAT") {
-      idat += bytes.substr(at + 8, len);
-    }
-    at += 12 + len;
-  }
-  REQUIRE(channels > 0);
-  std::vector<uint8_t> raw(size_t(height) * (1 + size_t(width) * channels) + 1);
-  uLongf raw_size = raw.size();
-  REQUIRE(uncompress(raw.data(), &raw_size, reinterpret_cast<const Bytef*>(idat.data()), idat.size()) == Z_OK);
-  CHECK(raw_size == size_t(height) * (1 + size_t(width) * channels));
-  return {width, height};
-}
-
 // Every "model.*" tensor of two checkpoints, compared exactly.
 void check_same_models(const fs::path& a, const fs::path& b) {
   const TensorDict ta = load(a.string()), tb = load(b.string());

@@ -132,6 +132,7 @@ TEST_CASE("apps under mpirun: train_joint trains every parameter of G, D and the
   // Same global batch, same noise per sample: equal up to float rounding (the
   // reduction order of gradients and SyncBatchNorm statistics differs).
   check_same_models(multi / "ckpt" / "latest.safetensors", single / "ckpt" / "latest.safetensors", 1e-4);
+  CHECK(png_size(multi / "loss_curve.png") == std::make_pair(800, 480));  // rank 0 wrote a whole PNG
 }
 
 TEST_CASE("apps under mpirun: a run stopped after a checkpoint and resumed equals an uninterrupted one") {
@@ -163,7 +164,11 @@ TEST_CASE("apps under mpirun: every app runs a few steps and rank 0 writes metri
     const auto lines = read_lines(out / "metrics.jsonl");
     REQUIRE(lines.size() >= 2);
     CHECK(contains(lines[1], "{\"step\":2,"));
-    CHECK(fs::exists(out / "loss_curve.png"));
+    // The same images as a 1-rank run: 800 x 480 loss curve; 8 x 8 tiles of 28 pixels with
+    // 2-pixel gaps (MAE: 2 triplets of columns x 8 rows); the classifier draws no samples.
+    CHECK(png_size(out / "loss_curve.png") == std::make_pair(800, 480));
+    if (std::string(app) == "train_gan") CHECK(png_size(out / "samples_000002.png") == std::make_pair(242, 242));
+    if (std::string(app) == "train_mae") CHECK(png_size(out / "samples_000002.png") == std::make_pair(182, 242));
     CHECK(fs::exists(out / "ckpt" / "latest.safetensors"));
     CHECK(load_metadata((out / "ckpt" / "latest.safetensors").string()).at("world_size") == std::to_string(W));
   }
