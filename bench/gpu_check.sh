@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # One command for a session that has the device tool (an H200 for 15 minutes):
 # prints the GPU and toolkit, builds the CUDA targets (or reuses a carried build dir),
-# runs every CUDA test (ctest), then bench_kernels and (when torch sees the GPU) its
-# PyTorch twin bench_kernels_torch.py, then each CUDA test binary again with full doctest
-# output, and prints a short table last.
+# runs every CUDA test (ctest: tests/cuda/*, and collectives_test's NCCL case at world
+# size 1), then bench_kernels and (when torch sees the GPU) its PyTorch twin
+# bench_kernels_torch.py, then bench_train --device cuda and bench_train_torch.py --device
+# cuda (training steps of the DCGAN and the MAE, ours vs PyTorch eager), then each CUDA
+# test binary again with full doctest output, and prints a short table last.
 # Files in $OUT (the device tool returns at most 8): env.txt, build.log, ctest.log, one
 # <test binary>.log for the first two CUDA test binaries (any further ones append to
 # cuda_tests_more.log), bench_kernels.txt (both benchmarks' tables and messages) and
 # bench_kernels.jsonl (every JSON row: ours, the baselines, then impl "pytorch", then ours
-# again with "baseline":"pytorch" and the ratio, from bench_kernels_torch.py --join).
+# again with "baseline":"pytorch" and the ratio, from bench_kernels_torch.py --join, then
+# the train_step rows of bench_train and bench_train_torch.py, whose tables also go to
+# bench_kernels.txt).
 # Budget: well inside 8 minutes. Every phase has its own timeout, and no phase runs past
 # BUDGET_S seconds (default 420) from the start: a phase that would start with less than
 # 15 s left is skipped and says so in the table.
@@ -66,6 +70,9 @@ echo "== toolkit"
 # CUDA test targets: tests/cuda/*_test.cpp and any tests/**/*cuda*_test.cpp.
 TARGETS=$(find tests -name '*_test.cpp' \( -path 'tests/cuda/*' -o -name '*cuda*' \) -exec basename {} .cpp \; | sort -u)
 [ -f bench/bench_kernels.cpp ] && TARGETS="$TARGETS bench_kernels"
+[ -f bench/bench_train.cpp ] && TARGETS="$TARGETS bench_train"
+# collectives_test holds the NCCL process group's test (world size 1 here, no MPI).
+[ -f tests/dist/collectives_test.cpp ] && TARGETS="$TARGETS collectives_test"
 echo "== build ($BUILD): $TARGETS"
 t=$(now)
 DEPS_ARGS=()
@@ -112,7 +119,7 @@ echo "== CUDA tests"
 t=$(now)
 cap=$(limit 150)
 if [ "$cap" -eq 0 ]; then row "ctest -R cuda" "skipped" 0 "time budget spent"; else
-  timeout "$cap" ctest --test-dir "$BUILD" -R cuda --output-on-failure --timeout 120 >"$OUT/ctest.log" 2>&1
+  timeout "$cap" ctest --test-dir "$BUILD" -R "cuda|nccl" --output-on-failure --timeout 120 >"$OUT/ctest.log" 2>&1
   rc=$?
   grep -E "tests passed|Skipped|Failed|\*\*\*" "$OUT/ctest.log" | tail -15
   summary=$(grep -E "tests passed" "$OUT/ctest.log" | tail -1)
@@ -171,6 +178,50 @@ if grep -q '"impl":"pytorch"' "$BENCH_JSON" && grep -q '"impl":"\(nd\|cuda\)::' 
   below=$(grep -c 'below the target' "$join_out")
   row "ours vs pytorch" "$(status "$rc")" 0 "$(grep -c '^{' "$join_out") joined rows ($below below the target)"
   rm -f "$join_out"
+fi
+
+# "dcgan 12.3 ms mae 4.5 ms": the train_step rows of a bench_train(_torch) output.
+train_steps() {
+  python3 -c 'import json, sys
+rows = [json.loads(l) for l in sys.stdin if l.startswith("{") and "\"train_step\"" in l]
+print(" ".join("%s %.2f ms" % (r["model"], r["ms"]) for r in rows))' 2>/dev/null
+}
+
+# Training steps on the GPU, ours and PyTorch eager side by side (f32, the models and
+# batches of bench/bench_train.cpp; the issue's target: ours at or below PyTorch's).
+t=$(now)
+cap=$(limit 60)
+if [ ! -x "$BUILD/bench/bench_train" ]; then
+  row "bench_train cuda" "absent" 0 "not built (see build.log)"
+elif [ "$cap" -eq 0 ]; then
+  row "bench_train cuda" "skipped" 0 "time budget spent"
+else
+  echo "=== bench_train --device cuda" >>"$BENCH_TXT"
+  train_out=$(mktemp)
+  timeout "$cap" "$BUILD/bench/bench_train" --device cuda --steps 20 >"$train_out" 2>&1
+  rc=$?
+  cat "$train_out" >>"$BENCH_TXT"
+  grep '^{' "$train_out" >>"$BENCH_JSON"
+  row "bench_train cuda" "$(status "$rc")" $(($(now) - t)) \
+    "rc=$rc, $(train_steps <"$train_out")"
+  rm -f "$train_out"
+fi
+t=$(now)
+if ! python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+  row "bench_train_torch cuda" "skipped" 0 "torch missing or sees no CUDA GPU"
+else
+  cap=$(limit 90)
+  if [ "$cap" -eq 0 ]; then row "bench_train_torch cuda" "skipped" 0 "time budget spent"; else
+    echo "=== bench_train_torch.py --device cuda" >>"$BENCH_TXT"
+    train_out=$(mktemp)
+    timeout "$cap" python3 bench/bench_train_torch.py --device cuda --steps 20 >"$train_out" 2>&1
+    rc=$?
+    cat "$train_out" >>"$BENCH_TXT"
+    grep '^{' "$train_out" >>"$BENCH_JSON"
+    row "bench_train_torch cuda" "$(status "$rc")" $(($(now) - t)) \
+      "rc=$rc, $(train_steps <"$train_out")"
+    rm -f "$train_out"
+  fi
 fi
 
 # Last, with what is left of the budget: each test binary again with full doctest output
