@@ -22,7 +22,8 @@ struct Dataset {
 // gzip or plain: both are read through zlib.
 Tensor read_idx(const std::string& path);
 
-// Loads {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz from `dir` (the names without
+// Loads {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz from `dir` (Fashion-MNIST, or
+// MNIST, which uses the same names and format; the names without
 // .gz are used when only those exist) and checks that they belong together.
 Dataset load_fashion_mnist(const std::string& dir = kFashionMnistDir, bool train = true);
 
