@@ -23,9 +23,23 @@ namespace {
 // f32 through a few layers of different kernels: a looser bound than one op's 2e-5.
 constexpr double kStepTol = 2e-4;
 
+// Adam's and AdamW's epsilon here. Some gradients are zero in exact arithmetic and only
+// rounding noise on either device: the key part of attention's in_proj_bias (adding one
+// constant to every score of a row leaves its softmax unchanged). With the default 1e-8,
+// Adam turns that noise into steps of +-lr whose signs differ between the devices (relative
+// errors near 1e-2 in in_proj_bias, found running this test under the CUDA emulator, and
+// expected on a GPU too: its sums are ordered differently from the CPU's). With 1e-3, a
+// gradient g of rounding-noise size moves a parameter by about lr * |g| / 1e-3, a negligible
+// step, while gradients well above 1e-3 still take steps near lr through the moments and
+// bias corrections.
+constexpr double kAdamEps = 1e-3;
+
 // Conv -> BN -> ReLU -> tokens -> LayerNorm -> self-attention -> mean -> Linear.
 struct ConvAttention : nn::Module {
-  nn::Conv2d conv{nn::Conv2dOptions(3, 8, 3).padding(1).stride(2)};
+  // No bias: BatchNorm (training) subtracts each channel's mean, so a conv bias would get a
+  // gradient that is zero in exact arithmetic and only rounding noise on either device (a
+  // relative error near 1 between them; then running_mean differs after Adam).
+  nn::Conv2d conv{nn::Conv2dOptions(3, 8, 3).padding(1).stride(2).bias(false)};
   nn::BatchNorm2d bn{nn::BatchNorm2dOptions(8)};
   nn::LayerNorm norm{nn::LayerNormOptions({8})};
   nn::MultiheadAttention attn{nn::MultiheadAttentionOptions(8, 2).batch_first(true)};
@@ -80,8 +94,8 @@ TEST_CASE("cuda models: a conv + BatchNorm + attention step (forward, backward, 
   };
   auto cpu_model = build(), gpu_model = build();
   gpu_model->to(kGpu);
-  optim::Adam cpu_opt(cpu_model->parameters(), optim::AdamOptions(1e-3));
-  optim::Adam gpu_opt(gpu_model->parameters(), optim::AdamOptions(1e-3));
+  optim::Adam cpu_opt(cpu_model->parameters(), optim::AdamOptions(1e-3).eps(kAdamEps));
+  optim::Adam gpu_opt(gpu_model->parameters(), optim::AdamOptions(1e-3).eps(kAdamEps));
   for (int step = 0; step < 2; ++step) {
     CAPTURE(step);
     auto run = [&](ConvAttention& m, optim::Adam& opt, const Device& d) {
@@ -154,7 +168,9 @@ TEST_CASE("cuda models: a tiny MAE step (masking, encoder, decoder, loss, AdamW)
   };
   models::MAE mc = build(), mg = build();
   mg->to(kGpu);
-  optim::AdamW oc(mc->parameters(), optim::AdamWOptions(1e-3)), og(mg->parameters(), optim::AdamWOptions(1e-3));
+  optim::AdamWOptions adamw(1e-3);
+  adamw.eps(kAdamEps);
+  optim::AdamW oc(mc->parameters(), adamw), og(mg->parameters(), adamw);
   const int64_t L = models::MAEConfig::tiny().num_patches();
   auto run = [&](models::MAE& m, optim::AdamW& opt, const Device& d) {
     opt.zero_grad();

@@ -199,7 +199,9 @@ TEST_CASE("cuda autocast: bf16 tensor-core products match the CPU's rounded-oper
   auto f32 = [](const Shape& shape, uint64_t seed) { return testing::random_input(shape, seed).to(kFloat32); };
   const Tensor a = f32({37, 53}, 31), b = f32({53, 29}, 32), x = f32({3, 17, 33}, 33), y = f32({3, 33, 9}, 34);
   auto run = [&](const Device& d) {
-    Tensor ad = a.to(d).requires_grad_(true), bd = b.to(d).requires_grad_(true);
+    // detach(): on the CPU, to() returns `a` itself, whose flag must not leak into the CUDA
+    // run (a.to(cuda) would then be a non-leaf copy, with no .grad of its own).
+    Tensor ad = a.to(d).detach().requires_grad_(true), bd = b.to(d).detach().requires_grad_(true);
     Tensor xd = x.to(d), yd = y.to(d);
     Tensor out_mm, out_bmm, out_t;
     {
