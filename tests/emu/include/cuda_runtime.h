@@ -1,33 +1,57 @@
 #pragma once
-// Emulator stand-in for <cuda_runtime.h>: the runtime calls kernels/cuda/*.cu make on the
-// host, acting on host memory at once (no streams, no devices: device 0, an H100-like
-// 132 SMs and 227 KiB of opt-in shared memory). See emu_core.h for what is emulated.
+// Emulator stand-in for <cuda_runtime.h>: exactly the runtime calls nanoddp makes
+// (kernels/cuda/*.cu and *.cpp, collectives/nccl_process_group.cpp), on host memory, at
+// once. See emu_core.h for the kernels and tests/emu/README.md for what this can and cannot
+// see.
+//
+// - Devices: NANODDP_EMU_DEVICES (read once; default 1, 0 = no device) H100-like devices,
+//   132 SMs, 227 KiB of opt-in shared memory. The current device is per host thread.
+// - Memory: cudaMalloc/cudaHostAlloc are aligned host allocations (256 bytes), cudaMalloc's
+//   filled with 0xff bytes (NaN: device memory starts uninitialised), each recorded with its
+//   device; calls are counted (emu_rt::stats) and a per-device limit
+//   (emu_rt::set_device_memory_limit) makes cudaMalloc fail with cudaErrorMemoryAllocation.
+// - Streams and events: everything runs when it is queued, so an event is complete once
+//   recorded and synchronisation never waits. What is checked is what CUDA rejects: a
+//   destroyed or unknown stream/event (cudaErrorInvalidResourceHandle), an event recorded
+//   on a stream of another device, a kernel launched on a stream of a device that is not
+//   current (cudaErrorInvalidResourceHandle at the next cudaGetLastError, kernel not run).
+// - Pointer checks (emu_rt::check_pointers, on unless the per-kernel tests turn them off:
+//   they pass plain host memory as device memory): a copy's or memset's device range must
+//   lie inside one cudaMalloc block (of the named device for cudaMemcpyPeerAsync), its host
+//   side outside every one; otherwise cudaErrorInvalidValue, with a line on stderr. CUDA
+//   itself would often accept a wrong direction through unified addressing, or crash.
+// - Errors return the code and set the thread's last error (cudaGetLastError clears it).
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <vector>
+
 #include "emu_core.h"
 
-using cudaError_t = int;
-constexpr cudaError_t cudaSuccess = 0;
-struct CUstream_st;
-using cudaStream_t = CUstream_st*;
-struct CUevent_st;
-using cudaEvent_t = CUevent_st*;
-
-enum cudaFuncAttribute {
-  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
-  cudaFuncAttributePreferredSharedMemoryCarveout = 9
+enum cudaError {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
 };
-template <class K>
-cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, int) {
-  return cudaSuccess;
-}
-inline cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
-  return cudaSuccess;
-}
-enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
-inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
-  *value = attr == cudaDevAttrMultiProcessorCount ? 132 : 232448;
-  return cudaSuccess;
-}
+typedef cudaError cudaError_t;
+
+struct CUstream_st {
+  int device;
+};
+typedef CUstream_st* cudaStream_t;
+struct CUevent_st {
+  int device;
+};
+typedef CUevent_st* cudaEvent_t;
+
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
   cudaMemcpyHostToDevice = 1,
@@ -35,16 +59,389 @@ enum cudaMemcpyKind {
   cudaMemcpyDeviceToDevice = 3,
   cudaMemcpyDefault = 4
 };
-inline cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t = nullptr) {
-  std::memset(p, value, n);
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+  cudaFuncAttributePreferredSharedMemoryCarveout = 9
+};
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+constexpr unsigned cudaStreamDefault = 0, cudaStreamNonBlocking = 1;
+constexpr unsigned cudaEventDefault = 0, cudaEventBlockingSync = 1, cudaEventDisableTiming = 2;
+constexpr unsigned cudaHostAllocDefault = 0, cudaHostAllocPortable = 1;
+
+namespace emu_rt {
+
+constexpr int kMaxDynamicSharedBytes = 232448;  // 227 KiB
+
+struct Stats {
+  long mallocs = 0, frees = 0, host_allocs = 0, host_frees = 0;
+  long memcpys = 0, memsets = 0, event_records = 0, stream_waits = 0;
+};
+
+struct Block {
+  size_t size = 0;
+  int device = -1;  // -1: pinned host memory
+};
+
+struct State {
+  std::mutex mutex;
+  std::map<const char*, Block> blocks;  // by base address
+  std::set<const CUstream_st*> streams;
+  std::set<const CUevent_st*> events;
+  std::vector<size_t> used, limit;
+  Stats stats;
+};
+inline State& state() {
+  static State* s = new State();  // never destroyed: freed from static destructors too
+  return *s;
+}
+
+inline bool check_pointers = true;
+inline thread_local int current_device = 0;
+inline thread_local cudaError_t last_error = cudaSuccess;
+
+inline int device_count() {
+  static const int n = [] {
+    const char* env = std::getenv("NANODDP_EMU_DEVICES");
+    if (env == nullptr || *env == '\0') return 1;
+    const int v = std::atoi(env);
+    if (v < 0 || v > 16) emu_die("NANODDP_EMU_DEVICES must be 0..16");
+    return v;
+  }();
+  return n;
+}
+
+inline cudaError_t fail(cudaError_t e) {
+  last_error = e;
+  return e;
+}
+inline cudaError_t reject(cudaError_t e, const char* call, const char* why, const void* p, size_t n) {
+  std::fprintf(stderr, "EMU: %s: %s (pointer %p, %zu bytes)\n", call, why, p, n);
+  return fail(e);
+}
+
+inline Stats stats() {
+  std::lock_guard lock(state().mutex);
+  return state().stats;
+}
+// Bytes currently held by cudaMalloc on `device`, and a limit past which cudaMalloc fails
+// (SIZE_MAX: none, the default).
+inline size_t device_bytes_in_use(int device) {
+  std::lock_guard lock(state().mutex);
+  return size_t(device) < state().used.size() ? state().used[device] : 0;
+}
+inline void set_device_memory_limit(int device, size_t bytes) {
+  std::lock_guard lock(state().mutex);
+  State& s = state();
+  if (s.limit.size() <= size_t(device)) s.limit.resize(device + 1, SIZE_MAX);
+  s.limit[device] = bytes;
+}
+
+// The block holding [p, p + n), or null. Caller holds the mutex.
+inline const Block* find_block(const void* p, size_t n) {
+  State& s = state();
+  const char* c = static_cast<const char*>(p);
+  auto it = s.blocks.upper_bound(c);
+  if (it == s.blocks.begin()) return nullptr;
+  --it;
+  if (c < it->first || c + n > it->first + it->second.size) return nullptr;
+  return &it->second;
+}
+inline bool overlaps_device_block(const void* p, size_t n) {
+  State& s = state();
+  const char* c = static_cast<const char*>(p);
+  auto it = s.blocks.lower_bound(c + n);  // first block starting at or after the end
+  while (it != s.blocks.begin()) {
+    --it;
+    if (it->first + it->second.size <= c) return false;
+    if (it->second.device >= 0) return true;
+  }
+  return false;
+}
+// The device range [p, p + n) lies inside one cudaMalloc block (of `device` unless -1).
+inline cudaError_t check_device_range(const char* call, const void* p, size_t n, int device = -1) {
+  if (!check_pointers) return cudaSuccess;
+  std::lock_guard lock(state().mutex);
+  const Block* b = find_block(p, n);
+  if (b == nullptr || b->device < 0) return reject(cudaErrorInvalidValue, call, "device range outside every cudaMalloc block", p, n);
+  if (device >= 0 && b->device != device)
+    return reject(cudaErrorInvalidValue, call, "device memory of another device", p, n);
   return cudaSuccess;
 }
-inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t = nullptr) {
-  std::memmove(dst, src, n);
+inline cudaError_t check_host_range(const char* call, const void* p, size_t n) {
+  if (!check_pointers) return cudaSuccess;
+  std::lock_guard lock(state().mutex);
+  if (overlaps_device_block(p, n)) return reject(cudaErrorInvalidValue, call, "host range overlaps device memory", p, n);
   return cudaSuccess;
 }
-inline cudaError_t cudaGetLastError() { return cudaSuccess; }
-inline cudaError_t cudaPeekAtLastError() { return cudaSuccess; }
-inline const char* cudaGetErrorString(cudaError_t) { return "emulated error"; }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+// A stream is the null (legacy default) stream or one created and not destroyed; its device.
+inline cudaError_t stream_device(cudaStream_t stream, int* device) {
+  if (stream == nullptr) {
+    *device = current_device;
+    return cudaSuccess;
+  }
+  std::lock_guard lock(state().mutex);
+  if (!state().streams.count(stream)) return fail(cudaErrorInvalidResourceHandle);
+  *device = stream->device;
+  return cudaSuccess;
+}
+inline cudaError_t check_event(cudaEvent_t event) {
+  if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard lock(state().mutex);
+  return state().events.count(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+
+}  // namespace emu_rt
+
+// emu_launch's hook (emu_core.h, found by argument-dependent lookup): a kernel runs only on
+// a stream of the current device, as on CUDA; otherwise the launch records the error.
+inline bool emu_launch_allowed(cudaStream_t stream) {
+  int device = 0;
+  if (emu_rt::stream_device(stream, &device) != cudaSuccess) return false;
+  if (device != emu_rt::current_device) {
+    emu_rt::fail(cudaErrorInvalidResourceHandle);
+    return false;
+  }
+  return true;
+}
+
+// ---- errors ---------------------------------------------------------------------------------
+inline cudaError_t cudaGetLastError() {
+  const cudaError_t e = emu_rt::last_error;
+  emu_rt::last_error = cudaSuccess;
+  return e;
+}
+inline cudaError_t cudaPeekAtLastError() { return emu_rt::last_error; }
+inline const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+  }
+  return "cudaErrorUnknown";
+}
+inline const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+  }
+  return "unknown error";
+}
+
+// ---- devices ----------------------------------------------------------------------------------
+inline cudaError_t cudaGetDeviceCount(int* count) {
+  if (count == nullptr) return emu_rt::fail(cudaErrorInvalidValue);
+  *count = emu_rt::device_count();
+  return *count == 0 ? emu_rt::fail(cudaErrorNoDevice) : cudaSuccess;
+}
+inline cudaError_t cudaSetDevice(int device) {
+  if (emu_rt::device_count() == 0) return emu_rt::fail(cudaErrorNoDevice);
+  if (device < 0 || device >= emu_rt::device_count()) return emu_rt::fail(cudaErrorInvalidDevice);
+  emu_rt::current_device = device;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGetDevice(int* device) {
+  if (device == nullptr) return emu_rt::fail(cudaErrorInvalidValue);
+  *device = emu_rt::current_device;
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (value == nullptr) return emu_rt::fail(cudaErrorInvalidValue);
+  if (device < 0 || device >= std::max(emu_rt::device_count(), 1)) return emu_rt::fail(cudaErrorInvalidDevice);
+  *value = attr == cudaDevAttrMultiProcessorCount ? 132 : emu_rt::kMaxDynamicSharedBytes;
+  return cudaSuccess;
+}
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+template <class K>
+cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute attr, int value) {
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize && (value < 0 || value > emu_rt::kMaxDynamicSharedBytes))
+    return emu_rt::fail(cudaErrorInvalidValue);
+  return cudaSuccess;
+}
+
+// ---- memory -------------------------------------------------------------------------------------
+inline cudaError_t cudaMalloc(void** ptr, size_t size) {
+  using namespace emu_rt;
+  if (ptr == nullptr) return fail(cudaErrorInvalidValue);
+  *ptr = nullptr;
+  if (device_count() == 0) return fail(cudaErrorNoDevice);
+  if (size == 0) return cudaSuccess;
+  const int device = current_device;
+  std::lock_guard lock(state().mutex);
+  State& s = state();
+  if (s.used.size() <= size_t(device)) s.used.resize(device + 1, 0);
+  if (s.limit.size() <= size_t(device)) s.limit.resize(device + 1, SIZE_MAX);
+  if (size > s.limit[device] - std::min(s.limit[device], s.used[device])) return fail(cudaErrorMemoryAllocation);
+  void* p = std::aligned_alloc(256, (size + 255) / 256 * 256);
+  if (p == nullptr) return fail(cudaErrorMemoryAllocation);
+  std::memset(p, 0xff, size);
+  s.blocks[static_cast<const char*>(p)] = Block{size, device};
+  s.used[device] += size;
+  ++s.stats.mallocs;
+  *ptr = p;
+  return cudaSuccess;
+}
+template <class T>
+cudaError_t cudaMalloc(T** ptr, size_t size) {
+  return cudaMalloc(reinterpret_cast<void**>(ptr), size);
+}
+inline cudaError_t cudaFree(void* ptr) {
+  using namespace emu_rt;
+  if (ptr == nullptr) return cudaSuccess;
+  std::lock_guard lock(state().mutex);
+  State& s = state();
+  auto it = s.blocks.find(static_cast<const char*>(ptr));
+  if (it == s.blocks.end() || it->second.device < 0) return fail(cudaErrorInvalidValue);
+  s.used[it->second.device] -= it->second.size;
+  s.blocks.erase(it);
+  ++s.stats.frees;
+  std::free(ptr);
+  return cudaSuccess;
+}
+inline cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned flags) {
+  using namespace emu_rt;
+  if (ptr == nullptr || flags > 15) return fail(cudaErrorInvalidValue);
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  void* p = std::aligned_alloc(256, (size + 255) / 256 * 256);
+  if (p == nullptr) return fail(cudaErrorMemoryAllocation);
+  std::lock_guard lock(state().mutex);
+  state().blocks[static_cast<const char*>(p)] = Block{size, -1};
+  ++state().stats.host_allocs;
+  *ptr = p;
+  return cudaSuccess;
+}
+inline cudaError_t cudaFreeHost(void* ptr) {
+  using namespace emu_rt;
+  if (ptr == nullptr) return cudaSuccess;
+  std::lock_guard lock(state().mutex);
+  auto it = state().blocks.find(static_cast<const char*>(ptr));
+  if (it == state().blocks.end() || it->second.device >= 0) return fail(cudaErrorInvalidValue);
+  state().blocks.erase(it);
+  ++state().stats.host_frees;
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream = nullptr) {
+  using namespace emu_rt;
+  int device = 0;
+  if (cudaError_t e = stream_device(stream, &device); e != cudaSuccess) return e;
+  if (n == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr || unsigned(kind) > cudaMemcpyDefault) return fail(cudaErrorInvalidValue);
+  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (kind != cudaMemcpyDefault) {
+    cudaError_t e = dst_device ? check_device_range("cudaMemcpyAsync (dst)", dst, n)
+                               : check_host_range("cudaMemcpyAsync (dst)", dst, n);
+    if (e == cudaSuccess)
+      e = src_device ? check_device_range("cudaMemcpyAsync (src)", src, n)
+                     : check_host_range("cudaMemcpyAsync (src)", src, n);
+    if (e != cudaSuccess) return e;
+  }
+  std::memmove(dst, src, n);
+  std::lock_guard lock(state().mutex);
+  ++state().stats.memcpys;
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int src_device, size_t n,
+                                       cudaStream_t stream = nullptr) {
+  using namespace emu_rt;
+  int device = 0;
+  if (cudaError_t e = stream_device(stream, &device); e != cudaSuccess) return e;
+  if (dst_device < 0 || dst_device >= device_count() || src_device < 0 || src_device >= device_count())
+    return fail(cudaErrorInvalidDevice);
+  if (n == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr) return fail(cudaErrorInvalidValue);
+  if (cudaError_t e = check_device_range("cudaMemcpyPeerAsync (dst)", dst, n, dst_device); e != cudaSuccess) return e;
+  if (cudaError_t e = check_device_range("cudaMemcpyPeerAsync (src)", src, n, src_device); e != cudaSuccess) return e;
+  std::memmove(dst, src, n);
+  std::lock_guard lock(state().mutex);
+  ++state().stats.memcpys;
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream = nullptr) {
+  using namespace emu_rt;
+  int device = 0;
+  if (cudaError_t e = stream_device(stream, &device); e != cudaSuccess) return e;
+  if (n == 0) return cudaSuccess;
+  if (p == nullptr) return fail(cudaErrorInvalidValue);
+  if (cudaError_t e = check_device_range("cudaMemsetAsync", p, n); e != cudaSuccess) return e;
+  std::memset(p, value, n);
+  std::lock_guard lock(state().mutex);
+  ++state().stats.memsets;
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemset(void* p, int value, size_t n) { return cudaMemsetAsync(p, value, n, nullptr); }
+
+// ---- streams and events (synchronous) ---------------------------------------------------------------
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+  using namespace emu_rt;
+  if (stream == nullptr || flags > cudaStreamNonBlocking) return fail(cudaErrorInvalidValue);
+  if (device_count() == 0) return fail(cudaErrorNoDevice);
+  auto* s = new CUstream_st{current_device};
+  std::lock_guard lock(state().mutex);
+  state().streams.insert(s);
+  *stream = s;
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
+inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  using namespace emu_rt;
+  std::lock_guard lock(state().mutex);
+  if (stream == nullptr || !state().streams.erase(stream)) return fail(cudaErrorInvalidResourceHandle);
+  delete stream;
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  int device = 0;
+  return emu_rt::stream_device(stream, &device);
+}
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
+  using namespace emu_rt;
+  if (event == nullptr || flags > 7) return fail(cudaErrorInvalidValue);
+  if (device_count() == 0) return fail(cudaErrorNoDevice);
+  auto* e = new CUevent_st{current_device};
+  std::lock_guard lock(state().mutex);
+  state().events.insert(e);
+  *event = e;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
+inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  using namespace emu_rt;
+  std::lock_guard lock(state().mutex);
+  if (event == nullptr || !state().events.erase(event)) return fail(cudaErrorInvalidResourceHandle);
+  delete event;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr) {
+  using namespace emu_rt;
+  if (cudaError_t e = check_event(event); e != cudaSuccess) return e;
+  int device = 0;
+  if (cudaError_t e = stream_device(stream, &device); e != cudaSuccess) return e;
+  if (device != event->device) return fail(cudaErrorInvalidResourceHandle);  // CUDA: same device only
+  std::lock_guard lock(state().mutex);
+  ++state().stats.event_records;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventQuery(cudaEvent_t event) { return emu_rt::check_event(event); }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t event) { return emu_rt::check_event(event); }
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0) {
+  using namespace emu_rt;
+  if (flags != 0) return fail(cudaErrorInvalidValue);
+  int device = 0;
+  if (cudaError_t e = stream_device(stream, &device); e != cudaSuccess) return e;
+  if (cudaError_t e = check_event(event); e != cudaSuccess) return e;
+  std::lock_guard lock(state().mutex);
+  ++state().stats.stream_waits;
+  return cudaSuccess;
+}

@@ -43,6 +43,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <linux/futex.h>
@@ -321,6 +322,7 @@ inline EmuTeam emu_team;
 
 // emu_launch(grid, block[, dynamic shared bytes[, stream]], [&] { kernel(args...); }):
 // runs the grid to completion before returning (streams are not emulated).
+inline std::mutex emu_launch_mutex;
 template <class F>
 void emu_launch_impl(dim3 grid, dim3 block, size_t smem, F&& kernel) {
   const long threads = long(block.x) * block.y * block.z;
@@ -330,6 +332,9 @@ void emu_launch_impl(dim3 grid, dim3 block, size_t smem, F&& kernel) {
   if (grid.y > 65535 || grid.z > 65535) emu_die("grid y or z over 65535");
   if (grid.x > 2147483647u) emu_die("grid x over 2^31 - 1");
   if (smem > 227 * 1024) emu_die("dynamic shared memory over 227 KiB (the H100/H200 opt-in limit)");
+  // One grid at a time: the launch state above is global (host threads that launch
+  // concurrently, e.g. a collective's thread and the training loop, take turns).
+  std::lock_guard launch_lock(emu_launch_mutex);
   ++emu_launches;
   gridDim = grid;
   blockDim = block;
@@ -361,7 +366,13 @@ template <class F>
 void emu_launch(dim3 g, dim3 b, size_t smem, F&& kernel) {
   emu_launch_impl(g, b, smem, kernel);
 }
+// With a stream: cuda_runtime.h's emu_launch_allowed(stream) (found by argument-dependent
+// lookup) refuses a stream that is unknown or belongs to another device than the current
+// one, recording the error for cudaGetLastError as CUDA does; the kernel then does not run.
 template <class S, class F>
-void emu_launch(dim3 g, dim3 b, size_t smem, S /*stream*/, F&& kernel) {
+void emu_launch(dim3 g, dim3 b, size_t smem, S stream, F&& kernel) {
+  if constexpr (std::is_pointer_v<S>) {
+    if (!emu_launch_allowed(stream)) return;
+  }
   emu_launch_impl(g, b, smem, kernel);
 }

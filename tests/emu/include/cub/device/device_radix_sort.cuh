@@ -32,7 +32,7 @@ struct DeviceRadixSort {
                                cudaStream_t stream = 0) {
     static_assert(std::is_integral_v<KeyT>, "the emulated SortPairs handles integer keys only");
     (void)stream;
-    constexpr cudaError_t kInvalidValue = 1;  // cudaErrorInvalidValue
+    constexpr cudaError_t kInvalidValue = cudaErrorInvalidValue;
     const int64_t n = static_cast<int64_t>(num_items);
     const size_t required = 256 + static_cast<size_t>(n > 0 ? n : 0) * (sizeof(KeyT) + sizeof(ValueT));
     if (d_temp_storage == nullptr) {
