@@ -204,9 +204,13 @@ TEST_CASE("cuda models: DDP over NCCL (world size 1, explicit group) equals plai
     return m;
   };
   auto plain = build(), wrapped = build();
+  // Both caps tiny: the first bucket's own cap (1 MB by default) would hold the whole model.
   dist::DistributedDataParallel ddp(
       wrapped, "ConvAttention",
-      dist::DistributedDataParallelOptions().process_group(dist::nccl_world()).bucket_cap_mb(1e-3));
+      dist::DistributedDataParallelOptions()
+          .process_group(dist::nccl_world())
+          .bucket_cap_mb(1e-3)
+          .first_bucket_cap_mb(1e-3));
   optim::SGD op(plain->parameters(), optim::SGDOptions(0.1).momentum(0.9));
   optim::SGD ow(wrapped->parameters(), optim::SGDOptions(0.1).momentum(0.9));
   for (int step = 0; step < 3; ++step) {
@@ -239,7 +243,10 @@ TEST_CASE("cuda models: DDP over NCCL with no_sync accumulation and a model call
   auto plain = build(), wrapped = build();
   dist::DistributedDataParallel ddp(
       wrapped, "ConvAttention",
-      dist::DistributedDataParallelOptions().process_group(dist::nccl_world()).bucket_cap_mb(1e-3));
+      dist::DistributedDataParallelOptions()
+          .process_group(dist::nccl_world())
+          .bucket_cap_mb(1e-3)
+          .first_bucket_cap_mb(1e-3));
   optim::Adam op(plain->parameters(), optim::AdamOptions(1e-3));
   optim::Adam ow(wrapped->parameters(), optim::AdamOptions(1e-3));
   for (int step = 0; step < 3; ++step) {
