@@ -18,6 +18,17 @@ using V = std::vector<Tensor>;
 using Fn = std::function<Tensor(const V&)>;
 inline const Device kGpu(kCUDA, 0);
 
+// True when the suite runs against the CUDA emulator (tests/emu, nanoddp_emulib) instead of
+// a GPU: every CUDA thread is an OS thread there, so a case may leave out sizes that only
+// cost time (what they check is covered by smaller ones); never a check a GPU run makes.
+inline constexpr bool emulated() {
+#ifdef NANODDP_EMULATED
+  return true;
+#else
+  return false;
+#endif
+}
+
 inline bool skip_without_gpu() {
   if (cuda::is_available()) return false;
   MESSAGE("SKIPPED: no CUDA GPU here (" << kernels::cuda::unavailable_reason() << ")");

@@ -259,7 +259,15 @@ TEST_CASE("cuda conv: under autocast all six passes match the CPU's bf16-operand
        [](const V& v) { return conv_transpose2d(v[0], v[1], v[2], {3}, {1}, {1}, 2, {2}); }},
   };
   uint64_t seed = 5000;
-  for (const AmpCase& c : cases) compare_amp_case(c, seed += 10);
+  for (const AmpCase& c : cases) {
+    seed += 10;
+    // Emulated (tests/emu), the DCGAN-sized rows take minutes: every CUDA thread is an OS
+    // thread. The smaller rows run the same bf16 kernels through groups, strides, dilation,
+    // padding and partial tiles; split-K wgrad in bf16, which only the DCGAN rows reach
+    // here, is checked by tests/emu/conv_emu_test.cpp ("conv2d wgrad split-K (f32, bf16)").
+    if (emulated() && c.name.find("DCGAN") != std::string::npos) continue;
+    compare_amp_case(c, seed);
+  }
 }
 
 TEST_CASE("cuda conv: autocast leaves f64 exact and a forward outside it exact in its backward") {

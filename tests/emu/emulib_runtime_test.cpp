@@ -1,0 +1,167 @@
+// The host side of the CUDA backend under the emulator (nanoddp_emulib, tests/emu/README.md):
+// the REAL kernels/cuda/{runtime,stream,allocator}.cpp and the NCCL process group against
+// the runtime stand-ins include/cuda_runtime.h and include/nccl.h, which count the calls
+// they receive. What tests/cuda cannot see from its tensors: how many cudaMalloc calls a
+// steady step makes, the allocator's out-of-memory path, the errors a bad device index or
+// a destroyed event gives, and the collectives reaching NCCL.
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <string>
+#include <vector>
+
+#include "collectives/process_group.h"
+#include "harness.h"
+#include "kernels/cuda/allocator.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/stream.h"
+
+using namespace nd;
+namespace kc = nd::kernels::cuda;
+
+namespace {
+const Device kGpu(kCUDA, 0);
+}
+
+TEST_CASE("emulib: one emulated device; a device index beyond it is an nd::Error naming the device") {
+  CHECK(kc::built_with_cuda());
+  CHECK(kc::device_count() == 1);
+  CHECK(kc::unavailable_reason() == "available");
+  CHECK(cuda::is_available());
+  const std::string msg = testing::error_message([] { (void)ones({3}).to(Device(kCUDA, 1)); });
+  CHECK(msg.find("cuda:1") != std::string::npos);
+  CHECK(msg.find("only 1") != std::string::npos);
+}
+
+TEST_CASE("emulib: copies host -> device -> device -> host round-trip through the pinned staging buffer") {
+  const Tensor x = testing::random_input({1000, 37}, 7).to(kFloat32);
+  const emu_rt::Stats before = emu_rt::stats();
+  const Tensor g = x.to(kGpu);
+  const Tensor g2 = g.clone();  // device -> device
+  const Tensor back = g2.cpu();
+  CHECK(testing::to_vector(back) == testing::to_vector(x));
+  const emu_rt::Stats after = emu_rt::stats();
+  CHECK(after.memcpys >= before.memcpys + 2);  // at least the host -> device and device -> host copies
+  CHECK(after.host_allocs <= 1);               // one staging buffer for the process, never more
+}
+
+TEST_CASE("emulib: a steady training step makes no cudaMalloc; empty_cache returns every cached block") {
+  manual_seed(3);
+  nn::Linear layer(nn::LinearOptions(48, 32));
+  layer->to(kGpu);
+  optim::Adam opt(layer->parameters(), optim::AdamOptions(1e-3));
+  const Tensor x = testing::random_input({16, 48}, 1).to(kFloat32).to(kGpu);
+  const Tensor y = testing::random_input({16, 32}, 2).to(kFloat32).to(kGpu);
+  auto step = [&] {
+    opt.zero_grad();
+    Tensor loss = mse_loss(layer(x), y);
+    loss.backward();
+    opt.step();
+    return loss.item<float>();
+  };
+  step();  // allocates the optimizer state and fills the cache
+  step();
+  const emu_rt::Stats s0 = emu_rt::stats();
+  const kc::AllocatorStats a0 = kc::memory_stats(0);
+  for (int i = 0; i < 3; ++i) step();
+  const emu_rt::Stats s1 = emu_rt::stats();
+  const kc::AllocatorStats a1 = kc::memory_stats(0);
+  CHECK(s1.mallocs == s0.mallocs);  // the emulated runtime saw no cudaMalloc ...
+  CHECK(a1.num_mallocs == a0.num_mallocs);  // ... and the allocator counted none
+  CHECK(a1.num_cache_hits > a0.num_cache_hits);
+  CHECK(a1.allocated_bytes == a0.allocated_bytes);
+  // The allocator's count is the runtime's: every cudaMalloc it made is one the stand-in saw.
+  CHECK(a1.num_mallocs <= s1.mallocs);
+  kc::empty_cache(0);
+  const kc::AllocatorStats a2 = kc::memory_stats(0);
+  CHECK(a2.reserved_bytes == a2.allocated_bytes);  // blocks are never split: reserved = live
+  CHECK(int64_t(emu_rt::device_bytes_in_use(0)) >= a2.reserved_bytes);
+}
+
+TEST_CASE("emulib: out of device memory frees the cache, retries, then throws naming the request") {
+  kc::empty_cache(0);
+  const size_t in_use = emu_rt::device_bytes_in_use(0);
+  // Room for one 1 MiB block and not two.
+  emu_rt::set_device_memory_limit(0, in_use + (size_t(3) << 19));
+  {
+    const kc::AllocatorStats a0 = kc::memory_stats(0);
+    { const Tensor a = empty({1 << 18}, TensorOptions(kFloat32).device(kGpu)); }  // 1 MiB, now cached
+    // Another size class: the cached 1 MiB block is in the way until the retry frees it.
+    const Tensor b = empty({(1 << 18) + (1 << 16)}, TensorOptions(kFloat32).device(kGpu));
+    CHECK(kc::memory_stats(0).num_frees == a0.num_frees + 1);
+    const std::string msg = testing::error_message([] { (void)empty({1 << 18}, TensorOptions(kFloat32).device(kGpu)); });
+    CHECK(msg.find("CUDA out of memory") != std::string::npos);
+    CHECK(msg.find("1048576 bytes on cuda:0") != std::string::npos);
+  }
+  emu_rt::set_device_memory_limit(0, SIZE_MAX);
+  CHECK_NOTHROW((void)empty({1 << 18}, TensorOptions(kFloat32).device(kGpu)));
+  CHECK(cudaGetLastError() == cudaSuccess);  // the allocator cleared the error it handled
+}
+
+TEST_CASE("emulib: events and streams behave as CUDA's, errors as nd::Error") {
+  kc::Event e(0);
+  CHECK(e.query());  // never recorded: complete, as in CUDA
+  e.record(kc::compute_stream(0));
+  e.wait(kc::comm_stream(0));
+  e.synchronize();
+  CHECK(e.query());
+  kc::Event moved(std::move(e));
+  CHECK(moved.query());
+  // A kernel launched on a stream of another device than the current one: the launch
+  // error surfaces at check_launch, as cudaGetLastError would report it.
+  CHECK(cudaSetDevice(0) == cudaSuccess);
+  const std::string msg = testing::error_message([] { kc::check(cudaErrorInvalidResourceHandle, "cudaEventRecord", "test"); });
+  CHECK(msg == "cudaEventRecord failed in test: cudaErrorInvalidResourceHandle (invalid resource handle)");
+  // The stand-in's own argument checks.
+  cudaEvent_t raw = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&raw, cudaEventDisableTiming) == cudaSuccess);
+  CHECK(cudaEventDestroy(raw) == cudaSuccess);
+  CHECK(cudaEventQuery(raw) == cudaErrorInvalidResourceHandle);
+  CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  CHECK(cudaSetDevice(1) == cudaErrorInvalidDevice);
+  std::vector<char> host(128);
+  CHECK(cudaMemsetAsync(host.data(), 0, host.size(), nullptr) == cudaErrorInvalidValue);  // not device memory
+  void* dev = nullptr;
+  REQUIRE(cudaMalloc(&dev, 64) == cudaSuccess);
+  CHECK(cudaMemcpyAsync(dev, host.data(), 65, cudaMemcpyHostToDevice, nullptr) == cudaErrorInvalidValue);  // past the end
+  CHECK(cudaMemcpyAsync(host.data(), dev, 64, cudaMemcpyHostToDevice, nullptr) == cudaErrorInvalidValue);  // reversed
+  CHECK(cudaMemcpyAsync(dev, host.data(), 64, cudaMemcpyHostToDevice, nullptr) == cudaSuccess);
+  CHECK(cudaMemcpyAsync(host.data(), dev, 64, cudaMemcpyDeviceToHost, nullptr) == cudaSuccess);
+  CHECK(cudaFree(host.data()) == cudaErrorInvalidValue);
+  CHECK(cudaFree(dev) == cudaSuccess);
+  CHECK(cudaFree(dev) == cudaErrorInvalidValue);  // twice
+  cudaGetLastError();
+}
+
+TEST_CASE("emulib: the NCCL process group at world size 1 runs every collective through NCCL") {
+  auto g = dist::nccl_world();
+  REQUIRE(g);
+  CHECK(g->backend() == "nccl");
+  CHECK(g->size() == 1);
+  const long before = emu_nccl::collectives();
+  const Tensor x = testing::random_input({5, 7}, 9).to(kFloat32);
+  for (dist::ReduceOp op : {dist::ReduceOp::SUM, dist::ReduceOp::AVG, dist::ReduceOp::MAX, dist::ReduceOp::MIN}) {
+    Tensor t = x.to(kGpu);
+    dist::AllreduceOptions o;
+    o.op = op;
+    g->allreduce(t, o)->wait();
+    CHECK(testing::to_vector(t.cpu()) == testing::to_vector(x));
+  }
+  Tensor b = x.to(kGpu);
+  g->broadcast(b, 0)->wait();
+  CHECK(testing::to_vector(b.cpu()) == testing::to_vector(x));
+  std::vector<Tensor> outs{zeros({5, 7}, TensorOptions(kFloat32).device(kGpu))};
+  g->allgather(outs, x.to(kGpu))->wait();
+  CHECK(testing::to_vector(outs[0].cpu()) == testing::to_vector(x));
+  Tensor out = zeros({5, 7}, TensorOptions(kFloat32).device(kGpu));
+  g->reduce_scatter(out, {x.to(kGpu)})->wait();
+  CHECK(testing::to_vector(out.cpu()) == testing::to_vector(x));
+  g->barrier()->wait();
+  CHECK(emu_nccl::collectives() == before + 8);
+  // Argument errors of the process group itself, before NCCL.
+  CHECK(testing::error_message([&] { (void)g->broadcast(b, 1); }).find("root 1") != std::string::npos);
+  CHECK(testing::error_message([&] { (void)g->allreduce(x); }).find("cuda:0") != std::string::npos);
+}
