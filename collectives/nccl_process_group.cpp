@@ -19,6 +19,7 @@ namespace nd::dist {
 namespace {
 
 void check_cuda(cudaError_t rc, const std::string& what) {
+  if (rc != cudaSuccess) cudaGetLastError();  // not left for the next kernel launch's check
   ND_CHECK(rc == cudaSuccess, what, ": CUDA error: ", cudaGetErrorString(rc));
 }
 void check_nccl(ncclResult_t rc, const std::string& what) {

@@ -22,6 +22,10 @@ void require(bool ok, const char* kernel, const std::string& message) {
 void check(int status, const char* call, const std::string& op) {
   if (status == cudaSuccess) return;
   const auto err = static_cast<cudaError_t>(status);
+  // The failed call also left `err` as this thread's last error: clear it, or the next
+  // check_launch would report it against an unrelated kernel. (A sticky error, from a
+  // faulting kernel, stays whatever is done here.)
+  cudaGetLastError();
   throw Error(std::string(call) + " failed in " + op + ": " + cudaGetErrorName(err) + " (" +
               cudaGetErrorString(err) + ")");
 }

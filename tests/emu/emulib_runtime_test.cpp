@@ -33,6 +33,14 @@ TEST_CASE("emulib: one emulated device; a device index beyond it is an nd::Error
   const std::string msg = testing::error_message([] { (void)ones({3}).to(Device(kCUDA, 1)); });
   CHECK(msg.find("cuda:1") != std::string::npos);
   CHECK(msg.find("only 1") != std::string::npos);
+  // Past the engine's own check: the runtime's error, and nothing left behind for the next
+  // kernel launch to report (kernels/cuda/stream.cpp check() clears the thread's last error;
+  // it did not, and the next op failed with "kernel launch failed in copy_strided:
+  // cudaErrorInvalidDevice").
+  const std::string set_msg = testing::error_message([] { (void)kc::use_device(-1); });
+  CHECK(set_msg == "cudaSetDevice failed in cuda:-1: cudaErrorInvalidDevice (invalid device ordinal)");
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(testing::to_vector((ones({3}).to(kGpu) + 1).cpu()) == std::vector<double>{2, 2, 2});
 }
 
 TEST_CASE("emulib: copies host -> device -> device -> host round-trip through the pinned staging buffer") {
