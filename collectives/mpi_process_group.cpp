@@ -118,6 +118,7 @@ struct MpiProcessGroup::State {
     std::function<void(const CollectiveInfo&)> body;
   };
 
+  MpiProcessGroup* owner = nullptr;  // keeps the record of issued collectives
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1, local_rank = 0;
   bool initialized_here = false;
@@ -191,6 +192,7 @@ struct MpiProcessGroup::State {
     {
       std::lock_guard lock(mutex);
       info.sequence = sequence++;
+      owner->note_issued(info);
       work = std::make_shared<AsyncWork>(std::move(info));
       queue.push_back({work, std::move(body)});
     }
@@ -201,6 +203,7 @@ struct MpiProcessGroup::State {
 };
 
 MpiProcessGroup::MpiProcessGroup() : state_(std::make_unique<State>()) {
+  state_->owner = this;
   std::future<void> started = state_->started.get_future();
   state_->worker = std::thread([state = state_.get()] { state->run(); });
   try {
@@ -298,7 +301,9 @@ std::shared_ptr<Work> MpiProcessGroup::allgather(const std::vector<Tensor>& outp
   ND_CHECK(outputs[rank()].numel() == input.numel(), op, ": outputs[", rank(), "] must hold this rank's input of ",
            input.numel(), " elements, found ", outputs[rank()].describe());
   for (const Tensor& o : outputs) ops::bump_version(o, op);
-  return state_->enqueue(make_info(op, input), timeout(),
+  CollectiveInfo info = make_info(op, input);
+  info.numel = total;  // all ranks' inputs together: the same on every rank (CollectiveInfo::numel)
+  return state_->enqueue(std::move(info), timeout(),
                          [outputs, input, counts, displs, total, this](const CollectiveInfo& info) {
     const size_t esize = element_size(input.dtype());
     const MPI_Datatype dt = mpi_datatype(input.dtype());
@@ -332,7 +337,9 @@ std::shared_ptr<Work> MpiProcessGroup::reduce_scatter(const Tensor& output, cons
            output.numel(), " elements, found ", inputs[rank()].describe());
   ops::bump_version(output, op);
   const int world_size = size();
-  return state_->enqueue(make_info(op, output), timeout(),
+  CollectiveInfo info = make_info(op, output);
+  info.numel = total;  // all inputs together: the same on every rank (CollectiveInfo::numel)
+  return state_->enqueue(std::move(info), timeout(),
                          [output, inputs, counts, total, world_size, reduce, this](const CollectiveInfo& info) {
     const ScalarType t = output.dtype();
     // Send buffer: the inputs back to back, in the reduced type (f32 for 16-bit floats).

@@ -1,5 +1,6 @@
 #include "collectives/process_group.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <sstream>
@@ -7,6 +8,8 @@
 #include "collectives/local_process_group.h"
 #include "engine/error.h"
 #ifdef NANODDP_WITH_MPI
+#include <mpi.h>
+
 #include "collectives/mpi_process_group.h"
 #endif
 #ifdef NANODDP_WITH_NCCL
@@ -33,6 +36,36 @@ std::string CollectiveInfo::describe() const {
   if (bucket >= 0) os << "bucket " << bucket << ", ";
   os << numel << " x " << dtype_name(dtype) << ")";
   return os.str();
+}
+
+uint64_t CollectiveRecord::collective_hash(const CollectiveInfo& info) {
+  uint64_t h = 0xCBF29CE484222325ull;  // FNV-1a over the op name, then the sizes
+  for (char c : info.op) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001B3ull;
+  h = (h ^ static_cast<uint64_t>(info.numel)) * 0x9E3779B97F4A7C15ull;
+  h = (h ^ static_cast<uint64_t>(info.dtype)) * 0xBF58476D1CE4E5B9ull;
+  return h ^ (h >> 31);
+}
+
+void CollectiveRecord::add(const CollectiveInfo& info) {
+  hash = hash * kMultiplier + collective_hash(info);
+  last[count % kDepth] = info;
+  ++count;
+}
+
+uint64_t CollectiveRecord::hash_since(const CollectiveRecord& earlier) const {
+  // hash = earlier.hash * M^k + (the hash of the k later collectives alone).
+  uint64_t power = 1, base = kMultiplier;
+  for (uint64_t k = count - earlier.count; k; k >>= 1, base *= base)
+    if (k & 1) power *= base;
+  return hash - earlier.hash * power;
+}
+
+std::vector<CollectiveInfo> CollectiveRecord::last_since(const CollectiveRecord& earlier, size_t n) const {
+  const uint64_t since = count - earlier.count;
+  const uint64_t take = std::min<uint64_t>({n, kDepth, since});
+  std::vector<CollectiveInfo> out;
+  for (uint64_t i = count - take; i < count; ++i) out.push_back(last[i % kDepth]);
+  return out;
 }
 
 AsyncWork::AsyncWork(CollectiveInfo info) { info_ = std::move(info); }
@@ -72,6 +105,16 @@ void AsyncWork::mark_done(std::exception_ptr error) {
   done_cv_.notify_all();
 }
 
+CollectiveRecord ProcessGroup::record() const {
+  std::lock_guard lock(record_mutex_);
+  return record_;
+}
+
+void ProcessGroup::note_issued(const CollectiveInfo& info) {
+  std::lock_guard lock(record_mutex_);
+  record_.add(info);
+}
+
 std::chrono::milliseconds ProcessGroup::default_timeout() {
   const char* env = std::getenv("NANODDP_COLLECTIVE_TIMEOUT_S");
   if (!env || !*env) return std::chrono::minutes(5);
@@ -98,6 +141,24 @@ std::shared_ptr<ProcessGroup> nccl_world() {
 #else
   throw Error("dist::nccl_world(): nanoddp was built without NCCL (needs a CUDA build with nccl.h and libnccl "
               "found at configure time); use dist::world() with CPU tensors");
+#endif
+}
+
+std::shared_ptr<ProcessGroup> control_world() {
+#ifdef NANODDP_WITH_MPI
+  static const std::shared_ptr<ProcessGroup> group = []() -> std::shared_ptr<ProcessGroup> {
+    // world() first: MPI is up, and the world group (which finalises MPI) outlives this one.
+    std::shared_ptr<ProcessGroup> w = world();
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    if (w->size() == 1 || provided < MPI_THREAD_MULTIPLE) return w;
+    auto control = std::make_shared<MpiProcessGroup>();
+    control->set_timeout(w->timeout());
+    return control;
+  }();
+  return group;
+#else
+  return world();
 #endif
 }
 

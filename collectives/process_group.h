@@ -7,8 +7,12 @@
 // the MPI backend, one communication stream on NCCL): ranks that issue the same
 // sequence therefore match up without tags. Every collective carries a
 // CollectiveInfo (op, sequence number, element count, dtype, bucket) that the
-// watchdog prints when it is stuck and the fingerprint check compares across
-// ranks, so a hang or a mismatch names what each rank was doing.
+// watchdog prints when it is stuck. Each group also keeps a running record of what
+// was issued on it (a count, a rolling hash of op, element count and dtype, and the
+// last few CollectiveInfo): DDP's per-iteration fingerprint compares the record's
+// part since its previous check across ranks, so ranks that diverged get an error
+// naming what each one issued instead of a hang or garbage.
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -28,6 +32,8 @@ const char* reduce_op_name(ReduceOp op);
 struct CollectiveInfo {
   std::string op;        // "allreduce", "broadcast", ...
   uint64_t sequence = 0; // position in this group's stream of collectives, from 0
+  // Elements of the tensor; for allgather and reduce_scatter (whose per-rank parts may
+  // differ in size) of all ranks' parts together, so that it is the same on every rank.
   int64_t numel = 0;
   ScalarType dtype = kFloat32;
   int64_t bucket = -1;   // DDP bucket index, -1 when not a bucket
@@ -70,6 +76,28 @@ class AsyncWork : public Work {
   std::exception_ptr error_;
 };
 
+// What a group has issued so far: cheap to keep (a few integer operations and one
+// CollectiveInfo copy per collective) and to compare across ranks.
+struct CollectiveRecord {
+  static constexpr size_t kDepth = 4;  // how many of the last collectives are kept
+  uint64_t count = 0;  // collectives issued on the group so far
+  // Polynomial rolling hash over the issued collectives, in issue order:
+  // hash = hash * kMultiplier + collective_hash(info) (mod 2^64), so that the part
+  // issued after an earlier snapshot can be isolated (hash_since()).
+  uint64_t hash = 0;
+  std::array<CollectiveInfo, kDepth> last;  // last[i % kDepth]: the i-th collective issued (i < count)
+  static constexpr uint64_t kMultiplier = 0x100000001B3ull;  // odd: multiplication is invertible mod 2^64
+  // The hash of one collective: its op, element count and dtype (not the sequence
+  // number or bucket, which the count and order already cover).
+  static uint64_t collective_hash(const CollectiveInfo& info);
+  // Appends one collective.
+  void add(const CollectiveInfo& info);
+  // The rolling hash of the collectives issued after `earlier` (a snapshot of this record).
+  uint64_t hash_since(const CollectiveRecord& earlier) const;
+  // The last min(n, kDepth) collectives issued after `earlier`, oldest first.
+  std::vector<CollectiveInfo> last_since(const CollectiveRecord& earlier, size_t n) const;
+};
+
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::SUM;
   int64_t bucket = -1;  // recorded in CollectiveInfo
@@ -101,8 +129,20 @@ class ProcessGroup {
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
+  // A snapshot of what this group has issued so far. Kept by the MPI backend; a backend
+  // that does not call note_issued() reports an empty record (count 0) on every rank,
+  // so cross-rank comparisons then see no difference.
+  CollectiveRecord record() const;
+
  protected:
+  // Backends call this once per collective, with its sequence number set, in issue
+  // order (under the lock that assigns the sequence number).
+  void note_issued(const CollectiveInfo& info);
   std::chrono::milliseconds timeout_{default_timeout()};
+
+ private:
+  mutable std::mutex record_mutex_;
+  CollectiveRecord record_;
 
  public:
   // 5 minutes, or NANODDP_COLLECTIVE_TIMEOUT_S from the environment.
@@ -115,6 +155,13 @@ std::shared_ptr<ProcessGroup> world();
 // The process group for CUDA tensors on this rank's GPU (NCCL; its unique id is
 // broadcast over the MPI world). Throws nd::Error when built without NCCL or no GPU.
 std::shared_ptr<ProcessGroup> nccl_world();
+// A second MPI group over the same processes (its own duplicate of MPI_COMM_WORLD and
+// worker thread) that carries only DDP's small control messages (layout check,
+// per-iteration fingerprint, bucket order). Kept apart from the data groups so that a
+// rank that issued an extra or different collective there cannot derail the check
+// that is meant to catch it. world() itself when MPI does not provide
+// MPI_THREAD_MULTIPLE (two worker threads call MPI) or without MPI.
+std::shared_ptr<ProcessGroup> control_world();
 // The group that DDP and SyncBatchNorm use by default for tensors on `device`: world() for
 // the CPU, nccl_world() for a GPU; null for a GPU in a world of one process, where there
 // is nothing to communicate (and no NCCL is needed).

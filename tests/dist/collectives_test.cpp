@@ -165,6 +165,89 @@ TEST_CASE("barrier and Work: completion, info, sequence numbers") {
   a->wait();  // waiting again is fine
 }
 
+TEST_CASE("CollectiveRecord: count, order-sensitive rolling hash, the part since a snapshot, the last few") {
+  auto info = [](const char* op, int64_t numel, ScalarType dtype, uint64_t sequence) {
+    dist::CollectiveInfo i;
+    i.op = op;
+    i.numel = numel;
+    i.dtype = dtype;
+    i.sequence = sequence;
+    return i;
+  };
+  const auto a = info("allreduce", 4, kFloat32, 0), b = info("allreduce", 4, kInt32, 1),
+             c = info("broadcast", 4, kFloat32, 2), d = info("allreduce", 5, kFloat32, 3);
+  // Each of op, element count and dtype changes a collective's hash.
+  CHECK(dist::CollectiveRecord::collective_hash(a) != dist::CollectiveRecord::collective_hash(b));
+  CHECK(dist::CollectiveRecord::collective_hash(a) != dist::CollectiveRecord::collective_hash(c));
+  CHECK(dist::CollectiveRecord::collective_hash(a) != dist::CollectiveRecord::collective_hash(d));
+  // The sequence number and bucket do not (the count and the order cover them).
+  dist::CollectiveInfo a2 = a;
+  a2.sequence = 9;
+  a2.bucket = 2;
+  CHECK(dist::CollectiveRecord::collective_hash(a) == dist::CollectiveRecord::collective_hash(a2));
+
+  dist::CollectiveRecord ab, ba;
+  ab.add(a), ab.add(b), ba.add(b), ba.add(a);
+  CHECK(ab.count == 2);
+  CHECK(ab.hash != ba.hash);  // order matters
+  // The part after a snapshot hashes like a record that holds only that part.
+  dist::CollectiveRecord prefix, whole, tail;
+  prefix.add(c), prefix.add(d);
+  whole = prefix;
+  for (int k = 0; k < 6; ++k) whole.add(k % 2 ? a : b), tail.add(k % 2 ? a : b);
+  CHECK(whole.count == 8);
+  CHECK(whole.hash_since(prefix) == tail.hash);
+  CHECK(whole.hash_since(whole) == 0);
+  CHECK(whole.hash_since(dist::CollectiveRecord{}) == whole.hash);
+  // The last few, oldest first, within the part since the snapshot and the kept depth.
+  auto last = whole.last_since(prefix, 2);
+  REQUIRE(last.size() == 2);
+  CHECK(last[0].numel == b.numel);
+  CHECK(last[0].dtype == kInt32);
+  CHECK(last[1].dtype == kFloat32);
+  CHECK(whole.last_since(prefix, 10).size() == dist::CollectiveRecord::kDepth);
+  CHECK(prefix.last_since(dist::CollectiveRecord{}, 10).size() == 2);
+  CHECK(whole.last_since(whole, 3).empty());
+}
+
+TEST_CASE("ProcessGroup::record(): every collective issued, in order, the same on every rank") {
+  auto w = world();
+  const dist::CollectiveRecord before = w->record();
+  Tensor t = ones({7});
+  w->allreduce(t, {dist::ReduceOp::SUM, /*bucket=*/1})->wait();
+  w->broadcast(ones({3}, kFloat64), 0)->wait();
+  w->barrier()->wait();
+  // Unequal parts (rank r sends r + 1 elements): recorded as the total, the same everywhere.
+  std::vector<Tensor> parts;
+  int64_t total = 0;
+  for (int r = 0; r < w->size(); ++r) parts.push_back(empty({r + 1})), total += r + 1;
+  auto gathered = w->allgather(parts, ones({w->rank() + 1}));
+  gathered->wait();
+  const dist::CollectiveRecord after = w->record();
+#ifdef NANODDP_WITH_MPI
+  CHECK(gathered->info().numel == total);
+  CHECK(after.count == before.count + 4);
+  auto last = after.last_since(before, 4);
+  REQUIRE(last.size() == 4);
+  CHECK(last[0].describe() == "allreduce #" + std::to_string(before.count) + " (bucket 1, 7 x f32)");
+  CHECK(last[1].describe() == "broadcast #" + std::to_string(before.count + 1) + " (3 x f64)");
+  CHECK(last[2].describe() == "barrier #" + std::to_string(before.count + 2));
+  CHECK(last[3].describe() == "allgather #" + std::to_string(before.count + 3) + " (" + std::to_string(total) +
+                                  " x f32)");
+  dist::CollectiveRecord expected;
+  for (const auto& i : last) expected.add(i);
+  CHECK(after.hash_since(before) == expected.hash);
+  // Every rank issued the same: the same count and hash (an all-gather over the world).
+  Tensor mine = tensor({static_cast<double>(after.count), static_cast<double>(after.hash >> 12)}, kFloat64);
+  std::vector<Tensor> all;
+  for (int r = 0; r < w->size(); ++r) all.push_back(empty({2}, kFloat64));
+  w->allgather(all, mine)->wait();
+  for (int r = 0; r < w->size(); ++r) nd::testing::check_close(all[r], mine, 0, 0, "record of rank " + std::to_string(r));
+#else
+  CHECK(after.count == before.count);  // LocalProcessGroup keeps no record: nothing to compare with
+#endif
+}
+
 TEST_CASE("Work: a failed collective rethrows its nd::Error from wait()") {
   dist::CollectiveInfo info;
   info.op = "allreduce";
