@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <type_traits>
 
 #include "engine/autograd.h"
 #include "engine/error.h"
@@ -19,18 +21,6 @@ constexpr int64_t kSigWidth = 8;
 
 uint64_t mix(uint64_t h, uint64_t v) { return (h ^ (v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2))); }
 
-Tensor as_bytes_tensor(const std::string& s) {
-  std::vector<double> v(s.begin(), s.end());
-  return tensor(v, kUInt8);
-}
-
-std::string from_bytes_tensor(const Tensor& t) {
-  std::string s;
-  const uint8_t* p = t.data_ptr<uint8_t>();
-  for (int64_t i = 0; i < t.numel(); ++i) s.push_back(static_cast<char>(p[i]));
-  return s;
-}
-
 }  // namespace
 
 std::shared_ptr<Reducer> Reducer::create(nn::Module& module, std::string name,
@@ -43,7 +33,8 @@ std::shared_ptr<Reducer> Reducer::create(nn::Module& module, std::string name,
 Reducer::Reducer(nn::Module& module, std::string name, const DistributedDataParallelOptions& options)
     : module_(module), name_(std::move(name)), options_(options), pg_(options.process_group()) {
   ND_CHECK(options_.bucket_cap_mb() > 0 && options_.first_bucket_cap_mb() > 0, "DistributedDataParallel '", name_,
-           "': bucket_cap_mb and first_bucket_cap_mb must be positive");
+           "': expected positive bucket_cap_mb and first_bucket_cap_mb, found ", options_.bucket_cap_mb(), " and ",
+           options_.first_bucket_cap_mb());
   for (auto& [pname, p] : module.named_parameters()) {
     if (!p.requires_grad()) continue;
     params_.push_back(p);
@@ -59,10 +50,11 @@ Reducer::Reducer(nn::Module& module, std::string name, const DistributedDataPara
   reduce_buckets_ = pg_ != nullptr || world()->size() > 1;
   if (!pg_) pg_ = default_group(params_[0].device());
   if (!pg_) pg_ = world();  // a GPU alone: only the size-1 checks below read it
-  control_ = pg_->backend() == "nccl" ? world() : pg_;
+  control_ = pg_->size() > 1 ? control_world() : pg_;
   buffers_ = module.buffers();
   verify_layout();
   broadcast_state(/*params_too=*/true);
+  base_record_ = pg_->record();  // the fingerprint covers what the data group issues from here on
   std::vector<size_t> order(params_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;  // reverse registration order
   build_buckets(order);
@@ -237,47 +229,132 @@ void Reducer::begin_iteration() {
     b.work.reset();
   }
   next_bucket_ = 0;
-  // Fingerprint: which model, which iteration, which layout. Two residues and their
-  // squares, so that every rank sees the same verdict: equal iff the variance is 0.
-  uint64_t h = std::hash<std::string>{}(name_);
-  h = mix(h, static_cast<uint64_t>(iteration_));
-  h = mix(h, buckets_.size());
-  h = mix(h, params_.size());
-  const double f1 = static_cast<double>(h % 1009), f2 = static_cast<double>((h / 1009) % 1013);
-  fingerprint_ = tensor({f1, f1 * f1, f2, f2 * f2}, kFloat64);
-  if (control_->size() > 1) fingerprint_work_ = control_->allreduce(fingerprint_);
+  launched_during_backward_ = 0;
+  // Fingerprint: which model, which iteration, which layout (a), and what the data
+  // group issued since the previous check (b). MAX over [a, b, -a, -b] gives every rank
+  // the maximum and minus the minimum: the same verdict everywhere, equal iff max == min.
+  record_now_ = pg_->record();
+  uint64_t a = std::hash<std::string>{}(name_);
+  a = mix(a, static_cast<uint64_t>(iteration_));
+  a = mix(a, buckets_.size());
+  a = mix(a, params_.size());
+  const uint64_t b = mix(record_now_.hash_since(base_record_), record_now_.count - base_record_.count);
+  const int64_t a62 = static_cast<int64_t>(a >> 2), b62 = static_cast<int64_t>(b >> 2);  // -x cannot overflow
+  fingerprint_ = empty({4}, kInt64);
+  int64_t* f = fingerprint_.data_ptr<int64_t>();
+  f[0] = a62, f[1] = b62, f[2] = -a62, f[3] = -b62;
+  if (control_->size() > 1) fingerprint_work_ = control_->allreduce(fingerprint_, {ReduceOp::MAX});
   std::weak_ptr<Reducer> weak = weak_from_this();
   autograd::queue_callback([weak] {
     if (auto self = weak.lock()) self->finish_iteration();
   });
 }
 
+namespace {
+
+// One rank's account of a failed fingerprint check: fixed size and trivially copyable,
+// so every rank sends it with one all-gather of bytes (every rank runs the same binary).
+struct RankAccount {
+  static constexpr int kLast = 2;  // collectives described in the message
+  char model[64];
+  int64_t iteration, buckets, params;
+  int64_t base_iteration;  // the previous check (-1: DDP construction)
+  uint64_t count, hash;    // data-group collectives since then
+  int64_t n_last;
+  struct Last {
+    char op[24];
+    int64_t sequence, numel, dtype, bucket;
+  } last[kLast];
+};
+static_assert(std::is_trivially_copyable_v<RankAccount>);
+
+template <size_t N>
+void copy_text(char (&dst)[N], const std::string& src) {
+  std::memset(dst, 0, N);
+  std::memcpy(dst, src.data(), std::min(src.size(), N - 1));
+}
+
+std::string describe_account(const RankAccount& a, const std::string& group) {
+  std::string s = "backward of DDP model '" + std::string(a.model) + "', iteration " + std::to_string(a.iteration) +
+                  ", " + std::to_string(a.buckets) + " bucket(s), " + std::to_string(a.params) + " parameter(s); ";
+  const std::string since =
+      a.base_iteration < 0 ? "DDP construction" : "the backward of iteration " + std::to_string(a.base_iteration);
+  s += "issued " + std::to_string(a.count) + " collective(s) on the " + group + " group since " + since;
+  for (int64_t k = 0; k < a.n_last; ++k) {
+    CollectiveInfo info;
+    info.op = a.last[k].op;
+    info.sequence = static_cast<uint64_t>(a.last[k].sequence);
+    info.numel = a.last[k].numel;
+    info.dtype = static_cast<ScalarType>(a.last[k].dtype);
+    info.bucket = a.last[k].bucket;
+    s += k == 0 ? (a.n_last == 1 ? ", the last " : ", the last " + std::to_string(a.n_last) + ": ") : ", then ";
+    s += info.describe();
+  }
+  return s;
+}
+
+bool same_account(const RankAccount& x, const RankAccount& y) {
+  return std::strcmp(x.model, y.model) == 0 && x.iteration == y.iteration && x.buckets == y.buckets &&
+         x.params == y.params && x.count == y.count && x.hash == y.hash;
+}
+
+}  // namespace
+
 void Reducer::check_fingerprint() {
   if (!fingerprint_work_) return;
   fingerprint_work_->wait();
   fingerprint_work_.reset();
-  const double* f = fingerprint_.data_ptr<double>();
-  const double W = control_->size();
-  const bool same = std::abs(f[1] / W - (f[0] / W) * (f[0] / W)) < 1e-6 && std::abs(f[3] / W - (f[2] / W) * (f[2] / W)) < 1e-6;
-  if (same) return;
-  // Every rank got the same sums, so every rank is here: tell each other what we were doing.
+  // From here on the fingerprint covers what the data group issues after this point,
+  // whatever the verdict (a rank that diverged starts a fresh comparison).
+  const CollectiveRecord base = base_record_;
+  const int64_t base_iteration = base_iteration_;
+  base_record_ = record_now_;
+  base_iteration_ = iteration_;
+  const int64_t* f = fingerprint_.data_ptr<int64_t>();
+  if (f[0] == -f[2] && f[1] == -f[3]) return;
+  // Every rank got the same maxima, so every rank is here: one fixed-size all-gather
+  // tells each what the others were doing.
   active_ = false;
-  const std::string mine = describe_iteration();
-  std::vector<Tensor> lengths;
-  for (int r = 0; r < control_->size(); ++r) lengths.push_back(empty({1}, kInt64));
-  control_->allgather(lengths, tensor({static_cast<double>(mine.size())}, kInt64))->wait();
-  std::vector<Tensor> texts;
-  for (int r = 0; r < control_->size(); ++r) texts.push_back(empty({lengths[r].data_ptr<int64_t>()[0]}, kUInt8));
-  control_->allgather(texts, as_bytes_tensor(mine))->wait();
-  std::string msg = "DistributedDataParallel: ranks diverged: they are not in the same backward pass.";
-  for (int r = 0; r < control_->size(); ++r) msg += "\n  rank " + std::to_string(r) + ": " + from_bytes_tensor(texts[r]);
-  msg += "\nEvery rank must run the same forward/backward sequence for each DDP model.";
+  RankAccount mine{};
+  copy_text(mine.model, name_);
+  mine.iteration = iteration_;
+  mine.buckets = static_cast<int64_t>(buckets_.size());
+  mine.params = static_cast<int64_t>(params_.size());
+  mine.base_iteration = base_iteration;
+  mine.count = record_now_.count - base.count;
+  mine.hash = record_now_.hash_since(base);
+  const std::vector<CollectiveInfo> last = record_now_.last_since(base, RankAccount::kLast);
+  mine.n_last = static_cast<int64_t>(last.size());
+  for (size_t k = 0; k < last.size(); ++k) {
+    copy_text(mine.last[k].op, last[k].op);
+    mine.last[k].sequence = static_cast<int64_t>(last[k].sequence);
+    mine.last[k].numel = last[k].numel;
+    mine.last[k].dtype = static_cast<int64_t>(last[k].dtype);
+    mine.last[k].bucket = last[k].bucket;
+  }
+  const int W = control_->size();
+  const int64_t bytes = static_cast<int64_t>(sizeof(RankAccount));
+  Tensor sent = empty({bytes}, kUInt8);
+  std::memcpy(sent.data_ptr(), &mine, sizeof(RankAccount));
+  std::vector<Tensor> received;
+  for (int r = 0; r < W; ++r) received.push_back(empty({bytes}, kUInt8));
+  control_->allgather(received, sent)->wait();
+  std::vector<RankAccount> all(W);
+  for (int r = 0; r < W; ++r) std::memcpy(&all[r], received[r].data_ptr(), sizeof(RankAccount));
+  int other = 1;  // the first rank that differs from rank 0 (rank 1 if none does: a hash collision)
+  for (int r = 1; r < W; ++r)
+    if (!same_account(all[0], all[r])) {
+      other = r;
+      break;
+    }
+  const std::string group = pg_->backend();
+  std::string msg = "DistributedDataParallel: ranks diverged: rank " + std::to_string(other) +
+                    " differs from rank 0 in the backward it runs or in the collectives it issued before it.";
+  msg += "\n  rank 0: " + describe_account(all[0], group);
+  msg += "\n  rank " + std::to_string(other) + ": " + describe_account(all[other], group);
+  msg += "\nEvery rank must run the same forward/backward sequence for each DDP model and issue the same "
+         "collectives (op, element count, dtype, order) on its process group.";
   throw Error(msg);
-}
-
-std::string Reducer::describe_iteration() const {
-  return "backward of DDP model '" + name_ + "', iteration " + std::to_string(iteration_) + ", " +
-         std::to_string(buckets_.size()) + " bucket(s), " + std::to_string(params_.size()) + " parameter(s)";
 }
 
 void Reducer::launch(size_t b) {
@@ -297,7 +374,10 @@ void Reducer::launch(size_t b) {
 
 void Reducer::launch_ready_buckets() {
   // The last bucket waits for the end of backward: it carries the status slots.
-  while (next_bucket_ + 1 < buckets_.size() && buckets_[next_bucket_].pending == 0) launch(next_bucket_++);
+  while (next_bucket_ + 1 < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    launch(next_bucket_++);
+    if (ready_order_.size() < params_.size()) ++launched_during_backward_;
+  }
 }
 
 void Reducer::finish_iteration() {

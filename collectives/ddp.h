@@ -20,9 +20,17 @@
 //   produced its gradient (plus an optional non-finite vote), so every rank reaches
 //   the same verdict from one collective that runs anyway: an error naming the
 //   parameters (find_unused_parameters off) or zeros (on).
-// - Each backward starts with a 4-number fingerprint all-reduce (which model,
-//   which iteration, which bucket layout): ranks on different code paths get an
-//   error naming what each rank was doing instead of a hang.
+// - Each backward starts with a 4-number fingerprint all-reduce (MAX of a hash and
+//   its negation: equal on every rank iff max == min) over the control group, which
+//   covers which model, which iteration, which bucket layout, and the collectives
+//   issued on the data group since the previous check (their count and a rolling hash
+//   of op, element count and dtype, kept by the group: ProcessGroup::record()), so
+//   SyncBatchNorm's all-reduces, a logger's loss all-reduce and user collectives are
+//   checked too. Only when it fails, one fixed-size all-gather tells every rank what
+//   each one did, and every rank throws an error naming rank 0 and the first rank
+//   that differs from it, instead of a hang or garbage. The control group is
+//   dist::control_world(), a communicator of its own, so an extra collective on the
+//   data group cannot derail the check itself.
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,8 +58,8 @@ struct DistributedDataParallelOptions {
   ND_ARG(bool, skip_nonfinite_steps) = false;
   // For the gradient buckets and buffers. Default: dist::world() for a module on the
   // CPU, dist::nccl_world() for one on a GPU. The small control messages (layout check,
-  // per-iteration fingerprint, bucket order) travel on the CPU: over this group unless it
-  // is NCCL, else over dist::world().
+  // per-iteration fingerprint, bucket order) travel on the CPU over dist::control_world()
+  // (over this group itself when it has one rank).
   ND_ARG(std::shared_ptr<ProcessGroup>, process_group) = nullptr;
 };
 
@@ -75,6 +83,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // Milliseconds the last synchronised backward spent blocked at its end waiting for
   // all-reduces (communication not hidden behind backward, plus waiting for slower ranks).
   double last_exposed_wait_ms() const { return exposed_wait_ms_; }
+  // Buckets of the last synchronised backward launched by its gradient hooks before
+  // every gradient was ready, so that their all-reduce overlapped the rest of backward
+  // (the others, the last bucket at least, launched with the last gradient or at the end).
+  size_t buckets_launched_during_backward() const { return launched_during_backward_; }
   // Parameter names per bucket, in launch order (for tests and benchmarks).
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
   const std::string& name() const { return name_; }
@@ -102,13 +114,12 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void check_fingerprint();
   void finish_iteration();
   void rebuild_buckets_in_ready_order();
-  std::string describe_iteration() const;
 
   nn::Module& module_;
   std::string name_;
   DistributedDataParallelOptions options_;
   std::shared_ptr<ProcessGroup> pg_;       // buckets and buffers, on the parameters' device
-  std::shared_ptr<ProcessGroup> control_;  // CPU messages: pg_ itself unless pg_ is NCCL
+  std::shared_ptr<ProcessGroup> control_;  // CPU messages: control_world(), or pg_ when it has one rank
   bool reduce_buckets_ = true;             // false: default group of one process
   std::vector<Tensor> params_;
   std::vector<std::string> param_names_;
@@ -126,8 +137,13 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool skip_step_ = false;
   double exposed_wait_ms_ = 0;
   int64_t iteration_ = 0;
+  size_t launched_during_backward_ = 0;
   Tensor fingerprint_;
   std::shared_ptr<Work> fingerprint_work_;
+  // pg_'s record at the previous fingerprint (or at construction: base_iteration_ -1)
+  // and at this backward's.
+  CollectiveRecord base_record_, record_now_;
+  int64_t base_iteration_ = -1;
 };
 
 // The wrapper users hold, around a holder (nn::Sequential) or a std::shared_ptr to a

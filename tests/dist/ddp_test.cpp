@@ -1,6 +1,8 @@
 // DistributedDataParallel, run at 1, 2 and 4 ranks: N ranks on N shards end with the
 // same parameters as one process on the whole batch, for the cases users get stuck on.
 #include <cmath>
+#include <map>
+#include <set>
 
 #include "collectives/ddp.h"
 #include "harness.h"
@@ -35,6 +37,31 @@ nn::Sequential make_mlp() {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// Bucket layout as parameter indices (registration order), bucket after bucket, -1 between.
+std::vector<int64_t> layout_indices(const nn::Module& m, const std::vector<std::vector<std::string>>& buckets) {
+  auto named = m.named_parameters();
+  std::vector<int64_t> out;
+  for (const auto& bucket : buckets) {
+    for (const std::string& name : bucket)
+      for (size_t i = 0; i < named.size(); ++i)
+        if (named[i].first == name) out.push_back(static_cast<int64_t>(i));
+    out.push_back(-1);
+  }
+  return out;
+}
+
+// True when every rank passes the same values (one all-gather over the world).
+bool same_on_every_rank(const std::vector<int64_t>& mine) {
+  auto w = dist::world();
+  std::vector<double> v(mine.begin(), mine.end());
+  std::vector<Tensor> all;
+  for (int r = 0; r < w->size(); ++r) all.push_back(empty({static_cast<int64_t>(v.size())}, kInt64));
+  w->allgather(all, tensor(v, kInt64))->wait();
+  for (int r = 0; r < w->size(); ++r)
+    if (!nd::testing::bitwise_equal(all[r], all[0])) return false;
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("ddp: an MLP on N shards equals one process on the whole batch") {
@@ -47,6 +74,13 @@ TEST_CASE("ddp: an MLP on N shards equals one process on the whole batch") {
   DistributedDataParallel ddp(model, "mlp");
   optim::SGD opt_ref(reference->parameters(), optim::SGDOptions(0.1).momentum(0.9));
   optim::SGD opt(model->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  // The order in which this rank's gradients became ready in the first backward.
+  std::vector<std::string> ready_order;
+  bool first_backward = true;
+  for (auto& [pname, p] : model->named_parameters())
+    p.register_post_accumulate_grad_hook([&, pname](const Tensor&) {
+      if (first_backward) ready_order.push_back(pname);
+    });
   Generator data{5, 0};
   for (int step = 0; step < 5; ++step) {
     Tensor x = randn({12, 6}, kFloat64, &data), y = randn({12, 3}, kFloat64, &data);
@@ -55,11 +89,18 @@ TEST_CASE("ddp: an MLP on N shards equals one process on the whole batch") {
     opt_ref.step();
     opt.zero_grad();
     mse_loss(ddp(shard(x)), shard(y)).backward();
+    first_backward = false;
     opt.step();
   }
   check_same_params(*model, *reference, 1e-10);
-  // Buckets were rebuilt in gradient-ready order, the same on every rank.
-  CHECK(ddp.reducer().bucket_parameter_names().size() >= 1);
+  // Buckets were rebuilt in gradient-ready order after the first iteration (one bucket
+  // here: its parameters in that order), the same on every rank. For this MLP that order
+  // is also the initial reverse registration order; "buckets are rebuilt in
+  // gradient-ready order" below uses a model where the rebuild changes the layout.
+  const auto buckets = ddp.reducer().bucket_parameter_names();
+  REQUIRE(buckets.size() == 1);
+  CHECK(buckets[0] == ready_order);
+  CHECK(same_on_every_rank(layout_indices(*model, buckets)));
 }
 
 TEST_CASE("ddp: small buckets, several launched while backward runs, give the same result") {
@@ -86,6 +127,10 @@ TEST_CASE("ddp: small buckets, several launched while backward runs, give the sa
     opt.step();
   }
   check_same_params(*model, *reference, 1e-10);
+  // After the rebuild the buckets follow the gradient-ready order, one parameter each:
+  // every bucket but the last (which waits for the end of backward) was launched by the
+  // hooks while backward still ran.
+  CHECK(ddp.reducer().buckets_launched_during_backward() == 3);
 }
 
 TEST_CASE("ddp: a discriminator called twice before one backward works with default options (story 4)") {
@@ -422,4 +467,379 @@ TEST_CASE("ddp: a backward abandoned by an exception does not break the next ite
   for (size_t i = 0; i < ours.size(); ++i)
     nd::testing::check_close(ours[i].grad(), theirs[i].grad() / double(world_size()), 1e-10, 1e-10,
                              "grad after recovery");
+}
+
+// --- Parameters, buffers and gradients: what construction, broadcast_buffers and
+// --- gradient_as_bucket_view promise (each test fails if the promise is dropped).
+
+namespace {
+nn::Sequential make_conv_bn() {
+  nn::Sequential m(nn::Conv2d(nn::Conv2dOptions(1, 2, 3)), nn::BatchNorm2d(nn::BatchNorm2dOptions(2)));
+  m->to(kFloat64);
+  return m;
+}
+
+// Every buffer (running_mean, running_var, num_batches_tracked) set to `value`.
+void fill_buffers(const nn::Module& m, double value) {
+  NoGradGuard no_grad;
+  for (auto& [name, b] : m.named_buffers()) b.fill_(value);
+}
+}  // namespace
+
+TEST_CASE("ddp: construction gives every rank rank 0's parameters and buffers") {
+  if (world_size() == 1) {
+    MESSAGE("SKIPPED: needs 2 or more ranks (run under mpirun)");
+    return;
+  }
+  manual_seed(40);
+  nn::Sequential reference = make_conv_bn();  // what rank 0 builds
+  fill_buffers(*reference, 1.0);
+  manual_seed(40 + rank());  // every rank starts from its own values
+  nn::Sequential model = make_conv_bn();
+  fill_buffers(*model, 1.0 + rank());
+  DistributedDataParallel ddp(model, "bcast");
+  auto p = model->named_parameters(), pr = reference->named_parameters();
+  REQUIRE(p.size() == pr.size());
+  for (size_t i = 0; i < p.size(); ++i) nd::testing::check_close(p[i].second, pr[i].second, 0, 0, p[i].first);
+  auto b = model->named_buffers(), br = reference->named_buffers();
+  REQUIRE(b.size() == 3);
+  REQUIRE(br.size() == 3);
+  for (size_t i = 0; i < b.size(); ++i) nd::testing::check_close(b[i].second, br[i].second, 0, 0, b[i].first);
+}
+
+TEST_CASE("ddp: broadcast_buffers(true) gives every rank rank 0's buffers at each forward, false keeps its own") {
+  if (world_size() == 1) {
+    MESSAGE("SKIPPED: needs 2 or more ranks (run under mpirun)");
+    return;
+  }
+  for (bool broadcast : {true, false}) {
+    CAPTURE(broadcast);
+    manual_seed(41);
+    nn::Sequential model = make_conv_bn();
+    model->eval();  // running statistics are used, not updated: only the broadcast changes them
+    DistributedDataParallel ddp(model, "buffers", DistributedDataParallelOptions().broadcast_buffers(broadcast));
+    Tensor x = randn({2, 1, 5, 5}, kFloat64);
+    for (int step = 0; step < 2; ++step) {
+      fill_buffers(*model, 10.0 * step + 1.0 + rank());  // rank-dependent, after construction
+      ddp(x).sum().backward();
+      const double expected = 10.0 * step + 1.0 + (broadcast ? 0 : rank());
+      for (auto& [name, b] : model->named_buffers())
+        nd::testing::check_close(b, std::vector<double>(b.numel(), expected), 0, 0, name);
+    }
+  }
+}
+
+TEST_CASE("ddp: gradient_as_bucket_view: .grad are views into their bucket, false gives each its own storage") {
+  for (bool as_view : {true, false}) {
+    CAPTURE(as_view);
+    manual_seed(42);
+    nn::Sequential model = make_mlp();
+    model->to(kFloat64);
+    // A first bucket of ~470 bytes: the second layer's two gradients (24 + 384 bytes)
+    // fill it before and after the rebuild, the first layer's two the second bucket.
+    DistributedDataParallel ddp(
+        model, "views", DistributedDataParallelOptions().first_bucket_cap_mb(4.5e-4).gradient_as_bucket_view(as_view));
+    std::map<std::string, Tensor> params;
+    for (auto& [name, p] : model->named_parameters()) params[name] = p;
+    Tensor x = randn({4, 6}, kFloat64);
+    for (int step = 0; step < 2; ++step) {  // before and after the bucket rebuild
+      CAPTURE(step);
+      model->zero_grad();
+      ddp(x).sum().backward();
+      const auto buckets = ddp.reducer().bucket_parameter_names();
+      REQUIRE(buckets.size() == 2);
+      std::set<const Storage*> storages;
+      for (const auto& bucket : buckets) {
+        REQUIRE(bucket.size() == 2);
+        const Tensor first = params.at(bucket[0]).grad();
+        int64_t offset = 0;
+        for (const std::string& name : bucket) {
+          CAPTURE(name);
+          const Tensor g = params.at(name).grad();
+          REQUIRE(g.defined());
+          storages.insert(g.storage().get());
+          if (as_view) {
+            CHECK(g.storage() == first.storage());  // one flat storage per bucket
+            CHECK(g.storage_offset() == offset);     // laid out back to back in bucket order
+          } else {
+            CHECK(g.storage_offset() == 0);  // a storage of its own, exactly its size
+            CHECK(g.storage()->nbytes() == static_cast<size_t>(g.numel()) * sizeof(double));
+          }
+          offset += g.numel();
+        }
+      }
+      CHECK(storages.size() == (as_view ? 2u : 4u));
+    }
+  }
+}
+
+namespace {
+// Registers its head before its trunk, but runs the trunk first: the gradient-ready
+// order (head first) is not the reverse registration order (trunk first).
+struct HeadFirst : nn::Module {
+  nn::Linear head{nn::LinearOptions(8, 2)}, trunk{nn::LinearOptions(4, 8)};
+  HeadFirst() : nn::Module("HeadFirst") {
+    register_module("head", head);
+    register_module("trunk", trunk);
+  }
+  Tensor forward(const Tensor& x) { return head(tanh(trunk(x))); }
+};
+}  // namespace
+
+TEST_CASE("ddp: buckets are rebuilt in gradient-ready order after the first iteration, the same on every rank") {
+  manual_seed(43);
+  auto model = std::make_shared<HeadFirst>();
+  // 10-byte buckets: one parameter each.
+  DistributedDataParallel ddp(model, "order", DistributedDataParallelOptions().bucket_cap_mb(1e-5).first_bucket_cap_mb(1e-5));
+  using Names = std::vector<std::vector<std::string>>;
+  CHECK(ddp.reducer().bucket_parameter_names() ==
+        Names{{"trunk.bias"}, {"trunk.weight"}, {"head.bias"}, {"head.weight"}});  // reverse registration
+  std::vector<std::string> ready_order;
+  for (auto& [pname, p] : model->named_parameters())
+    p.register_post_accumulate_grad_hook([&ready_order, pname](const Tensor&) { ready_order.push_back(pname); });
+  Tensor x = randn({4, 4});
+  ddp(x).sum().backward();
+  // The first backward ran in the old layout: buckets 0 and 1 (the trunk's) became
+  // ready with the last two gradients, so bucket 2 (head.bias, ready first) waited for
+  // them: at most one bucket launched before every gradient was ready.
+  CHECK(ddp.reducer().buckets_launched_during_backward() <= 1);
+  REQUIRE(ready_order.size() == 4);
+  CHECK(ready_order[0].rfind("head.", 0) == 0);
+  Names expected;
+  for (const std::string& n : ready_order) expected.push_back({n});
+  CHECK(ddp.reducer().bucket_parameter_names() == expected);
+  CHECK(same_on_every_rank(layout_indices(*model, ddp.reducer().bucket_parameter_names())));
+  ddp(x).sum().backward();
+  CHECK(ddp.reducer().buckets_launched_during_backward() == 3);
+  CHECK(ddp.reducer().bucket_parameter_names() == expected);  // rebuilt once only
+}
+
+// --- Argument and layout errors.
+
+TEST_CASE("ddp: non-positive bucket caps are errors naming the values") {
+  nn::Sequential model = make_mlp();
+  CHECK(contains(nd::testing::error_message([&] {
+                   DistributedDataParallel ddp(model, "caps", DistributedDataParallelOptions().bucket_cap_mb(0));
+                 }),
+                 "DistributedDataParallel 'caps': expected positive bucket_cap_mb and first_bucket_cap_mb, found 0 and 1"));
+  CHECK(contains(nd::testing::error_message([&] {
+                   DistributedDataParallel ddp(model, "caps",
+                                               DistributedDataParallelOptions().first_bucket_cap_mb(-2));
+                 }),
+                 "found 25 and -2"));
+}
+
+TEST_CASE("ddp: parameters on several devices are an error") {
+  if (!cuda::is_available()) {
+    MESSAGE("SKIPPED: needs a GPU (a CPU-only machine has one device)");
+    return;
+  }
+  auto model = std::make_shared<Branchy>();
+  model->b->to(Device("cuda:0"));
+  const std::string msg = nd::testing::error_message([&] { DistributedDataParallel ddp(model, "devices"); });
+  CHECK(contains(msg, "DistributedDataParallel 'devices': parameters on several devices"));
+  CHECK(contains(msg, "put the whole module on one device"));
+}
+
+TEST_CASE("ddp: ranks with different parameter counts get an error naming both counts and ranks") {
+  if (world_size() == 1) {
+    MESSAGE("SKIPPED: needs 2 or more ranks (run under mpirun)");
+    return;
+  }
+  nn::Sequential model(nn::Linear(nn::LinearOptions(4, 4)));
+  if (rank() == 1) model->push_back(nn::Linear(nn::LinearOptions(4, 4)));
+  const std::string msg = nd::testing::error_message([&] { DistributedDataParallel ddp(model, "count"); });
+  const std::string expected = rank() == 1 ? "rank 1 has 4 parameters that require grad but rank 0 has 2"
+                                           : "rank " + std::to_string(rank()) +
+                                                 " has 2 parameters that require grad but rank 1 has 4";
+  CHECK(contains(msg, "DistributedDataParallel 'count': " + expected));
+}
+
+TEST_CASE("ddp: state_dict keys are the module's, with no 'module.' prefix (story 7)") {
+  manual_seed(44);
+  nn::Sequential model = make_conv_bn();
+  DistributedDataParallel ddp(model, "dict");
+  const TensorDict ours = ddp.state_dict(), theirs = model->state_dict();
+  std::vector<std::string> keys, module_keys;
+  for (const auto& [k, v] : ours) keys.push_back(k);
+  for (const auto& [k, v] : theirs) module_keys.push_back(k);
+  CHECK(keys == module_keys);
+  CHECK(keys == std::vector<std::string>{"0.bias", "0.weight", "1.bias", "1.num_batches_tracked", "1.running_mean",
+                                         "1.running_var", "1.weight"});
+  // And it loads back into the wrapper and into a bare module.
+  TensorDict changed;
+  for (const auto& [k, v] : ours) changed[k] = v.detach().clone().fill_(3.0);
+  ddp.load_state_dict(changed);
+  nd::testing::check_close(model->named_parameters()[0].second, std::vector<double>(18, 3.0), 0, 0, "0.weight");
+}
+
+// --- Ranks that diverge in the collectives they issue get an error naming both
+// --- sides at the next backward, on every rank, not a hang.
+//
+// The data group is the world; the check travels on dist::control_world(), its own
+// communicator. MPI still pairs the divergent collectives on the world, so they keep
+// equal byte counts pairwise (a different dtype of the same width, the same two in
+// another order); the extra collective is left pending and matched after the error;
+// a pure size difference goes through a group that only records (RecordingGroup).
+
+namespace {
+// A process group of the world's size that moves no data: it records what is issued
+// and completes it at once. DDP's reduction through it is wrong (each rank keeps its own
+// sums, so every parameter looks used on one rank only: find_unused_parameters(true));
+// its checks are not.
+class RecordingGroup : public dist::ProcessGroup {
+ public:
+  int rank() const override { return dist::world()->rank(); }
+  int size() const override { return dist::world()->size(); }
+  std::string backend() const override { return "recording"; }
+  std::shared_ptr<dist::Work> allreduce(const Tensor& t, const dist::AllreduceOptions& o = {}) override {
+    return issue("allreduce", t, o.bucket);
+  }
+  std::shared_ptr<dist::Work> broadcast(const Tensor& t, int) override { return issue("broadcast", t); }
+  std::shared_ptr<dist::Work> allgather(const std::vector<Tensor>&, const Tensor& t) override {
+    return issue("allgather", t);
+  }
+  std::shared_ptr<dist::Work> reduce_scatter(const Tensor& t, const std::vector<Tensor>&, dist::ReduceOp) override {
+    return issue("reduce_scatter", t);
+  }
+  std::shared_ptr<dist::Work> barrier() override { return issue("barrier", Tensor()); }
+
+ private:
+  std::shared_ptr<dist::Work> issue(const char* op, const Tensor& t, int64_t bucket = -1) {
+    dist::CollectiveInfo info{op, sequence_++, t.defined() ? t.numel() : 0, t.defined() ? t.dtype() : kFloat32,
+                              bucket};
+    note_issued(info);
+    auto work = std::make_shared<dist::AsyncWork>(info);
+    work->mark_done();
+    return work;
+  }
+  uint64_t sequence_ = 0;
+};
+
+DistributedDataParallelOptions recorded(const std::shared_ptr<dist::ProcessGroup>& group) {
+  return DistributedDataParallelOptions().find_unused_parameters(true).process_group(group);
+}
+
+bool separate_control_group() { return dist::control_world() != dist::world(); }
+
+// The MLP's one bucket: 163 gradients and 4 + 1 status slots, f64.
+const char* kMlpBucket = "(bucket 0, 168 x f64)";
+}  // namespace
+
+TEST_CASE("ddp divergence: a rank that issues one extra all-reduce on the data group") {
+  if (world_size() == 1 || !separate_control_group()) {
+    MESSAGE("SKIPPED: needs 2 or more ranks and MPI_THREAD_MULTIPLE (run under mpirun)");
+    return;
+  }
+  manual_seed(50);
+  nn::Sequential model = make_mlp();
+  model->to(kFloat64);
+  DistributedDataParallel ddp(model, "extra");
+  Tensor x = randn({4, 6}, kFloat64);
+  ddp(x).sum().backward();  // iteration 0: checked, then its bucket all-reduce
+  const uint64_t bucket_seq = dist::world()->record().count - 1;
+  Tensor out = ddp(x).sum();
+  Tensor extra = ones({3});
+  std::shared_ptr<dist::Work> work;
+  if (rank() == 1) work = dist::world()->allreduce(extra);  // unmatched until the others issue theirs below
+  const std::string msg = nd::testing::error_message([&] { out.backward(); });
+  if (rank() != 1) work = dist::world()->allreduce(extra);
+  work->wait();
+  nd::testing::check_close(extra, std::vector<double>(3, world_size()), 0, 0, "the extra all-reduce, matched late");
+  const std::string since = " on the mpi group since the backward of iteration 0, ";
+  CHECK(contains(msg, "ranks diverged: rank 1 differs from rank 0"));
+  CHECK(contains(msg, "rank 0: backward of DDP model 'extra', iteration 1, 1 bucket(s), 4 parameter(s); issued 1 "
+                      "collective(s)" + since + "the last allreduce #" + std::to_string(bucket_seq) + " " + kMlpBucket));
+  CHECK(contains(msg, "rank 1: backward of DDP model 'extra', iteration 1, 1 bucket(s), 4 parameter(s); issued 2 "
+                      "collective(s)" + since + "the last 2: allreduce #" + std::to_string(bucket_seq) + " " +
+                      kMlpBucket + ", then allreduce #" + std::to_string(bucket_seq + 1) + " (3 x f32)"));
+}
+
+TEST_CASE("ddp divergence: a rank that all-reduces a different dtype, then the reducer goes on") {
+  if (world_size() == 1 || !separate_control_group()) {
+    MESSAGE("SKIPPED: needs 2 or more ranks and MPI_THREAD_MULTIPLE (run under mpirun)");
+    return;
+  }
+  manual_seed(51);
+  nn::Sequential model = make_mlp();
+  model->to(kFloat64);
+  DistributedDataParallel ddp(model, "dtype");
+  Tensor x = randn({4, 6}, kFloat64);
+  ddp(x).sum().backward();
+  const uint64_t next = dist::world()->record().count;
+  // 4 x i64 on rank 1, 4 x f64 elsewhere: the same bytes, so MPI pairs them (garbage values).
+  dist::world()->allreduce(rank() == 1 ? ones({4}, kInt64) : ones({4}, kFloat64))->wait();
+  const std::string msg = nd::testing::error_message([&] { ddp(x).sum().backward(); });
+  const std::string head = "issued 2 collective(s) on the mpi group since the backward of iteration 0, the last 2: "
+                           "allreduce #" + std::to_string(next - 1) + " " + kMlpBucket + ", then allreduce #" +
+                           std::to_string(next);
+  CHECK(contains(msg, "ranks diverged: rank 1 differs from rank 0"));
+  CHECK(contains(msg, "rank 0: backward of DDP model 'dtype', iteration 1, 1 bucket(s), 4 parameter(s); " + head +
+                          " (4 x f64)"));
+  CHECK(contains(msg, "rank 1: backward of DDP model 'dtype', iteration 1, 1 bucket(s), 4 parameter(s); " + head +
+                          " (4 x i64)"));
+  // Every rank starts a fresh comparison from the failed check: the next backward passes.
+  ddp(x).sum().backward();
+  ddp(x).sum().backward();
+}
+
+TEST_CASE("ddp divergence: the same collectives in another order") {
+  if (world_size() == 1 || !separate_control_group()) {
+    MESSAGE("SKIPPED: needs 2 or more ranks and MPI_THREAD_MULTIPLE (run under mpirun)");
+    return;
+  }
+  manual_seed(52);
+  nn::Sequential model = make_mlp();
+  model->to(kFloat64);
+  DistributedDataParallel ddp(model, "order");
+  Tensor x = randn({4, 6}, kFloat64);
+  ddp(x).sum().backward();
+  const uint64_t next = dist::world()->record().count;
+  // 4 x f64 then 4 x i64, and on rank 1 the other way round (pairwise the same bytes).
+  Tensor a = ones({4}, kFloat64), b = ones({4}, kInt64);
+  auto w1 = dist::world()->allreduce(rank() == 1 ? b : a);
+  auto w2 = dist::world()->allreduce(rank() == 1 ? a : b);
+  w1->wait();
+  w2->wait();
+  const std::string msg = nd::testing::error_message([&] { ddp(x).sum().backward(); });
+  const std::string head = "issued 3 collective(s) on the mpi group since the backward of iteration 0, the last 2: ";
+  const std::string first = "allreduce #" + std::to_string(next), second = "allreduce #" + std::to_string(next + 1);
+  CHECK(contains(msg, "rank 0: backward of DDP model 'order', iteration 1, 1 bucket(s), 4 parameter(s); " + head +
+                          first + " (4 x f64), then " + second + " (4 x i64)"));
+  CHECK(contains(msg, "rank 1: backward of DDP model 'order', iteration 1, 1 bucket(s), 4 parameter(s); " + head +
+                          first + " (4 x i64), then " + second + " (4 x f64)"));
+  ddp(x).sum().backward();
+}
+
+TEST_CASE("ddp divergence: a rank that all-reduces a different size (through a recording group)") {
+  if (world_size() == 1) {
+    MESSAGE("SKIPPED: needs 2 or more ranks (run under mpirun)");
+    return;
+  }
+  auto group = std::make_shared<RecordingGroup>();
+  manual_seed(53);
+  nn::Sequential model = make_mlp();
+  model->to(kFloat64);
+  DistributedDataParallel ddp(model, "sized", recorded(group));
+  Tensor x = randn({4, 6}, kFloat64);
+  ddp(x).sum().backward();  // construction broadcast 4 parameters (#0-#3); iteration 0 all-reduced bucket 0 (#4)
+  group->allreduce(zeros({rank() == 1 ? 6 : 4}));
+  const std::string msg = nd::testing::error_message([&] { ddp(x).sum().backward(); });
+  const std::string head = "issued 2 collective(s) on the recording group since the backward of iteration 0, the "
+                           "last 2: allreduce #4 " + std::string(kMlpBucket) + ", then allreduce #5 ";
+  CHECK(contains(msg, "rank 0: backward of DDP model 'sized', iteration 1, 1 bucket(s), 4 parameter(s); " + head +
+                          "(4 x f32)"));
+  CHECK(contains(msg, "rank 1: backward of DDP model 'sized', iteration 1, 1 bucket(s), 4 parameter(s); " + head +
+                          "(6 x f32)"));
+  // Collectives since construction count too: a rank with one more before the first backward.
+  manual_seed(54);
+  nn::Sequential other = make_mlp();
+  other->to(kFloat64);
+  DistributedDataParallel fresh(other, "fresh", recorded(group));
+  if (rank() == 1) group->barrier();
+  const std::string first = nd::testing::error_message([&] { fresh(x).sum().backward(); });
+  CHECK(contains(first, "rank 0: backward of DDP model 'fresh', iteration 0, 1 bucket(s), 4 parameter(s); issued 0 "
+                        "collective(s) on the recording group since DDP construction"));
+  CHECK(contains(first, "rank 1: backward of DDP model 'fresh', iteration 0, 1 bucket(s), 4 parameter(s); issued 1 "
+                        "collective(s) on the recording group since DDP construction, the last barrier #"));
 }
