@@ -25,7 +25,7 @@ namespace {
 const Device kGpu(kCUDA, 0);
 }
 
-TEST_CASE("emulib: one emulated device; a device index beyond it is an nd::Error naming the device") {
+TEST_CASE("emulib: one emulated device, and a device index beyond it is an nd::Error naming the device") {
   CHECK(kc::built_with_cuda());
   CHECK(kc::device_count() == 1);
   CHECK(kc::unavailable_reason() == "available");
@@ -55,7 +55,7 @@ TEST_CASE("emulib: copies host -> device -> device -> host round-trip through th
   CHECK(after.host_allocs <= 1);               // one staging buffer for the process, never more
 }
 
-TEST_CASE("emulib: a steady training step makes no cudaMalloc; empty_cache returns every cached block") {
+TEST_CASE("emulib: a steady training step makes no cudaMalloc, and empty_cache returns every cached block") {
   manual_seed(3);
   nn::Linear layer(nn::LinearOptions(48, 32));
   layer->to(kGpu);
@@ -172,4 +172,26 @@ TEST_CASE("emulib: the NCCL process group at world size 1 runs every collective 
   // Argument errors of the process group itself, before NCCL.
   CHECK(testing::error_message([&] { (void)g->broadcast(b, 1); }).find("root 1") != std::string::npos);
   CHECK(testing::error_message([&] { (void)g->allreduce(x); }).find("cuda:0") != std::string::npos);
+}
+
+// Runs for real in the CTest entry "emulib_runtime_test (emu, 2 devices)", which sets
+// NANODDP_EMU_DEVICES=2 (the device count is read once per process).
+TEST_CASE("emulib: two emulated devices: peer copies, ops on cuda:1, mixing the devices refused") {
+  if (emu_rt::device_count() < 2) {
+    MESSAGE("SKIPPED: one emulated device; the entry '(emu, 2 devices)' runs this with NANODDP_EMU_DEVICES=2");
+    return;
+  }
+  const Device d1(kCUDA, 1);
+  const Tensor x = testing::random_input({33, 17}, 4).to(kFloat32);
+  const Tensor on0 = x.to(kGpu);
+  const Tensor on1 = on0.to(d1);  // cudaMemcpyPeerAsync, checked against each device's blocks
+  CHECK(on1.device().str() == "cuda:1");
+  const Tensor y = on1 * 2 + 1;  // kernels on cuda:1's stream, with cuda:1 current
+  CHECK(y.device().str() == "cuda:1");
+  CHECK(testing::to_vector(y.to(kGpu).cpu()) == testing::to_vector(x * 2 + 1));
+  CHECK(testing::to_vector(y.cpu()) == testing::to_vector(x * 2 + 1));
+  CHECK(kc::memory_stats(1).allocated_bytes > 0);
+  const std::string msg = testing::error_message([&] { (void)(on0 + on1); });
+  CHECK(msg.find("cuda:0") != std::string::npos);
+  CHECK(msg.find("cuda:1") != std::string::npos);
 }
