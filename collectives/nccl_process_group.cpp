@@ -121,6 +121,7 @@ struct NcclProcessGroup::State {
   std::mutex mutex;        // issue order = sequence order
   uint64_t sequence = 0;
   std::unique_ptr<Watchdog> watchdog;
+  NcclProcessGroup* owner = nullptr;  // keeps the record of issued collectives (DDP's check)
 
   // Orders the collective after the work queued so far on the engine's compute stream
   // (kernels/cuda/stream.h), runs `launch` on the communication stream, and returns a
@@ -131,6 +132,7 @@ struct NcclProcessGroup::State {
     {
       std::lock_guard lock(mutex);
       info.sequence = sequence++;
+      owner->note_issued(info);
       const std::string what = info.describe();
       check_cuda(cudaSetDevice(device), what);
       cudaEvent_t ready = nullptr, done = nullptr;
@@ -179,7 +181,7 @@ std::shared_ptr<NcclProcessGroup> NcclProcessGroup::create(const std::shared_ptr
   return std::shared_ptr<NcclProcessGroup>(new NcclProcessGroup(std::move(state)));
 }
 
-NcclProcessGroup::NcclProcessGroup(std::unique_ptr<State> state) : state_(std::move(state)) {}
+NcclProcessGroup::NcclProcessGroup(std::unique_ptr<State> state) : state_(std::move(state)) { state_->owner = this; }
 
 NcclProcessGroup::~NcclProcessGroup() {
   cudaSetDevice(state_->device);

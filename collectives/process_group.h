@@ -129,7 +129,7 @@ class ProcessGroup {
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
-  // A snapshot of what this group has issued so far. Kept by the MPI backend; a backend
+  // A snapshot of what this group has issued so far. Kept by the MPI and NCCL backends; a backend
   // that does not call note_issued() reports an empty record (count 0) on every rank,
   // so cross-rank comparisons then see no difference.
   CollectiveRecord record() const;
