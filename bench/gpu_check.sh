@@ -127,6 +127,32 @@ if [ "$cap" -eq 0 ]; then row "ctest -R cuda" "skipped" 0 "time budget spent"; e
   row "ctest -R cuda" "$(status "$rc")" $(($(now) - t)) "${summary:-no summary} ($skipped skipped)"
 fi
 
+# run_bench NAME CAP DETAIL CMD...: runs CMD under `timeout CAP` into a temporary file (not
+# in $OUT, which must hold 8 files at most even after a kill), appends its output to
+# bench_kernels.txt and its JSON rows to bench_kernels.jsonl, and adds the table row
+# "rc=.., <DETAIL of the output>".
+run_bench() {
+  local name=$1 cap=$2 detail=$3 t0 out rc
+  shift 3
+  t0=$(now)
+  out=$(mktemp)
+  echo "=== $name" >>"$BENCH_TXT"
+  timeout "$cap" "$@" >"$out" 2>&1
+  rc=$?
+  cat "$out" >>"$BENCH_TXT"
+  grep '^{' "$out" >>"$BENCH_JSON"
+  row "$name" "$(status "$rc")" $(($(now) - t0)) "rc=$rc, $($detail <"$out")"
+  rm -f "$out"
+}
+json_rows() { echo "$(grep -c '^{') JSON rows"; }
+# "dcgan 12.3 ms mae 4.5 ms": the train_step rows of a bench_train(_torch) output.
+train_steps() {
+  python3 -c 'import json, sys
+rows = [json.loads(l) for l in sys.stdin if l.startswith("{") and "\"train_step\"" in l]
+print(" ".join("%s %.2f ms" % (r["model"], r["ms"]) for r in rows))' 2>/dev/null
+}
+torch_sees_gpu() { python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; }
+
 echo "== GPU benchmarks"
 BENCH_TXT="$OUT/bench_kernels.txt" BENCH_JSON="$OUT/bench_kernels.jsonl"
 : >"$BENCH_TXT"
@@ -148,21 +174,12 @@ else
     "rc=$rc, $(grep -c '^{' "$BENCH_JSON") JSON rows ($missing without a CUDA kernel)$(grep -q '^SKIPPED' "$BENCH_TXT" && echo ', SKIPPED')"
 fi
 
-t=$(now)
-if ! python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+if ! torch_sees_gpu; then
   row "bench_kernels_torch" "skipped" 0 "torch missing or sees no CUDA GPU"
 else
   cap=$(limit 120)
   if [ "$cap" -eq 0 ]; then row "bench_kernels_torch" "skipped" 0 "time budget spent"; else
-    echo "=== bench_kernels_torch.py" >>"$BENCH_TXT"
-    torch_out=$(mktemp)  # not in $OUT, which must hold 8 files at most even after a kill
-    timeout "$cap" python3 bench/bench_kernels_torch.py >"$torch_out" 2>&1
-    rc=$?
-    cat "$torch_out" >>"$BENCH_TXT"
-    grep '^{' "$torch_out" >>"$BENCH_JSON"
-    row "bench_kernels_torch" "$(status "$rc")" $(($(now) - t)) \
-      "rc=$rc, $(grep -c '^{' "$torch_out") JSON rows"
-    rm -f "$torch_out"
+    run_bench "bench_kernels_torch" "$cap" json_rows python3 bench/bench_kernels_torch.py
   fi
 fi
 
@@ -180,47 +197,22 @@ if grep -q '"impl":"pytorch"' "$BENCH_JSON" && grep -q '"impl":"\(nd\|cuda\)::' 
   rm -f "$join_out"
 fi
 
-# "dcgan 12.3 ms mae 4.5 ms": the train_step rows of a bench_train(_torch) output.
-train_steps() {
-  python3 -c 'import json, sys
-rows = [json.loads(l) for l in sys.stdin if l.startswith("{") and "\"train_step\"" in l]
-print(" ".join("%s %.2f ms" % (r["model"], r["ms"]) for r in rows))' 2>/dev/null
-}
-
 # Training steps on the GPU, ours and PyTorch eager side by side (f32, the models and
 # batches of bench/bench_train.cpp; the issue's target: ours at or below PyTorch's).
-t=$(now)
 cap=$(limit 60)
 if [ ! -x "$BUILD/bench/bench_train" ]; then
   row "bench_train cuda" "absent" 0 "not built (see build.log)"
 elif [ "$cap" -eq 0 ]; then
   row "bench_train cuda" "skipped" 0 "time budget spent"
 else
-  echo "=== bench_train --device cuda" >>"$BENCH_TXT"
-  train_out=$(mktemp)
-  timeout "$cap" "$BUILD/bench/bench_train" --device cuda --steps 20 >"$train_out" 2>&1
-  rc=$?
-  cat "$train_out" >>"$BENCH_TXT"
-  grep '^{' "$train_out" >>"$BENCH_JSON"
-  row "bench_train cuda" "$(status "$rc")" $(($(now) - t)) \
-    "rc=$rc, $(train_steps <"$train_out")"
-  rm -f "$train_out"
+  run_bench "bench_train cuda" "$cap" train_steps "$BUILD/bench/bench_train" --device cuda --steps 20
 fi
-t=$(now)
-if ! python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+if ! torch_sees_gpu; then
   row "bench_train_torch cuda" "skipped" 0 "torch missing or sees no CUDA GPU"
 else
   cap=$(limit 90)
   if [ "$cap" -eq 0 ]; then row "bench_train_torch cuda" "skipped" 0 "time budget spent"; else
-    echo "=== bench_train_torch.py --device cuda" >>"$BENCH_TXT"
-    train_out=$(mktemp)
-    timeout "$cap" python3 bench/bench_train_torch.py --device cuda --steps 20 >"$train_out" 2>&1
-    rc=$?
-    cat "$train_out" >>"$BENCH_TXT"
-    grep '^{' "$train_out" >>"$BENCH_JSON"
-    row "bench_train_torch cuda" "$(status "$rc")" $(($(now) - t)) \
-      "rc=$rc, $(train_steps <"$train_out")"
-    rm -f "$train_out"
+    run_bench "bench_train_torch cuda" "$cap" train_steps python3 bench/bench_train_torch.py --device cuda --steps 20
   fi
 fi
 
