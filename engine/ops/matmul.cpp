@@ -106,24 +106,36 @@ struct MmBackward : autograd::Node {
   }
 };
 
-// addmm: the input's gradient is g summed to its shape (a bias: over the rows), the
-// matrices' as in mm.
-struct AddmmBackward : autograd::Node {
-  autograd::SavedTensor mat1, mat2;
+// Records what MmBackward (and AddmmBackward) keep for the product mat1 mat2.
+void save_operands(MmBackward& n, const Tensor& mat1, const Tensor& mat2) {
+  n.device = mat1.device().type;
+  n.autocast = autocast_applies(mat1);
+  if (n.next_edges[1].fn) n.mat1 = autograd::SavedTensor(mat1);
+  if (n.next_edges[0].fn) n.mat2 = autograd::SavedTensor(mat2);
+}
+
+// addmm, its inputs recorded as (mat1, mat2, input): the matrices' gradients as in mm,
+// the input's g summed to its shape (a bias: over the rows).
+struct AddmmBackward : MmBackward {
   Shape input_sizes;
-  DeviceType device = kCPU;
-  bool autocast = false;
   std::string name() const override { return "AddmmBackward"; }
-  void release_saved_tensors() override { mat1.reset(); mat2.reset(); }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
-    AutocastGuard precision(device, autocast);
-    Tensor gi, g1, g2;
-    if (next_edges[0].fn) gi = autograd::sum_to(g[0], input_sizes);
-    if (next_edges[1].fn) g1 = mm(g[0], mat2.unpack(*this).t());
-    if (next_edges[2].fn) g2 = mm(mat1.unpack(*this).t(), g[0]);
-    return {gi, g1, g2};
+    Tensor gi;
+    if (next_edges[2].fn) gi = autograd::sum_to(g[0], input_sizes);
+    std::vector<Tensor> grads = MmBackward::apply(std::move(g));
+    grads.push_back(gi);
+    return grads;
   }
 };
+
+// The checks mm and addmm share: two matrices of one device and dtype that multiply.
+void check_mm_operands(const char* op, const Tensor& mat1, const Tensor& mat2) {
+  ops::check_dim(op, mat1, 2, "mat1 [n, m]");
+  ops::check_dim(op, mat2, 2, "mat2 [m, p]");
+  ops::check_same_device_dtype(op, {mat1, mat2});
+  ND_CHECK(mat1.size(1) == mat2.size(0), op, ": mat1 and mat2 shapes cannot be multiplied (", dims_str(mat1), " and ",
+           dims_str(mat2), "): expected mat2 with ", mat1.size(1), " rows, found ", mat2.describe());
+}
 
 struct BmmBackward : autograd::Node {
   autograd::SavedTensor batch1, batch2;
@@ -143,28 +155,16 @@ struct BmmBackward : autograd::Node {
 }  // namespace
 
 Tensor mm(const Tensor& mat1, const Tensor& mat2) {
-  ops::check_dim("mm", mat1, 2, "mat1 [n, m]");
-  ops::check_dim("mm", mat2, 2, "mat2 [m, p]");
-  ops::check_same_device_dtype("mm", {mat1, mat2});
-  ND_CHECK(mat1.size(1) == mat2.size(0), "mm: mat1 and mat2 shapes cannot be multiplied (", dims_str(mat1), " and ",
-           dims_str(mat2), "): expected mat2 with ", mat1.size(1), " rows, found ", mat2.describe());
+  check_mm_operands("mm", mat1, mat2);
   Tensor out = empty({mat1.size(0), mat2.size(1)}, mat1.options());
   run_gemm("mm", mat1, mat2, 1, out);
-  autograd::record<MmBackward>({mat1, mat2}, {out}, [&](MmBackward& n) {
-    n.device = mat1.device().type;
-    n.autocast = autocast_applies(mat1);
-    if (n.next_edges[1].fn) n.mat1 = autograd::SavedTensor(mat1);
-    if (n.next_edges[0].fn) n.mat2 = autograd::SavedTensor(mat2);
-  });
+  autograd::record<MmBackward>({mat1, mat2}, {out}, [&](MmBackward& n) { save_operands(n, mat1, mat2); });
   return out;
 }
 
 Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2) {
-  ops::check_dim("addmm", mat1, 2, "mat1 [n, m]");
-  ops::check_dim("addmm", mat2, 2, "mat2 [m, p]");
-  ops::check_same_device_dtype("addmm", {input, mat1, mat2});
-  ND_CHECK(mat1.size(1) == mat2.size(0), "addmm: mat1 and mat2 shapes cannot be multiplied (", dims_str(mat1),
-           " and ", dims_str(mat2), "): expected mat2 with ", mat1.size(1), " rows, found ", mat2.describe());
+  check_mm_operands("addmm", mat1, mat2);
+  ops::check_same_device_dtype("addmm", {mat1, input});
   const Shape out_shape{mat1.size(0), mat2.size(1)};
   ND_CHECK(input.dim() <= 2 && ops::broadcast_shapes("addmm", input.sizes(), out_shape) == out_shape,
            "addmm: expected input broadcastable to the product's shape ", shape_str(out_shape), ", found ",
@@ -172,12 +172,9 @@ Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2) {
   Tensor out = empty(out_shape, mat1.options());
   copy_data(out, input);  // the product accumulates onto it: no separate add pass
   run_gemm("addmm", mat1, mat2, 1, out, /*accumulate=*/true);
-  autograd::record<AddmmBackward>({input, mat1, mat2}, {out}, [&](AddmmBackward& n) {
+  autograd::record<AddmmBackward>({mat1, mat2, input}, {out}, [&](AddmmBackward& n) {
+    save_operands(n, mat1, mat2);
     n.input_sizes = input.sizes();
-    n.device = mat1.device().type;
-    n.autocast = autocast_applies(mat1);
-    if (n.next_edges[2].fn) n.mat1 = autograd::SavedTensor(mat1);
-    if (n.next_edges[1].fn) n.mat2 = autograd::SavedTensor(mat2);
   });
   return out;
 }
