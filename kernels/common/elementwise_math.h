@@ -84,16 +84,29 @@ inline float erf_f32(float x) {
   return ax >= 0.921875f ? large : small;  // NaN: the comparison is false, and small is NaN
 }
 
+// e^v for v <= 0 (or NaN): exp_nonpositive_f32 for f32 on the host (it vectorises), the
+// standard exp for other types and on CUDA devices. The exact GELU and the CPU attention's
+// softmax use it.
+template <class T>
+ND_HOST_DEVICE T exp_nonpositive(T v) {
+#ifndef __CUDA_ARCH__
+  if constexpr (std::is_same_v<T, float>) return exp_nonpositive_f32(v);
+#endif
+  using std::exp;
+  return exp(v);
+}
+
 // erf(v) (fn = erf) or e^v, v <= 0 (fn = exp), as the exact GELU uses them: the f32
 // functions above on the host, the standard ones for other types and on CUDA devices.
 enum class GeluMath { erf, exp };
 template <GeluMath fn, class T>
 ND_HOST_DEVICE T gelu_math(T v) {
+  if constexpr (fn == GeluMath::exp) return exp_nonpositive(v);
 #ifndef __CUDA_ARCH__
-  if constexpr (std::is_same_v<T, float>) return fn == GeluMath::erf ? erf_f32(v) : exp_nonpositive_f32(v);
+  if constexpr (std::is_same_v<T, float>) return erf_f32(v);
 #endif
-  using std::erf, std::exp;
-  return fn == GeluMath::erf ? erf(v) : exp(v);
+  using std::erf;
+  return erf(v);
 }
 
 template <class T>

@@ -4,8 +4,8 @@
 // per-row dot products into two (forward) or five (backward) GEMMs (cpu::gemm, run
 // single-threaded inside the OpenMP region) big enough for Eigen's packed, vectorised kernel,
 // while the score block stays in L2. The softmax is done row by row over the tile by the
-// lane-wise loop below (exp_shifted_sum). Only one score tile (and, in the backward, one dP tile) per thread
-// is ever held, never an Sq x Sk matrix.
+// lane-wise loop below (exp_shifted_sum). Only one score tile (and, in the backward, one
+// dP tile) per thread is ever held, never an Sq x Sk matrix.
 //
 // Races: the forward's work items are (b, h, query tile); each writes only its own rows of
 // out and logsumexp. The backward's are key tiles, each writing only its rows of dk and dv;
@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 // GCC 12 false positives inside Eigen's AVX-512 packet code (see kernels/cpu/matmul.cpp).
@@ -60,20 +59,11 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // are padded to whole chunks (padded_cols) with -inf, whose exp is 0, so no element
 // takes a scalar tail (encoder, 13 keys: a further -15% forward). The sum is
 // kept per lane and added in a fixed order, so a row's result does not depend on its
-// address. float's exp is the vectorisable exp_nonpositive_f32 (within ~1 ulp; its
-// argument here is a score minus the row's running max or logsumexp, <= 0 up to the
-// scores' rounding); double keeps libm's. (The row max stays Eigen's maxCoeff: a max does
+// address. The exp is math::exp_nonpositive (kernels/common: for float the vectorisable
+// f32 exp, within ~1 ulp; its argument here is a score minus the row's running max or
+// logsumexp, <= 0 up to the scores' rounding; double keeps libm's). (The row max stays Eigen's maxCoeff: a max does
 // not depend on the order, and a lane-array max measured 2x slower on 256-key rows.)
 constexpr int64_t kLanes = 16;
-
-template <typename T>
-T exp_nonpositive(T t) {
-  if constexpr (std::is_same_v<T, float>) {
-    return math::exp_nonpositive_f32(t);
-  } else {
-    return std::exp(t);
-  }
-}
 
 // A score tile's row length: cols rounded up to whole chunks.
 int64_t padded_cols(int64_t cols) { return (cols + kLanes - 1) / kLanes * kLanes; }
@@ -85,7 +75,7 @@ T exp_shifted_sum(T* x, int64_t n, T shift) {
   T lane[kLanes] = {};
   for (int64_t i = 0; i < n; i += kLanes) {
     for (int64_t l = 0; l < kLanes; ++l) {
-      x[i + l] = exp_nonpositive(x[i + l] - shift);
+      x[i + l] = math::exp_nonpositive(x[i + l] - shift);
       lane[l] += x[i + l];
     }
   }
@@ -165,7 +155,7 @@ void query_tile_forward(const Head<T>& hd, const AttentionMask<T>& mask, int64_t
         std::fill(pr, pr + cols, T(0));  // would be NaN)
         continue;
       }
-      const T correction = exp_nonpositive(m[r] - m_new);  // 0 on the row's first unmasked tile
+      const T correction = math::exp_nonpositive(m[r] - m_new);  // 0 on the row's first unmasked tile
       l[r] = l[r] * correction + exp_shifted_sum(pr, lds, m_new);
       acc.row(r) *= correction;
       m[r] = m_new;
