@@ -127,13 +127,16 @@ if [ "$cap" -eq 0 ]; then row "ctest -R cuda" "skipped" 0 "time budget spent"; e
   row "ctest -R cuda" "$(status "$rc")" $(($(now) - t)) "${summary:-no summary} ($skipped skipped)"
 fi
 
-# run_bench NAME CAP DETAIL CMD...: runs CMD under `timeout CAP` into a temporary file (not
-# in $OUT, which must hold 8 files at most even after a kill), appends its output to
-# bench_kernels.txt and its JSON rows to bench_kernels.jsonl, and adds the table row
-# "rc=.., <DETAIL of the output>".
+# run_bench NAME CAP DETAIL CMD...: runs CMD under `timeout` (CAP seconds at most, see
+# limit; a "skipped" row when the budget is spent) into a temporary file (not in $OUT, which
+# must hold 8 files at most even after a kill), appends its output to bench_kernels.txt
+# and its JSON rows to bench_kernels.jsonl, and adds the table row "rc=.., <DETAIL of the
+# output>".
 run_bench() {
-  local name=$1 cap=$2 detail=$3 t0 out rc
+  local name=$1 cap detail=$3 t0 out rc
+  cap=$(limit "$2")
   shift 3
+  if [ "$cap" -eq 0 ]; then row "$name" "skipped" 0 "time budget spent"; return; fi
   t0=$(now)
   out=$(mktemp)
   echo "=== $name" >>"$BENCH_TXT"
@@ -144,77 +147,59 @@ run_bench() {
   row "$name" "$(status "$rc")" $(($(now) - t0)) "rc=$rc, $($detail <"$out")"
   rm -f "$out"
 }
+# run_built NAME CAP DETAIL EXE ARGS...: run_bench of EXE when it was built.
+run_built() { if [ -x "$4" ]; then run_bench "$@"; else row "$1" "absent" 0 "not built (see build.log)"; fi; }
+# run_torch NAME CAP DETAIL SCRIPT ARGS...: run_bench of python3 SCRIPT when torch sees the GPU.
+run_torch() {
+  if ! python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+    row "$1" "skipped" 0 "torch missing or sees no CUDA GPU"
+    return
+  fi
+  local name=$1 cap=$2 detail=$3
+  shift 3
+  run_bench "$name" "$cap" "$detail" python3 "$@"
+}
 json_rows() { echo "$(grep -c '^{') JSON rows"; }
+kernel_rows() {
+  local o
+  o=$(cat)
+  echo "$(grep -c '^{' <<<"$o") JSON rows ($(grep -c '"note":"no CUDA kernel yet' <<<"$o") without a CUDA kernel)$(grep -q '^SKIPPED' <<<"$o" && echo ', SKIPPED')"
+}
 # "dcgan 12.3 ms mae 4.5 ms": the train_step rows of a bench_train(_torch) output.
 train_steps() {
   python3 -c 'import json, sys
 rows = [json.loads(l) for l in sys.stdin if l.startswith("{") and "\"train_step\"" in l]
 print(" ".join("%s %.2f ms" % (r["model"], r["ms"]) for r in rows))' 2>/dev/null
 }
-torch_sees_gpu() { python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; }
 
 echo "== GPU benchmarks"
 BENCH_TXT="$OUT/bench_kernels.txt" BENCH_JSON="$OUT/bench_kernels.jsonl"
 : >"$BENCH_TXT"
 : >"$BENCH_JSON"
-t=$(now)
-cap=$(limit 150)
-if [ ! -x "$BUILD/bench/bench_kernels" ]; then
+# bench_kernels' cuDNN 9 loads its sub-libraries with dlopen: their folder on its path only.
+if [ -x "$BUILD/bench/bench_kernels" ]; then
+  run_bench "bench_kernels" 150 kernel_rows env LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$BENCH_LIBS" \
+    "$BUILD/bench/bench_kernels" --device cuda
+else
   row "bench_kernels" "absent" 0 "not built (see build.log)"
-elif [ "$cap" -eq 0 ]; then
-  row "bench_kernels" "skipped" 0 "time budget spent"
-else
-  LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$BENCH_LIBS" \
-    timeout "$cap" "$BUILD/bench/bench_kernels" --device cuda >>"$BENCH_TXT" 2>&1
-  rc=$?
-  grep '^{' "$BENCH_TXT" >>"$BENCH_JSON"
-  grep -m 3 -E '^(SKIPPED|bench_kernels: cuda)' "$BENCH_TXT"
-  missing=$(grep -c '"note":"no CUDA kernel yet' "$BENCH_JSON")
-  row "bench_kernels" "$(status "$rc")" $(($(now) - t)) \
-    "rc=$rc, $(grep -c '^{' "$BENCH_JSON") JSON rows ($missing without a CUDA kernel)$(grep -q '^SKIPPED' "$BENCH_TXT" && echo ', SKIPPED')"
 fi
-
-if ! torch_sees_gpu; then
-  row "bench_kernels_torch" "skipped" 0 "torch missing or sees no CUDA GPU"
-else
-  cap=$(limit 120)
-  if [ "$cap" -eq 0 ]; then row "bench_kernels_torch" "skipped" 0 "time budget spent"; else
-    run_bench "bench_kernels_torch" "$cap" json_rows python3 bench/bench_kernels_torch.py
-  fi
-fi
+run_torch "bench_kernels_torch" 120 json_rows bench/bench_kernels_torch.py
 
 # Ours vs PyTorch: each of our rows with the PyTorch row of the same (op, shape, dtype),
 # ratio and the attention targets (bench_kernels_torch.py --join; pure Python, no GPU).
+join_rows() {
+  local o
+  o=$(cat)
+  echo "$(grep -c '^{' <<<"$o") joined rows ($(grep -c 'below the target' <<<"$o") below the target)"
+}
 if grep -q '"impl":"pytorch"' "$BENCH_JSON" && grep -q '"impl":"\(nd\|cuda\)::' "$BENCH_JSON"; then
-  echo "=== ours vs pytorch (bench_kernels_torch.py --join)" >>"$BENCH_TXT"
-  join_out=$(mktemp)
-  timeout 30 python3 bench/bench_kernels_torch.py --join "$BENCH_JSON" >"$join_out" 2>&1
-  rc=$?
-  cat "$join_out" >>"$BENCH_TXT"
-  grep '^{' "$join_out" >>"$BENCH_JSON"
-  below=$(grep -c 'below the target' "$join_out")
-  row "ours vs pytorch" "$(status "$rc")" 0 "$(grep -c '^{' "$join_out") joined rows ($below below the target)"
-  rm -f "$join_out"
+  run_bench "ours vs pytorch" 30 join_rows python3 bench/bench_kernels_torch.py --join "$BENCH_JSON"
 fi
 
 # Training steps on the GPU, ours and PyTorch eager side by side (f32, the models and
 # batches of bench/bench_train.cpp; the issue's target: ours at or below PyTorch's).
-cap=$(limit 60)
-if [ ! -x "$BUILD/bench/bench_train" ]; then
-  row "bench_train cuda" "absent" 0 "not built (see build.log)"
-elif [ "$cap" -eq 0 ]; then
-  row "bench_train cuda" "skipped" 0 "time budget spent"
-else
-  run_bench "bench_train cuda" "$cap" train_steps "$BUILD/bench/bench_train" --device cuda --steps 20
-fi
-if ! torch_sees_gpu; then
-  row "bench_train_torch cuda" "skipped" 0 "torch missing or sees no CUDA GPU"
-else
-  cap=$(limit 90)
-  if [ "$cap" -eq 0 ]; then row "bench_train_torch cuda" "skipped" 0 "time budget spent"; else
-    run_bench "bench_train_torch cuda" "$cap" train_steps python3 bench/bench_train_torch.py --device cuda --steps 20
-  fi
-fi
+run_built "bench_train cuda" 60 train_steps "$BUILD/bench/bench_train" --device cuda --steps 20
+run_torch "bench_train_torch cuda" 90 train_steps bench/bench_train_torch.py --device cuda --steps 20
 
 # Last, with what is left of the budget: each test binary again with full doctest output
 # (ctest.log already holds the output of any test that failed).
