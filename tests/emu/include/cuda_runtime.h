@@ -383,46 +383,41 @@ inline cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t st
 inline cudaError_t cudaMemset(void* p, int value, size_t n) { return cudaMemsetAsync(p, value, n, nullptr); }
 
 // ---- streams and events (synchronous) ---------------------------------------------------------------
-inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
-  using namespace emu_rt;
-  if (stream == nullptr || flags > cudaStreamNonBlocking) return fail(cudaErrorInvalidValue);
+namespace emu_rt {
+// A new stream or event of the current device, registered so that later calls can check it.
+template <class H>
+cudaError_t create_handle(H** out, bool valid_flags, std::set<const H*>& registry) {
+  if (out == nullptr || !valid_flags) return fail(cudaErrorInvalidValue);
   if (device_count() == 0) return fail(cudaErrorNoDevice);
-  auto* s = new CUstream_st{current_device};
+  auto* h = new H{current_device};
   std::lock_guard lock(state().mutex);
-  state().streams.insert(s);
-  *stream = s;
+  registry.insert(h);
+  *out = h;
   return cudaSuccess;
+}
+template <class H>
+cudaError_t destroy_handle(H* h, std::set<const H*>& registry) {
+  std::lock_guard lock(state().mutex);
+  if (h == nullptr || !registry.erase(h)) return fail(cudaErrorInvalidResourceHandle);
+  delete h;
+  return cudaSuccess;
+}
+}  // namespace emu_rt
+
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+  return emu_rt::create_handle(stream, flags <= cudaStreamNonBlocking, emu_rt::state().streams);
 }
 inline cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
-inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  using namespace emu_rt;
-  std::lock_guard lock(state().mutex);
-  if (stream == nullptr || !state().streams.erase(stream)) return fail(cudaErrorInvalidResourceHandle);
-  delete stream;
-  return cudaSuccess;
-}
+inline cudaError_t cudaStreamDestroy(cudaStream_t stream) { return emu_rt::destroy_handle(stream, emu_rt::state().streams); }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   int device = 0;
   return emu_rt::stream_device(stream, &device);
 }
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
-  using namespace emu_rt;
-  if (event == nullptr || flags > 7) return fail(cudaErrorInvalidValue);
-  if (device_count() == 0) return fail(cudaErrorNoDevice);
-  auto* e = new CUevent_st{current_device};
-  std::lock_guard lock(state().mutex);
-  state().events.insert(e);
-  *event = e;
-  return cudaSuccess;
+  return emu_rt::create_handle(event, flags <= 7, emu_rt::state().events);
 }
 inline cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
-inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  using namespace emu_rt;
-  std::lock_guard lock(state().mutex);
-  if (event == nullptr || !state().events.erase(event)) return fail(cudaErrorInvalidResourceHandle);
-  delete event;
-  return cudaSuccess;
-}
+inline cudaError_t cudaEventDestroy(cudaEvent_t event) { return emu_rt::destroy_handle(event, emu_rt::state().events); }
 inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr) {
   using namespace emu_rt;
   if (cudaError_t e = check_event(event); e != cudaSuccess) return e;
