@@ -9,11 +9,7 @@
 using namespace nd;
 using dist::DistributedDataParallel;
 using dist::DistributedDataParallelOptions;
-using nd::testing::ddp::contains;
-using nd::testing::ddp::make_mlp;
-using nd::testing::ddp::rank;
-using nd::testing::ddp::skip_at_one_rank;
-using nd::testing::ddp::world_size;
+using namespace nd::testing::ddp;
 
 TEST_CASE("ddp: ranks in different backward passes get an error, not a hang") {
   if (skip_at_one_rank()) return;

@@ -11,13 +11,7 @@
 using namespace nd;
 using dist::DistributedDataParallel;
 using dist::DistributedDataParallelOptions;
-using nd::testing::ddp::contains;
-using nd::testing::ddp::layout_indices;
-using nd::testing::ddp::make_mlp;
-using nd::testing::ddp::rank;
-using nd::testing::ddp::same_on_every_rank;
-using nd::testing::ddp::skip_at_one_rank;
-using nd::testing::ddp::world_size;
+using namespace nd::testing::ddp;
 
 TEST_CASE("ddp: ranks with different models get an error naming the parameter and the ranks") {
   if (skip_at_one_rank()) return;

@@ -12,13 +12,7 @@ using dist::DistributedDataParallelOptions;
 
 namespace {
 
-using nd::testing::ddp::contains;
-using nd::testing::ddp::layout_indices;
-using nd::testing::ddp::make_mlp;
-using nd::testing::ddp::rank;
-using nd::testing::ddp::same_on_every_rank;
-using nd::testing::ddp::skip_at_one_rank;
-using nd::testing::ddp::world_size;
+using namespace nd::testing::ddp;
 
 // Rows [rank * n / W, (rank + 1) * n / W) of a global batch.
 Tensor shard(const Tensor& global) {
