@@ -89,6 +89,7 @@ class NcclWork : public Work {
   bool poll() {
     if (finished_) return true;
     const cudaError_t rc = cudaEventQuery(done_);
+    if (rc != cudaSuccess) cudaGetLastError();  // not this thread's next launch's error (kernels/cuda check())
     if (rc == cudaErrorNotReady) {
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);

@@ -101,7 +101,10 @@ void Event::wait(cudaStream_t stream) const {
 void Event::synchronize() const { check(cudaEventSynchronize(event_), "cudaEventSynchronize", "Event::synchronize"); }
 bool Event::query() const {
   const cudaError_t status = cudaEventQuery(event_);
-  if (status == cudaErrorNotReady) return false;
+  if (status == cudaErrorNotReady) {
+    cudaGetLastError();  // a status, not a failure: keep it from the next check_launch
+    return false;
+  }
   check(status, "cudaEventQuery", "Event::query");
   return true;
 }

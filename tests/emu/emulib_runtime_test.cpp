@@ -117,6 +117,15 @@ TEST_CASE("emulib: events and streams behave as CUDA's, errors as nd::Error") {
   CHECK(e.query());
   kc::Event moved(std::move(e));
   CHECK(moved.query());
+  // Work still queued: query() says so and leaves no error behind for the next launch
+  // (the stand-in keeps cudaErrorNotReady as the last error, as PyTorch assumes CUDA may).
+  emu_rt::set_hold_events(true);
+  moved.record(kc::compute_stream(0));
+  CHECK(!moved.query());
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  moved.synchronize();
+  CHECK(moved.query());
+  emu_rt::set_hold_events(false);
   // A kernel launched on a stream of another device than the current one: the launch
   // error surfaces at check_launch, as cudaGetLastError would report it.
   CHECK(cudaSetDevice(0) == cudaSuccess);

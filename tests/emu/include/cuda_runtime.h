@@ -11,7 +11,11 @@
 //   device; calls are counted (emu_rt::stats) and a per-device limit
 //   (emu_rt::set_device_memory_limit) makes cudaMalloc fail with cudaErrorMemoryAllocation.
 // - Streams and events: everything runs when it is queued, so an event is complete once
-//   recorded and synchronisation never waits. What is checked is what CUDA rejects: a
+//   recorded and synchronisation never waits, unless a test holds events
+//   (emu_rt::set_hold_events): then an event recorded meanwhile reports cudaErrorNotReady
+//   to cudaEventQuery until cudaEventSynchronize waits for it or emu_rt::complete_events()
+//   lets the "GPU" catch up, so code that must wait for a copy can be seen waiting, or not.
+//   What is checked is what CUDA rejects: a
 //   destroyed or unknown stream/event (cudaErrorInvalidResourceHandle), an event recorded
 //   on a stream of another device, a kernel launched on a stream of a device that is not
 //   current (cudaErrorInvalidResourceHandle at the next cudaGetLastError, kernel not run).
@@ -49,6 +53,7 @@ struct CUstream_st {
 typedef CUstream_st* cudaStream_t;
 struct CUevent_st {
   int device;
+  bool pending = false;  // recorded while emu_rt::set_hold_events(true), not yet completed
 };
 typedef CUevent_st* cudaEvent_t;
 
@@ -74,7 +79,7 @@ constexpr int kMaxDynamicSharedBytes = 232448;  // 227 KiB
 
 struct Stats {
   long mallocs = 0, frees = 0, host_allocs = 0, host_frees = 0;
-  long memcpys = 0, memsets = 0, event_records = 0, stream_waits = 0;
+  long memcpys = 0, memsets = 0, event_records = 0, event_waits = 0, stream_waits = 0;
 };
 
 struct Block {
@@ -89,6 +94,7 @@ struct State {
   std::set<const CUevent_st*> events;
   std::vector<size_t> used, limit;
   Stats stats;
+  bool hold_events = false;
 };
 inline State& state() {
   static State* s = new State();  // never destroyed: freed from static destructors too
@@ -188,6 +194,16 @@ inline cudaError_t check_event(cudaEvent_t event) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
   std::lock_guard lock(state().mutex);
   return state().events.count(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+// While held, events recorded stay pending (see the header comment).
+inline void set_hold_events(bool hold) {
+  std::lock_guard lock(state().mutex);
+  state().hold_events = hold;
+}
+// Every pending event completes, as when the GPU has run all queued work.
+inline void complete_events() {
+  std::lock_guard lock(state().mutex);
+  for (const CUevent_st* e : state().events) const_cast<CUevent_st*>(e)->pending = false;
 }
 
 }  // namespace emu_rt
@@ -426,10 +442,30 @@ inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = null
   if (device != event->device) return fail(cudaErrorInvalidResourceHandle);  // CUDA: same device only
   std::lock_guard lock(state().mutex);
   ++state().stats.event_records;
+  event->pending = state().hold_events;
   return cudaSuccess;
 }
-inline cudaError_t cudaEventQuery(cudaEvent_t event) { return emu_rt::check_event(event); }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t event) { return emu_rt::check_event(event); }
+// cudaErrorNotReady is kept as the thread's last error here, the pessimistic reading that
+// PyTorch's allocators also assume (they clear it with cudaGetLastError): code that does not
+// clear it has the next check_launch blame an unrelated kernel.
+inline cudaError_t cudaEventQuery(cudaEvent_t event) {
+  using namespace emu_rt;
+  if (cudaError_t e = check_event(event); e != cudaSuccess) return e;
+  bool pending = false;
+  {
+    std::lock_guard lock(state().mutex);
+    pending = event->pending;
+  }
+  return pending ? fail(cudaErrorNotReady) : cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  using namespace emu_rt;
+  if (cudaError_t e = check_event(event); e != cudaSuccess) return e;
+  std::lock_guard lock(state().mutex);
+  ++state().stats.event_waits;
+  event->pending = false;
+  return cudaSuccess;
+}
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0) {
   using namespace emu_rt;
   if (flags != 0) return fail(cudaErrorInvalidValue);
