@@ -28,11 +28,17 @@ decltype(auto) dispatch_floating(const char* op, const Tensor& t, Fn&& fn) {
 // cuda(stream) with its compute stream. `cuda` is a generic lambda
 // (`[&](auto stream) { kernels::cuda::op<T>(..., stream); }`): a build without CUDA never
 // instantiates it (no CUDA tensor can exist there), so it links without kernels/cuda.
+// A CUDA error names the call and the kernel (kernels/cuda check(), require()); this adds
+// the tensor the kernel ran on: "... (running on [cuda:0 f32 [64, 1, 4, 4]] 'D.main.0.weight')".
 template <class Cpu, class Cuda>
 void on_device(const Tensor& t, Cpu&& cpu, Cuda&& cuda) {
   if (!t.is_cuda()) return cpu();
 #ifdef NANODDP_WITH_CUDA
-  cuda(kernels::cuda::use_device(t.device().index));
+  try {
+    cuda(kernels::cuda::use_device(t.device().index));
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (running on " + t.describe() + ")");
+  }
 #else
   (void)cuda;
   throw Error("a CUDA tensor in a build without CUDA: " + t.describe());

@@ -193,6 +193,21 @@ TEST_CASE("cuda errors: mixing devices names both devices") {
   CHECK(idx_msg.find("cpu") != std::string::npos);
 }
 
+TEST_CASE("cuda errors: a kernel's own limit names the kernel and the tensor it ran on") {
+  if (skip_without_gpu()) return;
+  // 11 dimensions that no merge can fold (a reversed permutation of 2s): past the strided
+  // kernels' 10 (the CPU kernels have no such limit).
+  const Shape shape(11, 2);
+  Shape reversed(11);
+  for (int64_t d = 0; d < 11; ++d) reversed[d] = 10 - d;
+  const Tensor g = ones(shape).to(kGpu).permute(reversed);
+  const std::string msg = testing::error_message([&] { (void)g.contiguous(); });
+  CHECK(msg.find("at most 10 dimensions are supported, found 11") != std::string::npos);
+  CHECK(msg.find("copy_strided") != std::string::npos);
+  CHECK(msg.find("(running on [cuda:0 f32 [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]]") != std::string::npos);
+  CHECK(ones(shape).permute(reversed).contiguous().sum().item() == 2048);
+}
+
 TEST_CASE("cuda autocast: bf16 tensor-core products match the CPU's rounded-operand reference, with backward") {
   if (skip_without_gpu()) return;
   PoisonAllocations poison;
