@@ -24,6 +24,9 @@
 //       forward >= 0.6, fwd+bwd >= 0.5 of PyTorch's flash SDPA on bf16 tensors.
 //   matmul                           vs raw cublasSgemm (a sanity check: ratio ~ 1).
 //   copy 1 GiB                       the engine's copy_ vs cudaMemcpyAsync (the ceiling).
+//   h2d 64 MiB                       host -> device: to(cuda) of pageable memory (staged)
+//                                    and of a pinned tensor (non_blocking) vs cudaMemcpyAsync
+//                                    from pinned memory.
 // ratio = baseline ms / our ms (> 1: ours is faster), one row of ours per baseline.
 // FLOPs: 2 N C_out OH OW C_in k k per conv pass; attention 4 B H S S D forward and 2.5x
 // that backward; matmul 2 M N K. Bytes (GB/s) are what each pass must move, in f32
@@ -335,12 +338,43 @@ void bench_copy(Context& c) {
   b.compare({"copy", "1 GiB", 0, bytes}, {copy_of(b, bytes)}, ours);
 }
 
+// 64 MiB host -> device, what a training batch's copy costs: the engine's staged copy of
+// pageable memory (synchronous, through the 16 MiB pinned staging buffer) and its
+// non-blocking copy of a pinned tensor, against cudaMemcpyAsync from pinned memory.
+void bench_h2d(Context& c) {
+  Bench& b = c.bench;
+  const int64_t n = int64_t(1) << 24;  // f32 elements in 64 MiB
+  const double bytes = 4.0 * n;
+  const nd::Device gpu = b.options().device_;
+  const Impl raw{"cudaMemcpy(pinned)", [&b, n]() -> Run {
+                   const nd::Tensor src = nd::empty({n}, nd::TensorOptions().pinned_memory(true));
+                   const nd::Tensor dst = nd::empty({n}, b.options());
+                   const cudaStream_t stream = b.stream();
+                   return [=] {
+                     check_cuda(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), size_t(n) * 4,
+                                                cudaMemcpyHostToDevice, stream),
+                                "cudaMemcpyAsync");
+                   };
+                 }};
+  const Impl staged{"nd::to(pageable)", [n, gpu]() -> Run {
+                      const nd::Tensor src = nd::zeros({n});
+                      return [=] { (void)src.to(gpu); };
+                    }};
+  const Impl pinned{"nd::to(pinned, non_blocking)", [n, gpu]() -> Run {
+                      const nd::Tensor src = nd::zeros({n}).pin_memory();
+                      return [=] { (void)src.to(gpu, /*non_blocking=*/true); };
+                    }};
+  b.compare({"h2d", "64 MiB", 0, bytes}, {raw}, staged);
+  b.compare({"h2d", "64 MiB", 0, bytes}, {raw}, pinned);
+}
+
 struct Family {
   const char* name;
   void (*run)(Context&);
 };
 const Family kFamilies[] = {
     {"copy", bench_copy},
+    {"h2d", bench_h2d},
     {"matmul", bench_matmul},
     {"conv2d", bench_conv2d},
     {"conv_transpose2d", bench_conv_transpose2d},
@@ -388,7 +422,7 @@ int main(int argc, char** argv) {
       std::printf(
           "usage: bench_kernels [--device cuda[:N]] [NAME...]\n"
           "Times our CUDA ops against cuDNN / cuBLAS / cudaMemcpy; prints JSON lines and a table.\n"
-          "NAME: copy matmul conv2d conv_transpose2d batch_norm layer_norm adamw attention (default: all)\n");
+          "NAME: copy h2d matmul conv2d conv_transpose2d batch_norm layer_norm adamw attention (default: all)\n");
       return 0;
     }
     if (arg == "--device" && i + 1 < argc)

@@ -8,6 +8,7 @@
 #include "engine/error.h"
 #include "engine/factories.h"
 #include "kernels/common/counter_rng.h"
+#include "kernels/cuda/stream.h"
 
 namespace nd::data {
 
@@ -22,6 +23,12 @@ DataLoader::DataLoader(Dataset dataset, DataLoaderOptions options)
   ND_CHECK(options_.prefetch() >= 1, "DataLoader: prefetch must be at least 1, got ", options_.prefetch());
   ND_CHECK(!options_.sampler() || options_.indices().empty(),
            "DataLoader: give either indices or a sampler, not both");
+  if (options_.pin_memory()) {
+    cuda::check_pinned_memory("DataLoader (pin_memory)");
+    ND_CHECK(options_.pin_memory_device().is_cuda(), "DataLoader: pin_memory_device must be a CUDA device, found ",
+             options_.pin_memory_device().str());
+    cuda::check_device(options_.pin_memory_device());
+  }
   if (!options_.sampler()) epoch_indices(0);  // a bad index list is an error here, not at the first batch
   worker_ = std::thread([this] { run_worker(); });
 }
@@ -80,11 +87,17 @@ Batch DataLoader::make_batch(const std::vector<int64_t>& order, int64_t first) c
   Tensor index = empty({count}, kInt64);
   std::copy_n(order.begin() + first, count, index.data_ptr<int64_t>());
   Batch batch{dataset_.images.index_select(0, index), dataset_.labels.index_select(0, index)};
-  return options_.transform() ? options_.transform()(std::move(batch)) : batch;
+  if (options_.transform()) batch = options_.transform()(std::move(batch));
+  if (options_.pin_memory()) {
+    for (Tensor* t : {&batch.images, &batch.labels})
+      if (t->defined() && t->is_cpu()) *t = t->pin_memory();
+  }
+  return batch;
 }
 
 void DataLoader::run_worker() {
   NoGradGuard no_grad;  // batches are data, never part of a graph
+  if (options_.pin_memory()) kernels::cuda::use_device(options_.pin_memory_device().index);
   std::vector<int64_t> order;
   int64_t order_epoch = -1;
   std::unique_lock<std::mutex> lock(mutex_);

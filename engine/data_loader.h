@@ -47,6 +47,13 @@ struct DataLoaderOptions {
   // Applied to each batch in the background thread (augmentation, a move to the GPU);
   // an exception it throws reaches the caller from next().
   ND_ARG(std::function<Batch(Batch)>, transform);
+  // Each batch's CPU tensors (after transform) in pinned host memory, so that
+  // `to(cuda, /*non_blocking=*/true)` copies them asynchronously. Needs a CUDA GPU.
+  ND_ARG(bool, pin_memory) = false;
+  // The GPU the batches go to: the background thread makes it current before pinning, so
+  // that rank k of a node does not also open a CUDA context on cuda:0 (PyTorch's
+  // pin_memory_device).
+  ND_ARG(Device, pin_memory_device) = Device(kCUDA, 0);
 };
 
 // Epochs start at 0. next() returns the current epoch's batches, then std::nullopt

@@ -46,5 +46,10 @@ void check_device(const Device& device) {
            " CUDA device(s) exist (cuda:0..cuda:", n - 1, ")");
 }
 
+void check_pinned_memory(const char* what) {
+  ND_CHECK(is_available(), what, ": pinned host memory needs a CUDA GPU, and none is available (",
+           kernels::cuda::unavailable_reason(), "); leave pin_memory off on the CPU");
+}
+
 }  // namespace cuda
 }  // namespace nd

@@ -33,6 +33,9 @@ bool is_available();
 // Throws nd::Error saying why `device` cannot be used (not built with CUDA, no GPU,
 // ordinal out of range). No-op for cpu and for valid CUDA devices.
 void check_device(const Device& device);
+// Pinned host memory needs a CUDA GPU: throws nd::Error naming `what` (the caller asking
+// for it) and why there is none.
+void check_pinned_memory(const char* what);
 }  // namespace cuda
 
 }  // namespace nd

@@ -26,7 +26,8 @@ Tensor empty(const Shape& shape, TensorOptions options) {
   }
   cuda::check_device(options.device_);
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(static_cast<size_t>(n) * element_size(options.dtype_), options.device_);
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(n) * element_size(options.dtype_), options.device_,
+                                            options.pinned_memory_);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = options.dtype_;

@@ -29,6 +29,7 @@ struct TensorOptions {
   ScalarType dtype_ = kFloat32;
   Device device_;
   bool requires_grad_ = false;
+  bool pinned_memory_ = false;  // cpu only: page-locked, for asynchronous copies to a GPU
 
   TensorOptions() = default;
   TensorOptions(ScalarType t) : dtype_(t) {}
@@ -37,6 +38,7 @@ struct TensorOptions {
   TensorOptions dtype(ScalarType t) const { auto o = *this; o.dtype_ = t; return o; }
   TensorOptions device(Device d) const { auto o = *this; o.device_ = d; return o; }
   TensorOptions requires_grad(bool r) const { auto o = *this; o.requires_grad_ = r; return o; }
+  TensorOptions pinned_memory(bool p) const { auto o = *this; o.pinned_memory_ = p; return o; }
 };
 
 struct TensorImpl {
@@ -86,6 +88,7 @@ class Tensor {
   TensorOptions options() const { return TensorOptions(dtype()).device(device()); }
   bool is_cpu() const { return device().is_cpu(); }
   bool is_cuda() const { return device().is_cuda(); }
+  bool is_pinned() const { return impl().storage->is_pinned(); }
   bool is_contiguous() const;
   bool is_floating_point() const { return nd::is_floating_point(dtype()); }
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }
@@ -141,10 +144,17 @@ class Tensor {
   Tensor index(const Tensor& index) const { return index_select(0, index); }
 
   // ---- copies and conversion (engine/ops/copy.cpp) ----
-  Tensor to(Device device) const;
+  // non_blocking: a copy from pinned memory to a GPU is queued on the device's compute
+  // stream and returns at once (kernels on that device see its result; the host may drop
+  // or overwrite the source, which waits for the copy). Every other copy is complete when it
+  // returns, as in PyTorch for pageable memory; device -> host is always complete.
+  Tensor to(Device device, bool non_blocking = false) const;
   Tensor to(ScalarType dtype) const;
   Tensor to(DeviceType device) const { return to(Device(device)); }
   Tensor cpu() const { return to(Device(kCPU)); }
+  // A copy in pinned host memory (this tensor when it is pinned already); CPU tensors only,
+  // needs a CUDA GPU.
+  Tensor pin_memory() const;
   Tensor clone() const;
   const Tensor& copy_(const Tensor& src) const;
 

@@ -101,6 +101,8 @@ BatchStream::BatchStream(nd::data::Dataset dataset, int64_t global_batch, uint64
     s.set_epoch(static_cast<uint64_t>(epoch));
     return s.indices();
   });
+  // On a GPU the loader's thread pins each batch, and next() copies it without waiting.
+  if (device.is_cuda()) options.pin_memory(true).pin_memory_device(device);
   loader_ = std::make_unique<nd::data::DataLoader>(std::move(dataset), options);
   per_epoch_ = loader_->size();
 }
@@ -109,7 +111,7 @@ nd::data::Batch BatchStream::next() {
   std::optional<nd::data::Batch> batch = loader_->next();
   if (!batch) batch = loader_->next();  // the end of an epoch: the next one starts
   ++consumed_;
-  return {batch->images.to(device_), batch->labels.to(device_)};
+  return {batch->images.to(device_, /*non_blocking=*/true), batch->labels.to(device_, /*non_blocking=*/true)};
 }
 
 void BatchStream::seek(int64_t consumed) {

@@ -43,6 +43,7 @@ Shape broadcast_strides(const Tensor& t, const Shape& shape) {
 }
 
 void check_inplace(const char* op, const Tensor& self, bool records_history) {
+  self.storage()->wait_for_copies();  // pinned memory that a non-blocking copy still reads
   if (!GradMode::is_enabled()) return;
   ND_CHECK(!(self.is_leaf() && self.requires_grad()), op, " on ", self.describe(),
            ": a leaf tensor that requires grad is being used in an in-place operation. Wrap the update in "

@@ -56,7 +56,8 @@ Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b);
 Shape broadcast_strides(const Tensor& t, const Shape& shape);
 
 // In-place ops: refuse to silently corrupt autograd state, bump the version.
-// `self` is about to be written by `op`.
+// `self` is about to be written by `op` (pinned memory first waits for the asynchronous
+// copies that read it).
 void check_inplace(const char* op, const Tensor& self, bool records_history);
 void bump_version(const Tensor& self, const char* op);
 

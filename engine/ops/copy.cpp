@@ -38,13 +38,18 @@ bool same_dense_layout(const Tensor& dst, const Tensor& src) {
 
 // Copies between devices move src's dense bytes unchanged; broadcasting, strides and
 // dtype conversion happen on the destination's side (on the GPU when it is a GPU).
-void copy_across_devices(const Tensor& dst, const Tensor& src) {
+// A non-blocking copy needs src itself dense and pinned: a contiguous() copy of it would
+// be pageable memory again.
+void copy_across_devices(const Tensor& dst, const Tensor& src, bool non_blocking) {
   NoGradGuard no_grad;  // layout copies only; the caller records the op
   const Tensor dense = src.contiguous();
   const size_t nbytes = dense.numel() * element_size(dense.dtype());
   const bool direct = same_dense_layout(dst, dense);
   const Tensor landing = direct ? dst : empty(dense.sizes(), dense.options().device(dst.device()));
-  if (src.is_cpu())
+  if (src.is_cpu() && non_blocking && dense.is_pinned())
+    kernels::cuda::copy_pinned_to_device_async(dst.device().index, landing.data_ptr(), dense.storage()->data(),
+                                               dense.data_ptr(), nbytes);
+  else if (src.is_cpu())
     kernels::cuda::copy_host_to_device(dst.device().index, landing.data_ptr(), dense.data_ptr(), nbytes);
   else if (dst.is_cpu())
     kernels::cuda::copy_device_to_host(src.device().index, landing.data_ptr(), dense.data_ptr(), nbytes);
@@ -56,10 +61,10 @@ void copy_across_devices(const Tensor& dst, const Tensor& src) {
 
 }  // namespace
 
-void copy_data(const Tensor& dst, const Tensor& src) {
+void copy_data(const Tensor& dst, const Tensor& src, bool non_blocking) {
   ND_CHECK(ops::broadcast_shapes("copy_", dst.sizes(), src.sizes()) == dst.sizes(), "copy_: source ",
            src.describe(), " cannot be broadcast to destination ", dst.describe());
-  if (dst.device() != src.device()) return copy_across_devices(dst, src);
+  if (dst.device() != src.device()) return copy_across_devices(dst, src, non_blocking);
   if (dst.is_cuda() && same_dense_layout(dst, src)) {
     kernels::cuda::copy_device_to_device(dst.device().index, dst.data_ptr(), src.device().index, src.data_ptr(),
                                          dst.numel() * element_size(dst.dtype()));
@@ -85,9 +90,9 @@ struct CopyBackwards : autograd::Node {
   }
 };
 
-Tensor copy_to_new(const Tensor& src, TensorOptions options, const char* node_name) {
+Tensor copy_to_new(const Tensor& src, TensorOptions options, const char* node_name, bool non_blocking = false) {
   Tensor out = empty(src.sizes(), options);
-  copy_data(out, src);
+  copy_data(out, src, non_blocking);
   if (is_floating_point(options.dtype_))
     autograd::record<CopyBackwards>({src}, {out}, [&](CopyBackwards& n) {
       n.src_shape = src.sizes();
@@ -114,10 +119,18 @@ struct InplaceCopyBackward : autograd::Node {
 
 }  // namespace
 
-Tensor Tensor::to(Device device) const {
+Tensor Tensor::to(Device device, bool non_blocking) const {
   if (device == this->device()) return *this;
   cuda::check_device(device);
-  return copy_to_new(*this, options().device(device), "ToCopyBackward");
+  return copy_to_new(*this, options().device(device), "ToCopyBackward", non_blocking);
+}
+
+// Differentiable like clone(): the gradient flows back to the pageable original.
+Tensor Tensor::pin_memory() const {
+  ND_CHECK(is_cpu(), "pin_memory: expected a cpu tensor, found ", describe(), "; only host memory can be pinned");
+  if (is_pinned()) return *this;
+  cuda::check_pinned_memory("pin_memory");
+  return copy_to_new(*this, options().pinned_memory(true), "CloneBackward");
 }
 
 Tensor Tensor::to(ScalarType dtype) const {

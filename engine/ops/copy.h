@@ -6,6 +6,7 @@ namespace nd {
 
 // Writes src (broadcast to dst's shape, converted to dst's dtype) into dst, across
 // devices. Raw data movement: no autograd, no version bump (callers do both).
-void copy_data(const Tensor& dst, const Tensor& src);
+// non_blocking: see Tensor::to (only a dense pinned source to a GPU returns early).
+void copy_data(const Tensor& dst, const Tensor& src, bool non_blocking = false);
 
 }  // namespace nd

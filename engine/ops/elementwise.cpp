@@ -409,6 +409,7 @@ const Tensor& Tensor::addcdiv_(const Tensor& a, const Tensor& b, double value) c
 const Tensor& Tensor::clamp_(double min, double max) const {
   ND_CHECK(!autograd::any_requires_grad({*this}), "clamp_ on ", describe(),
            " records no gradient history; use clamp() or wrap it in NoGradGuard");
+  ops::check_inplace("clamp_", *this, false);
   const UnaryParams p{min, max};
   ops::dispatch_floating("clamp_", *this, [&]<class T>() {
     T* x = data_ptr<T>();

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "engine/error.h"
+#include "kernels/cuda/host_allocator.h"
 #include "kernels/cuda/stream.h"
 
 #ifdef NANODDP_WITH_CUDA
@@ -100,6 +101,14 @@ void copy_device_to_host(int device, void* dst, const void* src, size_t nbytes) 
   staged_copy(device, false, dst, src, nbytes);
 }
 
+void copy_pinned_to_device_async(int device, void* dst, void* src_block, const void* src, size_t nbytes) {
+  if (nbytes == 0) return;
+  cudaStream_t stream = use_device(device);
+  check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync(HostToDevice)",
+        "non-blocking copy to cuda:" + std::to_string(device));
+  record_copy(src_block, device, stream);
+}
+
 void copy_device_to_device(int dst_device, void* dst, int src_device, const void* src, size_t nbytes) {
   if (nbytes == 0) return;
   const std::string what = "copy from cuda:" + std::to_string(src_device) + " to cuda:" + std::to_string(dst_device);
@@ -125,6 +134,7 @@ int device_count() { return 0; }
 std::string unavailable_reason() { return "nanoddp was built without CUDA"; }
 void copy_host_to_device(int, void*, const void*, size_t) { no_cuda(); }
 void copy_device_to_host(int, void*, const void*, size_t) { no_cuda(); }
+void copy_pinned_to_device_async(int, void*, void*, const void*, size_t) { no_cuda(); }
 void copy_device_to_device(int, void*, int, const void*, size_t) { no_cuda(); }
 
 #endif

@@ -18,6 +18,11 @@ std::string unavailable_reason();        // why device_count() is 0
 // requires: dst/src do not overlap; device pointers on `device`.
 void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes);
 void copy_device_to_host(int device, void* dst, const void* src, size_t nbytes);
+// Pinned host -> device without waiting: queued on the device's compute stream, which is
+// all the ordering kernels there need; records the copy on the pinned block that starts at
+// `src_block` (host_allocator.h), which then outlives the copy and is not overwritten
+// before it has run. requires: src lies in that live pinned block.
+void copy_pinned_to_device_async(int device, void* dst, void* src_block, const void* src, size_t nbytes);
 // Device -> device, queued on dst_device's compute stream (asynchronous to the host).
 // Across devices the source device's compute stream is drained first.
 void copy_device_to_device(int dst_device, void* dst, int src_device, const void* src, size_t nbytes);

@@ -1,8 +1,9 @@
 // CPU-vs-CUDA: every op with a CUDA kernel runs the same graph on both devices, forward
 // and backward through autograd, on random inputs of odd sizes; outputs on the GPU come
 // from allocations poisoned with NaN (set_fill_on_allocate), so an element a kernel
-// never writes fails the comparison. Also: the caching allocator's steady state, and the
-// errors a CUDA tensor mixed with a CPU tensor gives. Without a GPU every case reports
+// never writes fails the comparison. Also: the caching allocator's steady state, the
+// errors a CUDA tensor mixed with a CPU tensor gives, and non-blocking copies from pinned
+// memory (the emulator's view of their pending copies: tests/emu/emulib_runtime_test.cpp). Without a GPU every case reports
 // "SKIPPED:" and returns (CTest counts it as skipped).
 #include <cmath>
 #include <functional>
@@ -10,8 +11,10 @@
 #include <vector>
 
 #include "cuda/cuda_compare.h"
+#include "engine/data_loader.h"
 #include "harness.h"
 #include "kernels/cuda/allocator.h"
+#include "kernels/cuda/host_allocator.h"
 #include "kernels/cuda/runtime.h"
 
 using namespace nd;
@@ -246,4 +249,39 @@ TEST_CASE("cuda matmul: TF32 is off by default and close when allowed") {
   kernels::cuda::set_allow_tf32(false);
   check_matches(tf32, ref, "mm with TF32", 5e-3);
   check_matches(mm(a.to(kGpu), b.to(kGpu)), ref, "mm without TF32");
+}
+
+TEST_CASE("cuda pinned memory: non-blocking copies from one reused pinned buffer each see their own values") {
+  if (skip_without_gpu()) return;
+  // One pinned buffer refilled while the copies of earlier values may still be queued: each
+  // refill (an in-place write) waits for the copy that reads the buffer, so every device
+  // tensor holds the value of its own step, and the sums on the device agree.
+  // 4 MiB: long enough a DMA for a refill to overtake it (emulated: no DMA, fewer threads).
+  const int64_t n = emulated() ? 4099 : 1 << 20;
+  const Tensor buffer = empty({n}, TensorOptions(kFloat32).pinned_memory(true));
+  REQUIRE(buffer.is_pinned());
+  std::vector<Tensor> sums;
+  for (int step = 0; step < 6; ++step) {
+    buffer.fill_(step + 1);
+    sums.push_back(buffer.to(kGpu, /*non_blocking=*/true).sum());
+  }
+  for (int step = 0; step < 6; ++step) CHECK(sums[step].item() == doctest::Approx(double(step + 1) * n));
+  CHECK(kernels::cuda::pinned_memory_stats().num_host_allocs >= 1);
+}
+
+TEST_CASE("cuda pinned memory: a pin_memory DataLoader gives pinned batches equal to the pageable loader's") {
+  if (skip_without_gpu()) return;
+  data::Dataset ds{testing::random_input({37, 1, 4, 4}, 5).to(kFloat32), arange(0, 37, 1, TensorOptions(kInt64))};
+  auto options = data::DataLoaderOptions(8).shuffle(true).seed(3);
+  data::DataLoader pageable(ds, options), pinned(ds, options.pin_memory(true));
+  int batches = 0;
+  for (auto a = pageable.next(), b = pinned.next(); a && b; a = pageable.next(), b = pinned.next(), ++batches) {
+    CHECK(!a->images.is_pinned());
+    CHECK(b->images.is_pinned());
+    CHECK(b->labels.is_pinned());
+    const Tensor on_gpu = b->images.to(kGpu, /*non_blocking=*/true);
+    CHECK(testing::to_vector(on_gpu.cpu()) == testing::to_vector(a->images));
+    CHECK(testing::to_vector(b->labels) == testing::to_vector(a->labels));
+  }
+  CHECK(batches == 5);
 }

@@ -1,9 +1,10 @@
 // The host side of the CUDA backend under the emulator (nanoddp_emulib, tests/emu/README.md):
-// the REAL kernels/cuda/{runtime,stream,allocator}.cpp and the NCCL process group against
-// the runtime stand-ins include/cuda_runtime.h and include/nccl.h, which count the calls
-// they receive. What tests/cuda cannot see from its tensors: how many cudaMalloc calls a
-// steady step makes, the allocator's out-of-memory path, the errors a bad device index or
-// a destroyed event gives, and the collectives reaching NCCL.
+// the REAL kernels/cuda/{runtime,stream,allocator,host_allocator}.cpp and the NCCL process
+// group against the runtime stand-ins include/cuda_runtime.h and include/nccl.h, which count
+// the calls they receive. What tests/cuda cannot see from its tensors: how many cudaMalloc
+// calls a steady step makes, the allocator's out-of-memory path, the errors a bad device
+// index or a destroyed event gives, the collectives reaching NCCL, and (with events held
+// pending) which pinned blocks a non-blocking copy keeps from reuse and from host writes.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime.h>
@@ -15,6 +16,7 @@
 #include "collectives/process_group.h"
 #include "harness.h"
 #include "kernels/cuda/allocator.h"
+#include "kernels/cuda/host_allocator.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/stream.h"
 
@@ -151,6 +153,77 @@ TEST_CASE("emulib: events and streams behave as CUDA's, errors as nd::Error") {
   CHECK(cudaFree(dev) == cudaSuccess);
   CHECK(cudaFree(dev) == cudaErrorInvalidValue);  // twice
   cudaGetLastError();
+}
+
+TEST_CASE("emulib: a pinned block is not reused, nor overwritten by the host, while a non-blocking copy reads it") {
+  const Tensor x = testing::random_input({257, 3}, 11).to(kFloat32);
+  Tensor pinned = x.pin_memory();
+  CHECK(pinned.is_pinned());
+  CHECK(!x.is_pinned());
+  CHECK(pinned.pin_memory().storage() == pinned.storage());  // pinned already: itself
+  CHECK(testing::to_vector(pinned) == testing::to_vector(x));
+  CHECK(testing::to_vector(pinned * 2) == testing::to_vector(x * 2));  // a CPU tensor like any other
+  const kc::HostAllocatorStats s0 = kc::pinned_memory_stats();
+
+  emu_rt::set_hold_events(true);  // the "GPU" has not run the copies queued from here on
+  const long copies = emu_rt::stats().memcpys;
+  const Tensor g = pinned.to(kGpu, /*non_blocking=*/true);
+  const Tensor g_rows = pinned.narrow(0, 5, 100).to(kGpu, /*non_blocking=*/true);  // inside the block
+  CHECK(emu_rt::stats().memcpys == copies + 2);  // straight from the block, not through staging
+  CHECK(kc::pinned_memory_stats().num_pending_copies == s0.num_pending_copies + 2);
+  (void)x.to(kGpu, /*non_blocking=*/true);  // pageable: staged and complete, nothing recorded
+  CHECK(kc::pinned_memory_stats().num_pending_copies == s0.num_pending_copies + 2);
+
+  // Dropped while its copies are pending: a request of its size gets another block.
+  void* block = pinned.storage()->data();
+  pinned = Tensor();
+  Tensor other = empty({257, 3}, TensorOptions(kFloat32).pinned_memory(true));
+  CHECK(other.storage()->data() != block);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);  // the cudaErrorNotReady answers were cleared
+  // Once the copies have run, the next request of that size reuses the block.
+  emu_rt::complete_events();
+  const int64_t hits = kc::pinned_memory_stats().num_cache_hits;
+  Tensor again = empty({257, 3}, TensorOptions(kFloat32).pinned_memory(true));
+  CHECK(again.storage()->data() == block);
+  CHECK(kc::pinned_memory_stats().num_cache_hits == hits + 1);
+
+  // An in-place write to a pinned tensor first waits for the copy that reads it.
+  again.fill_(0.5);
+  const Tensor g_again = again.to(kGpu, /*non_blocking=*/true);
+  const long waits = emu_rt::stats().event_waits;
+  again.add_(1.0);
+  CHECK(emu_rt::stats().event_waits == waits + 1);
+  CHECK(kc::pinned_memory_stats().num_pending_copies == s0.num_pending_copies);
+  emu_rt::set_hold_events(false);
+
+  CHECK(testing::to_vector(g.cpu()) == testing::to_vector(x));
+  CHECK(testing::to_vector(g_rows.cpu()) == testing::to_vector(x.narrow(0, 5, 100)));
+  CHECK(testing::to_vector(g_again.cpu()) == std::vector<double>(257 * 3, 0.5));
+
+  // empty_pinned_cache frees the released blocks (their copies are done or waited for).
+  other = Tensor();
+  again = Tensor();
+  const kc::HostAllocatorStats before = kc::pinned_memory_stats();
+  CHECK(before.cached_bytes > 0);
+  kc::empty_pinned_cache();
+  const kc::HostAllocatorStats after = kc::pinned_memory_stats();
+  CHECK(after.cached_bytes == 0);
+  CHECK(after.num_host_frees > before.num_host_frees);
+  CHECK(emu_rt::stats().host_frees >= after.num_host_frees);
+}
+
+TEST_CASE("emulib: pinned memory errors name the tensor and the device") {
+  const Tensor g = ones({4}).to(kGpu);
+  CHECK(testing::error_message([&] { (void)g.pin_memory(); }) ==
+        "pin_memory: expected a cpu tensor, found " + g.describe() + "; only host memory can be pinned");
+  CHECK(testing::error_message([] { (void)empty({4}, TensorOptions(kFloat32).device(kGpu).pinned_memory(true)); }) ==
+        "pinned memory is host memory: expected device cpu, found cuda:0");
+  const data::Dataset ds{zeros({4, 1, 2, 2}), zeros({4}, TensorOptions(kInt64))};
+  auto pinned = data::DataLoaderOptions(2).pin_memory(true);
+  CHECK(testing::error_message([&] { data::DataLoader l(ds, pinned.pin_memory_device(Device(kCPU))); }) ==
+        "DataLoader: pin_memory_device must be a CUDA device, found cpu");
+  CHECK(testing::error_message([&] { data::DataLoader l(ds, pinned.pin_memory_device(Device(kCUDA, 1))); })
+            .find("cuda:1 requested, but only 1 CUDA device(s) exist") != std::string::npos);
 }
 
 TEST_CASE("emulib: the NCCL process group at world size 1 runs every collective through NCCL") {

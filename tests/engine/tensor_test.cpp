@@ -1,8 +1,10 @@
 // Tensor basics: factories, dtypes, views sharing the version counter, joins,
-// indexing, conversion, printing, and argument errors.
+// indexing, conversion, printing, argument errors, and pinned memory's errors without a GPU.
 #include <sstream>
 
+#include "engine/data_loader.h"
 #include "harness.h"
+#include "kernels/cuda/runtime.h"
 
 using namespace nd;
 using nd::testing::check_close;
@@ -155,4 +157,22 @@ TEST_CASE("tensor: argument errors") {
     const std::string msg = error_message([] { zeros({2}).to(Device("cuda:0")); });
     CHECK((contains(msg, "built without CUDA") || contains(msg, "no CUDA GPU is available")));
   }
+}
+
+TEST_CASE("tensor: pinned memory without a GPU is an error naming the caller and the reason") {
+  if (cuda::is_available()) {
+    MESSAGE("SKIPPED: a CUDA GPU is present, so pinned memory works (tests/cuda/cuda_ops_test.cpp)");
+    return;
+  }
+  const std::string why = "pinned host memory needs a CUDA GPU, and none is available (" +
+                          kernels::cuda::unavailable_reason() + "); leave pin_memory off on the CPU";
+  CHECK(error_message([] { (void)ones({3}).pin_memory(); }) == "pin_memory: " + why);
+  CHECK(error_message([] { (void)empty({3}, TensorOptions().pinned_memory(true)); }) == "pinned_memory: " + why);
+  const data::Dataset ds{zeros({4, 1, 2, 2}), zeros({4}, TensorOptions(kInt64))};
+  CHECK(error_message([&] { data::DataLoader loader(ds, data::DataLoaderOptions(2).pin_memory(true)); }) ==
+        "DataLoader (pin_memory): " + why);
+  // A non-blocking copy of pageable memory is an ordinary copy: to the CPU, a no-op.
+  const Tensor x = ones({3});
+  CHECK(x.to(Device(kCPU), /*non_blocking=*/true).storage() == x.storage());
+  CHECK(!x.is_pinned());
 }
