@@ -44,12 +44,7 @@ struct HostAllocator {
   // none is left. Caller holds the mutex.
   bool reap(Block& b) {
     auto done = [&](const PendingCopy& c) {
-      const cudaError_t status = cudaEventQuery(c.event);
-      if (status == cudaErrorNotReady) {
-        cudaGetLastError();  // a status, not a failure (stream.cpp Event::query)
-        return false;
-      }
-      check(status, "cudaEventQuery", "pinned host memory");
+      if (!event_complete(c.event, "pinned host memory")) return false;
       free_events[c.device].push_back(c.event);
       return true;
     };

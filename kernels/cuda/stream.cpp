@@ -99,13 +99,15 @@ void Event::wait(cudaStream_t stream) const {
   check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent", "Event::wait");
 }
 void Event::synchronize() const { check(cudaEventSynchronize(event_), "cudaEventSynchronize", "Event::synchronize"); }
-bool Event::query() const {
-  const cudaError_t status = cudaEventQuery(event_);
+bool Event::query() const { return event_complete(event_, "Event::query"); }
+
+bool event_complete(cudaEvent_t event, const char* op) {
+  const cudaError_t status = cudaEventQuery(event);
   if (status == cudaErrorNotReady) {
     cudaGetLastError();  // a status, not a failure: keep it from the next check_launch
     return false;
   }
-  check(status, "cudaEventQuery", "Event::query");
+  check(status, "cudaEventQuery", op);
   return true;
 }
 
@@ -138,6 +140,7 @@ void Event::record(cudaStream_t) { no_cuda(); }
 void Event::wait(cudaStream_t) const { no_cuda(); }
 void Event::synchronize() const { no_cuda(); }
 bool Event::query() const { no_cuda(); }
+bool event_complete(cudaEvent_t, const char*) { no_cuda(); }
 
 #endif
 

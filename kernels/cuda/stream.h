@@ -55,5 +55,9 @@ void check(int status, const char* call, const std::string& op);
 void require(bool ok, const char* kernel, const std::string& message);
 // After a kernel launch: reports a bad launch configuration or an earlier async error.
 void check_launch(const char* kernel);
+// cudaEventQuery as a bool: true once the event's work has run, false while it is queued
+// (that cudaErrorNotReady is cleared from the thread's last error, so the next
+// check_launch does not report it); any other status is an nd::Error naming `op`.
+bool event_complete(cudaEvent_t event, const char* op);
 
 }  // namespace nd::kernels::cuda
