@@ -11,13 +11,15 @@
 // events have completed, and a host write to a live block first waits for them
 // (wait_copies: every in-place op does this through Storage::wait_for_copies; code that
 // writes through data_ptr() calls that itself). Reuse after completion is PyTorch's
-// CachingHostAllocator rule; PyTorch leaves the in-place race to the user. Why a cache at all: cudaHostAlloc maps and locks pages, far
-// slower than malloc, and a training loop pins the same batch sizes every step.
+// CachingHostAllocator rule; PyTorch leaves the in-place race to the user. Why a cache at
+// all: cudaHostAlloc maps and locks pages, far slower than malloc, and a training loop
+// pins the same batch sizes every step.
 //
 // Sizes are rounded to the device allocator's size classes (allocator.h round_size);
 // blocks are never split. Compiled in every build; without NANODDP_WITH_CUDA, or with
-// no GPU, allocation throws an nd::Error saying why. Tests: tests/cuda/cuda_pinned_test.cpp
-// (on a GPU, and under the CUDA emulator, whose events can be held pending).
+// no GPU, allocation throws an nd::Error saying why. Tests: tests/cuda/cuda_ops_test.cpp
+// ("cuda pinned memory", on a GPU and emulated) and tests/emu/emulib_runtime_test.cpp (the
+// emulator's events held pending: reuse and writes that wait).
 #include <cstddef>
 #include <cstdint>
 

@@ -3,8 +3,8 @@
 // from allocations poisoned with NaN (set_fill_on_allocate), so an element a kernel
 // never writes fails the comparison. Also: the caching allocator's steady state, the
 // errors a CUDA tensor mixed with a CPU tensor gives, and non-blocking copies from pinned
-// memory (the emulator's view of their pending copies: tests/emu/emulib_runtime_test.cpp). Without a GPU every case reports
-// "SKIPPED:" and returns (CTest counts it as skipped).
+// memory (the emulator's view of their pending copies: tests/emu/emulib_runtime_test.cpp).
+// Without a GPU every case reports "SKIPPED:" and returns (CTest counts it as skipped).
 #include <cmath>
 #include <functional>
 #include <string>
