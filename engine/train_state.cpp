@@ -26,6 +26,7 @@ void save_train_state(const std::string& path, const TrainState& state,
   for (const auto& [name, m] : state.modules) put(tensors, "model." + name + ".", m->state_dict());
   for (const auto& [name, o] : state.optimizers) put(tensors, "optim." + name + ".", o->state_dict());
   for (const auto& [name, s] : state.schedulers) put(tensors, "sched." + name + ".", s->state_dict());
+  for (const auto& [name, s] : state.scalers) put(tensors, "scaler." + name + ".", s->state_dict());
   std::map<std::string, std::string> meta = metadata;
   meta["step"] = std::to_string(state.step);
   meta["rng.seed"] = std::to_string(default_generator().seed);
@@ -52,6 +53,8 @@ std::map<std::string, std::string> load_train_state(const std::string& path, Tra
   }
   for (auto& [name, s] : state.schedulers)
     s->load_state_dict(require("sched." + name + ".", "scheduler '" + name + "'"));
+  for (auto& [name, s] : state.scalers)  // a disabled scaler saves nothing and loads nothing
+    if (s->is_enabled()) s->load_state_dict(require("scaler." + name + ".", "GradScaler '" + name + "'"));
   state.step = std::stoll(meta.at("step"));
   default_generator() = Generator{std::stoull(meta.at("rng.seed")), std::stoull(meta.at("rng.offset"))};
   return meta;

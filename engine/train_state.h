@@ -4,7 +4,7 @@
 // "train N, save, load in a fresh process, train M" equals "train N + M" bit for bit.
 //
 // Keys: "model.<name>.<state_dict key>", "optim.<name>.<optimizer state key>",
-// "sched.<name>.<scheduler state key>"; metadata: "step", "rng.seed", "rng.offset",
+// "sched.<name>.<scheduler state key>", "scaler.<name>.<GradScaler state key>"; metadata: "step", "rng.seed", "rng.offset",
 // "world_size", plus whatever the caller adds.
 #include <map>
 #include <string>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/nn/module.h"
+#include "engine/optim/grad_scaler.h"
 #include "engine/optim/lr_scheduler.h"
 #include "engine/optim/optimizer.h"
 
@@ -22,6 +23,7 @@ struct TrainState {
   std::vector<std::pair<std::string, optim::Optimizer*>> optimizers;
   std::vector<std::pair<std::string, optim::LRScheduler*>> schedulers;
   int64_t step = 0;
+  std::vector<std::pair<std::string, optim::GradScaler*>> scalers;  // f16 loss scaling
 };
 
 // Writes everything in `state` plus the default generator's state, atomically.

@@ -18,9 +18,25 @@ void adam_step(int64_t n, const AdamParams& hp, T* p, const T* g, T* m, T* v, T*
   for (int64_t i = 0; i < n; ++i) optim_math::adam_update(c, i, p, g, m, v, vmax);
 }
 
+template <class T>
+bool unscale_grad(int64_t n, T* g, T inv_scale) {
+  // A bit per element, or'ed: no branch in the loop, so it vectorises; x - x is 0 for a
+  // finite x and NaN for inf or NaN.
+  bool nonfinite = false;
+#pragma omp parallel for schedule(static) reduction(|| : nonfinite) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    nonfinite = nonfinite || !(g[i] - g[i] == T(0));
+    g[i] *= inv_scale;
+  }
+  return nonfinite;
+}
+
 template void sgd_step<float>(int64_t, const SgdParams&, float*, const float*, float*);
 template void sgd_step<double>(int64_t, const SgdParams&, double*, const double*, double*);
 template void adam_step<float>(int64_t, const AdamParams&, float*, const float*, float*, float*, float*);
 template void adam_step<double>(int64_t, const AdamParams&, double*, const double*, double*, double*, double*);
+
+template bool unscale_grad<float>(int64_t, float*, float);
+template bool unscale_grad<double>(int64_t, double*, double);
 
 }  // namespace nd::kernels::cpu

@@ -31,4 +31,11 @@ struct AdamParams {
 template <class T>
 void adam_step(int64_t n, const AdamParams& hp, T* p, const T* g, T* m, T* v, T* vmax);
 
+// Loss scaling's unscale (engine/optim/grad_scaler.h): g *= inv_scale for every element,
+// and whether any g was inf or NaN before it was scaled (PyTorch's
+// _amp_foreach_non_finite_check_and_unscale_ for one tensor: a non-finite value is
+// scaled too). requires: n elements. In place on g.
+template <class T>
+bool unscale_grad(int64_t n, T* g, T inv_scale);
+
 }  // namespace nd::kernels::cpu

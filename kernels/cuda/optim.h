@@ -18,4 +18,10 @@ void sgd_step(int64_t n, const SgdParams& hp, T* p, const T* g, T* buf, cudaStre
 template <class T>
 void adam_step(int64_t n, const AdamParams& hp, T* p, const T* g, T* m, T* v, T* vmax, cudaStream_t stream);
 
+// As cpu::unscale_grad, with the answer on the device: *found_nonfinite (an int32 the
+// caller zeroes) is set to 1 when some g was inf or NaN, and left alone otherwise, so one
+// flag can collect many tensors and be read once.
+template <class T>
+void unscale_grad(int64_t n, T* g, T inv_scale, int32_t* found_nonfinite, cudaStream_t stream);
+
 }  // namespace nd::kernels::cuda

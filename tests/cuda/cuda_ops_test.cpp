@@ -7,6 +7,7 @@
 // Without a GPU every case reports "SKIPPED:" and returns (CTest counts it as skipped).
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,54 @@ TEST_CASE("cuda ops: SGD and Adam steps match the CPU") {
     check_matches(gpu[0], cpu[0], "weight after 3 steps");
     check_matches(gpu[1], cpu[1], "bias after 3 steps");
   }
+}
+
+TEST_CASE("cuda GradScaler: unscales on the device, skips what the CPU skips, names the non-finite gradient") {
+  if (skip_without_gpu()) return;
+  // Step 1 puts an inf into the bias gradient only: the per-tensor device flags must find it
+  // there (the weight's flag stays 0), skip the step and halve the scale, as on the CPU.
+  auto train = [](const Device& d) {
+    manual_seed(6);
+    nn::Linear lin(nn::LinearOptions(13, 7));
+    lin->to(d);
+    lin->bias.set_name("lin.bias");
+    optim::Adam opt(lin->parameters(), optim::AdamOptions(0.01));
+    optim::GradScaler scaler(optim::GradScalerOptions().init_scale(4096.0).growth_interval(2));
+    const Tensor x = testing::random_input({9, 13}, 4).to(kFloat32).to(d);
+    std::vector<int64_t> stepped;
+    for (int step = 0; step < 4; ++step) {
+      opt.zero_grad();
+      const Tensor y = lin->forward(x);
+      scaler.scale((y * y).mean()).backward();
+      if (step == 1) {
+        NoGradGuard no_grad;
+        lin->bias.grad().narrow(0, 3, 1).fill_(std::numeric_limits<double>::infinity());
+      }
+      stepped.push_back(scaler.step(opt));
+      scaler.update();
+    }
+    CHECK(stepped == std::vector<int64_t>{1, 0, 1, 1});
+    CHECK(scaler.get_scale() == 4096.0);  // halved at step 1, doubled after steps 2 and 3
+    return std::vector<Tensor>{lin->weight, lin->bias};
+  };
+  const auto cpu = train(Device(kCPU)), gpu = train(kGpu);
+  check_matches(gpu[0], cpu[0], "weight after 4 steps");
+  check_matches(gpu[1], cpu[1], "bias after 4 steps");
+  // The warning names the parameter whose device flag was set.
+  testing::WarningCapture warnings;
+  Tensor w = zeros({3}, TensorOptions(kFloat32).device(kGpu)).requires_grad_().set_name("head.weight");
+  Tensor v = zeros({5}, TensorOptions(kFloat32).device(kGpu)).requires_grad_().set_name("head.bias");
+  optim::SGD opt(std::vector<Tensor>{w, v}, optim::SGDOptions(0.1));
+  optim::GradScaler scaler;
+  for (int64_t i = 0; i < optim::GradScaler::kWarnAfterSkips; ++i) {
+    w.set_grad(zeros({3}, TensorOptions(kFloat32).device(kGpu)));
+    v.set_grad(full({5}, std::nan(""), TensorOptions(kFloat32).device(kGpu)));
+    CHECK_FALSE(scaler.step(opt));
+    scaler.update();
+  }
+  REQUIRE(warnings.messages.size() == 1);
+  CHECK(warnings.messages[0].find("'head.bias' in SGD") != std::string::npos);
+  CHECK(warnings.messages[0].find("head.weight") == std::string::npos);
 }
 
 TEST_CASE("cuda allocator: steady training steps make no cudaMalloc and empty_cache releases") {

@@ -1,6 +1,7 @@
 // DistributedDataParallel, run at 1, 2 and 4 ranks: N ranks on N shards end with the
 // same parameters as one process on the whole batch, for the cases users get stuck on.
 #include <cmath>
+#include <limits>
 
 #include "collectives/ddp.h"
 #include "dist/ddp_test_util.h"
@@ -338,6 +339,39 @@ TEST_CASE("ddp: one rank's non-finite gradient makes every rank skip the step") 
   Tensor scale = scalar_tensor(rank() == world_size() - 1 ? std::nan("") : 1.0);
   (ddp(x).sum() * scale).backward();
   CHECK(ddp.reducer().skip_step());
+}
+
+TEST_CASE("ddp: GradScaler skips the same steps on every rank, as one process would") {
+  // Rank W-1's loss is inf at step 1: the all-reduce makes that gradient inf on every rank,
+  // so every rank skips step 1 and halves its scale, with no collective of the scaler's own.
+  // Every rank has the same batch, so the averaged gradient is one process's.
+  const double inf = std::numeric_limits<double>::infinity();
+  manual_seed(16);
+  nn::Sequential reference = make_mlp();
+  manual_seed(16);
+  nn::Sequential model = make_mlp();
+  DistributedDataParallel ddp(model, "mlp");
+  optim::Adam opt_ref(reference->parameters(), optim::AdamOptions(1e-2));
+  optim::Adam opt(model->parameters(), optim::AdamOptions(1e-2));
+  optim::GradScaler scaler(optim::GradScalerOptions().init_scale(1024.0));
+  const Tensor x = randn({4, 6});
+  std::vector<int64_t> stepped;
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    const double factor = step == 1 && rank() == world_size() - 1 ? inf : 1.0;
+    scaler.scale(ddp(x).sum() * factor).backward();
+    stepped.push_back(scaler.step(opt));
+    scaler.update();
+    if (step == 1) continue;  // the reference takes the steps that were taken
+    opt_ref.zero_grad();
+    reference(x).sum().backward();
+    opt_ref.step();
+  }
+  CHECK(stepped == std::vector<int64_t>{1, 0, 1});
+  CHECK(scaler.get_scale() == 512.0);
+  CHECK(same_on_every_rank(stepped));
+  auto p = model->named_parameters(), pr = reference->named_parameters();
+  for (size_t i = 0; i < p.size(); ++i) nd::testing::check_close(p[i].second, pr[i].second, 1e-6, 1e-6, p[i].first);
 }
 
 TEST_CASE("ddp: conv + SyncBatchNorm, called twice per step, unequal per-rank batches, equals one process") {

@@ -1,12 +1,14 @@
 // kernels/cuda/optim.cu in the emulator against kernels/cpu/optim.cpp: SGD (plain, momentum
 // first and later steps, dampening, Nesterov, weight decay) and Adam (Adam / AdamW, AMSGrad,
-// weight decay), f32 and f64, a length that is not a multiple of the block. Both sides
+// weight decay), f32 and f64, a length that is not a multiple of the block; GradScaler's
+// unscale_grad (exact: one multiply by a power of two, and the same non-finite answer). Both sides
 // evaluate kernels/common/optim_math.h per element, so the comparison checks the indexing
 // and the coefficients: within 8 ulps of the largest value (compilations may contract
 // multiply-adds differently: check_ulps).
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -66,6 +68,31 @@ TEST_CASE("adam_step: Adam, AdamW, AMSGrad, weight decay") {
                                     cpu::AdamParams{1e-2, 0.8, 0.99, 1e-6, 0.1, false, true, 3}}) {
     check_adam<float>(hp);
     check_adam<double>(hp);
+  }
+}
+
+template <class T>
+void check_unscale(int64_t bad_at, T bad) {
+  INFO("bad_at ", bad_at, sizeof(T) == 4 ? " f32" : " f64");
+  const int64_t n = 1000;
+  auto g1 = cast<T>(uniform(n, 6, -1e3, 1e3));
+  if (bad_at >= 0) g1[bad_at] = bad;
+  auto g2 = g1;
+  const bool cpu_found = cpu::unscale_grad<T>(n, g1.data(), T(1.0 / 1024));
+  int32_t flag = 7;  // left alone when every value is finite
+  cuda::unscale_grad<T>(n, g2.data(), T(1.0 / 1024), &flag, nullptr);
+  CHECK(cpu_found == (bad_at >= 0));
+  CHECK(flag == (bad_at >= 0 ? 1 : 7));
+  for (int64_t i = 0; i < n; ++i)
+    if (i != bad_at) REQUIRE(g2[i] == g1[i]);
+}
+
+TEST_CASE("unscale_grad: every value scaled, inf and NaN found wherever they are") {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (int64_t at : {int64_t(-1), int64_t(0), int64_t(517), int64_t(999)}) {
+    check_unscale<float>(at, float(inf));
+    check_unscale<double>(at, -inf);
+    check_unscale<float>(at, std::nanf(""));
   }
 }
 

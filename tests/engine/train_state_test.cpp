@@ -2,6 +2,7 @@
 // == train N + M uninterrupted, bit for bit (models, AdamW, cosine schedule, dropout RNG).
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
@@ -98,8 +99,37 @@ TEST_CASE("train_state: a file that is not a training checkpoint is a clear erro
   const std::string msg = nd::testing::error_message([&] { load_train_state(path, run.state); });
   CHECK(msg.find("has no 'step' metadata") != std::string::npos);
   Run other(1);
-  save_train_state(path, TrainState{{{"other", other.net.get()}}, {}, {}, 0});
+  save_train_state(path, TrainState{{{"other", other.net.get()}}, {}, {}, 0, {}});
   CHECK(nd::testing::error_message([&] { load_train_state(path, run.state); }).find("holds no model 'net'") !=
+        std::string::npos);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("train_state: a GradScaler's scale and growth count come back; a missing one is named") {
+  const std::string path = temp_path("scaler.safetensors");
+  Run run(1);
+  optim::GradScaler scaler(optim::GradScalerOptions().init_scale(256.0).growth_interval(10));
+  run.state.scalers = {{"net", &scaler}};
+  for (int i = 0; i < 3; ++i) {  // three good steps, then one skipped: scale 128, tracker 0, then 1
+    run.net->w1.set_grad(full({4, 8}, i == 2 ? std::nan("") : 1.0));
+    scaler.step(*run.opt);
+    scaler.update();
+  }
+  run.net->w1.set_grad(full({4, 8}, 1.0));
+  scaler.step(*run.opt);
+  scaler.update();
+  REQUIRE(scaler.get_scale() == 128.0);
+  REQUIRE(scaler.growth_tracker() == 1);
+  save_train_state(path, run.state);
+  Run back(2);
+  optim::GradScaler fresh;
+  back.state.scalers = {{"net", &fresh}};
+  load_train_state(path, back.state);
+  CHECK(fresh.get_scale() == 128.0);
+  CHECK(fresh.growth_tracker() == 1);
+  CHECK(fresh.state_dict().at("growth_interval").item() == 10.0);
+  back.state.scalers = {{"other", &fresh}};
+  CHECK(nd::testing::error_message([&] { load_train_state(path, back.state); }).find("holds no GradScaler 'other'") !=
         std::string::npos);
   std::filesystem::remove(path);
 }

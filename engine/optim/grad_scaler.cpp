@@ -1,0 +1,188 @@
+#include "engine/optim/grad_scaler.h"
+
+#include <cmath>
+#include <vector>
+
+#include "engine/autograd.h"
+#include "engine/error.h"
+#include "engine/factories.h"
+#include "engine/ops/common.h"
+#include "kernels/cpu/optim.h"
+#include "kernels/cuda/optim.h"
+
+namespace nd::optim {
+
+GradScaler::GradScaler(const GradScalerOptions& options) : options_(options), scale_(options.init_scale()) {
+  check_options();
+}
+
+void GradScaler::check_options() const {
+  const auto& o = options_;
+  ND_CHECK(std::isfinite(o.init_scale()) && o.init_scale() > 0, "GradScaler: expected init_scale > 0 and finite, found ",
+           o.init_scale());
+  ND_CHECK(o.growth_factor() > 1 && std::isfinite(o.growth_factor()), "GradScaler: expected growth_factor > 1, found ",
+           o.growth_factor());
+  ND_CHECK(o.backoff_factor() > 0 && o.backoff_factor() < 1, "GradScaler: expected backoff_factor in (0, 1), found ",
+           o.backoff_factor());
+  ND_CHECK(o.growth_interval() >= 1, "GradScaler: expected growth_interval >= 1, found ", o.growth_interval());
+}
+
+Tensor GradScaler::scale(const Tensor& loss) const {
+  ND_CHECK(loss.defined(), "GradScaler.scale: expected a loss tensor, found an undefined tensor");
+  if (!is_enabled()) return loss;
+  ND_CHECK(loss.is_floating_point(), "GradScaler.scale: expected a floating point loss, found ", loss.describe());
+  return loss * scale_;
+}
+
+void GradScaler::unscale_(Optimizer& optimizer) {
+  if (!is_enabled()) return;
+  OptimizerState& st = per_optimizer_[&optimizer];
+  ND_CHECK(!st.unscaled, "GradScaler.unscale_: already called on ", optimizer.name(),
+           " since the last update(); its gradients are unscaled once per iteration (call update() after step())");
+  ND_CHECK(!st.stepped, "GradScaler.unscale_: called on ", optimizer.name(),
+           " after its step(); unscale_ comes between backward and step");
+  NoGradGuard no_grad;
+  ops::InplaceOpLabel label("GradScaler.unscale_");
+  // CPU gradients answer at once; CUDA gradients each get a flag in one int32 tensor per
+  // device, read back together after every kernel is queued (one synchronisation).
+  struct Pending {
+    Tensor flags;
+    std::vector<std::string> names;
+  };
+  std::map<int, Pending> pending;  // by CUDA device index
+  for (const auto& group : optimizer.param_groups()) {
+    for (const Tensor& p : group.params()) {
+      if (!p.impl().grad) continue;
+      Tensor g = p.grad();
+      ND_CHECK(g.dtype() == kFloat32 || g.dtype() == kFloat64, "GradScaler.unscale_: expected f32 or f64 gradients (",
+               "master weights; f16 autocast keeps parameters and gradients f32), found ", g.describe(),
+               " of parameter ", p.describe(), " in ", optimizer.name());
+      ND_CHECK(g.is_contiguous(), "GradScaler.unscale_: expected a contiguous gradient, found ", g.describe(),
+               " of parameter ", p.describe());
+      ops::check_inplace("GradScaler.unscale_", g, false);
+      const double inv = 1.0 / scale_;
+      if (!g.is_cuda()) {
+        const bool bad = ops::dispatch_floating("GradScaler.unscale_", g, [&]<class T>() {
+          return kernels::cpu::unscale_grad<T>(g.numel(), g.data_ptr<T>(), static_cast<T>(inv));
+        });
+        if (bad && !st.found_nonfinite) st.first_nonfinite = p.describe();
+        st.found_nonfinite = st.found_nonfinite || bad;
+      } else {
+        Pending& pd = pending[g.device().index];
+        if (!pd.flags.defined()) {
+          int64_t count = 0;  // this device's gradients in the optimizer, an upper bound
+          for (const auto& gr : optimizer.param_groups()) count += static_cast<int64_t>(gr.params().size());
+          pd.flags = zeros({count}, TensorOptions(kInt32).device(g.device()));
+        }
+        int32_t* flag = pd.flags.data_ptr<int32_t>() + pd.names.size();
+        pd.names.push_back(p.describe());
+        ops::dispatch_floating("GradScaler.unscale_", g, [&]<class T>() {
+          ops::on_device(g, [] {}, [&](auto stream) {
+            kernels::cuda::unscale_grad<T>(g.numel(), g.data_ptr<T>(), static_cast<T>(inv), flag, stream);
+          });
+        });
+      }
+      ops::bump_version(g, "GradScaler.unscale_");
+    }
+  }
+  for (auto& [device, pd] : pending) {
+    const Tensor flags = pd.flags.to(Device(kCPU));
+    const int32_t* f = flags.data_ptr<int32_t>();
+    for (size_t i = 0; i < pd.names.size(); ++i) {
+      if (!f[i]) continue;
+      if (!st.found_nonfinite) st.first_nonfinite = pd.names[i];
+      st.found_nonfinite = true;
+    }
+  }
+  st.unscaled = true;
+}
+
+bool GradScaler::step(Optimizer& optimizer) {
+  if (!is_enabled()) {
+    optimizer.step();
+    return true;
+  }
+  {
+    const auto it = per_optimizer_.find(&optimizer);
+    ND_CHECK(it == per_optimizer_.end() || !it->second.stepped, "GradScaler.step: already called on ",
+             optimizer.name(), " since the last update(); call update() once per iteration, after the step()s");
+  }
+  if (!per_optimizer_[&optimizer].unscaled) unscale_(optimizer);
+  OptimizerState& st = per_optimizer_[&optimizer];
+  st.stepped = true;
+  if (st.found_nonfinite) {
+    if (last_nonfinite_.empty()) last_nonfinite_ = st.first_nonfinite + " in " + optimizer.name();
+    return false;
+  }
+  optimizer.step();
+  return true;
+}
+
+void GradScaler::update() {
+  if (!is_enabled()) return;
+  bool any_step = false, found = false;
+  for (const auto& [opt, st] : per_optimizer_) {
+    any_step = any_step || st.stepped;
+    found = found || st.found_nonfinite;
+  }
+  ND_CHECK(any_step, "GradScaler.update: no step() since the last update(), so there is nothing to adjust the scale "
+           "by (call scaler.step(optimizer) first)");
+  if (found) {
+    scale_ *= options_.backoff_factor();
+    growth_tracker_ = 0;
+    ++skipped_in_a_row_;
+    if (skipped_in_a_row_ >= kWarnAfterSkips && !warned_) {
+      warned_ = true;
+      warn("GradScaler: the last " + std::to_string(skipped_in_a_row_) +
+           " optimizer steps were all skipped for non-finite gradients (latest: " + last_nonfinite_ +
+           "), and the scale fell to " + std::to_string(scale_) +
+           ". An f16 overflow does not last this long: a NaN or inf in the model, its inputs or the loss keeps "
+           "every step skipped, so the model no longer trains.");
+    }
+  } else {
+    skipped_in_a_row_ = 0;
+    if (++growth_tracker_ == options_.growth_interval()) {
+      const double grown = scale_ * options_.growth_factor();
+      if (std::isfinite(grown)) scale_ = grown;
+      growth_tracker_ = 0;
+    }
+  }
+  last_nonfinite_.clear();
+  per_optimizer_.clear();
+}
+
+TensorDict GradScaler::state_dict() const {
+  if (!is_enabled()) return {};
+  const TensorOptions f64(kFloat64);
+  return {{"scale", scalar_tensor(scale_, f64)},
+          {"growth_factor", scalar_tensor(options_.growth_factor(), f64)},
+          {"backoff_factor", scalar_tensor(options_.backoff_factor(), f64)},
+          {"growth_interval", scalar_tensor(static_cast<double>(options_.growth_interval()), f64)},
+          {"_growth_tracker", scalar_tensor(static_cast<double>(growth_tracker_), f64)}};
+}
+
+void GradScaler::load_state_dict(const TensorDict& state) {
+  if (!is_enabled()) return;
+  auto get = [&](const char* key) {
+    const auto it = state.find(key);
+    ND_CHECK(it != state.end(), "GradScaler.load_state_dict: missing key '", key, "'");
+    ND_CHECK(it->second.numel() == 1, "GradScaler.load_state_dict: expected one value for '", key, "', found ",
+             it->second.describe());
+    return it->second.to(Device(kCPU)).item();
+  };
+  GradScaler loaded(GradScalerOptions()
+                        .init_scale(get("scale"))
+                        .growth_factor(get("growth_factor"))
+                        .backoff_factor(get("backoff_factor"))
+                        .growth_interval(static_cast<int64_t>(get("growth_interval"))));
+  const double tracker = get("_growth_tracker");
+  ND_CHECK(tracker >= 0 && tracker < static_cast<double>(loaded.options_.growth_interval()),
+           "GradScaler.load_state_dict: expected _growth_tracker in [0, growth_interval), found ", tracker);
+  options_ = loaded.options_;
+  scale_ = loaded.scale_;
+  growth_tracker_ = static_cast<int64_t>(tracker);
+  skipped_in_a_row_ = 0;
+  per_optimizer_.clear();
+}
+
+}  // namespace nd::optim

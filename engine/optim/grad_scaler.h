@@ -1,0 +1,94 @@
+#pragma once
+// Loss scaling for f16 mixed precision: torch.amp.GradScaler, same options, same rules.
+// Under f16 autocast (engine/autocast.h) the backward rounds every gradient that enters a
+// product to f16, whose smallest value is 6e-8: the small gradients of a deep model vanish.
+// Multiplying the loss by a large power of two (the scale) lifts them into f16's range;
+// the gradients are divided by it again before the optimizer step:
+//
+//   GradScaler scaler;
+//   scaler.scale(loss).backward();
+//   scaler.step(optimizer);     // unscale_, then optimizer.step() unless a gradient is inf/NaN
+//   scaler.update();            // halve the scale after a skipped step, double it after
+//                               // growth_interval good steps
+//
+// The scale is a power of two, so scaling and unscaling f32 gradients is exact: in f32 a run
+// with the scaler ends bit-identical to one without it, as long as nothing overflows.
+// A gradient that is inf or NaN after backward means the scale was too large: that step is
+// skipped (no parameter or optimizer state changes) and update() halves the scale.
+// Several optimizers share one scaler (a GAN's G and D): unscale_ and step each of them,
+// then one update(); a skip on either halves the scale for both.
+// Under DDP every rank holds the same averaged gradients after backward (an inf on one rank
+// is inf in the average), so every rank skips the same steps without an extra collective.
+// Beyond PyTorch: a scaler that skips kWarnAfterSkips steps in a row warns once, naming the
+// first non-finite gradient: a NaN in the model or the loss, not an f16 overflow, keeps every
+// step skipped and the model silently stops training (../shared/USER_STORIES.md story 9).
+// Tests: tests/optim/grad_scaler_test.cpp, tests/dist (2 ranks), tests/emu/optim_emu_test.cpp.
+#include <map>
+#include <string>
+
+#include "engine/nn/module.h"  // ND_ARG
+#include "engine/optim/optimizer.h"
+
+namespace nd::optim {
+
+struct GradScalerOptions {
+  GradScalerOptions() = default;
+  ND_ARG(double, init_scale) = 65536.0;  // 2^16
+  ND_ARG(double, growth_factor) = 2.0;
+  ND_ARG(double, backoff_factor) = 0.5;
+  ND_ARG(int64_t, growth_interval) = 2000;
+  // Disabled, every call passes through: scale() returns the loss, step() is optimizer.step().
+  ND_ARG(bool, enabled) = true;
+};
+
+class GradScaler {
+ public:
+  static constexpr int64_t kWarnAfterSkips = 20;
+
+  // An nd::Error for init_scale <= 0 or not finite, growth_factor <= 1, backoff_factor
+  // outside (0, 1), growth_interval < 1.
+  explicit GradScaler(const GradScalerOptions& options = {});
+
+  // loss * scale (recorded for backward), or `loss` when disabled.
+  Tensor scale(const Tensor& loss) const;
+  // Divides every gradient of `optimizer` by the scale, in place, and records whether one
+  // of them was inf or NaN. Once per optimizer between update()s and before its step();
+  // call it yourself to clip or inspect unscaled gradients, else step() calls it.
+  void unscale_(Optimizer& optimizer);
+  // optimizer.step() unless one of its gradients was non-finite; returns whether it stepped.
+  // Once per optimizer between update()s.
+  bool step(Optimizer& optimizer);
+  // After the step()s of an iteration: scale *= backoff_factor if any of them was skipped
+  // (and the count of good steps restarts), else one more good step, and scale *=
+  // growth_factor after growth_interval good steps in a row (unless that overflows).
+  // An nd::Error when no step() ran since the last update().
+  void update();
+
+  bool is_enabled() const { return options_.enabled(); }
+  double get_scale() const { return is_enabled() ? scale_ : 1.0; }
+  int64_t growth_tracker() const { return growth_tracker_; }
+  // Steps skipped in a row (update()s that saw a non-finite gradient since the last good one).
+  int64_t skipped_in_a_row() const { return skipped_in_a_row_; }
+
+  // "scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker" (f64
+  // scalars, PyTorch's keys); empty when disabled.
+  TensorDict state_dict() const;
+  // Restores a state_dict(); a missing or non-scalar key is an nd::Error naming it.
+  void load_state_dict(const TensorDict& state);
+
+ private:
+  struct OptimizerState {
+    bool unscaled = false, stepped = false, found_nonfinite = false;
+    std::string first_nonfinite;  // the first parameter whose gradient was inf or NaN
+  };
+  void check_options() const;
+
+  GradScalerOptions options_;
+  double scale_;
+  int64_t growth_tracker_ = 0, skipped_in_a_row_ = 0;
+  bool warned_ = false;
+  std::string last_nonfinite_;
+  std::map<const Optimizer*, OptimizerState> per_optimizer_;
+};
+
+}  // namespace nd::optim
