@@ -140,6 +140,17 @@ std::vector<float> bf16_rounded(std::vector<float> x) {
   return x;
 }
 
+Tensor rounded(const Tensor& t, ScalarType dtype16) {
+  NoGradGuard no_grad;
+  return t.to(dtype16).to(kFloat32);
+}
+
+std::vector<float> rounded(std::vector<float> x, ScalarType dtype16) {
+  if (dtype16 == kBFloat16) return bf16_rounded(std::move(x));
+  for (float& v : x) v = static_cast<float>(Half(v));
+  return x;
+}
+
 std::vector<float> to_floats(const Tensor& t) {
   const std::vector<double> d = to_vector(t);
   return std::vector<float>(d.begin(), d.end());

@@ -69,6 +69,9 @@ std::string error_message(const std::function<void()>& fn);
 Tensor bf16_rounded(const Tensor& t);
 // x's values rounded to bf16 (kernel-level references).
 std::vector<float> bf16_rounded(std::vector<float> x);
+// The same for autocast's dtype `dtype16` (kBFloat16 or kFloat16).
+Tensor rounded(const Tensor& t, ScalarType dtype16);
+std::vector<float> rounded(std::vector<float> x, ScalarType dtype16);
 // Values of t as floats in row-major order (to_vector's, narrowed).
 std::vector<float> to_floats(const Tensor& t);
 // Same shape and the same values bit for bit (compared as doubles, so -0 == 0).

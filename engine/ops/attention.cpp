@@ -25,9 +25,9 @@ struct MaskView {
 };
 
 // Under autocast (`autocast`), a floating mask is an operand like q, k, v and is rounded to
-// bf16 (bool masks give 0 / -inf, exact in bf16): kept as bf16 for the CUDA kernel, as the
-// rounded values in f32 for the CPU's.
-MaskView prepare_mask(const Tensor& attn_mask, const Tensor& q, const Dims& d, bool autocast) {
+// its dtype `dtype16` (bf16 or f16; bool masks give 0 / -inf, exact in both): kept as that
+// dtype for the CUDA kernel, as the rounded values in f32 for the CPU's.
+MaskView prepare_mask(const Tensor& attn_mask, const Tensor& q, const Dims& d, bool autocast, ScalarType dtype16) {
   if (!attn_mask.defined()) return {};
   const char* op = "scaled_dot_product_attention";
   ND_CHECK(attn_mask.device() == q.device(), op, ": expected attn_mask on ", q.device().str(), ", found ",
@@ -58,7 +58,7 @@ MaskView prepare_mask(const Tensor& attn_mask, const Tensor& q, const Dims& d, b
   }
   if (autocast) {
     NoGradGuard no_grad;
-    additive = additive.to(kBFloat16);
+    additive = additive.to(dtype16);
     if (!q.is_cuda()) additive = additive.to(kFloat32);
   }
   Shape strides = ops::broadcast_strides(additive, full);
@@ -94,7 +94,8 @@ kernels::cpu::AttentionMask<T> kernel_mask(const MaskView& m) {
 }
 
 // ---- autocast (engine/autocast.h) ---------------------------------------------------
-// f32 attention under autocast for its device computes from bf16 operands:
+// f32 attention under autocast for its device computes from bf16 operands (or f16 ones,
+// when that is autocast's dtype: the same steps with f16 for bf16 below):
 //   CUDA: q, k, v (and a floating mask) converted to bf16, the bf16 tensor-core kernels
 //     (kernels/cuda/attention.h), out returned as f32. The backward converts dout to bf16,
 //     runs the bf16 backward from the saved bf16 q, k, v, out and the f32 logsumexp and
@@ -110,18 +111,27 @@ kernels::cpu::AttentionMask<T> kernel_mask(const MaskView& m) {
 // not bit for bit. The node remembers that its forward ran under autocast and runs its
 // backward the same way wherever the backward is called (as mm's, engine/ops/matmul.cpp).
 
-// What the forward under autocast keeps for the backward: bf16 q, k, v, out; f32 lse.
+// What the forward under autocast keeps for the backward: bf16 (or f16) q, k, v, out; f32 lse.
 struct AutocastSaved {
   Tensor q16, k16, v16, out16, lse;
 };
 
+// fn.template operator()<S>() with S = BFloat16 or Half, the C++ type of `dtype16`.
+template <class Fn>
+void dispatch16(ScalarType dtype16, Fn&& fn) {
+  if (dtype16 == kFloat16)
+    fn.template operator()<Half>();
+  else
+    fn.template operator()<BFloat16>();
+}
+
 // The forward under autocast (above); returns out as f32.
 Tensor autocast_forward(const Tensor& query, const Tensor& key, const Tensor& value, const MaskView& mask,
-                        const Dims& d, bool is_causal, double sc, AutocastSaved& saved) {
+                        const Dims& d, bool is_causal, double sc, ScalarType dtype16, AutocastSaved& saved) {
   NoGradGuard no_grad;  // private copies; the graph records query, key, value
-  saved.q16 = query.detach().to(kBFloat16);
-  saved.k16 = key.detach().to(kBFloat16);
-  saved.v16 = value.detach().to(kBFloat16);
+  saved.q16 = query.detach().to(dtype16);
+  saved.k16 = key.detach().to(dtype16);
+  saved.v16 = value.detach().to(dtype16);
   saved.lse = empty({d.B, d.H, d.L}, query.options());
   Shape out_shape = query.sizes();
   out_shape.back() = d.Ev;
@@ -133,14 +143,15 @@ Tensor autocast_forward(const Tensor& query, const Tensor& key, const Tensor& va
         kernels::cpu::scaled_dot_product_attention_forward<float>(
             q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), kernel_mask<float>(mask), d.B, d.H, d.L,
             d.S, d.E, d.Ev, is_causal, sc, out.data_ptr<float>(), saved.lse.data_ptr<float>());
-        saved.out16 = out.to(kBFloat16);
+        saved.out16 = out.to(dtype16);
       },
       [&](auto stream) {
-        saved.out16 = empty(out_shape, query.options().dtype(kBFloat16));
-        kernels::cuda::scaled_dot_product_attention_forward(
-            saved.q16.data_ptr<BFloat16>(), saved.k16.data_ptr<BFloat16>(), saved.v16.data_ptr<BFloat16>(),
-            kernel_mask<BFloat16>(mask), d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, sc,
-            saved.out16.data_ptr<BFloat16>(), saved.lse.data_ptr<float>(), stream);
+        saved.out16 = empty(out_shape, query.options().dtype(dtype16));
+        dispatch16(dtype16, [&]<class S>() {
+          kernels::cuda::scaled_dot_product_attention_forward(
+              saved.q16.data_ptr<S>(), saved.k16.data_ptr<S>(), saved.v16.data_ptr<S>(), kernel_mask<S>(mask), d.B,
+              d.H, d.L, d.S, d.E, d.Ev, is_causal, sc, saved.out16.data_ptr<S>(), saved.lse.data_ptr<float>(), stream);
+        });
       });
   return saved.out16.to(kFloat32);
 }
@@ -149,7 +160,8 @@ Tensor autocast_forward(const Tensor& query, const Tensor& key, const Tensor& va
 std::vector<Tensor> autocast_backward(const Tensor& grad, const AutocastSaved& s, const MaskView& m, const Dims& d,
                                       bool is_causal, double scale) {
   NoGradGuard no_grad;
-  const Tensor g16 = grad.to(kBFloat16).contiguous();
+  const ScalarType dtype16 = s.q16.dtype();  // the forward's: bf16 or f16
+  const Tensor g16 = grad.to(dtype16).contiguous();
   Tensor dq, dk, dv;
   ops::on_device(
       s.q16,
@@ -163,19 +175,20 @@ std::vector<Tensor> autocast_backward(const Tensor& grad, const AutocastSaved& s
             g.data_ptr<float>(), q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), kernel_mask<float>(m),
             out.data_ptr<float>(), s.lse.data_ptr<float>(), d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, scale,
             dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>());
-        dq = dq.to(kBFloat16);
-        dk = dk.to(kBFloat16);
-        dv = dv.to(kBFloat16);
+        dq = dq.to(dtype16);
+        dk = dk.to(dtype16);
+        dv = dv.to(dtype16);
       },
       [&](auto stream) {
         dq = empty(s.q16.sizes(), s.q16.options());
         dk = empty(s.k16.sizes(), s.k16.options());
         dv = empty(s.v16.sizes(), s.v16.options());
-        kernels::cuda::scaled_dot_product_attention_backward(
-            g16.data_ptr<BFloat16>(), s.q16.data_ptr<BFloat16>(), s.k16.data_ptr<BFloat16>(),
-            s.v16.data_ptr<BFloat16>(), kernel_mask<BFloat16>(m), s.out16.data_ptr<BFloat16>(),
-            s.lse.data_ptr<float>(), d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, scale, dq.data_ptr<BFloat16>(),
-            dk.data_ptr<BFloat16>(), dv.data_ptr<BFloat16>(), stream);
+        dispatch16(dtype16, [&]<class S>() {
+          kernels::cuda::scaled_dot_product_attention_backward(
+              g16.data_ptr<S>(), s.q16.data_ptr<S>(), s.k16.data_ptr<S>(), s.v16.data_ptr<S>(), kernel_mask<S>(m),
+              s.out16.data_ptr<S>(), s.lse.data_ptr<float>(), d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, scale,
+              dq.data_ptr<S>(), dk.data_ptr<S>(), dv.data_ptr<S>(), stream);
+        });
       });
   return {dq.to(kFloat32), dk.to(kFloat32), dv.to(kFloat32)};
 }
@@ -186,7 +199,7 @@ struct ScaledDotProductAttentionBackward : autograd::Node {
   Dims d;
   bool is_causal = false;
   double scale = 1;
-  bool autocast = false;  // the forward ran under autocast: q, k, v, out are bf16 (above)
+  bool autocast = false;  // the forward ran under autocast: q, k, v, out are bf16 or f16 (above)
   std::string name() const override { return "ScaledDotProductAttentionBackward"; }
   void release_saved_tensors() override {
     q.reset();
@@ -271,12 +284,13 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   const double sc = scale.value_or(d.E > 0 ? 1.0 / std::sqrt(static_cast<double>(d.E)) : 1.0);
 
   const bool amp = autocast_applies(query);
-  const MaskView mask = prepare_mask(attn_mask, query, d, amp);
-  // What the backward reads: the kernel operands and out (bf16 copies under autocast).
+  const ScalarType dtype16 = autocast_dtype(query.device().type);
+  const MaskView mask = prepare_mask(attn_mask, query, d, amp, dtype16);
+  // What the backward reads: the kernel operands and out (bf16 / f16 copies under autocast).
   Tensor out, q, k, v, saved_out, lse;
   if (amp) {
     AutocastSaved saved;
-    out = autocast_forward(query, key, value, mask, d, is_causal, sc, saved);
+    out = autocast_forward(query, key, value, mask, d, is_causal, sc, dtype16, saved);
     q = saved.q16, k = saved.k16, v = saved.v16, saved_out = saved.out16, lse = saved.lse;
   } else {
     q = kernel_operand(query.detach()), k = kernel_operand(key.detach()), v = kernel_operand(value.detach());

@@ -7,11 +7,12 @@
 // CPU tensors run kernels/cpu/conv.h, CUDA tensors its twin kernels/cuda/conv.h.
 // input is saved only when weight needs a gradient and weight only when input does, so
 // an in-place update of a tensor no gradient reads is not an error (as in PyTorch).
-// Under autocast (engine/autocast.h) f32 convs take bf16-rounded operands with f32
-// accumulation, forward and backward (dgrad, wgrad; the bias and its gradient stay f32):
-// CUDA rounds as its kernels gather (ConvOperands::kBf16, tensor cores), the CPU runs its
-// f32 kernels on rounded copies, which gives the same products (bf16 x bf16 is exact in
-// f32) and is the reference the CUDA path is tested against.
+// Under autocast (engine/autocast.h) f32 convs take operands rounded to its dtype (bf16
+// or f16) with f32 accumulation, forward and backward (dgrad, wgrad; the bias and its
+// gradient stay f32): CUDA rounds as its kernels gather (ConvOperands::kBf16 / kF16,
+// tensor cores), the CPU runs its f32 kernels on rounded copies, which gives the same
+// products (bf16 x bf16 and f16 x f16 are exact in f32) and is the reference the CUDA path
+// is tested against.
 #include "engine/ops/conv.h"
 
 #include <array>
@@ -29,15 +30,19 @@ using kernels::cpu::ConvTranspose2dShape;
 using kernels::cuda::ConvOperands;
 using Pair = std::array<int64_t, 2>;
 
-// Under autocast, the operand a CPU kernel reads: the f32 values rounded to bf16 (the CUDA
-// kernels round as they gather, so they take `t` itself). Otherwise `t`.
-Tensor cpu_operand(const Tensor& t, bool autocast) {
-  if (!autocast || t.is_cuda()) return t;
-  NoGradGuard no_grad;  // a private copy for the kernel
-  return t.to(kBFloat16).to(kFloat32).contiguous();
+// The precision of a conv's products on input t: exact, or autocast's dtype.
+ConvOperands operands_for(const Tensor& t) {
+  if (!autocast_applies(t)) return ConvOperands::kExact;
+  return autocast_dtype(t.device().type) == kFloat16 ? ConvOperands::kF16 : ConvOperands::kBf16;
 }
 
-ConvOperands operands_of(bool autocast) { return autocast ? ConvOperands::kBf16 : ConvOperands::kExact; }
+// Under autocast, the operand a CPU kernel reads: the f32 values rounded to bf16 or f16
+// (the CUDA kernels round as they gather, so they take `t` itself). Otherwise `t`.
+Tensor cpu_operand(const Tensor& t, ConvOperands operands) {
+  if (operands == ConvOperands::kExact || t.is_cuda()) return t;
+  NoGradGuard no_grad;  // a private copy for the kernel
+  return t.to(operands == ConvOperands::kF16 ? kFloat16 : kBFloat16).to(kFloat32).contiguous();
+}
 
 // One value for both spatial dims, or {h, w}; each at least `min`.
 Pair to_pair(const char* op, const char* arg, const std::vector<int64_t>& v, int64_t min) {
@@ -74,17 +79,16 @@ struct ConvolutionBackward : autograd::Node {
   Conv2dShape conv;              // when !transposed
   ConvTranspose2dShape tconv;    // when transposed
   int64_t C_out = 0, out_hw = 0;
-  bool autocast = false;  // the forward ran under autocast: dgrad and wgrad take bf16 operands too
+  ConvOperands operands = ConvOperands::kExact;  // the forward's: dgrad and wgrad take the same
   autograd::SavedTensor input, weight;
   std::string name() const override { return "ConvolutionBackward"; }
   void release_saved_tensors() override { input.reset(); weight.reset(); }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
     const Tensor dy_exact = g[0].contiguous();           // what the bias gradient sums
-    const Tensor dy = cpu_operand(dy_exact, autocast);  // the operand of dx's and dw's products
-    const ConvOperands operands = operands_of(autocast);
+    const Tensor dy = cpu_operand(dy_exact, operands);  // the operand of dx's and dw's products
     Tensor dx, dw, db;
     if (next_edges[0].fn) {
-      const Tensor w = cpu_operand(weight.unpack(*this).contiguous(), autocast);
+      const Tensor w = cpu_operand(weight.unpack(*this).contiguous(), operands);
       dx = empty(transposed ? Shape{tconv.N, tconv.C_in, tconv.H, tconv.W} : Shape{conv.N, conv.C_in, conv.H, conv.W},
                  dy.options());
       ops::dispatch_floating("ConvolutionBackward", dy, [&]<class T>() {
@@ -107,7 +111,7 @@ struct ConvolutionBackward : autograd::Node {
       });
     }
     if (next_edges[1].fn) {
-      const Tensor x = cpu_operand(input.unpack(*this).contiguous(), autocast);
+      const Tensor x = cpu_operand(input.unpack(*this).contiguous(), operands);
       const Shape ws = transposed ? Shape{tconv.C_in, tconv.C_out / tconv.groups, tconv.kH, tconv.kW}
                                   : Shape{conv.C_out, conv.C_in / conv.groups, conv.kH, conv.kW};
       dw = empty(ws, dy.options());
@@ -156,7 +160,7 @@ void record_backward(const Tensor& input4, const Tensor& weight, const Tensor& b
     n.tconv = tconv;
     n.C_out = output.size(1);
     n.out_hw = output.size(2) * output.size(3);
-    n.autocast = autocast_applies(input4);
+    n.operands = operands_for(input4);
     if (n.next_edges[1].fn) n.input = autograd::SavedTensor(input4);
     if (n.next_edges[0].fn) n.weight = autograd::SavedTensor(weight);
   });
@@ -187,15 +191,15 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
   Tensor out = empty({s.N, s.C_out, s.out_h(), s.out_w()}, input.options());
   {
     NoGradGuard no_grad;  // contiguous copies for the kernel; the graph records the inputs themselves
-    const bool amp = autocast_applies(input);
-    const Tensor x = cpu_operand(x4.contiguous(), amp), w = cpu_operand(weight.contiguous(), amp);
+    const ConvOperands operands = operands_for(input);
+    const Tensor x = cpu_operand(x4.contiguous(), operands), w = cpu_operand(weight.contiguous(), operands);
     const Tensor b = bias.defined() ? bias.contiguous() : bias;
     ops::dispatch_floating(op, input, [&]<class T>() {
       const T *xp = x.data_ptr<T>(), *wp = w.data_ptr<T>(), *bp = b.defined() ? b.data_ptr<T>() : nullptr;
       T* yp = out.data_ptr<T>();
       ops::on_device(
           out, [&] { kernels::cpu::conv2d_forward<T>(s, xp, wp, bp, yp); },
-          [&](auto stream) { kernels::cuda::conv2d_forward<T>(s, xp, wp, bp, yp, stream, operands_of(amp)); });
+          [&](auto stream) { kernels::cuda::conv2d_forward<T>(s, xp, wp, bp, yp, stream, operands); });
     });
   }
   record_backward(x4, weight, bias, out, false, s, {});
@@ -231,8 +235,8 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
   Tensor out = empty({s.N, s.C_out, s.out_h(), s.out_w()}, input.options());
   {
     NoGradGuard no_grad;
-    const bool amp = autocast_applies(input);
-    const Tensor x = cpu_operand(x4.contiguous(), amp), w = cpu_operand(weight.contiguous(), amp);
+    const ConvOperands operands = operands_for(input);
+    const Tensor x = cpu_operand(x4.contiguous(), operands), w = cpu_operand(weight.contiguous(), operands);
     const Tensor b = bias.defined() ? bias.contiguous() : bias;
     ops::dispatch_floating(op, input, [&]<class T>() {
       const T *xp = x.data_ptr<T>(), *wp = w.data_ptr<T>(), *bp = b.defined() ? b.data_ptr<T>() : nullptr;
@@ -240,7 +244,7 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
       ops::on_device(
           out, [&] { kernels::cpu::conv_transpose2d_forward<T>(s, xp, wp, bp, yp); },
           [&](auto stream) {
-            kernels::cuda::conv_transpose2d_forward<T>(s, xp, wp, bp, yp, stream, operands_of(amp));
+            kernels::cuda::conv_transpose2d_forward<T>(s, xp, wp, bp, yp, stream, operands);
           });
     });
   }

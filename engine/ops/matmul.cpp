@@ -5,7 +5,7 @@
 // operands with neither unit-stride rows nor columns are copied. matmul is composed
 // of views + mm/bmm, so its gradient (including broadcast batch dimensions, summed
 // back by ExpandBackward) comes from those ops' nodes. Under autocast (engine/autocast.h)
-// f32 products take bf16-rounded operands.
+// f32 products take operands rounded to autocast's dtype (bf16 or f16).
 #include "engine/ops/matmul.h"
 
 #include <algorithm>
@@ -62,23 +62,30 @@ void run_gemm_exact(const char* op, const Tensor& a, const Tensor& b, int64_t ba
   });
 }
 
-// The same product under autocast: bf16-rounded operands, f32 accumulation and output.
-// CUDA multiplies bf16 copies on tensor cores; the CPU multiplies the rounded values in
-// f32, which gives the same products (bf16 x bf16 is exact in f32).
+// The same product under autocast: operands rounded to its dtype (bf16 or f16), f32
+// accumulation and output. CUDA multiplies bf16 / f16 copies on tensor cores; the CPU
+// multiplies the rounded values in f32, which gives the same products (bf16 x bf16 and
+// f16 x f16 are exact in f32).
 void run_gemm(const char* op, const Tensor& a, const Tensor& b, int64_t batch, const Tensor& out,
               bool accumulate = false) {
   if (!autocast_applies(a)) return run_gemm_exact(op, a, b, batch, out, accumulate);
   NoGradGuard no_grad;  // private copies for the kernel; the graph records a and b
-  const Tensor a16 = a.to(kBFloat16), b16 = b.to(kBFloat16);
+  const ScalarType dtype = autocast_dtype(a.device().type);
+  const Tensor a16 = a.to(dtype), b16 = b.to(dtype);
   ops::on_device(
       out, [&] { run_gemm_exact(op, a16.to(kFloat32), b16.to(kFloat32), batch, out, accumulate); },
       [&](auto stream) {
         const Operand A = as_operand(a16), B = as_operand(b16);
-        const int64_t n = a.size(-2), m = a.size(-1), p = b.size(-1);
-        kernels::cuda::bmm_bf16(A.trans, B.trans, batch, n, p, m, 1.0f, A.t.data_ptr<BFloat16>(), A.ld,
-                                A.batch_stride, B.t.data_ptr<BFloat16>(), B.ld, B.batch_stride,
-                                accumulate ? 1.0f : 0.0f,
-                                out.data_ptr<float>(), std::max<int64_t>(p, 1), n * p, stream);
+        const int64_t n = a.size(-2), m = a.size(-1), p = b.size(-1), ldc = std::max<int64_t>(p, 1);
+        const float beta = accumulate ? 1.0f : 0.0f;
+        if (dtype == kFloat16)
+          kernels::cuda::bmm_f16(A.trans, B.trans, batch, n, p, m, 1.0f, A.t.data_ptr<Half>(), A.ld, A.batch_stride,
+                                 B.t.data_ptr<Half>(), B.ld, B.batch_stride, beta, out.data_ptr<float>(), ldc, n * p,
+                                 stream);
+        else
+          kernels::cuda::bmm_bf16(A.trans, B.trans, batch, n, p, m, 1.0f, A.t.data_ptr<BFloat16>(), A.ld,
+                                  A.batch_stride, B.t.data_ptr<BFloat16>(), B.ld, B.batch_stride, beta,
+                                  out.data_ptr<float>(), ldc, n * p, stream);
       });
 }
 
@@ -95,10 +102,11 @@ struct MmBackward : autograd::Node {
   autograd::SavedTensor mat1, mat2;
   DeviceType device = kCPU;
   bool autocast = false;
+  ScalarType autocast_dtype = kBFloat16;
   std::string name() const override { return "MmBackward"; }
   void release_saved_tensors() override { mat1.reset(); mat2.reset(); }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
-    AutocastGuard precision(device, autocast);
+    AutocastGuard precision(device, autocast, autocast_dtype);
     Tensor g1, g2;
     if (next_edges[0].fn) g1 = mm(g[0], mat2.unpack(*this).t());
     if (next_edges[1].fn) g2 = mm(mat1.unpack(*this).t(), g[0]);
@@ -110,6 +118,7 @@ struct MmBackward : autograd::Node {
 void save_operands(MmBackward& n, const Tensor& mat1, const Tensor& mat2) {
   n.device = mat1.device().type;
   n.autocast = autocast_applies(mat1);
+  n.autocast_dtype = nd::autocast_dtype(n.device);
   if (n.next_edges[1].fn) n.mat1 = autograd::SavedTensor(mat1);
   if (n.next_edges[0].fn) n.mat2 = autograd::SavedTensor(mat2);
 }
@@ -141,10 +150,11 @@ struct BmmBackward : autograd::Node {
   autograd::SavedTensor batch1, batch2;
   DeviceType device = kCPU;
   bool autocast = false;
+  ScalarType autocast_dtype = kBFloat16;
   std::string name() const override { return "BmmBackward"; }
   void release_saved_tensors() override { batch1.reset(); batch2.reset(); }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
-    AutocastGuard precision(device, autocast);
+    AutocastGuard precision(device, autocast, autocast_dtype);
     Tensor g1, g2;
     if (next_edges[0].fn) g1 = bmm(g[0], batch2.unpack(*this).transpose(1, 2));
     if (next_edges[1].fn) g2 = bmm(batch1.unpack(*this).transpose(1, 2), g[0]);
@@ -193,6 +203,7 @@ Tensor bmm(const Tensor& batch1, const Tensor& batch2) {
   autograd::record<BmmBackward>({batch1, batch2}, {out}, [&](BmmBackward& n) {
     n.device = batch1.device().type;
     n.autocast = autocast_applies(batch1);
+    n.autocast_dtype = nd::autocast_dtype(n.device);
     if (n.next_edges[1].fn) n.batch1 = autograd::SavedTensor(batch1);
     if (n.next_edges[0].fn) n.batch2 = autograd::SavedTensor(batch2);
   });

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -44,6 +45,10 @@ template <>
 struct ComputeType<BFloat16> {
   using type = float;
 };
+template <>
+struct ComputeType<Half> {
+  using type = float;
+};
 template <class S>
 using compute_t = typename ComputeType<S>::type;
 
@@ -52,11 +57,13 @@ __device__ T to_compute(T x) {
   return x;
 }
 __device__ float to_compute(BFloat16 x) { return __bfloat162float(__ushort_as_bfloat16(x.bits)); }
+__device__ float to_compute(Half x) { return __half2float(__ushort_as_half(x.bits)); }
 template <class T>
 __device__ void store(T* p, T v) {
   *p = v;
 }
 __device__ void store(BFloat16* p, float v) { p->bits = __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+__device__ void store(Half* p, float v) { p->bits = __half_as_ushort(__float2half_rn(v)); }
 
 // Everything a kernel needs, by value.
 template <class S>

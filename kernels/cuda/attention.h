@@ -11,7 +11,7 @@
 // next of these). f32 and f64 run SIMT FMA kernels (the engine's exact path); bf16 runs on
 // tensor cores (WMMA bf16 16x16x16 fragments, f32 accumulation), forward and backward, with
 // 64-row query and key tiles and up to 121 KiB of dynamic shared memory per block (sm_90).
-// Kernels: kernels/cuda/attention.cu (f32, f64), attention_bf16.cu (bf16). Tests:
+// Kernels: kernels/cuda/attention.cu (f32, f64), attention_bf16.cu (bf16 and f16). Tests:
 // tests/cuda/cuda_attention_test.cpp (against the CPU), tests/kernels/online_softmax_test.cpp
 // (the shared math).
 #include <cstdint>
@@ -73,5 +73,17 @@ void scaled_dot_product_attention_backward(const BFloat16* dout, const BFloat16*
                                            const float* logsumexp, int64_t B, int64_t H, int64_t Sq, int64_t Sk,
                                            int64_t E, int64_t Ev, bool is_causal, double scale, BFloat16* dq,
                                            BFloat16* dk, BFloat16* dv, cudaStream_t stream);
+
+// The same kernels with f16 operands (autocast to f16): the same tiles and rounding points,
+// with f16 in place of bf16 (P and dS rounded to f16, f16 x f16 products on tensor cores).
+void scaled_dot_product_attention_forward(const Half* q, const Half* k, const Half* v, AttentionMask<Half> mask,
+                                          int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
+                                          bool is_causal, double scale, Half* out, float* logsumexp,
+                                          cudaStream_t stream);
+void scaled_dot_product_attention_backward(const Half* dout, const Half* q, const Half* k, const Half* v,
+                                           AttentionMask<Half> mask, const Half* out, const float* logsumexp,
+                                           int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
+                                           bool is_causal, double scale, Half* dq, Half* dk, Half* dv,
+                                           cudaStream_t stream);
 
 }  // namespace nd::kernels::cuda

@@ -1,5 +1,8 @@
-// Flash-style attention on CUDA in bf16, on tensor cores: forward and FlashAttention-2
-// backward, what f32 attention under autocast runs (engine/ops/attention.cpp). The f32/f64
+// Flash-style attention on CUDA in bf16 (and f16), on tensor cores: forward and
+// FlashAttention-2 backward, what f32 attention under autocast runs
+// (engine/ops/attention.cpp). Every kernel is a template on the 16-bit storage type S
+// (BFloat16 or Half, Tc16 below); what this comment says of bf16 holds for f16 with f16's
+// rounding, and the file keeps its name. The f32/f64
 // SIMT kernels are attention.cu; what both files need (Problem, Head, the delta pass, the
 // head-dim dispatch, the grid helpers) is attention.cuh.
 //
@@ -39,10 +42,12 @@
 #include "kernels/cuda/attention.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/float16.h"
 #include "kernels/common/online_softmax.h"
@@ -54,14 +59,35 @@ namespace nd::kernels::cuda {
 namespace {
 
 namespace wmma = nvcuda::wmma;
-using bf16 = __nv_bfloat16;
+// The device type of a 16-bit storage type S (BFloat16 or Half), and rounding to it: the
+// kernels below are written once for both, bf16 and f16 fragments having the same shapes,
+// layouts and ldm rules.
+template <class S>
+struct Tc16;
+template <>
+struct Tc16<BFloat16> {
+  using dev = __nv_bfloat16;
+  static __device__ dev round(float v) { return __float2bfloat16_rn(v); }
+  static __device__ dev from_bits(uint16_t b) { return __ushort_as_bfloat16(b); }
+};
+template <>
+struct Tc16<Half> {
+  using dev = __half;
+  static __device__ dev round(float v) { return __float2half_rn(v); }
+  static __device__ dev from_bits(uint16_t b) { return __ushort_as_half(b); }
+};
+template <class S>
+using Dev = typename Tc16<S>::dev;
 
 constexpr int kTcWarps = kThreads / 32;  // 4
 constexpr int kTcTile = 16 * kTcWarps;   // rows of a query tile and of a key tile: 64
 
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
-using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
-using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
+template <class S>
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, Dev<S>, wmma::row_major>;
+template <class S>
+using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, Dev<S>, wmma::row_major>;
+template <class S>
+using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, Dev<S>, wmma::col_major>;
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
 // Dynamic shared memory of the kernels for head dim D (bytes; every region a multiple of
@@ -102,8 +128,8 @@ struct SharedCarver {
 // dst[r * (D + 8) + e] = src[(row0 + r) * width + e] for r < rows, e < width, and 0 for the
 // rest of the [64][D] tile (padding rows and columns must be 0, not stale: they enter the
 // products). 16-byte loads when every row starts 16-byte aligned (the common case).
-template <int D>
-__device__ void tc_load(bf16* dst, const BFloat16* src, int64_t row0, int64_t rows, int64_t width) {
+template <class S, int D>
+__device__ void tc_load(Dev<S>* dst, const S* src, int64_t row0, int64_t rows, int64_t width) {
   constexpr int ld = D + 8;
   if (width % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
     constexpr int kChunks = D / 8;
@@ -116,14 +142,15 @@ __device__ void tc_load(bf16* dst, const BFloat16* src, int64_t row0, int64_t ro
   } else {
     for (int idx = threadIdx.x; idx < kTcTile * D; idx += kThreads) {
       const int r = idx / D, e = idx % D;
-      dst[r * ld + e] = __ushort_as_bfloat16(r < rows && e < width ? src[(row0 + r) * width + e].bits : 0);
+      dst[r * ld + e] = Tc16<S>::from_bits(r < rows && e < width ? src[(row0 + r) * width + e].bits : 0);
     }
   }
 }
 
 // s_ij = scale * dot + mask_ij, or -inf where key j may not be seen by query i or the row
 // is padding (valid == false).
-__device__ float tc_score(const Problem<BFloat16>& p, const Head<BFloat16>& hd, float dot, int64_t i, int64_t j,
+template <class S>
+__device__ float tc_score(const Problem<S>& p, const Head<S>& hd, float dot, int64_t i, int64_t j,
                           bool valid) {
   if (!valid || !attention_allowed(i, j, p.Sk, p.is_causal)) return -INFINITY;
   const float s = p.scale * dot;
@@ -139,8 +166,8 @@ __host__ __device__ constexpr int frags16(int64_t n) { return static_cast<int>((
 
 // The warp's 16 rows A [16][D] (bf16, ld D + 8) as matrix_a fragments: the first k_frags
 // of them (the others stay unused).
-template <int D>
-__device__ void warp_rows(FragA (&fa)[D / 16], const bf16* a, int k_frags) {
+template <class S, int D>
+__device__ void warp_rows(FragA<S> (&fa)[D / 16], const Dev<S>* a, int k_frags) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
     if (kk < k_frags) wmma::load_matrix_sync(fa[kk], a + 16 * kk, D + 8);
@@ -149,8 +176,8 @@ __device__ void warp_rows(FragA (&fa)[D / 16], const bf16* a, int k_frags) {
 // out[16][16 n] (f32, ld 64 + 4) = A B^T for n < n_frags, for the warp's 16 rows A
 // (fragments) and a tile B [64][D] (bf16, ld D + 8; B^T read as a col-major matrix_b),
 // over the first k_frags 16-column blocks of the head dim.
-template <int D>
-__device__ void warp_scores(float* out, const FragA (&fa)[D / 16], const bf16* b, int n_frags, int k_frags) {
+template <class S, int D>
+__device__ void warp_scores(float* out, const FragA<S> (&fa)[D / 16], const Dev<S>* b, int n_frags, int k_frags) {
   constexpr int ld = D + 8;
 #pragma unroll
   for (int n = 0; n < kTcTile / 16; ++n) {
@@ -160,27 +187,27 @@ __device__ void warp_scores(float* out, const FragA (&fa)[D / 16], const bf16* b
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       if (kk >= k_frags) break;
-      FragBCol fb;
+      FragBCol<S> fb;
       wmma::load_matrix_sync(fb, b + 16 * n * ld + 16 * kk, ld);
       wmma::mma_sync(acc, fa[kk], fb, acc);
     }
     wmma::store_matrix_sync(out + 16 * n, acc, kTcTile + 4, wmma::mem_row_major);
   }
 }
-template <int D>
-__device__ void warp_scores(float* out, const bf16* a, const bf16* b, int n_frags, int k_frags) {
-  FragA fa[D / 16];
-  warp_rows<D>(fa, a, k_frags);
-  warp_scores<D>(out, fa, b, n_frags, k_frags);
+template <class S, int D>
+__device__ void warp_scores(float* out, const Dev<S>* a, const Dev<S>* b, int n_frags, int k_frags) {
+  FragA<S> fa[D / 16];
+  warp_rows<S, D>(fa, a, k_frags);
+  warp_scores<S, D>(out, fa, b, n_frags, k_frags);
 }
 
 // acc[d] += A B[:, 16d .. 16d + 16) for d < d_frags, for the warp's A [16][64] (bf16,
 // ld 64 + 8) and a tile B [64][D] (bf16, ld D + 8, row-major matrix_b), over the first
 // k_frags 16-row blocks of B (A is 0 past them).
-template <int D>
-__device__ void warp_accumulate(FragC (&acc)[D / 16], const bf16* a, const bf16* b, int k_frags, int d_frags) {
+template <class S, int D>
+__device__ void warp_accumulate(FragC (&acc)[D / 16], const Dev<S>* a, const Dev<S>* b, int k_frags, int d_frags) {
   constexpr int ld = D + 8;
-  FragA fa[kTcTile / 16];
+  FragA<S> fa[kTcTile / 16];
 #pragma unroll
   for (int kk = 0; kk < kTcTile / 16; ++kk)
     if (kk < k_frags) wmma::load_matrix_sync(fa[kk], a + 16 * kk, kTcTile + 8);
@@ -190,7 +217,7 @@ __device__ void warp_accumulate(FragC (&acc)[D / 16], const bf16* a, const bf16*
 #pragma unroll
     for (int kk = 0; kk < kTcTile / 16; ++kk) {
       if (kk >= k_frags) break;
-      FragBRow fb;
+      FragBRow<S> fb;
       wmma::load_matrix_sync(fb, b + 16 * kk * ld + 16 * d, ld);
       wmma::mma_sync(acc[d], fa[kk], fb, acc[d]);
     }
@@ -200,9 +227,9 @@ __device__ void warp_accumulate(FragC (&acc)[D / 16], const bf16* a, const bf16*
 // Writes the warp's 16 x D accumulators to dst[r * width + e] (bf16) for r < rows,
 // e < width, times row_factor[r] (or `factor` when row_factor is null), through the warp's
 // f32 staging slice [16][64 + 4] in blocks of at most 64 columns.
-template <int D>
+template <class S, int D>
 __device__ void warp_store(FragC (&acc)[D / 16], float* stage, const float* row_factor, float factor,
-                           BFloat16* dst, int64_t rows, int64_t width) {
+                           S* dst, int64_t rows, int64_t width) {
   constexpr int kChunk = D < kTcTile ? D : kTcTile, ld = kTcTile + 4;
   const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -221,30 +248,30 @@ __device__ void warp_store(FragC (&acc)[D / 16], float* stage, const float* row_
 }
 
 // Forward: one block per (query tile, b*h); see the section comment.
-template <int D>
-__global__ void __launch_bounds__(kThreads) tc_forward_kernel(Problem<BFloat16> p, int64_t n_tiles, BFloat16* out,
+template <class S, int D>
+__global__ void __launch_bounds__(kThreads) tc_forward_kernel(Problem<S> p, int64_t n_tiles, S* out,
                                                               float* lse) {
   using L = TcLayout<D>;
   extern __shared__ __align__(128) unsigned char tc_shared[];
   SharedCarver carve{tc_shared};
-  bf16* sq = carve.take<bf16>(L::in_bytes);
-  bf16* sk = carve.take<bf16>(L::in_bytes);
-  bf16* sv = carve.take<bf16>(L::in_bytes);
+  Dev<S>* sq = carve.take<Dev<S>>(L::in_bytes);
+  Dev<S>* sk = carve.take<Dev<S>>(L::in_bytes);
+  Dev<S>* sv = carve.take<Dev<S>>(L::in_bytes);
   float* ss = carve.take<float>(L::f_bytes);
-  bf16* sp = carve.take<bf16>(L::b_bytes);
+  Dev<S>* sp = carve.take<Dev<S>>(L::b_bytes);
   float* scorr = carve.take<float>(L::corr_bytes);
   float* sinv = carve.take<float>(L::row_bytes);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const TileOfBlock tb = tile_of_block(blockIdx.x, n_tiles);
-  const Head<BFloat16> hd(p, tb.bh);
+  const Head<S> hd(p, tb.bh);
   const int64_t i0 = tb.tile * kTcTile, rows = p.Sq - i0 < kTcTile ? p.Sq - i0 : kTcTile;
-  tc_load<D>(sq, hd.q, i0, rows, p.E);
+  tc_load<S, D>(sq, hd.q, i0, rows, p.E);
 
   // The warp's slices; in the softmax, lane (r, half) takes row r's columns 2t + half.
-  const bf16* wq = sq + 16 * warp * L::ld_in;
+  const Dev<S>* wq = sq + 16 * warp * L::ld_in;
   float* ws = ss + 16 * warp * L::ld_f;
-  bf16* wp = sp + 16 * warp * L::ld_b;
+  Dev<S>* wp = sp + 16 * warp * L::ld_b;
   float* wcorr = scorr + 16 * 16 * warp;
   const int r = lane % 16, half = lane / 16;
   const int64_t i = i0 + 16 * warp + r;
@@ -254,21 +281,21 @@ __global__ void __launch_bounds__(kThreads) tc_forward_kernel(Problem<BFloat16> 
 #pragma unroll
   for (int d = 0; d < D / 16; ++d) wmma::fill_fragment(acc[d], 0.0f);
   OnlineSoftmax<float> row_state;  // of row r (both halves keep identical copies)
-  FragA q_rows[D / 16];            // the warp's queries, held for the whole loop
+  FragA<S> q_rows[D / 16];            // the warp's queries, held for the whole loop
   const int e_frags = frags16(p.E), ev_frags = frags16(p.Ev);
   const bool warp_busy = 16 * warp < rows;  // else every row of the warp is padding
   __syncthreads();                          // the Q tile is in
-  if (warp_busy) warp_rows<D>(q_rows, wq, e_frags);
+  if (warp_busy) warp_rows<S, D>(q_rows, wq, e_frags);
   const int64_t key_end = attention_key_end(i0 + rows, p.Sk, p.is_causal);
   for (int64_t j0 = 0; j0 < key_end; j0 += kTcTile) {
     const int64_t cols = key_end - j0 < kTcTile ? key_end - j0 : kTcTile;
     __syncthreads();  // every warp is done with the previous K, V
-    tc_load<D>(sk, hd.k, j0, cols, p.E);
-    tc_load<D>(sv, hd.v, j0, cols, p.Ev);
+    tc_load<S, D>(sk, hd.k, j0, cols, p.E);
+    tc_load<S, D>(sv, hd.v, j0, cols, p.Ev);
     __syncthreads();
     if (!warp_busy) continue;  // it still loads its share of every tile (above)
     const int key_frags = frags16(cols);
-    warp_scores<D>(ws, q_rows, sk, key_frags, e_frags);
+    warp_scores<S, D>(ws, q_rows, sk, key_frags, e_frags);
     __syncwarp();
     float block_max = -INFINITY;
     for (int t = 0; t < 8 * key_frags; ++t) {  // columns past 16 * key_frags are never read
@@ -283,7 +310,7 @@ __global__ void __launch_bounds__(kThreads) tc_forward_kernel(Problem<BFloat16> 
     for (int t = 0; t < 8 * key_frags; ++t) {
       const int c = 2 * t + half;
       const float w = row_state.weight(ws[r * L::ld_f + c]);
-      wp[r * L::ld_b + c] = __float2bfloat16_rn(w);
+      wp[r * L::ld_b + c] = Tc16<S>::round(w);
       sum += w;
     }
     row_state.add(sum + __shfl_xor_sync(0xffffffffu, sum, 16));  // a + b == b + a: both halves agree
@@ -296,45 +323,45 @@ __global__ void __launch_bounds__(kThreads) tc_forward_kernel(Problem<BFloat16> 
 #pragma unroll
       for (int x = 0; x < corr.num_elements; ++x) acc[d].x[x] *= corr.x[x];
     }
-    warp_accumulate<D>(acc, wp, sv, key_frags, ev_frags);
+    warp_accumulate<S, D>(acc, wp, sv, key_frags, ev_frags);
   }
   if (half == 0) {
     sinv[16 * warp + r] = row_state.inverse_sum();  // 0 for a row with no allowed key: out = 0
     if (row_valid) lse[tb.bh * p.Sq + i] = row_state.logsumexp();
   }
-  warp_store<D>(acc, ws, sinv + 16 * warp, 1.0f, out + tb.bh * p.Sq * p.Ev + (i0 + 16 * warp) * p.Ev,
+  warp_store<S, D>(acc, ws, sinv + 16 * warp, 1.0f, out + tb.bh * p.Sq * p.Ev + (i0 + 16 * warp) * p.Ev,
                 rows - 16 * warp, p.Ev);
 }
 
 // dq: one block per (query tile, b*h), warp w owning query rows 16w..16w+15; over the key
 // tiles: S = Q K^T, dP = dO V^T, P = exp(S - lse), dS = P (dP - delta), dQ += dS K.
-template <int D>
-__global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<BFloat16> p, int64_t n_tiles, BFloat16* dq) {
+template <class S, int D>
+__global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<S> p, int64_t n_tiles, S* dq) {
   using L = TcLayout<D>;
   extern __shared__ __align__(128) unsigned char tc_shared[];
   SharedCarver carve{tc_shared};
-  bf16* sq = carve.take<bf16>(L::in_bytes);
-  bf16* sdo = carve.take<bf16>(L::in_bytes);
-  bf16* sk = carve.take<bf16>(L::in_bytes);
-  bf16* sv = carve.take<bf16>(L::in_bytes);
+  Dev<S>* sq = carve.take<Dev<S>>(L::in_bytes);
+  Dev<S>* sdo = carve.take<Dev<S>>(L::in_bytes);
+  Dev<S>* sk = carve.take<Dev<S>>(L::in_bytes);
+  Dev<S>* sv = carve.take<Dev<S>>(L::in_bytes);
   float* ss = carve.take<float>(L::f_bytes);
   float* sdp = carve.take<float>(L::f_bytes);
-  bf16* sds = carve.take<bf16>(L::b_bytes);
+  Dev<S>* sds = carve.take<Dev<S>>(L::b_bytes);
   float* slse = carve.take<float>(L::row_bytes);
   float* sdelta = carve.take<float>(L::row_bytes);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const TileOfBlock tb = tile_of_block(blockIdx.x, n_tiles);
-  const Head<BFloat16> hd(p, tb.bh);
+  const Head<S> hd(p, tb.bh);
   const int64_t i0 = tb.tile * kTcTile, rows = p.Sq - i0 < kTcTile ? p.Sq - i0 : kTcTile;
-  tc_load<D>(sq, hd.q, i0, rows, p.E);
-  tc_load<D>(sdo, hd.dout, i0, rows, p.Ev);
+  tc_load<S, D>(sq, hd.q, i0, rows, p.E);
+  tc_load<S, D>(sdo, hd.dout, i0, rows, p.Ev);
   load_row_stats(slse, sdelta, kTcTile, hd, i0, rows);
-  const bf16 *wq = sq + 16 * warp * L::ld_in, *wdo = sdo + 16 * warp * L::ld_in;
+  const Dev<S> *wq = sq + 16 * warp * L::ld_in, *wdo = sdo + 16 * warp * L::ld_in;
   const int e_frags = frags16(p.E), ev_frags = frags16(p.Ev);
   const bool warp_busy = 16 * warp < rows;  // else every query row of the warp is padding
   float *ws = ss + 16 * warp * L::ld_f, *wdp = sdp + 16 * warp * L::ld_f;
-  bf16* wds = sds + 16 * warp * L::ld_b;
+  Dev<S>* wds = sds + 16 * warp * L::ld_b;
 
   FragC acc[D / 16];
 #pragma unroll
@@ -343,13 +370,13 @@ __global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<BFloat16> p, in
   for (int64_t j0 = 0; j0 < key_end; j0 += kTcTile) {
     const int64_t cols = key_end - j0 < kTcTile ? key_end - j0 : kTcTile;
     __syncthreads();  // every warp is done with the previous K, V (and the first Q, dO, lse are in)
-    tc_load<D>(sk, hd.k, j0, cols, p.E);
-    tc_load<D>(sv, hd.v, j0, cols, p.Ev);
+    tc_load<S, D>(sk, hd.k, j0, cols, p.E);
+    tc_load<S, D>(sv, hd.v, j0, cols, p.Ev);
     __syncthreads();
     if (!warp_busy) continue;  // it still loads its share of every tile (above)
     const int key_frags = frags16(cols);
-    warp_scores<D>(ws, wq, sk, key_frags, e_frags);
-    warp_scores<D>(wdp, wdo, sv, key_frags, ev_frags);
+    warp_scores<S, D>(ws, wq, sk, key_frags, e_frags);
+    warp_scores<S, D>(wdp, wdo, sv, key_frags, ev_frags);
     __syncwarp();
     const int width = 16 * key_frags;  // columns past it are never read
     for (int idx = lane; idx < 16 * width; idx += 32) {
@@ -357,46 +384,46 @@ __global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<BFloat16> p, in
       const float prob =
           probability_from_lse(tc_score(p, hd, ws[r * L::ld_f + c], i0 + row, j0 + c, row < rows), slse[row]);
       const float ds = prob != 0.0f ? prob * (wdp[r * L::ld_f + c] - sdelta[row]) : 0.0f;
-      wds[r * L::ld_b + c] = __float2bfloat16_rn(ds);
+      wds[r * L::ld_b + c] = Tc16<S>::round(ds);
     }
     __syncwarp();
-    warp_accumulate<D>(acc, wds, sk, key_frags, e_frags);
+    warp_accumulate<S, D>(acc, wds, sk, key_frags, e_frags);
   }
-  warp_store<D>(acc, ws, nullptr, p.scale, dq + tb.bh * p.Sq * p.E + (i0 + 16 * warp) * p.E, rows - 16 * warp,
+  warp_store<S, D>(acc, ws, nullptr, p.scale, dq + tb.bh * p.Sq * p.E + (i0 + 16 * warp) * p.E, rows - 16 * warp,
                 p.E);
 }
 
 // dk, dv: one block per (key tile, b*h), warp w owning keys 16w..16w+15; over the query
 // tiles that see them: S^T = K Q^T, dP^T = V dO^T, P^T, dS^T as in dq, dV += P^T dO,
 // dK += dS^T Q.
-template <int D>
-__global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<BFloat16> p, int64_t n_tiles, BFloat16* dk,
-                                                            BFloat16* dv) {
+template <class S, int D>
+__global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<S> p, int64_t n_tiles, S* dk,
+                                                            S* dv) {
   using L = TcLayout<D>;
   extern __shared__ __align__(128) unsigned char tc_shared[];
   SharedCarver carve{tc_shared};
-  bf16* sq = carve.take<bf16>(L::in_bytes);
-  bf16* sdo = carve.take<bf16>(L::in_bytes);
-  bf16* sk = carve.take<bf16>(L::in_bytes);
-  bf16* sv = carve.take<bf16>(L::in_bytes);
+  Dev<S>* sq = carve.take<Dev<S>>(L::in_bytes);
+  Dev<S>* sdo = carve.take<Dev<S>>(L::in_bytes);
+  Dev<S>* sk = carve.take<Dev<S>>(L::in_bytes);
+  Dev<S>* sv = carve.take<Dev<S>>(L::in_bytes);
   float* ss = carve.take<float>(L::f_bytes);
   float* sdp = carve.take<float>(L::f_bytes);
-  bf16* sp = carve.take<bf16>(L::b_bytes);
-  bf16* sds = carve.take<bf16>(L::b_bytes);
+  Dev<S>* sp = carve.take<Dev<S>>(L::b_bytes);
+  Dev<S>* sds = carve.take<Dev<S>>(L::b_bytes);
   float* slse = carve.take<float>(L::row_bytes);
   float* sdelta = carve.take<float>(L::row_bytes);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const TileOfBlock tb = tile_of_block(blockIdx.x, n_tiles);
-  const Head<BFloat16> hd(p, tb.bh);
+  const Head<S> hd(p, tb.bh);
   const int64_t j0 = tb.tile * kTcTile, cols = p.Sk - j0 < kTcTile ? p.Sk - j0 : kTcTile;
-  tc_load<D>(sk, hd.k, j0, cols, p.E);
-  tc_load<D>(sv, hd.v, j0, cols, p.Ev);
-  const bf16 *wk = sk + 16 * warp * L::ld_in, *wv = sv + 16 * warp * L::ld_in;
+  tc_load<S, D>(sk, hd.k, j0, cols, p.E);
+  tc_load<S, D>(sv, hd.v, j0, cols, p.Ev);
+  const Dev<S> *wk = sk + 16 * warp * L::ld_in, *wv = sv + 16 * warp * L::ld_in;
   const int e_frags = frags16(p.E), ev_frags = frags16(p.Ev);
   const bool warp_busy = 16 * warp < cols;  // else every key of the warp is padding
   float *ws = ss + 16 * warp * L::ld_f, *wdp = sdp + 16 * warp * L::ld_f;
-  bf16 *wp = sp + 16 * warp * L::ld_b, *wds = sds + 16 * warp * L::ld_b;
+  Dev<S> *wp = sp + 16 * warp * L::ld_b, *wds = sds + 16 * warp * L::ld_b;
 
   FragC acc_dk[D / 16], acc_dv[D / 16];
 #pragma unroll
@@ -407,14 +434,14 @@ __global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<BFloat16> p,
   for (int64_t i0 = attention_first_query_tile(j0, kTcTile, p.is_causal) * kTcTile; i0 < p.Sq; i0 += kTcTile) {
     const int64_t rows = p.Sq - i0 < kTcTile ? p.Sq - i0 : kTcTile;
     __syncthreads();  // every warp is done with the previous Q, dO (and K, V are in)
-    tc_load<D>(sq, hd.q, i0, rows, p.E);
-    tc_load<D>(sdo, hd.dout, i0, rows, p.Ev);
+    tc_load<S, D>(sq, hd.q, i0, rows, p.E);
+    tc_load<S, D>(sdo, hd.dout, i0, rows, p.Ev);
     load_row_stats(slse, sdelta, kTcTile, hd, i0, rows);
     __syncthreads();
     if (!warp_busy) continue;  // it still loads its share of every tile (above)
     const int query_frags = frags16(rows);
-    warp_scores<D>(ws, wk, sq, query_frags, e_frags);
-    warp_scores<D>(wdp, wv, sdo, query_frags, ev_frags);
+    warp_scores<S, D>(ws, wk, sq, query_frags, e_frags);
+    warp_scores<S, D>(wdp, wv, sdo, query_frags, ev_frags);
     __syncwarp();
     const int width = 16 * query_frags;  // columns past it are never read
     for (int idx = lane; idx < 16 * width; idx += 32) {  // element (key r, query c)
@@ -422,16 +449,16 @@ __global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<BFloat16> p,
       const float prob =
           probability_from_lse(tc_score(p, hd, ws[r * L::ld_f + c], i0 + c, j0 + 16 * warp + r, c < rows), slse[c]);
       const float ds = prob != 0.0f ? prob * (wdp[r * L::ld_f + c] - sdelta[c]) : 0.0f;
-      wp[r * L::ld_b + c] = __float2bfloat16_rn(prob);
-      wds[r * L::ld_b + c] = __float2bfloat16_rn(ds);
+      wp[r * L::ld_b + c] = Tc16<S>::round(prob);
+      wds[r * L::ld_b + c] = Tc16<S>::round(ds);
     }
     __syncwarp();
-    warp_accumulate<D>(acc_dv, wp, sdo, query_frags, ev_frags);
-    warp_accumulate<D>(acc_dk, wds, sq, query_frags, e_frags);
+    warp_accumulate<S, D>(acc_dv, wp, sdo, query_frags, ev_frags);
+    warp_accumulate<S, D>(acc_dk, wds, sq, query_frags, e_frags);
   }
   const int64_t key = j0 + 16 * warp;
-  warp_store<D>(acc_dk, ws, nullptr, p.scale, dk + tb.bh * p.Sk * p.E + key * p.E, cols - 16 * warp, p.E);
-  warp_store<D>(acc_dv, ws, nullptr, 1.0f, dv + tb.bh * p.Sk * p.Ev + key * p.Ev, cols - 16 * warp, p.Ev);
+  warp_store<S, D>(acc_dk, ws, nullptr, p.scale, dk + tb.bh * p.Sk * p.E + key * p.E, cols - 16 * warp, p.E);
+  warp_store<S, D>(acc_dv, ws, nullptr, 1.0f, dv + tb.bh * p.Sk * p.Ev + key * p.Ev, cols - 16 * warp, p.Ev);
 }
 // The tensor-core kernels take more than the default 48 KiB of dynamic shared memory
 // (TcLayout: 46-100 KiB forward, 61-121 KiB backward), which sm_90 grants on request.
@@ -441,56 +468,61 @@ void allow_shared(Kernel kernel, size_t bytes, const char* name) {
         "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)", name);
 }
 
-template <int D>
-void tc_forward_for(const Problem<BFloat16>& p, int64_t BH, BFloat16* out, float* lse, cudaStream_t stream) {
+template <class S, int D>
+void tc_forward_for(const Problem<S>& p, int64_t BH, S* out, float* lse, cudaStream_t stream) {
   constexpr size_t bytes = TcLayout<D>::forward;
-  const char* name = "attention forward (bf16)";
-  allow_shared(tc_forward_kernel<D>, bytes, name);
+  const char* name = std::is_same_v<S, Half> ? "attention forward (f16)" : "attention forward (bf16)";
+  allow_shared(tc_forward_kernel<S, D>, bytes, name);
   const int64_t n_tiles = ceil_div(p.Sq, kTcTile);
-  tc_forward_kernel<D><<<grid_for(name, BH, n_tiles), kThreads, bytes, stream>>>(p, n_tiles, out, lse);
+  tc_forward_kernel<S, D><<<grid_for(name, BH, n_tiles), kThreads, bytes, stream>>>(p, n_tiles, out, lse);
   check_launch(name);
 }
 
-template <int D>
-void tc_backward_for(const Problem<BFloat16>& p, int64_t BH, BFloat16* dq, BFloat16* dk, BFloat16* dv,
+template <class S, int D>
+void tc_backward_for(const Problem<S>& p, int64_t BH, S* dq, S* dk, S* dv,
                      cudaStream_t stream) {
   if (p.Sk > 0) {  // dk, dv: written even when Sq == 0 (then zero)
-    const char* name = "attention backward dk, dv (bf16)";
+    const char* name =
+        std::is_same_v<S, Half> ? "attention backward dk, dv (f16)" : "attention backward dk, dv (bf16)";
     constexpr size_t bytes = TcLayout<D>::backward;
-    allow_shared(tc_dk_dv_kernel<D>, bytes, name);
+    allow_shared(tc_dk_dv_kernel<S, D>, bytes, name);
     const int64_t n_tiles = ceil_div(p.Sk, kTcTile);
-    tc_dk_dv_kernel<D><<<grid_for(name, BH, n_tiles), kThreads, bytes, stream>>>(p, n_tiles, dk, dv);
+    tc_dk_dv_kernel<S, D><<<grid_for(name, BH, n_tiles), kThreads, bytes, stream>>>(p, n_tiles, dk, dv);
     check_launch(name);
   }
   if (p.Sq > 0) {
-    const char* name = "attention backward dq (bf16)";
+    const char* name =
+        std::is_same_v<S, Half> ? "attention backward dq (f16)" : "attention backward dq (bf16)";
     constexpr size_t bytes = TcLayout<D>::backward_dq;
-    allow_shared(tc_dq_kernel<D>, bytes, name);
+    allow_shared(tc_dq_kernel<S, D>, bytes, name);
     const int64_t n_tiles = ceil_div(p.Sq, kTcTile);
-    tc_dq_kernel<D><<<grid_for(name, BH, n_tiles), kThreads, bytes, stream>>>(p, n_tiles, dq);
+    tc_dq_kernel<S, D><<<grid_for(name, BH, n_tiles), kThreads, bytes, stream>>>(p, n_tiles, dq);
     check_launch(name);
   }
 }
 }  // namespace
 
-void scaled_dot_product_attention_forward(const BFloat16* q, const BFloat16* k, const BFloat16* v,
-                                          AttentionMask<BFloat16> mask, int64_t B, int64_t H, int64_t Sq,
-                                          int64_t Sk, int64_t E, int64_t Ev, bool is_causal, double scale,
-                                          BFloat16* out, float* logsumexp, cudaStream_t stream) {
-  run_forward<BFloat16>("attention forward (bf16)", q, k, v, mask, B, H, Sq, Sk, E, Ev, is_causal, scale,
-                        [&](auto D, const Problem<BFloat16>& p, int64_t BH) {
-                          tc_forward_for<decltype(D)::value>(p, BH, out, logsumexp, stream);
-                        });
-}
+#define ND_TC_ATTENTION(S, label)                                                                                   \
+  void scaled_dot_product_attention_forward(const S* q, const S* k, const S* v, AttentionMask<S> mask, int64_t B,    \
+                                            int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,               \
+                                            bool is_causal, double scale, S* out, float* logsumexp,                \
+                                            cudaStream_t stream) {                                                  \
+    run_forward<S>("attention forward (" label ")", q, k, v, mask, B, H, Sq, Sk, E, Ev, is_causal, scale,          \
+                   [&](auto D, const Problem<S>& p, int64_t BH) {                                                   \
+                     tc_forward_for<S, decltype(D)::value>(p, BH, out, logsumexp, stream);                          \
+                   });                                                                                              \
+  }                                                                                                                 \
+  void scaled_dot_product_attention_backward(const S* dout, const S* q, const S* k, const S* v, AttentionMask<S> mask, \
+                                             const S* out, const float* logsumexp, int64_t B, int64_t H,            \
+                                             int64_t Sq, int64_t Sk, int64_t E, int64_t Ev, bool is_causal,         \
+                                             double scale, S* dq, S* dk, S* dv, cudaStream_t stream) {               \
+    run_backward<S>("attention backward (" label ")", dout, q, k, v, mask, out, logsumexp, B, H, Sq, Sk, E, Ev,      \
+                    is_causal, scale, stream, [&](auto D, const Problem<S>& p, int64_t BH) {                        \
+                      tc_backward_for<S, decltype(D)::value>(p, BH, dq, dk, dv, stream);                            \
+                    });                                                                                             \
+  }
+ND_TC_ATTENTION(BFloat16, "bf16")
+ND_TC_ATTENTION(Half, "f16")
+#undef ND_TC_ATTENTION
 
-void scaled_dot_product_attention_backward(const BFloat16* dout, const BFloat16* q, const BFloat16* k,
-                                           const BFloat16* v, AttentionMask<BFloat16> mask, const BFloat16* out,
-                                           const float* logsumexp, int64_t B, int64_t H, int64_t Sq, int64_t Sk,
-                                           int64_t E, int64_t Ev, bool is_causal, double scale, BFloat16* dq,
-                                           BFloat16* dk, BFloat16* dv, cudaStream_t stream) {
-  run_backward<BFloat16>("attention backward (bf16)", dout, q, k, v, mask, out, logsumexp, B, H, Sq, Sk, E, Ev,
-                         is_causal, scale, stream, [&](auto D, const Problem<BFloat16>& p, int64_t BH) {
-                           tc_backward_for<decltype(D)::value>(p, BH, dq, dk, dv, stream);
-                         });
-}
 }  // namespace nd::kernels::cuda

@@ -16,14 +16,16 @@
 // results go to a buffer that a second kernel sums in chunk order: no atomics, the same
 // bits on every run.
 //
-// Mixed precision (ConvOperands::kBf16, float only): tensor_core_gemm_kernel is the same
-// tiling on bf16 tensor cores through the documented WMMA API. It gathers the same
-// accessors, rounds each value to bf16 as it writes the shared tiles, multiplies 16x16x16
+// Mixed precision (ConvOperands::kBf16 / kF16, float only): tensor_core_gemm_kernel is the
+// same tiling on bf16 or f16 tensor cores through the documented WMMA API (the 16-bit type
+// is its template argument; both have the same fragment shapes and ldm rules). It gathers
+// the same accessors, rounds each value to bf16 / f16 as it writes the shared tiles, multiplies 16x16x16
 // fragments into f32 accumulators, and goes back through a shared f32 tile to p.store, so
 // bias, groups and split-K are the accessors' business exactly as in the f32 kernel.
 #include "kernels/cuda/conv.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
 
@@ -176,15 +178,24 @@ constexpr bool kPixelRows = true;
 template <class T>
 constexpr bool kPixelRows<ci::WgradGemm<T>> = false;
 
-template <class Problem>
+// An f32 value as the 16-bit operand type E (__nv_bfloat16 or __half), nearest even.
+template <class E>
+__device__ E to_operand(float v) {
+  if constexpr (std::is_same_v<E, __half>)
+    return __float2half_rn(v);
+  else
+    return __float2bfloat16_rn(v);
+}
+
+template <class E, class Problem>
 __global__ void __launch_bounds__(kTcThreads)
     tensor_core_gemm_kernel(Problem p, int64_t groups, int64_t splits, int64_t chunk) {
   constexpr bool pixel_rows = kPixelRows<Problem>;
   using ALayout = std::conditional_t<pixel_rows, wmma::col_major, wmma::row_major>;
   constexpr int lda = pixel_rows ? kLdKMajor : kLdDepth;
   constexpr wmma::layout_t c_layout = pixel_rows ? wmma::mem_col_major : wmma::mem_row_major;
-  __shared__ __align__(32) __nv_bfloat16 As[kAsSize];
-  __shared__ __align__(32) __nv_bfloat16 Bs[kTileN * kLdDepth];
+  __shared__ __align__(32) E As[kAsSize];
+  __shared__ __align__(32) E Bs[kTileN * kLdDepth];
   __shared__ __align__(32) float Cs[kTileN * kLdC];
   // Offsets of element (m, k) of A, (k, j) of B and (m, j) of C in their shared tiles.
   auto a_at = [](int ml, int kl) { return pixel_rows ? kl * kLdKMajor + ml : ml * kLdDepth + kl; };
@@ -218,7 +229,7 @@ __global__ void __launch_bounds__(kTcThreads)
               v = p.a(g, in_tile(m, M, m0), in_tile(k, k_end, k0));
             else if (in)
               v = p.a(g, m, k);
-            As[a_at(ml, kl)] = __float2bfloat16_rn(in ? v : 0.0f);
+            As[a_at(ml, kl)] = to_operand<E>(in ? v : 0.0f);
           };
           if constexpr (pixel_rows)
             walk_tile<kTcThreads, kTileM, kTcTileK>(tid, gather_a);
@@ -232,13 +243,13 @@ __global__ void __launch_bounds__(kTcThreads)
               v = p.b(g, in_tile(k, k_end, k0), in_tile(j, Ncols, n0));
             else if (in)
               v = p.b(g, k, j);
-            Bs[b_at(kl, jl)] = __float2bfloat16_rn(in ? v : 0.0f);
+            Bs[b_at(kl, jl)] = to_operand<E>(in ? v : 0.0f);
           });
           __syncthreads();
 #pragma unroll
           for (int kk = 0; kk < kTcTileK; kk += kFrag) {
-            wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, __nv_bfloat16, ALayout> a[2];
-            wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, __nv_bfloat16, wmma::col_major> b[2];
+            wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, E, ALayout> a[2];
+            wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, E, wmma::col_major> b[2];
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
               wmma::load_matrix_sync(a[i], As + a_at(wm + kFrag * i, kk), lda);
@@ -274,11 +285,11 @@ __global__ void __launch_bounds__(kTcThreads)
 // One depth chunk covering all of K.
 ci::SplitK whole_depth(int64_t K) { return {1, std::max<int64_t>(K, 1)}; }
 
-// bf16 operands exist for float only (conv.h).
+// bf16 and f16 operands exist for float only (conv.h).
 template <class T>
 void require_operands(const char* kernel, ConvOperands operands) {
   require(std::is_same_v<T, float> || operands == ConvOperands::kExact, kernel,
-          "expected f32 tensors for bf16 operands (mixed precision), found f64");
+          "expected f32 tensors for bf16 or f16 operands (mixed precision), found f64");
 }
 
 template <class T, class Problem>
@@ -290,7 +301,12 @@ void launch_gemm(const char* kernel, const Problem& p, int64_t groups, ci::Split
                   static_cast<unsigned>(std::min(groups * split.splits, kMaxGridYZ)));
   if constexpr (std::is_same_v<T, float>) {
     if (operands == ConvOperands::kBf16) {
-      tensor_core_gemm_kernel<Problem><<<grid, kTcThreads, 0, stream>>>(p, groups, split.splits, split.chunk);
+      tensor_core_gemm_kernel<__nv_bfloat16, Problem>
+          <<<grid, kTcThreads, 0, stream>>>(p, groups, split.splits, split.chunk);
+      return check_launch(kernel);
+    }
+    if (operands == ConvOperands::kF16) {
+      tensor_core_gemm_kernel<__half, Problem><<<grid, kTcThreads, 0, stream>>>(p, groups, split.splits, split.chunk);
       return check_launch(kernel);
     }
   }
@@ -334,7 +350,7 @@ void wgrad(const char* kernel, const Conv2dShape& s, const T* x, const T* dy, T*
     return;
   }
   const int64_t tiles = (p.rows() + kTileM - 1) / kTileM * ((p.cols() + kTileN - 1) / kTileN) * p.q.groups;
-  const int64_t tile_k = operands == ConvOperands::kBf16 ? kTcTileK : kTileK;  // chunks of whole depth steps
+  const int64_t tile_k = operands == ConvOperands::kExact ? kTileK : kTcTileK;  // chunks of whole depth steps
   const ci::SplitK split = ci::split_depth(p.depth(), tiles, tile_k, kMinChunk, kTargetBlocks);
   if (split.splits == 1) return launch_gemm<T>(kernel, p, p.q.groups, split, operands, stream);
   const detail::Scratch partial(kernel, sizeof(T) * split.splits * size, stream);

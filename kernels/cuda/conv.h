@@ -12,11 +12,11 @@
 // not fit a launch are an nd::Error.
 //
 // Mixed precision (engine/autocast.h): the six GEMM passes take a last argument
-// ConvOperands::kBf16 (float only; on double an nd::Error). Both operands are rounded to
-// bf16 (nearest even) as the kernel gathers them, multiplied on bf16 tensor cores (WMMA)
-// with f32 accumulation; tensors, bias, split-K sums and the output stay f32. The CPU
-// twin is the cpu:: function on operands rounded to bf16 and widened back to f32: the
-// products are the same (bf16 x bf16 is exact in f32), only the order of the f32
+// ConvOperands::kBf16 or kF16 (float only; on double an nd::Error). Both operands are
+// rounded to bf16 / f16 (nearest even) as the kernel gathers them, multiplied on tensor
+// cores (WMMA) with f32 accumulation; tensors, bias, split-K sums and the output stay f32. The CPU
+// twin is the cpu:: function on operands rounded to bf16 / f16 and widened back to f32: the
+// products are the same (bf16 x bf16 and f16 x f16 are exact in f32), only the order of the f32
 // additions differs. The bias gradient is a sum, not a product: always f32.
 #include <cstdint>
 
@@ -28,8 +28,8 @@ namespace nd::kernels::cuda {
 using cpu::Conv2dShape;
 using cpu::ConvTranspose2dShape;
 
-// The precision of a pass's products: T x T, or bf16 x bf16 into f32 (float only).
-enum class ConvOperands { kExact, kBf16 };
+// The precision of a pass's products: T x T, or bf16 x bf16 / f16 x f16 into f32 (float only).
+enum class ConvOperands { kExact, kBf16, kF16 };
 
 // y = conv2d(x, w) + bias. requires/ensures as cpu::conv2d_forward.  in-place: no.
 template <class T>

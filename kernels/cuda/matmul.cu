@@ -62,6 +62,7 @@ template <class T>
 cudaDataType_t cuda_type() {
   if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
   else if constexpr (std::is_same_v<T, double>) return CUDA_R_64F;
+  else if constexpr (std::is_same_v<T, Half>) return CUDA_R_16F;
   else return CUDA_R_16BF;
 }
 
@@ -85,7 +86,7 @@ void gemm_batched(const char* op, bool trans_a, bool trans_b, int64_t batch, int
   constexpr bool f32_operands = std::is_same_v<In, float>, f64 = std::is_same_v<T, double>;
   const cudaDataType_t type = cuda_type<In>(), c_type = cuda_type<T>();
   const cublasComputeType_t compute = f64                ? CUBLAS_COMPUTE_64F
-                                      : !f32_operands    ? CUBLAS_COMPUTE_32F  // bf16 tensor cores
+                                      : !f32_operands    ? CUBLAS_COMPUTE_32F  // bf16 / f16 tensor cores
                                       : allow_tf32()     ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                          : CUBLAS_COMPUTE_32F;
   const auto ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -124,6 +125,13 @@ void bmm_bf16(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, i
               float beta, float* C, int64_t ldc, int64_t stride_c, cudaStream_t stream) {
   gemm_batched<BFloat16, float>("bmm (autocast bf16)", trans_a, trans_b, batch, M, N, K, alpha, A, lda, stride_a, B,
                                 ldb, stride_b, beta, C, ldc, stride_c, stream);
+}
+
+void bmm_f16(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha, const Half* A,
+             int64_t lda, int64_t stride_a, const Half* B, int64_t ldb, int64_t stride_b, float beta, float* C,
+             int64_t ldc, int64_t stride_c, cudaStream_t stream) {
+  gemm_batched<Half, float>("bmm (autocast f16)", trans_a, trans_b, batch, M, N, K, alpha, A, lda, stride_a, B, ldb,
+                            stride_b, beta, C, ldc, stride_c, stream);
 }
 
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,

@@ -30,6 +30,13 @@ void bmm_bf16(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, i
               const BFloat16* A, int64_t lda, int64_t stride_a, const BFloat16* B, int64_t ldb, int64_t stride_b,
               float beta, float* C, int64_t ldc, int64_t stride_c, cudaStream_t stream);
 
+// The same with f16 operands (autocast to f16, engine/autocast.h): f16 tensor cores, f32
+// accumulation and C. The CPU twin is cpu::bmm<float> on the f16 values widened to f32
+// (f16 x f16 products are exact in f32 too: 11 + 11 significant bits).
+void bmm_f16(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+             const Half* A, int64_t lda, int64_t stride_a, const Half* B, int64_t ldb, int64_t stride_b, float beta,
+             float* C, int64_t ldc, int64_t stride_c, cudaStream_t stream);
+
 // TF32 for f32 products: set_allow_tf32 / allow_tf32 in runtime.h.
 
 }  // namespace nd::kernels::cuda

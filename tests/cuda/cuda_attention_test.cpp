@@ -50,10 +50,10 @@ Shape shape_of(const AttentionCase& c, int64_t rows, int64_t width) {
 }
 
 // One forward and backward on `device`; the seed fixes q, k, v and the output weights w.
-// amp: the forward under an AutocastGuard of the device's type, the backward outside it
-// (the node remembers; backward_in_guard puts it inside too).
+// amp: the forward under an AutocastGuard of the device's type (operands amp_dtype), the
+// backward outside it (the node remembers; backward_in_guard puts it inside too).
 Result run(const AttentionCase& c, ScalarType dtype, Device device, uint64_t seed, bool amp = false,
-           bool backward_in_guard = false) {
+           bool backward_in_guard = false, ScalarType amp_dtype = kBFloat16) {
   auto input = [&](const Shape& shape, uint64_t s) {
     return testing::random_input(shape, s, false, -2, 2).to(dtype).to(device).requires_grad_(true);
   };
@@ -67,7 +67,7 @@ Result run(const AttentionCase& c, ScalarType dtype, Device device, uint64_t see
   }
   Tensor out;
   {
-    AutocastGuard guard(device.type, amp);
+    AutocastGuard guard(device.type, amp, amp_dtype);
     out = scaled_dot_product_attention(q, k, v, mask, 0.0, c.causal);
   }
   const Tensor w = testing::random_input(out.sizes(), seed + 3).to(dtype).to(device);
@@ -189,25 +189,33 @@ TEST_CASE("cuda attention: head dims over 128 are an error naming the limit") {
   CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, q, v), doctest::Contains("at most 128"), Error);
 }
 
-TEST_CASE("cuda attention: under autocast (bf16 tensor cores) matches the CPU's autocast path") {
+TEST_CASE("cuda attention: under autocast (bf16 or f16 tensor cores) matches the CPU's autocast path") {
   if (skip_without_gpu()) return;
   // Both round q, k, v, mask, dout and the results to bf16 at the same points; the GPU also
   // rounds P and dS before the second products, so the devices agree to bf16 precision
   // (each rounding <= 2^-9 relative; the CPU emulation of the kernels measured <= 3.2e-3
-  // in this norm), not bit for bit: 1e-2, the bound.
+  // in this norm), not bit for bit: 1e-2, the bound. f16 rounds to 2^-12: 2e-3.
   uint64_t seed = 7000;
-  for (const AttentionCase& c : cases()) {
-    CAPTURE(c.name);
-    PoisonAllocations poison;
-    const Result cpu = run(c, kFloat32, Device(kCPU), seed += 10, true),
-                 gpu = run(c, kFloat32, kGpu, seed, true);
-    CHECK(gpu.out.dtype() == kFloat32);
-    check_matches(gpu.out, cpu.out, c.name + " amp out", 1e-2);
-    check_matches(gpu.dq, cpu.dq, c.name + " amp dq", 1e-2);
-    check_matches(gpu.dk, cpu.dk, c.name + " amp dk", 1e-2);
-    check_matches(gpu.dv, cpu.dv, c.name + " amp dv", 1e-2);
-    // Not the f32 path: out is bf16-rounded.
-    CHECK(bits(gpu.out) == bits(gpu.out.to(kBFloat16).to(kFloat32)));
+  for (const ScalarType dt : {kBFloat16, kFloat16}) {
+    const double rel = dt == kFloat16 ? 2e-3 : 1e-2;
+    for (size_t i = 0; i < cases().size(); ++i) {
+      const AttentionCase& c = cases()[i];
+      // Emulated, f16 takes every other case (tests/emu/attention_emu_test.cpp runs the f16
+      // kernels on their own through head dims, tails, causality and masks).
+      if (emulated() && dt == kFloat16 && i % 2) continue;
+      CAPTURE(c.name);
+      CAPTURE(dtype_name(dt));
+      PoisonAllocations poison;
+      const Result cpu = run(c, kFloat32, Device(kCPU), seed += 10, true, false, dt),
+                   gpu = run(c, kFloat32, kGpu, seed, true, false, dt);
+      CHECK(gpu.out.dtype() == kFloat32);
+      check_matches(gpu.out, cpu.out, c.name + " amp out", rel);
+      check_matches(gpu.dq, cpu.dq, c.name + " amp dq", rel);
+      check_matches(gpu.dk, cpu.dk, c.name + " amp dk", rel);
+      check_matches(gpu.dv, cpu.dv, c.name + " amp dv", rel);
+      // Not the f32 path: out is rounded to the autocast dtype.
+      CHECK(bits(gpu.out) == bits(gpu.out.to(dt).to(kFloat32)));
+    }
   }
 }
 

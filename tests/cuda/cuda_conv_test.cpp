@@ -5,7 +5,7 @@
 // bias on and off. Also: f64 matches to double precision, the weight gradient (split-K)
 // is bit-identical run to run, and an empty batch still writes zero weight and bias
 // gradients. Under autocast (ConvOperands::kBf16, the tensor-core kernel) all six passes
-// match the CPU's bf16-operand reference (tests/ops/autocast_conv_test.cpp pins that one
+// match the CPU's bf16- (or f16-) operand reference (tests/ops/autocast_conv_test.cpp pins that one
 // down) element by element and are bit-identical run to run. Without a GPU every case
 // reports "SKIPPED:" (the index math these kernels run is tested on the CPU in
 // tests/kernels/conv_index_test.cpp).
@@ -159,17 +159,15 @@ struct AmpRun {
   Tensor y, dx, dw, db;
 };
 
-using testing::bf16_rounded;
-
-// y = fn(x, w, b) with autocast on for `d` during the forward, and the gradients of
+// y = fn(x, w, b) with autocast (to dt) on for `d` during the forward, and the gradients of
 // sum(y * gy) (so dy = gy); the backward runs outside the guard (its node remembers).
 AmpRun amp_run(const AmpCase& c, const Device& d, const Tensor& x0, const Tensor& w0, const Tensor& b0,
-               const Tensor& gy) {
+               const Tensor& gy, ScalarType dt) {
   const Tensor x = x0.to(d).detach().requires_grad_(true), w = w0.to(d).detach().requires_grad_(true);
   const Tensor b = c.bias ? b0.to(d).detach().requires_grad_(true) : Tensor();
   Tensor y;
   {
-    AutocastGuard amp(d.type);
+    AutocastGuard amp(d.type, true, dt);
     y = c.fn({x, w, b});
   }
   (y * gy.to(d)).sum().backward();
@@ -197,8 +195,9 @@ void check_within(const Tensor& on_gpu, const Tensor& on_cpu, const Tensor& boun
                 " sum|a||b| (first at ", first, "); largest err / sum|a||b| = ", worst);
 }
 
-void compare_amp_case(const AmpCase& c, uint64_t seed) {
+void compare_amp_case(const AmpCase& c, uint64_t seed, ScalarType dt) {
   CAPTURE(c.name);
+  CAPTURE(dtype_name(dt));
   PoisonAllocations poison;
   const Tensor x = testing::random_input(c.x, seed).to(kFloat32), w = testing::random_input(c.w, seed + 1).to(kFloat32);
   Shape y_shape;
@@ -208,19 +207,19 @@ void compare_amp_case(const AmpCase& c, uint64_t seed) {
   }
   const Tensor b = testing::random_input({y_shape[1]}, seed + 2).to(kFloat32);
   const Tensor gy = testing::random_input(y_shape, seed + 3).to(kFloat32);
-  const AmpRun on_cpu = amp_run(c, Device(kCPU), x, w, b, gy), on_gpu = amp_run(c, kGpu, x, w, b, gy);
+  const AmpRun on_cpu = amp_run(c, Device(kCPU), x, w, b, gy, dt), on_gpu = amp_run(c, kGpu, x, w, b, gy, dt);
   // sum |a||b| of every result: the f64 pass on |rounded operands| (all terms >= 0).
-  const Tensor ax = abs(bf16_rounded(x)).to(kFloat64).requires_grad_(true);
-  const Tensor aw = abs(bf16_rounded(w)).to(kFloat64).requires_grad_(true);
+  const Tensor ax = abs(testing::rounded(x, dt)).to(kFloat64).requires_grad_(true);
+  const Tensor aw = abs(testing::rounded(w, dt)).to(kFloat64).requires_grad_(true);
   const Tensor ab = abs(b).to(kFloat64).requires_grad_(true);
   const Tensor bound_y = c.fn({ax, aw, c.bias ? ab : Tensor()});
-  (bound_y * abs(bf16_rounded(gy)).to(kFloat64)).sum().backward();
+  (bound_y * abs(testing::rounded(gy, dt)).to(kFloat64)).sum().backward();
   check_within(on_gpu.y, on_cpu.y, bound_y.detach(), c.name + " forward", 1e-5);
   check_within(on_gpu.dx, on_cpu.dx, ax.grad(), c.name + " input gradient", 1e-5);
   check_within(on_gpu.dw, on_cpu.dw, aw.grad(), c.name + " weight gradient", 1e-5);
   if (c.bias) check_within(on_gpu.db, on_cpu.db, ab.grad(), c.name + " bias gradient (f32)", 1e-5);
   // The same bits on a second run: fixed tiling and split-K order, no atomics.
-  const AmpRun again = amp_run(c, kGpu, x, w, b, gy);
+  const AmpRun again = amp_run(c, kGpu, x, w, b, gy, dt);
   const std::pair<Tensor, Tensor> runs[] = {{on_gpu.y, again.y}, {on_gpu.dx, again.dx}, {on_gpu.dw, again.dw}};
   for (const auto& [first, second] : runs) {
     const Tensor u = first.cpu().contiguous(), v = second.cpu().contiguous();
@@ -231,7 +230,7 @@ void compare_amp_case(const AmpCase& c, uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("cuda conv: under autocast all six passes match the CPU's bf16-operand reference, bit-stable") {
+TEST_CASE("cuda conv: under autocast all six passes match the CPU's bf16- or f16-operand reference, bit-stable") {
   if (skip_without_gpu()) return;
   const std::vector<AmpCase> cases = {
       // conv2d: forward, dgrad, wgrad. DCGAN D at batch 16: wgrad depth 16*14*14 = 3136
@@ -264,9 +263,10 @@ TEST_CASE("cuda conv: under autocast all six passes match the CPU's bf16-operand
     // Emulated (tests/emu), the DCGAN-sized rows take minutes: every CUDA thread is an OS
     // thread. The smaller rows run the same bf16 kernels through groups, strides, dilation,
     // padding and partial tiles; split-K wgrad in bf16, which only the DCGAN rows reach
-    // here, is checked by tests/emu/conv_emu_test.cpp ("conv2d wgrad split-K (f32, bf16)").
+    // here, is checked by tests/emu/conv_emu_test.cpp ("conv2d wgrad split-K (f32, bf16, f16)").
     if (emulated() && c.name.find("DCGAN") != std::string::npos) continue;
-    compare_amp_case(c, seed);
+    compare_amp_case(c, seed, kBFloat16);
+    compare_amp_case(c, seed + 5, kFloat16);  // the same kernel with __half tiles
   }
 }
 

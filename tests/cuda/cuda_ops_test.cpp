@@ -260,31 +260,34 @@ TEST_CASE("cuda errors: a kernel's own limit names the kernel and the tensor it 
   CHECK(ones(shape).permute(reversed).contiguous().sum().item() == 2048);
 }
 
-TEST_CASE("cuda autocast: bf16 tensor-core products match the CPU's rounded-operand reference, with backward") {
+TEST_CASE("cuda autocast: bf16 and f16 tensor-core products match the CPU's rounded-operand reference, with backward") {
   if (skip_without_gpu()) return;
   PoisonAllocations poison;
   auto f32 = [](const Shape& shape, uint64_t seed) { return testing::random_input(shape, seed).to(kFloat32); };
   const Tensor a = f32({37, 53}, 31), b = f32({53, 29}, 32), x = f32({3, 17, 33}, 33), y = f32({3, 33, 9}, 34);
-  auto run = [&](const Device& d) {
-    // detach(): on the CPU, to() returns `a` itself, whose flag must not leak into the CUDA
-    // run (a.to(cuda) would then be a non-leaf copy, with no .grad of its own).
-    Tensor ad = a.to(d).detach().requires_grad_(true), bd = b.to(d).detach().requires_grad_(true);
-    Tensor xd = x.to(d), yd = y.to(d);
-    Tensor out_mm, out_bmm, out_t;
-    {
-      AutocastGuard amp(d.type);
-      out_mm = mm(ad, bd);
-      out_bmm = bmm(xd, yd);
-      out_t = mm(bd.t(), ad.t());
-    }
-    (out_mm * out_mm).sum().backward();
-    return std::vector<Tensor>{out_mm, out_bmm, out_t, ad.grad(), bd.grad()};
-  };
-  const auto on_cpu = run(Device(kCPU)), on_gpu = run(kGpu);
-  // The same bf16 operands and f32 accumulation: only the order of the sums differs.
-  const char* names[] = {"mm", "bmm", "mm of transposes", "grad a", "grad b"};
-  for (size_t i = 0; i < on_cpu.size(); ++i)
-    check_matches(on_gpu[i], on_cpu[i], std::string("autocast ") + names[i], 1e-5);
+  for (const ScalarType dt : {kBFloat16, kFloat16}) {
+    CAPTURE(dtype_name(dt));
+    auto run = [&](const Device& d) {
+      // detach(): on the CPU, to() returns `a` itself, whose flag must not leak into the CUDA
+      // run (a.to(cuda) would then be a non-leaf copy, with no .grad of its own).
+      Tensor ad = a.to(d).detach().requires_grad_(true), bd = b.to(d).detach().requires_grad_(true);
+      Tensor xd = x.to(d), yd = y.to(d);
+      Tensor out_mm, out_bmm, out_t;
+      {
+        AutocastGuard amp(d.type, true, dt);
+        out_mm = mm(ad, bd);
+        out_bmm = bmm(xd, yd);
+        out_t = mm(bd.t(), ad.t());
+      }
+      (out_mm * out_mm).sum().backward();
+      return std::vector<Tensor>{out_mm, out_bmm, out_t, ad.grad(), bd.grad()};
+    };
+    const auto on_cpu = run(Device(kCPU)), on_gpu = run(kGpu);
+    // The same bf16 operands and f32 accumulation: only the order of the sums differs.
+    const char* names[] = {"mm", "bmm", "mm of transposes", "grad a", "grad b"};
+    for (size_t i = 0; i < on_cpu.size(); ++i)
+      check_matches(on_gpu[i], on_cpu[i], std::string("autocast ") + names[i], 1e-5);
+  }
 }
 
 TEST_CASE("cuda matmul: TF32 is off by default and close when allowed") {

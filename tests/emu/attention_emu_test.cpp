@@ -1,5 +1,5 @@
 // kernels/cuda/attention.cu in the emulator against kernels/cpu/attention.cpp: the f32 and
-// f64 SIMT kernels and the bf16 WMMA kernels, forward and backward, at the compiled head
+// f64 SIMT kernels and the bf16 and f16 WMMA kernels, forward and backward, at the compiled head
 // dims 32, 64, 128 and zero-padded ones (16, 40, 72), Sq and Sk off the 64-row tiles,
 // causal (Sq < Sk and Sq > Sk), an additive mask broadcast over heads with -inf entries,
 // and a fully masked row.
@@ -15,11 +15,14 @@
 //   to bf16 before the second products (engine/autocast.h's contract): relative 2^-9 per
 //   weight, plus the outputs' own rounding (2^-9 on each side); 1e-2 (about 5 bf16 ulps of
 //   the largest value) bounds these. lse is f32 in both: 1e-5 relative.
+// - f16: the same with f16 (2^-12 per rounding): 2e-3, about 4 f16 ulps of the largest value.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "emu_test.h"
@@ -102,45 +105,52 @@ void check_exact(const Case& c) {
   check_masked_row(c, o2, l2, dq2);
 }
 
-void check_bf16(const Case& c, bool twice = false) {
-  INFO(std::string(c.name), " bf16");
+// S = BFloat16 or Half: the 16-bit kernels with that operand type.
+template <class S>
+void check_half(const Case& c, bool twice = false) {
+  constexpr bool f16 = std::is_same_v<S, nd::Half>;
+  INFO(std::string(c.name), f16 ? " f16" : " bf16");
+  const auto r16 = [](std::vector<float> x) { return f16 ? rounded_f16(std::move(x)) : rounded_bf16(std::move(x)); };
+  const auto to16 = [](const std::vector<float>& x) { return std::vector<S>(x.begin(), x.end()); };
+  const auto to32 = [](const std::vector<S>& x) { return std::vector<float>(x.begin(), x.end()); };
+  const double rel = f16 ? 2e-3 : 1e-2;
   const int64_t BH = c.B * c.H;
-  const auto q = rounded_bf16(uniform(BH * c.Sq * c.E, 1, -2, 2)), k = rounded_bf16(uniform(BH * c.Sk * c.E, 2, -2, 2)),
-             v = rounded_bf16(uniform(BH * c.Sk * c.Ev, 3, -2, 2)),
-             dout = rounded_bf16(uniform(BH * c.Sq * c.Ev, 4, -2, 2));
+  const auto q = r16(uniform(BH * c.Sq * c.E, 1, -2, 2)), k = r16(uniform(BH * c.Sk * c.E, 2, -2, 2)),
+             v = r16(uniform(BH * c.Sk * c.Ev, 3, -2, 2)),
+             dout = r16(uniform(BH * c.Sq * c.Ev, 4, -2, 2));
   const auto maskf = make_mask(c);
-  const auto maskb = to_bf16(maskf);
+  const auto maskb = to16(maskf);
   const double scale = 1.0 / std::sqrt(double(c.E));
-  // The reference: the f32 CPU kernel on the rounded operands, outputs rounded to bf16.
+  // The reference: the f32 CPU kernel on the rounded operands, outputs rounded to S.
   std::vector<float> o1(BH * c.Sq * c.Ev), l1(BH * c.Sq), dq1(q.size()), dk1(k.size()), dv1(v.size());
   cpu::scaled_dot_product_attention_forward<float>(q.data(), k.data(), v.data(), mask_of(c, maskf), c.B, c.H, c.Sq,
                                                    c.Sk, c.E, c.Ev, c.causal, scale, o1.data(), l1.data());
-  o1 = rounded_bf16(o1);
+  o1 = r16(o1);
   cpu::scaled_dot_product_attention_backward<float>(dout.data(), q.data(), k.data(), v.data(), mask_of(c, maskf),
                                                     o1.data(), l1.data(), c.B, c.H, c.Sq, c.Sk, c.E, c.Ev, c.causal,
                                                     scale, dq1.data(), dk1.data(), dv1.data());
-  const auto qb = to_bf16(q), kb = to_bf16(k), vb = to_bf16(v), db = to_bf16(dout);
-  auto run = [&](std::vector<BFloat16>& o2, std::vector<float>& l2, std::vector<BFloat16>& dq2,
-                 std::vector<BFloat16>& dk2, std::vector<BFloat16>& dv2) {
-    o2 = to_bf16(nans<float>(o1.size())), l2 = nans<float>(l1.size()), dq2 = to_bf16(nans<float>(q.size())),
-    dk2 = to_bf16(nans<float>(k.size())), dv2 = to_bf16(nans<float>(v.size()));
+  const auto qb = to16(q), kb = to16(k), vb = to16(v), db = to16(dout);
+  auto run = [&](std::vector<S>& o2, std::vector<float>& l2, std::vector<S>& dq2,
+                 std::vector<S>& dk2, std::vector<S>& dv2) {
+    o2 = to16(nans<float>(o1.size())), l2 = nans<float>(l1.size()), dq2 = to16(nans<float>(q.size())),
+    dk2 = to16(nans<float>(k.size())), dv2 = to16(nans<float>(v.size()));
     cuda::scaled_dot_product_attention_forward(qb.data(), kb.data(), vb.data(), mask_of(c, maskb), c.B, c.H, c.Sq,
                                                c.Sk, c.E, c.Ev, c.causal, scale, o2.data(), l2.data(), nullptr);
     cuda::scaled_dot_product_attention_backward(db.data(), qb.data(), kb.data(), vb.data(), mask_of(c, maskb),
                                                 o2.data(), l2.data(), c.B, c.H, c.Sq, c.Sk, c.E, c.Ev, c.causal,
                                                 scale, dq2.data(), dk2.data(), dv2.data(), nullptr);
   };
-  std::vector<BFloat16> o2, dq2, dk2, dv2;
+  std::vector<S> o2, dq2, dk2, dv2;
   std::vector<float> l2;
   run(o2, l2, dq2, dk2, dv2);
-  check_rel("out", to_float(o2), o1, 1e-2);
+  check_rel("out", to32(o2), o1, rel);
   check_rel("logsumexp", l2, l1, 1e-5);
-  check_rel("dq", to_float(dq2), rounded_bf16(dq1), 1e-2);
-  check_rel("dk", to_float(dk2), rounded_bf16(dk1), 1e-2);
-  check_rel("dv", to_float(dv2), rounded_bf16(dv1), 1e-2);
-  check_masked_row(c, to_float(o2), l2, to_float(dq2));
+  check_rel("dq", to32(dq2), r16(dq1), rel);
+  check_rel("dk", to32(dk2), r16(dk1), rel);
+  check_rel("dv", to32(dv2), r16(dv1), rel);
+  check_masked_row(c, to32(o2), l2, to32(dq2));
   if (!twice) return;
-  std::vector<BFloat16> o3, dq3, dk3, dv3;
+  std::vector<S> o3, dq3, dk3, dv3;
   std::vector<float> l3;
   run(o3, l3, dq3, dk3, dv3);
   auto same = [](const auto& a, const auto& b) { return std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0; };
@@ -168,12 +178,18 @@ TEST_CASE("attention f64 SIMT kernels") {
 }
 
 TEST_CASE("attention bf16 WMMA kernels: head dims 32/64/128 and padded, tails, causal") {
-  for (const Case& c : {kE32, kE64, kE128Causal, kPadded, kPadded128, kCausalWide}) check_bf16(c);
+  for (const Case& c : {kE32, kE64, kE128Causal, kPadded, kPadded128, kCausalWide}) check_half<BFloat16>(c);
 }
 
 TEST_CASE("attention bf16 WMMA kernels: additive mask, a fully masked row, bit-reproducible") {
-  check_bf16(kMask, true);
-  check_bf16(kMaskedRow);
+  check_half<BFloat16>(kMask, true);
+  check_half<BFloat16>(kMaskedRow);
+}
+
+TEST_CASE("attention f16 WMMA kernels: head dims 32/64/128, causal, mask, a fully masked row, bit-reproducible") {
+  for (const Case& c : {kE32, kE128Causal, kPadded}) check_half<nd::Half>(c);
+  check_half<nd::Half>(kMask, true);
+  check_half<nd::Half>(kMaskedRow);
 }
 
 TEST_CASE("attention head dims over 128 are an nd::Error") {

@@ -1,13 +1,13 @@
 // kernels/cuda/conv.cu in the emulator against kernels/cpu/conv.cpp: all six GEMM passes
-// and the bias gradient, f32 and f64 on the exact (SIMT) kernel and f32 with bf16 operands
-// on the WMMA kernel, on shapes with partial tiles in every GEMM dimension, groups,
+// and the bias gradient, f32 and f64 on the exact (SIMT) kernel and f32 with bf16 or f16
+// operands on the WMMA kernel, on shapes with partial tiles in every GEMM dimension, groups,
 // stride / dilation / padding, and a wgrad depth long enough to be split (split-K).
 //
 // Tolerances (emu_test.h check_sum_bound): each output element is a sum of at most n
 // products (+ bias) that the CPU and the CUDA kernel add in different orders, so they differ
 // by at most 2 gamma_n sum|a b|. The bf16 path is held to the SAME f32 bound against the CPU
 // on bf16-rounded operands: a bf16 x bf16 product is exact in f32 (8 + 8 significant bits),
-// so only the order of the f32 additions differs there too.
+// so only the order of the f32 additions differs there too; the f16 path likewise (11 + 11).
 #include <doctest/doctest.h>
 
 #include <string>
@@ -39,7 +39,7 @@ void check_pass(const std::string& what, size_t n, int64_t terms, Cpu cpu_pass, 
 }
 
 // The operands of one conv check: x, w, b, dy; the CPU reference's xr, wr, dyr (rounded
-// to bf16 for Op::kBf16: the CUDA kernel rounds them itself); their absolute values for the
+// to bf16 for Op::kBf16, f16 for Op::kF16: the CUDA kernel rounds them itself); their absolute values for the
 // bound; and the tag naming the case and precision.
 template <class T>
 struct ConvData {
@@ -47,14 +47,15 @@ struct ConvData {
   std::vector<double> ax, aw, ab, ady;
   std::string tag;
   ConvData(const std::string& name, size_t nx, size_t nw, size_t nb, size_t ny, Op op, unsigned seed) {
-    const bool bf = op == Op::kBf16;
     const auto x0 = uniform(nx, seed), w0 = uniform(nw, seed + 1), b0 = uniform(nb, seed + 2),
                dy0 = uniform(ny, seed + 3);
     x = cast<T>(x0), w = cast<T>(w0), b = cast<T>(b0), dy = cast<T>(dy0);
-    xr = bf ? cast<T>(rounded_bf16(x0)) : x, wr = bf ? cast<T>(rounded_bf16(w0)) : w;
-    dyr = bf ? cast<T>(rounded_bf16(dy0)) : dy;
+    auto r = [&](const std::vector<float>& v, const std::vector<T>& exact) {
+      return op == Op::kBf16 ? cast<T>(rounded_bf16(v)) : op == Op::kF16 ? cast<T>(rounded_f16(v)) : exact;
+    };
+    xr = r(x0, x), wr = r(w0, w), dyr = r(dy0, dy);
     ax = abs_values(xr), aw = abs_values(wr), ab = abs_values(b), ady = abs_values(dyr);
-    tag = name + (bf ? " bf16" : sizeof(T) == 4 ? " f32" : " f64");
+    tag = name + (op == Op::kBf16 ? " bf16" : op == Op::kF16 ? " f16" : sizeof(T) == 4 ? " f32" : " f64");
   }
 };
 
@@ -80,7 +81,7 @@ void check_conv2d(const std::string& name, const cpu::Conv2dShape& s, Op op, uns
                 [&](double* bound) { cpu::conv2d_backward_weight<double>(s, d.ax.data(), d.ady.data(), bound); },
                 [&](T* got) { cuda::conv2d_backward_weight<T>(s, d.x.data(), d.dy.data(), got, nullptr, op); });
 
-  if (op == Op::kBf16) return;  // the bias gradient has no bf16 variant
+  if (op != Op::kExact) return;  // the bias gradient has no bf16 / f16 variant
   // Both accumulate in double and round once: equal unless the double sums round apart.
   check_pass<T>(d.tag + " bias grad", s.C_out, 2,
                 [&](T* ref) { cpu::conv2d_backward_bias<T>(s.N, s.C_out, OH * OW, d.dy.data(), ref); },
@@ -159,15 +160,22 @@ TEST_CASE("conv2d bf16 operands on the WMMA kernel") {
   check_conv2d<float>("full tiles", full_tiles(), Op::kBf16, 25);
 }
 
-TEST_CASE("conv2d wgrad split-K (f32, bf16) and f64") {
+TEST_CASE("conv2d f16 operands on the WMMA kernel") {
+  check_conv2d<float>("grouped", grouped(), Op::kF16, 11);
+  check_conv2d<float>("full tiles", full_tiles(), Op::kF16, 26);
+}
+
+TEST_CASE("conv2d wgrad split-K (f32, bf16, f16) and f64") {
   check_conv2d<float>("long depth", long_depth(), Op::kExact, 30);
   check_conv2d<float>("long depth", long_depth(), Op::kBf16, 30);
+  check_conv2d<float>("long depth", long_depth(), Op::kF16, 31);
   check_conv2d<double>("grouped", grouped(), Op::kExact, 40);
 }
 
-TEST_CASE("conv_transpose2d f32, bf16 and f64") {
+TEST_CASE("conv_transpose2d f32, bf16, f16 and f64") {
   check_conv_transpose2d<float>("transposed", transposed(), Op::kExact, 50);
   check_conv_transpose2d<float>("transposed", transposed(), Op::kBf16, 50);
+  check_conv_transpose2d<float>("transposed", transposed(), Op::kF16, 51);
   check_conv_transpose2d<double>("transposed", transposed(), Op::kExact, 60);
 }
 
@@ -176,7 +184,9 @@ TEST_CASE("conv2d bf16 operands on f64 tensors are an nd::Error") {
   std::vector<double> x(s.N * s.C_in * s.H * s.W), w(s.C_out * s.C_in / s.groups * s.kH * s.kW),
       y(s.N * s.C_out * s.out_h() * s.out_w());
   CHECK_THROWS_WITH_AS(cuda::conv2d_forward<double>(s, x.data(), w.data(), nullptr, y.data(), nullptr, Op::kBf16),
-                       doctest::Contains("expected f32 tensors for bf16 operands"), nd::Error);
+                       doctest::Contains("expected f32 tensors for bf16 or f16 operands"), nd::Error);
+  CHECK_THROWS_WITH_AS(cuda::conv2d_forward<double>(s, x.data(), w.data(), nullptr, y.data(), nullptr, Op::kF16),
+                       doctest::Contains("expected f32 tensors for bf16 or f16 operands"), nd::Error);
 }
 
 }  // namespace

@@ -44,7 +44,13 @@ inline std::vector<float> rounded_bf16(std::vector<float> v) {
   for (auto& x : v) x = round_bf16(x);
   return v;
 }
+inline std::vector<float> rounded_f16(std::vector<float> v) {
+  for (auto& x : v) x = static_cast<float>(Half(x));
+  return v;
+}
 inline std::vector<BFloat16> to_bf16(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+inline std::vector<Half> to_f16(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+inline std::vector<float> to_float(const std::vector<Half>& v) { return {v.begin(), v.end()}; }
 inline std::vector<float> to_float(const std::vector<BFloat16>& v) { return {v.begin(), v.end()}; }
 
 template <class T>

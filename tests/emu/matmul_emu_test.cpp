@@ -1,5 +1,5 @@
 // kernels/cuda/matmul.cu in the emulator against kernels/cpu/matmul.cpp: gemm, bmm and
-// bmm_bf16 through the cuBLAS stand-in (include/cublas_v2.h), which checks the arguments
+// bmm_bf16 / bmm_f16 through the cuBLAS stand-in (include/cublas_v2.h), which checks the arguments
 // as cuBLAS does (lda/ldb/ldc against the column-major shapes, types, compute type) and
 // computes the column-major product it was asked for. So these tests check matmul.cu's
 // row-major -> column-major mapping (operand swap, transposes, leading dimensions, batch
@@ -75,11 +75,12 @@ double op_at(const std::vector<T>& x, const Layout& l, bool trans, int64_t b, in
   return static_cast<double>(x[b * l.stride + (trans ? c * l.ld + r : r * l.ld + c)]);
 }
 
-// In: the operands' element type (T, or BFloat16 for bmm_bf16); T: C's.
+// In: the operands' element type (T, or BFloat16 for bmm_bf16, Half for bmm_f16); T: C's.
 template <class T, class In>
 void check_case(const Case& c, bool use_gemm, unsigned seed) {
-  const bool bf16 = !std::is_same_v<In, T>;
-  INFO(describe(c), use_gemm ? " gemm" : bf16 ? " bmm_bf16" : " bmm", sizeof(T) == 4 ? " f32" : " f64");
+  constexpr bool f16 = std::is_same_v<In, nd::Half>;
+  INFO(describe(c), use_gemm ? " gemm" : f16 ? " bmm_f16" : !std::is_same_v<In, T> ? " bmm_bf16" : " bmm",
+       sizeof(T) == 4 ? " f32" : " f64");
   const Layout la = layout(c.ta ? c.K : c.M, c.ta ? c.M : c.K, c.pad_a, c.batch, c.bcast_a);
   const Layout lb = layout(c.tb ? c.N : c.K, c.tb ? c.K : c.N, c.pad_b, c.batch, c.bcast_b);
   const Layout lc = layout(c.M, c.N, c.pad_c, c.batch, false);
@@ -90,6 +91,12 @@ void check_case(const Case& c, bool use_gemm, unsigned seed) {
     B = cast<T>(uniform(lb.size, seed + 1));
     A_in = A;
     B_in = B;
+  } else if constexpr (f16) {
+    const auto a = rounded_f16(uniform(la.size, seed)), b = rounded_f16(uniform(lb.size, seed + 1));
+    A = a;
+    B = b;
+    A_in = to_f16(a);
+    B_in = to_f16(b);
   } else {
     const auto a = rounded_bf16(uniform(la.size, seed)), b = rounded_bf16(uniform(lb.size, seed + 1));
     A = a;
@@ -111,6 +118,9 @@ void check_case(const Case& c, bool use_gemm, unsigned seed) {
     if constexpr (std::is_same_v<In, T>)
       cuda::bmm<T>(c.ta, c.tb, c.batch, c.M, c.N, c.K, alpha, A_in.data(), la.ld, la.stride, B_in.data(), lb.ld,
                    lb.stride, beta, C_emu.data(), lc.ld, lc.stride, nullptr);
+    else if constexpr (f16)
+      cuda::bmm_f16(c.ta, c.tb, c.batch, c.M, c.N, c.K, alpha, A_in.data(), la.ld, la.stride, B_in.data(), lb.ld,
+                    lb.stride, beta, C_emu.data(), lc.ld, lc.stride, nullptr);
     else
       cuda::bmm_bf16(c.ta, c.tb, c.batch, c.M, c.N, c.K, alpha, A_in.data(), la.ld, la.stride, B_in.data(), lb.ld,
                      lb.stride, beta, C_emu.data(), lc.ld, lc.stride, nullptr);
@@ -127,8 +137,9 @@ void check_case(const Case& c, bool use_gemm, unsigned seed) {
   check_sum_bound("C", C_emu, C_cpu, bound, c.K + 2);
 }
 
+// half: 0 for T x T, 1 for bmm_bf16, 2 for bmm_f16.
 template <class T>
-void check_all_shapes(bool bf16) {
+void check_all_shapes(int half) {
   unsigned seed = 10;
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
@@ -143,8 +154,12 @@ void check_all_shapes(bool bf16) {
           {ta, tb, 2, 4, 4, 1, 3, 3, 3, true, true, 0.75, 0.5},      // both broadcast, K = 1
       };
       for (const Case& c : cases) {
-        if (bf16) {
+        if (half == 1) {
           check_case<float, nd::BFloat16>(c, false, seed++);
+          continue;
+        }
+        if (half == 2) {
+          check_case<float, nd::Half>(c, false, seed++);
           continue;
         }
         if (c.batch == 1 && !c.bcast_a && !c.bcast_b) check_case<T, T>(c, true, seed++);
@@ -155,22 +170,29 @@ void check_all_shapes(bool bf16) {
 
 TEST_CASE("gemm and bmm f32: every transpose pair, ld > width, batch strides and broadcast, alpha/beta") {
   cuda::set_allow_tf32(false);
-  check_all_shapes<float>(false);
+  check_all_shapes<float>(0);
   CHECK(emu_cublas::last_compute == CUBLAS_COMPUTE_32F);
   CHECK(emu_cublas::last_ab_type == CUDA_R_32F);
 }
 
 TEST_CASE("gemm and bmm f64") {
-  check_all_shapes<double>(false);
+  check_all_shapes<double>(0);
   CHECK(emu_cublas::last_compute == CUBLAS_COMPUTE_64F);
   CHECK(emu_cublas::last_ab_type == CUDA_R_64F);
   CHECK(emu_cublas::last_c_type == CUDA_R_64F);
 }
 
 TEST_CASE("bmm_bf16 against cpu::bmm<float> on the widened bf16 operands") {
-  check_all_shapes<float>(true);
+  check_all_shapes<float>(1);
   CHECK(emu_cublas::last_compute == CUBLAS_COMPUTE_32F);  // bf16 tensor cores, f32 accumulation
   CHECK(emu_cublas::last_ab_type == CUDA_R_16BF);
+  CHECK(emu_cublas::last_c_type == CUDA_R_32F);
+}
+
+TEST_CASE("bmm_f16 against cpu::bmm<float> on the widened f16 operands") {
+  check_all_shapes<float>(2);
+  CHECK(emu_cublas::last_compute == CUBLAS_COMPUTE_32F);  // f16 tensor cores, f32 accumulation
+  CHECK(emu_cublas::last_ab_type == CUDA_R_16F);
   CHECK(emu_cublas::last_c_type == CUDA_R_32F);
 }
 

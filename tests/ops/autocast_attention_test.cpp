@@ -3,7 +3,7 @@
 // where it rounds). The expectation is built here by hand: q, k, v, mask and dout rounded
 // to bf16 values, the f32 CPU kernel (kernels/cpu/attention.h) called directly, out rounded,
 // the backward from the rounded out and the f32 logsumexp, dq, dk, dv rounded; the op must
-// equal it bit for bit. Also: the backward keeps the forward's precision outside the guard,
+// equal it bit for bit, with bf16 and with f16 as autocast's dtype. Also: the backward keeps the forward's precision outside the guard,
 // f64 and autocast off are untouched, and the result is within bf16 precision of plain f32.
 // The CUDA path is compared with this one in tests/cuda/cuda_attention_test.cpp.
 #include <cmath>
@@ -36,7 +36,7 @@ const Case kCases[] = {
     {"heads-inner views", 2, 3, 10, 10, 4, 4, false, 0, true},
 };
 
-using testing::bf16_rounded;
+using testing::rounded;
 using testing::to_floats;
 
 // An f32 input of `shape` [B, H, rows, X] in [-2, 2); heads_inner: a [B, rows, H, X] tensor
@@ -61,8 +61,8 @@ Tensor make_mask(const Case& c) {
   return tensor(r, TensorOptions(kFloat32)).reshape({c.B, 1, c.L, c.S});
 }
 
-// The mask as the kernel's dense [B, H, L, S] values, rounded to bf16 (bool: 0 / -inf).
-std::vector<float> dense_mask(const Case& c, const Tensor& mask) {
+// The mask as the kernel's dense [B, H, L, S] values, rounded to dt (bool: 0 / -inf).
+std::vector<float> dense_mask(const Case& c, const Tensor& mask, ScalarType dt) {
   const std::vector<double> m = testing::to_vector(mask);
   const bool is_bool = mask.dtype() == kBool;  // [L, S]; the others are [B, 1, L, S]
   std::vector<float> out;
@@ -72,43 +72,43 @@ std::vector<float> dense_mask(const Case& c, const Tensor& mask) {
         const double x = m[(is_bool ? 0 : b * c.L * c.S) + ij];
         out.push_back(is_bool ? (x != 0 ? 0.0f : -std::numeric_limits<float>::infinity()) : static_cast<float>(x));
       }
-  return bf16_rounded(out);
+  return rounded(out, dt);
 }
 
 struct Result {
   std::vector<float> out, dq, dk, dv;
 };
 
-// The expectation by hand (see the file comment).
+// The expectation by hand (see the file comment), dt the autocast dtype.
 Result expected(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                const Tensor& dout) {
-  const std::vector<float> qr = bf16_rounded(to_floats(q)), kr = bf16_rounded(to_floats(k)), vr = bf16_rounded(to_floats(v));
-  const std::vector<float> dr = bf16_rounded(to_floats(dout));
+                const Tensor& dout, ScalarType dt) {
+  const std::vector<float> qr = rounded(to_floats(q), dt), kr = rounded(to_floats(k), dt), vr = rounded(to_floats(v), dt);
+  const std::vector<float> dr = rounded(to_floats(dout), dt);
   std::vector<float> m;
   kernels::cpu::AttentionMask<float> km;
   if (mask.defined()) {
-    m = dense_mask(c, mask);
+    m = dense_mask(c, mask, dt);
     km = {m.data(), c.H * c.L * c.S, c.L * c.S, c.S, 1};
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.E));
   std::vector<float> out(c.B * c.H * c.L * c.Ev), lse(c.B * c.H * c.L);
   kernels::cpu::scaled_dot_product_attention_forward<float>(qr.data(), kr.data(), vr.data(), km, c.B, c.H, c.L, c.S,
                                                             c.E, c.Ev, c.causal, scale, out.data(), lse.data());
-  out = bf16_rounded(out);
+  out = rounded(out, dt);
   std::vector<float> dq(qr.size()), dk(kr.size()), dv(vr.size());
   kernels::cpu::scaled_dot_product_attention_backward<float>(dr.data(), qr.data(), kr.data(), vr.data(), km,
                                                              out.data(), lse.data(), c.B, c.H, c.L, c.S, c.E, c.Ev,
                                                              c.causal, scale, dq.data(), dk.data(), dv.data());
-  return {out, bf16_rounded(dq), bf16_rounded(dk), bf16_rounded(dv)};
+  return {out, rounded(dq, dt), rounded(dk, dt), rounded(dv, dt)};
 }
 
 struct Run {
   Tensor out, dq, dk, dv;
 };
 
-// The op's forward under AutocastGuard(kCPU, forward_amp), its backward through
+// The op's forward under AutocastGuard(kCPU, forward_amp, amp_dtype), its backward through
 // sum(out * dout) under AutocastGuard(kCPU, backward_amp).
-Run run_op(const Case& c, ScalarType dtype, bool forward_amp, bool backward_amp) {
+Run run_op(const Case& c, ScalarType dtype, bool forward_amp, bool backward_amp, ScalarType amp_dtype = kBFloat16) {
   const Tensor q = input(c, c.L, c.E, 1).to(dtype).requires_grad_(true);
   const Tensor k = input(c, c.S, c.E, 2).to(dtype).requires_grad_(true);
   const Tensor v = input(c, c.S, c.Ev, 3).to(dtype).requires_grad_(true);
@@ -117,7 +117,7 @@ Run run_op(const Case& c, ScalarType dtype, bool forward_amp, bool backward_amp)
   if (mask.defined() && mask.dtype() != kBool) mask = mask.to(dtype);
   Tensor out;
   {
-    AutocastGuard amp(kCPU, forward_amp);
+    AutocastGuard amp(kCPU, forward_amp, amp_dtype);
     out = scaled_dot_product_attention(q, k, v, mask, 0.0, c.causal);
   }
   {
@@ -134,20 +134,23 @@ using testing::relative_error;
 
 }  // namespace
 
-TEST_CASE("autocast attention: out and gradients equal the f32 CPU kernel on bf16-rounded operands, rounded") {
-  for (const Case& c : kCases) {
-    CAPTURE(c.name);
-    const Run r = run_op(c, kFloat32, true, true);
-    const Result e = expected(c, input(c, c.L, c.E, 1), input(c, c.S, c.E, 2), input(c, c.S, c.Ev, 3), make_mask(c),
-                              testing::random_input({c.B, c.H, c.L, c.Ev}, 4, false, -1, 1).to(kFloat32));
-    CHECK(r.out.dtype() == kFloat32);
-    CHECK(r.dq.dtype() == kFloat32);
-    CHECK(r.out.sizes() == Shape{c.B, c.H, c.L, c.Ev});
-    CHECK(r.dq.sizes() == Shape{c.B, c.H, c.L, c.E});
-    CHECK(same_bits(r.out, e.out));
-    CHECK(same_bits(r.dq, e.dq));
-    CHECK(same_bits(r.dk, e.dk));
-    CHECK(same_bits(r.dv, e.dv));
+TEST_CASE("autocast attention: out and gradients equal the f32 CPU kernel on bf16- or f16-rounded operands, rounded") {
+  for (const ScalarType dt : {kBFloat16, kFloat16}) {
+    for (const Case& c : kCases) {
+      CAPTURE(c.name);
+      CAPTURE(dtype_name(dt));
+      const Run r = run_op(c, kFloat32, true, true, dt);
+      const Result e = expected(c, input(c, c.L, c.E, 1), input(c, c.S, c.E, 2), input(c, c.S, c.Ev, 3), make_mask(c),
+                                testing::random_input({c.B, c.H, c.L, c.Ev}, 4, false, -1, 1).to(kFloat32), dt);
+      CHECK(r.out.dtype() == kFloat32);
+      CHECK(r.dq.dtype() == kFloat32);
+      CHECK(r.out.sizes() == Shape{c.B, c.H, c.L, c.Ev});
+      CHECK(r.dq.sizes() == Shape{c.B, c.H, c.L, c.E});
+      CHECK(same_bits(r.out, e.out));
+      CHECK(same_bits(r.dq, e.dq));
+      CHECK(same_bits(r.dk, e.dk));
+      CHECK(same_bits(r.dv, e.dv));
+    }
   }
 }
 

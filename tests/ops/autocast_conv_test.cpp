@@ -1,6 +1,6 @@
 // Mixed precision (engine/autocast.h) for conv2d and conv_transpose2d on the CPU: under an
-// AutocastGuard the forward is, bit for bit, the f32 conv of the bf16-rounded input and
-// weight (the bias added in f32); dx and dw are the f32 kernels on rounded operands (dy
+// AutocastGuard the forward is, bit for bit, the f32 conv of the bf16-rounded (or, with f16
+// as the guard's dtype, f16-rounded) input and weight (the bias added in f32); dx and dw are the f32 kernels on rounded operands (dy
 // rounded too) whether the backward runs inside the guard or not, and the bias gradient
 // sums the exact dy. f64 tensors, a disabled guard, a CUDA-only guard and a forward run
 // outside the guard are bitwise untouched. A small conv net trained with SGD under
@@ -16,7 +16,7 @@ using namespace nd;
 
 namespace {
 
-using testing::bf16_rounded, testing::bitwise_equal, testing::relative_error;
+using testing::bf16_rounded, testing::bitwise_equal, testing::relative_error, testing::rounded;
 
 // One conv call: (input, weight, bias) -> output, bias possibly undefined.
 using ConvFn = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>;
@@ -56,22 +56,24 @@ struct Run {
   Tensor y, dx, dw, db;
 };
 
-// y = fn(x, w, b) and the gradients of sum(y * gy); autocast on CPU during the forward
+// y = fn(x, w, b) and the gradients of sum(y * gy); autocast (to dt) on CPU during the forward
 // only when `amp` (the backward always runs outside any guard). No bias when b0 is undefined.
-Run run(const Case& c, const Tensor& x0, const Tensor& w0, const Tensor& b0, const Tensor& gy, bool amp) {
+Run run(const Case& c, const Tensor& x0, const Tensor& w0, const Tensor& b0, const Tensor& gy, bool amp,
+        ScalarType dt = kBFloat16) {
   const Tensor x = x0.detach().requires_grad_(true), w = w0.detach().requires_grad_(true);
   const Tensor b = c.bias && b0.defined() ? b0.detach().requires_grad_(true) : Tensor();
   Tensor y;
   {
-    AutocastGuard guard(kCPU, amp);
+    AutocastGuard guard(kCPU, amp, dt);
     y = c.fn(x, w, b);
   }
   (y * gy).sum().backward();  // dy = gy exactly
   return {y.detach(), x.grad(), w.grad(), b.defined() ? b.grad() : Tensor()};
 }
 
-void check_case(const Case& c, uint64_t seed) {
+void check_case(const Case& c, uint64_t seed, ScalarType dt) {
   CAPTURE(c.name);
+  CAPTURE(dtype_name(dt));
   const Tensor x = testing::random_input(c.x, seed).to(kFloat32);
   const Tensor w = testing::random_input(c.w, seed + 1).to(kFloat32);
   Tensor b;
@@ -84,18 +86,18 @@ void check_case(const Case& c, uint64_t seed) {
   }
   const Tensor gy = testing::random_input(y_shape, seed + 3).to(kFloat32);
 
-  const Run amp = run(c, x, w, b, gy, true);
+  const Run amp = run(c, x, w, b, gy, true, dt);
   const Run plain = run(c, x, w, b, gy, false);
   // The reference: plain f32 convs of the rounded operands, and dy rounded as the
-  // products' operand (bf16_rounded(gy) is then dy of sum(y * bf16_rounded(gy))).
-  const Run ref = run(c, bf16_rounded(x), bf16_rounded(w), b, bf16_rounded(gy), false);
+  // products' operand (rounded(gy) is then dy of sum(y * rounded(gy))).
+  const Run ref = run(c, rounded(x, dt), rounded(w, dt), b, rounded(gy, dt), false);
   CHECK(amp.y.dtype() == kFloat32);
   CHECK(bitwise_equal(amp.y, ref.y));
   CHECK(bitwise_equal(amp.dx, ref.dx));
   CHECK(bitwise_equal(amp.dw, ref.dw));
   if (c.bias) CHECK(bitwise_equal(amp.db, plain.db));  // a sum of the exact dy, not a product
-  // The reference is not the plain f32 result: bf16 keeps 8 bits, so the results differ
-  // by about 2^-9 relative, far above f32's 2^-24 and far under 1.
+  // The reference is not the plain f32 result: bf16 keeps 8 bits (f16 11), so the results
+  // differ by about 2^-9 (2^-12) relative, far above f32's 2^-24 and far under 1.
   const std::pair<Tensor, Tensor> pairs[] = {{amp.y, plain.y}, {amp.dx, plain.dx}, {amp.dw, plain.dw}};
   for (const auto& [got, exact] : pairs) {
     const double err = relative_error(got, exact);
@@ -106,14 +108,16 @@ void check_case(const Case& c, uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("autocast conv: conv2d forward, dx and dw equal f32 convs of bf16-rounded operands") {
+TEST_CASE("autocast conv: conv2d forward, dx and dw equal f32 convs of bf16- or f16-rounded operands") {
   uint64_t seed = 100;
-  for (const Case& c : kConv2d) check_case(c, seed += 10);
+  for (const ScalarType dt : {kBFloat16, kFloat16})
+    for (const Case& c : kConv2d) check_case(c, seed += 10, dt);
 }
 
-TEST_CASE("autocast conv: conv_transpose2d forward, dx and dw equal f32 convs of bf16-rounded operands") {
+TEST_CASE("autocast conv: conv_transpose2d forward, dx and dw equal f32 convs of bf16- or f16-rounded operands") {
   uint64_t seed = 200;
-  for (const Case& c : kConvTranspose2d) check_case(c, seed += 10);
+  for (const ScalarType dt : {kBFloat16, kFloat16})
+    for (const Case& c : kConvTranspose2d) check_case(c, seed += 10, dt);
 }
 
 TEST_CASE("autocast conv: the backward takes the forward's precision, not the guard's at backward time") {

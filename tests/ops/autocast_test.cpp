@@ -30,33 +30,54 @@ TEST_CASE("autocast: the guard turns the CPU's GEMMs to bf16 operands, nests and
     CHECK(is_autocast_enabled(kCPU));
   }
   CHECK_FALSE(is_autocast_enabled(kCPU));
+  {
+    AutocastGuard f16(kCPU, true, kFloat16);  // the dtype nests and restores with it
+    CHECK(autocast_dtype(kCPU) == kFloat16);
+    CHECK(autocast_dtype(kCUDA) == kBFloat16);
+    {
+      AutocastGuard bf16(kCPU);
+      CHECK(autocast_dtype(kCPU) == kBFloat16);
+    }
+    CHECK(autocast_dtype(kCPU) == kFloat16);
+  }
+  CHECK(autocast_dtype(kCPU) == kBFloat16);
+  CHECK(testing::error_message([] { AutocastGuard bad(kCPU, true, kFloat64); }) ==
+        "AutocastGuard: expected dtype bf16 or f16, found f64");
+  CHECK_FALSE(is_autocast_enabled(kCPU));
   AutocastGuard cuda_only(kCUDA);  // does not reach CPU tensors
   const Tensor a = f32_input({7, 33}, 1), b = f32_input({33, 5}, 2);
   CHECK(bitwise_equal(mm(a, b), mm(a, b)));
   CHECK_FALSE(is_autocast_enabled(kCPU));
 }
 
-TEST_CASE("autocast: mm, bmm and matmul equal f32 products of bf16-rounded operands") {
+TEST_CASE("autocast: mm, bmm and matmul equal f32 products of bf16- or f16-rounded operands") {
   const Tensor a = f32_input({7, 33}, 3), b = f32_input({33, 5}, 4);
   const Tensor x = f32_input({3, 6, 17}, 5), y = f32_input({3, 17, 4}, 6);
   const Tensor exact = mm(a, b);
-  Tensor under_mm, under_bmm, under_matmul, under_t;
-  {
-    AutocastGuard amp(kCPU);
-    under_mm = mm(a, b);
-    under_bmm = bmm(x, y);
-    under_matmul = matmul(x, b.narrow(0, 0, 17));
-    under_t = mm(b.t(), a.t());  // transposed operands
+  double errors[2];
+  for (const ScalarType dt : {kBFloat16, kFloat16}) {
+    CAPTURE(dtype_name(dt));
+    auto r = [dt](const Tensor& t) { return testing::rounded(t, dt); };
+    Tensor under_mm, under_bmm, under_matmul, under_t;
+    {
+      AutocastGuard amp(kCPU, true, dt);
+      under_mm = mm(a, b);
+      under_bmm = bmm(x, y);
+      under_matmul = matmul(x, b.narrow(0, 0, 17));
+      under_t = mm(b.t(), a.t());  // transposed operands
+    }
+    CHECK(bitwise_equal(under_mm, mm(r(a), r(b))));
+    CHECK(bitwise_equal(under_bmm, bmm(r(x), r(y))));
+    CHECK(bitwise_equal(under_matmul, matmul(r(x), r(b.narrow(0, 0, 17)))));
+    CHECK(bitwise_equal(under_t, mm(r(b).t(), r(a).t())));
+    CHECK(under_mm.dtype() == kFloat32);
+    // bf16 keeps 8 bits of mantissa, f16 11: different from f32, within their resolution.
+    const double err = relative_error(under_mm, exact);
+    CHECK(err > 1e-5);
+    CHECK(err < 1e-2);
+    errors[dt == kFloat16] = err;
   }
-  CHECK(bitwise_equal(under_mm, mm(bf16_rounded(a), bf16_rounded(b))));
-  CHECK(bitwise_equal(under_bmm, bmm(bf16_rounded(x), bf16_rounded(y))));
-  CHECK(bitwise_equal(under_matmul, matmul(bf16_rounded(x), bf16_rounded(b.narrow(0, 0, 17)))));
-  CHECK(bitwise_equal(under_t, mm(bf16_rounded(b).t(), bf16_rounded(a).t())));
-  CHECK(under_mm.dtype() == kFloat32);
-  // bf16 keeps 8 bits of mantissa: different from f32, within bf16's resolution.
-  const double err = relative_error(under_mm, exact);
-  CHECK(err > 1e-5);
-  CHECK(err < 1e-2);
+  CHECK(errors[1] < errors[0] / 4);  // f16's 3 more bits show
 }
 
 TEST_CASE("autocast: f64 products are untouched") {

@@ -11,7 +11,8 @@
 //   alpha/beta in host memory (the default pointer mode), of the compute type's scalar type
 //   (double for CUBLAS_COMPUTE_64F, float for the 32F ones);
 //   the type combinations matmul.cu relies on (64F: all R_64F; 32F and 32F_FAST_TF32: A, B
-//   R_32F with C R_32F, or A, B R_16BF with C R_32F or R_16BF); anything else
+//   R_32F with C R_32F, or A, B R_16BF with C R_32F or R_16BF, or A, B R_16F with C R_32F
+//   or R_16F); anything else
 //   CUBLAS_STATUS_NOT_SUPPORTED.
 // The product is a naive triple loop accumulated in double (then rounded to C's type): a
 // reference, not cuBLAS's order of additions, and TF32 rounding is not emulated (the compute
@@ -22,6 +23,7 @@
 #include <cstring>
 
 #include "cuda_bf16.h"
+#include "cuda_fp16.h"
 #include "cuda_runtime.h"
 
 // ---- library_types.h -------------------------------------------------------------------
@@ -58,6 +60,11 @@ inline double load(const void* p, cudaDataType_t t, int64_t i) {
   switch (t) {
     case CUDA_R_32F: return static_cast<const float*>(p)[i];
     case CUDA_R_64F: return static_cast<const double*>(p)[i];
+    case CUDA_R_16F: {
+      __half h;
+      std::memcpy(&h, static_cast<const char*>(p) + 2 * i, 2);
+      return __half2float(h);
+    }
     default: {  // CUDA_R_16BF
       __nv_bfloat16 h;
       std::memcpy(&h, static_cast<const char*>(p) + 2 * i, 2);
@@ -69,6 +76,11 @@ inline void store(void* p, cudaDataType_t t, int64_t i, double v) {
   switch (t) {
     case CUDA_R_32F: static_cast<float*>(p)[i] = static_cast<float>(v); break;
     case CUDA_R_64F: static_cast<double*>(p)[i] = v; break;
+    case CUDA_R_16F: {
+      const __half h = __float2half_rn(static_cast<float>(v));
+      std::memcpy(static_cast<char*>(p) + 2 * i, &h, 2);
+      break;
+    }
     default: {  // CUDA_R_16BF, rounded to nearest even from the f32 value
       const __nv_bfloat16 h(static_cast<float>(v));
       std::memcpy(static_cast<char*>(p) + 2 * i, &h, 2);
@@ -79,7 +91,8 @@ inline void store(void* p, cudaDataType_t t, int64_t i, double v) {
 inline bool supported(cudaDataType_t ab, cudaDataType_t c, cublasComputeType_t compute) {
   if (compute == CUBLAS_COMPUTE_64F) return ab == CUDA_R_64F && c == CUDA_R_64F;
   if (compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_FAST_TF32)
-    return (ab == CUDA_R_32F && c == CUDA_R_32F) || (ab == CUDA_R_16BF && (c == CUDA_R_32F || c == CUDA_R_16BF));
+    return (ab == CUDA_R_32F && c == CUDA_R_32F) || (ab == CUDA_R_16BF && (c == CUDA_R_32F || c == CUDA_R_16BF)) ||
+           (ab == CUDA_R_16F && (c == CUDA_R_32F || c == CUDA_R_16F));
   return false;
 }
 

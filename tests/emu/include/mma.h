@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "cuda_bf16.h"
+#include "cuda_fp16.h"
 #include "emu_core.h"
 
 namespace nvcuda::wmma {
