@@ -105,7 +105,7 @@ TEST_CASE("train_state: a file that is not a training checkpoint is a clear erro
   std::filesystem::remove(path);
 }
 
-TEST_CASE("train_state: a GradScaler's scale and growth count come back; a missing one is named") {
+TEST_CASE("train_state: a GradScaler's scale and growth count come back, and a missing one is named") {
   const std::string path = temp_path("scaler.safetensors");
   Run run(1);
   optim::GradScaler scaler(optim::GradScalerOptions().init_scale(256.0).growth_interval(10));
