@@ -31,7 +31,8 @@ struct Options : app::CommonOptions {
 int train(Options& o) {
   const app::World world = app::world();
   const nd::Device device = app::setup("train_classifier", o, world);
-  const nd::AutocastGuard amp(device.type, o.amp);  // --amp: bf16 operands (engine/autocast.h)
+  const nd::AutocastGuard amp(device.type, o.amp, app::amp_dtype(o));  // --amp (engine/autocast.h)
+  nd::optim::GradScaler scaler(app::grad_scaler_options(o));  // on for --amp-dtype f16 only
   const nd::data::Dataset train_set = nd::data::load_fashion_mnist(o.data, true);
   const nd::data::Dataset test_set = nd::data::load_fashion_mnist(o.data, false);
   o.test_images = std::min(o.test_images, test_set.labels.size(0));
@@ -44,10 +45,11 @@ int train(Options& o) {
   nd::optim::Adam opt(C->parameters(), nd::optim::AdamOptions(o.lr));
 
   app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
-  nd::TrainState state{{{"classifier", C.get()}}, {{"classifier", &opt}}, {}, 0, {}};
+  nd::TrainState state{{{"classifier", C.get()}}, {{"classifier", &opt}}, {}, 0, {{"amp", &scaler}}};
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
 
   app::Logger log("train_classifier", o, world, start);
+  log.watch(&scaler);
   log.say("train_classifier: " + std::to_string(world.size) + " rank(s), device " + device.str() +
           ", global batch " + std::to_string(o.batch_size) + ", steps " + std::to_string(start + 1) + ".." +
           std::to_string(o.steps) + ", output " + o.out);
@@ -57,9 +59,10 @@ int train(Options& o) {
     opt.zero_grad();
     const Tensor logits = c(batch.images);
     const Tensor loss = nd::cross_entropy(logits, batch.labels);
-    loss.backward();
+    scaler.scale(loss).backward();
     update.before();
-    opt.step();
+    scaler.step(opt);
+    scaler.update();
     const double norm = update.after();
     const double accuracy = logits.argmax(1).eq(batch.labels).to(nd::kFloat64).mean().item();
     state.step = step;

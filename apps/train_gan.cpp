@@ -55,7 +55,8 @@ double fid(models::DCGANGenerator& G, const std::string& path, const nd::data::D
 int train(Options& o) {
   const app::World world = app::world();
   const nd::Device device = app::setup("train_gan", o, world);
-  const nd::AutocastGuard amp(device.type, o.amp);  // --amp: bf16 operands (engine/autocast.h)
+  const nd::AutocastGuard amp(device.type, o.amp, app::amp_dtype(o));  // --amp (engine/autocast.h)
+  nd::optim::GradScaler scaler(app::grad_scaler_options(o));  // on for --amp-dtype f16 only
   if (o.eval && o.eval_samples > 10000) throw app::UsageError{"--eval-samples is at most 10000 (the test set)"};
   const nd::data::Dataset train_set = nd::data::load_fashion_mnist(o.data, true);
   const nd::data::Dataset test_set = o.eval ? nd::data::load_fashion_mnist(o.data, false) : nd::data::Dataset{};
@@ -79,12 +80,13 @@ int train(Options& o) {
   nd::optim::Adam opt_d(D->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
 
   app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
-  nd::TrainState state{{{"G", G.get()}, {"D", D.get()}}, {{"G", &opt_g}, {"D", &opt_d}}, {}, 0, {}};
+  nd::TrainState state{{{"G", G.get()}, {"D", D.get()}}, {{"G", &opt_g}, {"D", &opt_d}}, {}, 0, {{"amp", &scaler}}};
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
   nd::Generator sample_gen{static_cast<uint64_t>(o.seed) + 1, 0};
   const Tensor fixed_z = nd::randn({64, o.nz}, {}, &sample_gen).to(device);
 
   app::Logger log("train_gan", o, world, start);
+  log.watch(&scaler);
   log.say("train_gan: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", global batch " +
           std::to_string(o.batch_size) + ", steps " + std::to_string(start + 1) + ".." + std::to_string(o.steps) +
           ", nz " + std::to_string(o.nz) + ", ngf " + std::to_string(o.ngf) + ", ndf " + std::to_string(o.ndf) +
@@ -114,17 +116,18 @@ int train(Options& o) {
 
     opt_d.zero_grad();
     const Tensor loss_d = bce(d(real), 1.0) + bce(d(fake.detach()), 0.0);
-    loss_d.backward();
+    scaler.scale(loss_d).backward();
     update_d.before();
-    opt_d.step();
+    scaler.step(opt_d);
     const double norm_d = update_d.after();
 
     opt_g.zero_grad();
     const Tensor loss_g = bce(d(fake), 1.0);
-    loss_g.backward();
+    scaler.scale(loss_g).backward();
     update_g.before();
-    opt_g.step();
+    scaler.step(opt_g);
     const double norm_g = update_g.after();
+    scaler.update();  // one per iteration, after both steps (a skip in either backs off)
 
     state.step = step;
     log.step(step, {{"loss_d", loss_d.item()}, {"loss_g", loss_g.item()}}, {{"G", norm_g}, {"D", norm_d}});

@@ -52,7 +52,8 @@ struct Options : app::CommonOptions {
 int train(Options& o) {
   const app::World world = app::world();
   const nd::Device device = app::setup("train_joint", o, world);
-  const nd::AutocastGuard amp(device.type, o.amp);  // --amp: bf16 operands (engine/autocast.h)
+  const nd::AutocastGuard amp(device.type, o.amp, app::amp_dtype(o));  // --amp (engine/autocast.h)
+  nd::optim::GradScaler scaler(app::grad_scaler_options(o));  // on for --amp-dtype f16 only
   if (o.model.empty()) o.model = device.is_cpu() ? "tiny" : "small";
   models::MAEConfig config;
   try {
@@ -89,10 +90,11 @@ int train(Options& o) {
   nd::TrainState state{{{"G", G.get()}, {"D", D.get()}, {"MAE", M.get()}},
                        {{"G", &opt_g}, {"D", &opt_d}, {"MAE", &opt_m}},
                        {{"MAE", &schedule}},
-                       0, {}};
+                       0, {{"amp", &scaler}}};
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
 
   app::Logger log("train_joint", o, world, start);
+  log.watch(&scaler);
   log.say("train_joint: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", MAE " + o.model +
           ", global batch " + std::to_string(o.batch_size) + ", steps " + std::to_string(start + 1) + ".." +
           std::to_string(o.steps) + ", output " + o.out);
@@ -130,26 +132,27 @@ int train(Options& o) {
 
     opt_d.zero_grad();
     const Tensor loss_d = bce(d(x), true) + bce(d(perturbed.detach()), false);
-    loss_d.backward();
+    scaler.scale(loss_d).backward();
     update_d.before();
-    opt_d.step();
+    scaler.step(opt_d);
     const double norm_d = update_d.after();
 
     opt_g.zero_grad();
     const Tensor loss_g = bce(d(perturbed), true);
-    loss_g.backward();
+    scaler.scale(loss_g).backward();
     update_g.before();
-    opt_g.step();
+    scaler.step(opt_g);
     const double norm_g = update_g.after();
 
     opt_m.zero_grad();
     m.reducer().prepare_forward();  // the MAE is driven through its parts, not ddp(x)
     const models::MAEEncoderOutput enc = M->forward_encoder(perturbed.detach(), config.mask_ratio, noise);
     const Tensor loss_m = M->forward_loss(x, M->forward_decoder(enc.latent, enc.ids_restore), enc.mask);
-    loss_m.backward();
+    scaler.scale(loss_m).backward();
     update_m.before();
-    opt_m.step();
+    scaler.step(opt_m);
     const double norm_m = update_m.after();
+    scaler.update();  // one per iteration, after the three steps
     schedule.step();
 
     state.step = step;

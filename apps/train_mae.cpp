@@ -98,7 +98,8 @@ double linear_probe(models::MAE& mae, const nd::data::Dataset& train, const nd::
 int train(Options& o) {
   const app::World world = app::world();
   const nd::Device device = app::setup("train_mae", o, world);
-  const nd::AutocastGuard amp(device.type, o.amp);  // --amp: bf16 operands (engine/autocast.h)
+  const nd::AutocastGuard amp(device.type, o.amp, app::amp_dtype(o));  // --amp (engine/autocast.h)
+  nd::optim::GradScaler scaler(app::grad_scaler_options(o));  // on for --amp-dtype f16 only
   if (o.model.empty()) o.model = device.is_cpu() ? "tiny" : "small";
   models::MAEConfig config;
   try {
@@ -123,10 +124,11 @@ int train(Options& o) {
   nd::optim::SequentialLR schedule(opt, {warm, cosine}, {warmup});
 
   app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
-  nd::TrainState state{{{"MAE", M.get()}}, {{"MAE", &opt}}, {{"MAE", &schedule}}, 0, {}};
+  nd::TrainState state{{{"MAE", M.get()}}, {{"MAE", &opt}}, {{"MAE", &schedule}}, 0, {{"amp", &scaler}}};
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
 
   app::Logger log("train_mae", o, world, start);
+  log.watch(&scaler);
   log.say("train_mae: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", model " + o.model +
           ", global batch " + std::to_string(o.batch_size) + ", steps " + std::to_string(start + 1) + ".." +
           std::to_string(o.steps) + ", output " + o.out);
@@ -148,9 +150,10 @@ int train(Options& o) {
     const Tensor noise = app::shard_rows(nd::rand({o.batch_size, config.num_patches()}), world).to(device);
     opt.zero_grad();
     const Tensor loss = m(images, noise).loss;
-    loss.backward();
+    scaler.scale(loss).backward();
     update.before();
-    opt.step();
+    scaler.step(opt);
+    scaler.update();
     const double norm = update.after();
     schedule.step();
     state.step = step;

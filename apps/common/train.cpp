@@ -31,6 +31,8 @@ void add_common_flags(Flags& flags, CommonOptions& o, bool has_batch_norm) {
   flags.add("--amp", &o.amp,
             "mixed precision: bf16 operands, f32 accumulation in the GEMMs, convolutions and attention; "
             "on the CPU a slower reference");
+  flags.add("--amp-dtype", &o.amp_dtype, "--amp's operands: bf16 (default) or f16 (with loss scaling, a GradScaler)",
+            "T");
 }
 
 World world() {
@@ -50,6 +52,9 @@ nd::Device setup(const std::string& program, CommonOptions& o, const World& worl
   if (o.batch_size % world.size != 0)
     throw UsageError{"--batch-size " + std::to_string(o.batch_size) + " does not divide by the world size " +
                      std::to_string(world.size) + " (each rank takes batch-size / world-size samples)"};
+  if (!o.amp_dtype.empty() && o.amp_dtype != "bf16" && o.amp_dtype != "f16")
+    throw UsageError{"--amp-dtype: expected bf16 or f16, found '" + o.amp_dtype + "'"};
+  if (!o.amp_dtype.empty() && !o.amp) throw UsageError{"--amp-dtype " + o.amp_dtype + " needs --amp"};
   if (o.out.empty()) o.out = "out/" + program;
   if (world.rank0()) {
     std::error_code ec;
@@ -57,6 +62,12 @@ nd::Device setup(const std::string& program, CommonOptions& o, const World& worl
     ND_CHECK(!ec, "cannot create the output folder ", o.out, "/ckpt: ", ec.message());
   }
   return device;
+}
+
+nd::ScalarType amp_dtype(const CommonOptions& o) { return o.amp_dtype == "f16" ? nd::kFloat16 : nd::kBFloat16; }
+
+nd::optim::GradScalerOptions grad_scaler_options(const CommonOptions& o) {
+  return nd::optim::GradScalerOptions().enabled(o.amp && amp_dtype(o) == nd::kFloat16);
 }
 
 nd::dist::DistributedDataParallelOptions ddp_options(nd::Device device) {
@@ -284,6 +295,7 @@ void Logger::step(int64_t step, const Values& losses, const Values& update_norms
     }
     for (const auto& [k, v] : update_norms) values.emplace_back("update_norm_" + k, v);
     values.insert(values.end(), other.begin(), other.end());
+    if (scaler_ && scaler_->is_enabled()) values.emplace_back("amp_scale", scaler_->get_scale());
     values.emplace_back("steps_per_s", rate);
     write_line(step, values, {});
     std::fill(window_sums_.begin(), window_sums_.end(), 0.0);

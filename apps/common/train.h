@@ -35,6 +35,7 @@ struct CommonOptions {
   int64_t ckpt_every = 500;
   bool sync_bn = false;
   bool amp = false;
+  std::string amp_dtype;    // --amp-dtype: "bf16" (the default under --amp) or "f16"
   int64_t exit_after = 0;  // stop after this step, checkpoint written (as if killed); 0: off
 
   // Whether `step` ends with a checkpoint: every ckpt_every, the last and the exit step.
@@ -42,7 +43,8 @@ struct CommonOptions {
 };
 
 // Adds --device --steps --batch-size --lr --out --resume --seed --data --log-every
-// --sample-every --ckpt-every --exit-after --amp, and --sync-bn when the app has BatchNorm.
+// --sample-every --ckpt-every --exit-after --amp --amp-dtype, and --sync-bn when the app has
+// BatchNorm.
 void add_common_flags(Flags& flags, CommonOptions& options, bool has_batch_norm);
 
 struct World {
@@ -56,6 +58,13 @@ World world();
 // returns the device ("cuda" without an index: this rank's GPU, cuda:<local rank>).
 // Throws UsageError or nd::Error.
 nd::Device setup(const std::string& program, CommonOptions& options, const World& world);
+
+// --amp's operand dtype for the AutocastGuard: kBFloat16, or kFloat16 with --amp-dtype f16.
+nd::ScalarType amp_dtype(const CommonOptions& options);
+// The apps' GradScaler: on under --amp --amp-dtype f16 (f16 needs loss scaling), else off
+// (every call passes through, so one code path serves f32, bf16 and f16). Its scale and
+// growth count go into the checkpoint (TrainState::scalers), so --resume continues them.
+nd::optim::GradScalerOptions grad_scaler_options(const CommonOptions& options);
 
 // DDP's options for a model on `device`, over dist::default_group(device): world() (MPI)
 // for the CPU, nccl_world() for CUDA, and for a GPU in a world of one process no group
@@ -119,7 +128,8 @@ using Values = std::vector<std::pair<std::string, double>>;
 // (and at the last step) it writes one metrics.jsonl line and a plain line, or on a
 // terminal keeps a progress bar current (one rank only: mpirun hands every rank a
 // pseudo-terminal, also when its output goes to a file). record() writes an extra line
-// (eval results).
+// (eval results). With watch(scaler) on an enabled GradScaler, every line also has its
+// "amp_scale" (a scale that keeps falling means skipped steps).
 class Logger {
  public:
   Logger(std::string program, const CommonOptions& options, const World& world, int64_t start_step);
@@ -128,6 +138,7 @@ class Logger {
   void record(int64_t step, const Values& values, const std::map<std::string, std::string>& text = {});
   // A line of text for the user (rank 0), not breaking the progress bar.
   void say(const std::string& text);
+  void watch(const nd::optim::GradScaler* scaler) { scaler_ = scaler; }
   // Finishes the bar and draws DIR/loss_curve.png from every logged loss.
   void finish();
 
@@ -145,6 +156,7 @@ class Logger {
   int64_t window_ = 0;
   std::vector<Series> curves_;
   bool bar_open_ = false;
+  const nd::optim::GradScaler* scaler_ = nullptr;
 };
 
 // Checkpoints: DIR/ckpt/latest.safetensors, written atomically by rank 0 through
