@@ -22,6 +22,8 @@
 //       dtype "bf16", impl "cuda::sdpa_bf16": the bf16 tensor-core kernel entry points called
 //       directly on bf16 device buffers, the kernel-level number the targets are about:
 //       forward >= 0.6, fwd+bwd >= 0.5 of PyTorch's flash SDPA on bf16 tensors.
+//       dtype "f16", impl "cuda::sdpa_f16": the same kernels with f16 operands, vs flash
+//       SDPA on f16 tensors (no target; f16 autocast with GradScaler).
 //   matmul                           vs raw cublasSgemm (a sanity check: ratio ~ 1).
 //   copy 1 GiB                       the engine's copy_ vs cudaMemcpyAsync (the ceiling).
 //   h2d 64 MiB                       host -> device: to(cuda) of pageable memory (staged)
@@ -238,21 +240,23 @@ void bench_adamw(Context& c) {
   }
 }
 
-// Our bf16 tensor-core kernels (kernels/cuda/attention.h) called directly on bf16 device
-// buffers, no engine and no autograd: the forward, or the forward then the backward (its
-// delta pass and scratch included), as PyTorch's flash rows compute them. Scale 1/sqrt(D),
-// no mask, not causal.
-Impl bf16_kernels(Bench& b, const nd::Shape& shape, bool backward) {
-  return {"cuda::sdpa_bf16", [&b, shape, backward]() -> Run {
-            const auto bf16 = [&] { return randn(b, shape).to(nd::kBFloat16); };
-            const auto empty_bf16 = [&] { return nd::empty(shape, b.options().dtype(nd::kBFloat16)); };
-            const nd::Tensor q = bf16(), k = bf16(), v = bf16(), dout = bf16(), out = empty_bf16(), dq = empty_bf16(),
-                             dk = empty_bf16(), dv = empty_bf16();
+// Our bf16 (E = BFloat16) or f16 (E = Half) tensor-core kernels (kernels/cuda/attention.h)
+// called directly on 16-bit device buffers, no engine and no autograd: the forward, or the
+// forward then the backward (its delta pass and scratch included), as PyTorch's flash rows
+// compute them. Scale 1/sqrt(D), no mask, not causal.
+template <class E>
+Impl half_kernels(Bench& b, const nd::Shape& shape, bool backward) {
+  constexpr nd::ScalarType dt = nd::dtype_of<E>::value;
+  return {dt == nd::kFloat16 ? "cuda::sdpa_f16" : "cuda::sdpa_bf16", [&b, shape, backward]() -> Run {
+            const auto half = [&] { return randn(b, shape).to(dt); };
+            const auto empty_half = [&] { return nd::empty(shape, b.options().dtype(dt)); };
+            const nd::Tensor q = half(), k = half(), v = half(), dout = half(), out = empty_half(), dq = empty_half(),
+                             dk = empty_half(), dv = empty_half();
             const int64_t B = shape[0], H = shape[1], S = shape[2], D = shape[3];
             const nd::Tensor lse = nd::empty({B, H, S}, b.options());
             const double scale = 1.0 / std::sqrt(double(D));
             const cudaStream_t stream = b.stream();
-            const auto p = [](const nd::Tensor& t) { return t.data_ptr<nd::BFloat16>(); };
+            const auto p = [](const nd::Tensor& t) { return t.data_ptr<E>(); };
             return [=] {
               cu::scaled_dot_product_attention_forward(p(q), p(k), p(v), {}, B, H, S, S, D, D, false, scale, p(out),
                                                        lse.data_ptr<float>(), stream);
@@ -268,7 +272,8 @@ Impl bf16_kernels(Bench& b, const nd::Shape& shape, bool backward) {
 // wide, 6 heads) and decoder (49 patches + cls, 96 wide, 3 heads) at its batch of 128.
 // f32 rows: nd::sdpa on f32 tensors (the SIMT kernels). bf16 rows: nd::sdpa on f32 tensors
 // under autocast (conversions to and from bf16 included), then the bf16 kernels alone
-// (bf16_kernels above), the number the targets are about.
+// (half_kernels above), the number the targets are about; f16 rows: the f16
+// kernels alone, against PyTorch's flash SDPA on f16 tensors.
 void bench_attention(Context& c) {
   const int64_t shapes[][4] = {{8, 8, 1024, 64}, {128, 6, 13, 32}, {128, 3, 50, 32}};
   for (const auto& s : shapes) {
@@ -300,8 +305,12 @@ void bench_attention(Context& c) {
       b.compare(fwd_work, {}, fwd_only);
       b.compare(fwd_bwd_work, {}, fwd_bwd);
       if (amp) {
-        b.compare(fwd_work, {}, bf16_kernels(b, shape, false));
-        b.compare(fwd_bwd_work, {}, bf16_kernels(b, shape, true));
+        b.compare(fwd_work, {}, half_kernels<nd::BFloat16>(b, shape, false));
+        b.compare(fwd_bwd_work, {}, half_kernels<nd::BFloat16>(b, shape, true));
+        const Work f16_fwd{"attention_fwd", name, fwd, 4 * tensor_bytes, "f16"},
+            f16_fwd_bwd{"attention_fwd_bwd", name, 3.5 * fwd, 12 * tensor_bytes, "f16"};
+        b.compare(f16_fwd, {}, half_kernels<nd::Half>(b, shape, false));
+        b.compare(f16_fwd_bwd, {}, half_kernels<nd::Half>(b, shape, true));
       }
     }
   }

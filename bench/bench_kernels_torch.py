@@ -11,7 +11,7 @@ Rows (shapes as in bench/bench_kernels.cpp -- keep the two lists in step):
   batch_norm_fwd_bwd, layer_norm_fwd_bwd        F.batch_norm (training) / F.layer_norm + backward
   adamw_step                                    torch.optim.AdamW(fused=True)
   attention_fwd, attention_fwd_bwd              F.scaled_dot_product_attention in f32 (backend
-                                                PyTorch picks) and in bf16 on the flash backend
+                                                PyTorch picks) and in bf16 and f16 on the flash backend
   matmul, copy                                  torch.mm (TF32 off), Tensor.copy_ of 1 GiB
 GFLOP/s and GB/s count the same FLOPs and bytes as bench_kernels.cpp (see its header).
 Timing: after two warm-up runs, each sample is back-to-back runs (about 1 ms) between two
@@ -218,7 +218,8 @@ def bench_attention(b):
         dims, shape = (bsz, h, s, d), f"B={bsz} H={h} S={s} D={d}"
         fwd = 4.0 * bsz * h * s * s * d
         for dtype_name, dtype, backend in (("f32", torch.float32, contextlib.nullcontext),
-                                           ("bf16", torch.bfloat16, flash_backend(torch))):
+                                           ("bf16", torch.bfloat16, flash_backend(torch)),
+                                           ("f16", torch.float16, flash_backend(torch))):
             tensor_bytes = bsz * h * s * d * (4 if dtype is torch.float32 else 2)
 
             def prepare_fwd(dtype=dtype, dims=dims):
