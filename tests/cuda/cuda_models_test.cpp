@@ -2,7 +2,8 @@
 // + attention model, the DCGAN (G and D steps as train_gan takes them) and the tiny MAE,
 // each built twice from one seed, one copy moved to the GPU. Compared after forward and
 // backward: the loss, every gradient and every buffer (running statistics); after the
-// optimizer step: every parameter. Then DDP over NCCL at world size 1 (the bucket path runs
+// optimizer step: every parameter; the conv + BatchNorm + attention step also under f16
+// autocast with a GradScaler, to f16 precision. Then DDP over NCCL at world size 1 (the bucket path runs
 // for real with an explicit group) must equal plain CUDA training. Without a GPU every case
 // reports "SKIPPED:".
 #include <string>
@@ -110,6 +111,51 @@ TEST_CASE("cuda models: a conv + BatchNorm + attention step (forward, backward, 
     cpu_opt.step();
     gpu_opt.step();
     check_module_matches(*gpu_model, *cpu_model, "after Adam", false);
+  }
+}
+
+TEST_CASE("cuda models: the conv + BatchNorm + attention step under f16 autocast with a GradScaler matches the CPU") {
+  if (skip_without_gpu()) return;
+  PoisonAllocations poison;
+  // f16 operands for the conv, the attention and the Linear layers on both devices; the GPU
+  // also rounds attention's P and dS to f16 (2^-12 relative each), so the devices agree to
+  // f16 precision, not f32's: 1e-2 over the whole step. SGD, not Adam: it does not amplify
+  // the differences of near-zero gradients.
+  constexpr double kF16StepTol = 1e-2;
+  auto build = [] {
+    manual_seed(22);
+    return std::make_shared<ConvAttention>();
+  };
+  auto cpu_model = build(), gpu_model = build();
+  gpu_model->to(kGpu);
+  optim::SGD cpu_opt(cpu_model->parameters(), optim::SGDOptions(0.1));
+  optim::SGD gpu_opt(gpu_model->parameters(), optim::SGDOptions(0.1));
+  optim::GradScaler cpu_scaler, gpu_scaler;
+  for (int step = 0; step < 2; ++step) {
+    CAPTURE(step);
+    auto run = [&](ConvAttention& m, optim::SGD& opt, optim::GradScaler& scaler, const Device& d) {
+      opt.zero_grad();
+      Tensor loss;
+      {
+        AutocastGuard amp(d.type, true, kFloat16);
+        loss = mse_loss(m.forward(input({4, 3, 9, 9}, 300 + step, d)), input({4, 3}, 400 + step, d));
+      }
+      scaler.scale(loss).backward();
+      scaler.unscale_(opt);
+      return loss;
+    };
+    const Tensor loss_cpu = run(*cpu_model, cpu_opt, cpu_scaler, Device(kCPU));
+    const Tensor loss_gpu = run(*gpu_model, gpu_opt, gpu_scaler, kGpu);
+    check_matches(loss_gpu, loss_cpu, "f16 loss", kF16StepTol);
+    const auto pg = gpu_model->named_parameters(), pc = cpu_model->named_parameters();
+    for (size_t i = 0; i < pc.size(); ++i)
+      check_matches(pg[i].second.grad(), pc[i].second.grad(), "f16 unscaled grad of " + pc[i].first, kF16StepTol);
+    CHECK(cpu_scaler.step(cpu_opt) == gpu_scaler.step(gpu_opt));
+    cpu_scaler.update();
+    gpu_scaler.update();
+    CHECK(gpu_scaler.get_scale() == cpu_scaler.get_scale());
+    for (size_t i = 0; i < pc.size(); ++i)
+      check_matches(pg[i].second, pc[i].second, "f16 step, parameter " + pc[i].first, kF16StepTol);
   }
 }
 
