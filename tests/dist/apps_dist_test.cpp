@@ -24,7 +24,7 @@ extern char** environ;
 
 namespace {
 
-int rank() { return dist::world()->rank(); }
+[[maybe_unused]] int rank() { return dist::world()->rank(); }  // unused without MPI (skip())
 int64_t ranks_to_launch() { return std::max(2, dist::world()->size()); }
 
 
