@@ -4,6 +4,7 @@
 #include "engine/nn/activation.h"
 #include "engine/nn/attention.h"
 #include "engine/nn/batch_norm.h"
+#include "engine/nn/clip_grad.h"
 #include "engine/nn/container.h"
 #include "engine/nn/conv.h"
 #include "engine/nn/dropout.h"
