@@ -1,6 +1,8 @@
 #include "harness.h"
 
 #include <cmath>
+#include <fstream>
+#include <sstream>
 
 #include "kernels/common/float16.h"
 
@@ -138,6 +140,21 @@ Tensor bf16_rounded(const Tensor& t) {
 std::vector<float> bf16_rounded(std::vector<float> x) {
   for (float& v : x) v = static_cast<float>(BFloat16(v));
   return x;
+}
+
+std::map<std::string, std::vector<double>> read_golden_table(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), path, " is missing");
+  std::map<std::string, std::vector<double>> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    std::string name, v;
+    ls >> name;
+    while (ls >> v) out[name].push_back(std::stod(v));  // stod, unlike >>, reads nan and inf
+  }
+  return out;
 }
 
 Tensor rounded(const Tensor& t, ScalarType dtype16) {

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,11 @@ struct OpCase {
 };
 // Runs gradcheck on the case with contiguous and with non-contiguous inputs.
 void run_gradcheck(const OpCase& c);
+
+// A golden table written by a tests/golden/make_*_golden.py script: one line per row,
+// "name v0 v1 ..." (values as Python's repr: nan and inf included), '#' lines skipped;
+// REQUIREs that the file exists. Rows by name, in file order within each name.
+std::map<std::string, std::vector<double>> read_golden_table(const std::string& path);
 
 // Collects nd::warn messages while alive.
 class WarningCapture {

@@ -3,10 +3,8 @@
 // 1, 3 and infinity, the returned total, a parameter without a gradient skipped; then f32,
 // the GradScaler flow (unscale_, clip, step) and every error.
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <map>
-#include <sstream>
 
 #include "harness.h"
 
@@ -16,18 +14,7 @@ using nd::testing::error_message;
 namespace {
 
 std::map<std::string, std::vector<double>> load_golden() {
-  std::ifstream in(std::string(NANODDP_SOURCE_DIR) + "/tests/golden/clip_grad_golden.txt");
-  REQUIRE_MESSAGE(in.good(), "tests/golden/clip_grad_golden.txt is missing");
-  std::map<std::string, std::vector<double>> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream ls(line);
-    std::string name, v;
-    ls >> name;
-    while (ls >> v) out[name].push_back(std::stod(v));
-  }
-  return out;
+  return nd::testing::read_golden_table(std::string(NANODDP_SOURCE_DIR) + "/tests/golden/clip_grad_golden.txt");
 }
 
 // The script's parameters: three with gradients, one without.

@@ -4,9 +4,7 @@
 // exactness in f32 (a run with the scaler bit-identical to one without), two optimizers on one
 // scaler, the warning after many skipped steps, state_dict, and every misuse as an nd::Error.
 #include <cmath>
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include "engine/optim/grad_scaler.h"
 #include "harness.h"
@@ -106,35 +104,31 @@ TEST_CASE("GradScaler: step unscales, skips on inf or NaN, and the scale follows
 TEST_CASE("GradScaler: two optimizers on one scaler follow torch.amp.GradScaler's trajectory") {
   // The script's case: p with Adam, q with SGD + momentum, one scaler (1024, interval 2);
   // p's loss inf at steps 2 and 3, q's NaN at step 5. f64, so the values agree to rounding.
-  std::ifstream in(std::string(NANODDP_SOURCE_DIR) + "/tests/golden/grad_scaler_golden.txt");
-  REQUIRE_MESSAGE(in.good(), "tests/golden/grad_scaler_golden.txt is missing");
+  const auto golden =
+      nd::testing::read_golden_table(std::string(NANODDP_SOURCE_DIR) + "/tests/golden/grad_scaler_golden.txt");
   Tensor p = tensor({0.5, -1.0, 2.0}, kFloat64).requires_grad_(), q = tensor({1.0, 0.25}, kFloat64).requires_grad_();
   optim::Adam opt_a(std::vector<Tensor>{p}, optim::AdamOptions(0.1).betas({0.5, 0.999}));
   optim::SGD opt_b(std::vector<Tensor>{q}, optim::SGDOptions(0.05).momentum(0.9));
   GradScaler scaler(GradScalerOptions().init_scale(1024.0).growth_interval(2));
-  std::string line;
   int steps = 0;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream ls(line);
-    double t, scale, stepped_a, stepped_b;
-    std::vector<double> pv(3), qv(2);
-    ls >> t >> scale >> stepped_a >> stepped_b >> pv[0] >> pv[1] >> pv[2] >> qv[0] >> qv[1];
-    REQUIRE(ls);
+  for (int t = 1; golden.count(std::to_string(t)); ++t) {
+    // Row t: scale after update(), stepped a, stepped b, p (3), q (2).
+    const std::vector<double>& row = golden.at(std::to_string(t));
+    REQUIRE(row.size() == 8);
     CAPTURE(t);
     opt_a.zero_grad();
     opt_b.zero_grad();
-    const Tensor c = tensor({0.1 * t, -0.2, 0.3 * (static_cast<int>(t) % 2 ? -1 : 1)}, kFloat64);
+    const Tensor c = tensor({0.1 * t, -0.2, 0.3 * (t % 2 ? -1 : 1)}, kFloat64);
     const double fa = t == 2 || t == 3 ? std::numeric_limits<double>::infinity() : 1.0;
     const double fb = t == 5 ? std::nan("") : 1.0;
     scaler.scale((p * c * (p * c)).sum() * fa).backward();
     scaler.scale(((q - 0.1 * t) * (q - 0.1 * t)).sum() * fb).backward();
-    CHECK(scaler.step(opt_a) == (stepped_a == 1));
-    CHECK(scaler.step(opt_b) == (stepped_b == 1));
+    CHECK(scaler.step(opt_a) == (row[1] == 1));
+    CHECK(scaler.step(opt_b) == (row[2] == 1));
     scaler.update();
-    CHECK(scaler.get_scale() == scale);
-    nd::testing::check_close(p, pv, 1e-12, 1e-12, "p");
-    nd::testing::check_close(q, qv, 1e-12, 1e-12, "q");
+    CHECK(scaler.get_scale() == row[0]);
+    nd::testing::check_close(p, {row[3], row[4], row[5]}, 1e-12, 1e-12, "p");
+    nd::testing::check_close(q, {row[6], row[7]}, 1e-12, 1e-12, "q");
     ++steps;
   }
   CHECK(steps == 8);

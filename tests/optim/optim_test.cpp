@@ -1,8 +1,6 @@
 // Optimizers and LR schedulers against torch.optim trajectories
 // (tests/golden/make_optim_golden.py), state round trips, the no-gradient warning.
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include "harness.h"
 
@@ -13,19 +11,7 @@ using nd::testing::error_message;
 namespace {
 
 std::map<std::string, std::vector<double>> load_golden() {
-  std::ifstream in(std::string(NANODDP_SOURCE_DIR) + "/tests/golden/optim_golden.txt");
-  REQUIRE_MESSAGE(in.good(), "tests/golden/optim_golden.txt is missing");
-  std::map<std::string, std::vector<double>> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream ls(line);
-    std::string name;
-    ls >> name;
-    double v;
-    while (ls >> v) out[name].push_back(v);
-  }
-  return out;
+  return nd::testing::read_golden_table(std::string(NANODDP_SOURCE_DIR) + "/tests/golden/optim_golden.txt");
 }
 
 Tensor grad_at(int t) { return tensor({0.1 * t, -0.2, 0.3 * (t % 2 ? -1 : 1)}, kFloat64); }
