@@ -24,8 +24,12 @@
 // and, for steps, "steps_per_s","images_per_s","gflop_per_step". ms is the median; ratio = achieved
 // GFLOP/s / the baseline GEMM's GFLOP/s. Rows that cannot run say why ("skipped: ...",
 // "no CUDA kernel yet: ...") with ms null.
+// --amp bf16|f16: the step under AutocastGuard(device, true, dtype) as the apps' --amp
+// (--amp-dtype f16 adds their GradScaler: scale(loss).backward(), scaler.step, update());
+// the step rows then have that dtype (the sgemm rows stay f32). bench_train_torch.py --amp
+// is the same under torch.autocast and torch.amp.GradScaler.
 // Usage: bench_train [--steps N] [--warmup N] [--threads N] [--gemm N]
-//                    [--device cpu|cuda|all] [--model dcgan|mae|all]
+//                    [--device cpu|cuda|all] [--model dcgan|mae|all] [--amp f32|bf16|f16]
 // GCC 12 false positives inside Eigen's AVX-512 code (see kernels/cpu/matmul.cpp).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -56,6 +60,17 @@ struct Options {
   int steps = 20, warmup = 3, threads = 0;  // threads 0: OpenMP's default (OMP_NUM_THREADS)
   int64_t gemm = 1024;                       // M = N = K of the reference sgemm (CUDA: 4x)
   std::string device = "all", model = "all";
+  std::string amp = "f32";  // f32 (off), bf16 or f16
+};
+
+// The step's precision: --amp's AutocastGuard and, for f16, the GradScaler's options.
+struct Precision {
+  bool on = false;
+  nd::ScalarType dtype = nd::kBFloat16;
+  explicit Precision(const std::string& amp) : on(amp != "f32"), dtype(amp == "f16" ? nd::kFloat16 : nd::kBFloat16) {}
+  nd::optim::GradScalerOptions scaler() const {
+    return nd::optim::GradScalerOptions().enabled(on && dtype == nd::kFloat16);
+  }
 };
 
 // ---- FLOP counting (forward; multiply a training pass by 3, see the top) ---------------
@@ -114,17 +129,18 @@ Tensor bce(const Tensor& logits, double target) {
 }
 
 constexpr const char* kDcganShape = "nz=64 ngf=32 ndf=32 batch=64 Adam";
-Workload dcgan(nd::Device device) {
+Workload dcgan(nd::Device device, const Precision& amp) {
   const int64_t n = 64, nz = 64, ngf = 32, ndf = 32;
   struct State {
     nd::models::DCGANGenerator G;
     nd::models::DCGANDiscriminator D;
     std::unique_ptr<nd::optim::Adam> opt_g, opt_d;
     Tensor real;
+    nd::optim::GradScaler scaler;
   };
   nd::manual_seed(0);
   auto s = std::make_shared<State>(State{nd::models::DCGANGenerator(nz, ngf), nd::models::DCGANDiscriminator(ndf),
-                                         nullptr, nullptr, {}});
+                                         nullptr, nullptr, {}, nd::optim::GradScaler(amp.scaler())});
   nd::models::dcgan_init(*s->G);
   nd::models::dcgan_init(*s->D);
   s->G->to(device);
@@ -132,17 +148,19 @@ Workload dcgan(nd::Device device) {
   s->opt_g = std::make_unique<nd::optim::Adam>(s->G->parameters(), nd::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
   s->opt_d = std::make_unique<nd::optim::Adam>(s->D->parameters(), nd::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
   s->real = (nd::rand({n, 1, 28, 28}) * 2.0 - 1.0).to(device);
-  auto step = [s, n, nz] {
+  auto step = [s, n, nz, amp] {
+    const nd::AutocastGuard guard(s->real.device().type, amp.on, amp.dtype);
     const Tensor z = nd::randn({n, nz}).to(s->real.device());
     const Tensor fake = s->G(z);
     s->opt_d->zero_grad();
     const Tensor loss_d = bce(s->D(s->real), 1.0) + bce(s->D(fake.detach()), 0.0);
-    loss_d.backward();
-    s->opt_d->step();
+    s->scaler.scale(loss_d).backward();
+    s->scaler.step(*s->opt_d);
     s->opt_g->zero_grad();
     const Tensor loss_g = bce(s->D(fake), 1.0);
-    loss_g.backward();
-    s->opt_g->step();
+    s->scaler.scale(loss_g).backward();
+    s->scaler.step(*s->opt_g);
+    s->scaler.update();
     loss_d.item();
     loss_g.item();
   };
@@ -150,27 +168,30 @@ Workload dcgan(nd::Device device) {
 }
 
 constexpr const char* kMaeShape = "tiny E=64x2 Ed=32x1 batch=128 AdamW";
-Workload mae(nd::Device device) {
+Workload mae(nd::Device device, const Precision& amp) {
   const int64_t n = 128;
   const nd::models::MAEConfig config = nd::models::MAEConfig::tiny();
   struct State {
     nd::models::MAE M;
     std::unique_ptr<nd::optim::AdamW> opt;
     Tensor images;
+    nd::optim::GradScaler scaler;
   };
   nd::manual_seed(0);
-  auto s = std::make_shared<State>(State{nd::models::MAE(config), nullptr, {}});
+  auto s = std::make_shared<State>(State{nd::models::MAE(config), nullptr, {}, nd::optim::GradScaler(amp.scaler())});
   s->M->to(device);
   nd::optim::AdamWOptions adamw(1e-3);
   adamw.betas({0.9, 0.95}).weight_decay(0.05);
   s->opt = std::make_unique<nd::optim::AdamW>(s->M->parameters(), adamw);
   s->images = (nd::rand({n, 1, 28, 28}) * 2.0 - 1.0).to(device);
-  auto step = [s, n, len = config.num_patches()] {
+  auto step = [s, n, len = config.num_patches(), amp] {
+    const nd::AutocastGuard guard(s->images.device().type, amp.on, amp.dtype);
     const Tensor noise = nd::rand({n, len}).to(s->images.device());
     s->opt->zero_grad();
     const Tensor loss = s->M(s->images, noise).loss;
-    loss.backward();
-    s->opt->step();
+    s->scaler.scale(loss).backward();
+    s->scaler.step(*s->opt);
+    s->scaler.update();
     loss.item();
   };
   return {n, mae_step_flops(n, config), step};
@@ -178,7 +199,7 @@ Workload mae(nd::Device device) {
 
 // ---- timing and output --------------------------------------------------------------------
 struct Row {
-  std::string op, shape, impl, model, device, baseline, note;
+  std::string op, shape, impl, model, device, baseline, note, dtype = "f32";
   double ms = -1, gflops = 0, ratio = -1, ms_min = 0, ms_max = 0, flops = 0;
   int64_t images = 0;
   int steps = 0;
@@ -262,7 +283,7 @@ void print(const std::vector<Row>& rows, int threads) {
     else std::printf("%6.3f\n", r.ratio);
   }
   for (const Row& r : rows) {
-    auto line = nd::bench::JsonLine::row(r.op, r.shape, "f32", r.impl);
+    auto line = nd::bench::JsonLine::row(r.op, r.shape, r.dtype, r.impl);
     if (r.ms < 0) line.null("ms").null("gflops");
     else line.number("ms", r.ms, "%.4f").number("gflops", r.gflops, "%.3f");
     line.null("gbps");
@@ -290,7 +311,7 @@ std::string one_line(std::string s) {
 struct Model {
   const char* name;
   const char* shape;
-  Workload (*build)(nd::Device);
+  Workload (*build)(nd::Device, const Precision&);
 };
 const Model kModels[] = {{"dcgan", kDcganShape, dcgan}, {"mae", kMaeShape, mae}};
 
@@ -299,6 +320,7 @@ void bench_device(nd::Device device, const Options& o, std::vector<Row>& out) {
   auto failed = [&](const std::string& model, const std::string& shape, const std::string& why) {
     Row r;
     r.op = "train_step", r.shape = shape, r.model = model, r.device = device.str(), r.impl = "nanoddp";
+    r.dtype = o.amp;
     r.note = one_line(why);
     out.push_back(r);
   };
@@ -319,9 +341,10 @@ void bench_device(nd::Device device, const Options& o, std::vector<Row>& out) {
   out.insert(out.end(), base.begin(), base.end());
   for (const Model* m : models) {
     try {
-      const Workload w = m->build(device);
+      const Workload w = m->build(device, Precision(o.amp));
       Row r;
       r.op = "train_step", r.shape = m->shape, r.impl = "nanoddp", r.model = m->name, r.device = device.str();
+      r.dtype = o.amp;
       r.images = w.images, r.flops = w.flops;
       time_steps(w.step, device, o.warmup, o.steps, r);
       if (!base.empty()) r.baseline = base.front().impl, r.ratio = r.gflops / base.front().gflops;
@@ -336,7 +359,7 @@ void bench_device(nd::Device device, const Options& o, std::vector<Row>& out) {
 int usage(const char* why, int status = 2) {
   std::fprintf(status == 0 ? stdout : stderr,
                "bench_train: %s\nusage: bench_train [--steps N] [--warmup N] [--threads N] [--gemm N] "
-               "[--device cpu|cuda|all] [--model dcgan|mae|all]\n",
+               "[--device cpu|cuda|all] [--model dcgan|mae|all] [--amp f32|bf16|f16]\n",
                why);
   return status;
 }
@@ -357,11 +380,13 @@ int main(int argc, char** argv) {
     else if (flag == "--gemm") o.gemm = number;
     else if (flag == "--device") o.device = value;
     else if (flag == "--model") o.model = value;
+    else if (flag == "--amp") o.amp = value;
     else return usage(("unknown flag " + flag).c_str());
   }
   if (o.steps < 1 || o.warmup < 0 || o.threads < 0 || o.gemm < 1) return usage("--steps and --gemm must be >= 1");
   if (o.device != "cpu" && o.device != "cuda" && o.device != "all") return usage("--device expects cpu, cuda or all");
   if (o.model != "dcgan" && o.model != "mae" && o.model != "all") return usage("--model expects dcgan, mae or all");
+  if (o.amp != "f32" && o.amp != "bf16" && o.amp != "f16") return usage("--amp expects f32, bf16 or f16");
   if (o.threads > 0) omp_set_num_threads(o.threads);
 
   std::vector<Row> rows;

@@ -12,8 +12,11 @@ with impl "pytorch" (baseline: torch.mm of the same size in the same run).
 The models are tests/golden/make_models_golden.py's (the oracle the C++ models are tested
 against), so parameter shapes match nanoddp's one for one. FLOPs per step are counted as
 in bench_train.cpp (GEMM FLOPs, training pass = 3x forward).
+--amp bf16|f16: the step under torch.autocast(dtype) (f16 with torch.amp.GradScaler), as
+bench_train --amp; the step rows then carry that dtype.
 Usage: python3 bench/bench_train_torch.py [--steps N] [--warmup N] [--threads N]
                                           [--gemm N] [--device cpu|cuda|all] [--model dcgan|mae|all]
+                                          [--amp f32|bf16|f16]
 --threads 0 (default) keeps torch's default (OMP_NUM_THREADS when set).
 """
 import argparse
@@ -88,8 +91,16 @@ def mae_step_flops(n, c, patches=49, patch_dim=16, mask_ratio=0.75):
 SHAPES = {"dcgan": "nz=64 ngf=32 ndf=32 batch=64 Adam", "mae": "tiny E=64x2 Ed=32x1 batch=128 AdamW"}
 
 
-def dcgan(device):
+def precision(device, amp):
+    """torch.autocast for --amp (a no-op context for f32) and a GradScaler (on for f16)."""
+    dtype = torch.float16 if amp == "f16" else torch.bfloat16
+    autocast = lambda: torch.autocast(device.type, dtype=dtype, enabled=amp != "f32")  # noqa: E731
+    return autocast, torch.amp.GradScaler(device.type, enabled=amp == "f16")
+
+
+def dcgan(device, amp):
     n, nz, ngf, ndf = 64, 64, 32, 32
+    autocast, scaler = precision(device, amp)
     torch.manual_seed(0)
     G, D = golden.Generator(nz, ngf), golden.Discriminator(ndf)
     G.apply(golden.weights_init)
@@ -103,23 +114,27 @@ def dcgan(device):
         return F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, target))
 
     def step():
-        z = torch.randn(n, nz).to(device)
-        fake = G(z)
-        opt_d.zero_grad()
-        loss_d = bce(D(real), 1.0) + bce(D(fake.detach()), 0.0)
-        loss_d.backward()
-        opt_d.step()
-        opt_g.zero_grad()
-        loss_g = bce(D(fake), 1.0)
-        loss_g.backward()
-        opt_g.step()
+        with autocast():
+            z = torch.randn(n, nz).to(device)
+            fake = G(z)
+            opt_d.zero_grad()
+            loss_d = bce(D(real), 1.0) + bce(D(fake.detach()), 0.0)
+        scaler.scale(loss_d).backward()
+        scaler.step(opt_d)
+        with autocast():
+            opt_g.zero_grad()
+            loss_g = bce(D(fake), 1.0)
+        scaler.scale(loss_g).backward()
+        scaler.step(opt_g)
+        scaler.update()
         loss_d.item(), loss_g.item()
 
     return n, dcgan_step_flops(n, nz, ngf, ndf), step
 
 
-def mae(device):
+def mae(device, amp):
     n = 128
+    autocast, scaler = precision(device, amp)
     torch.manual_seed(0)
     model = MAE(**MAE_TINY).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.05)
@@ -128,9 +143,11 @@ def mae(device):
     def step():
         noise = torch.rand(n, 49).to(device)
         opt.zero_grad()
-        loss = model(images, noise)[0]
-        loss.backward()
-        opt.step()
+        with autocast():
+            loss = model(images, noise)[0]
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         loss.item()
 
     return n, mae_step_flops(n, MAE_TINY), step
@@ -166,11 +183,11 @@ def bench_device(device, args, rows):
     base["gflops"] = base["flops"] / (ms * 1e6)
     rows.append(base)
     for build in builders:
-        images, flops, step = build(device)
+        images, flops, step = build(device, args.amp)
         ms, lo, hi = time_steps(step, device, args.warmup, args.steps)
         gflops = flops / (ms * 1e6)
         rows.append(dict(op="train_step", shape=SHAPES[build.__name__], impl="pytorch", model=build.__name__,
-                         device=str(device), ms=ms,
+                         device=str(device), ms=ms, dtype=args.amp,
                          ms_min=lo, ms_max=hi, flops=flops, images=images, steps=args.steps, gflops=gflops,
                          baseline="torch.mm", ratio=gflops / base["gflops"]))
 
@@ -189,7 +206,7 @@ def report(rows, threads):
         print(f"{r['model']:<7} {r['device']:<6} {r['shape']:<36} {r['impl']:<11} {r['ms']:9.2f} "
               f"{1e3 / r['ms']:8.2f} {images} {r['gflops']:8.1f} {ratio}")
     for r in rows:
-        out = dict(op=r["op"], shape=r["shape"], dtype="f32", impl=r["impl"], ms=None, gflops=None, gbps=None,
+        out = dict(op=r["op"], shape=r["shape"], dtype=r.get("dtype", "f32"), impl=r["impl"], ms=None, gflops=None, gbps=None,
                    baseline=r.get("baseline"), ratio=r.get("ratio"), model=r["model"], device=r["device"],
                    threads=threads)
         if "ms" in r:
@@ -213,6 +230,8 @@ def main():
     p.add_argument("--gemm", type=int, default=1024, help="M = N = K of the reference sgemm (CUDA: 4x)")
     p.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     p.add_argument("--model", choices=["dcgan", "mae", "all"], default="all")
+    p.add_argument("--amp", choices=["f32", "bf16", "f16"], default="f32",
+                   help="the step under torch.autocast to this dtype (f16 with a GradScaler)")
     args = p.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.threads < 0 or args.gemm < 1:
         p.error("--steps and --gemm must be >= 1, --warmup and --threads >= 0")

@@ -4,8 +4,9 @@
 # runs every CUDA test (ctest: tests/cuda/*, and collectives_test's NCCL case at world
 # size 1), then bench_kernels and (when torch sees the GPU) its PyTorch twin
 # bench_kernels_torch.py, then bench_train --device cuda and bench_train_torch.py --device
-# cuda (training steps of the DCGAN and the MAE, ours vs PyTorch eager), then each CUDA
-# test binary again with full doctest output, and prints a short table last.
+# cuda (training steps of the DCGAN and the MAE, ours vs PyTorch eager, in f32 and under
+# --amp bf16), then each CUDA test binary again with full doctest output, and prints a
+# short table last.
 # Files in $OUT (the device tool returns at most 8): env.txt, build.log, ctest.log, one
 # <test binary>.log for the first two CUDA test binaries (any further ones append to
 # cuda_tests_more.log), bench_kernels.txt (both benchmarks' tables and messages) and
@@ -169,7 +170,7 @@ kernel_rows() {
 train_steps() {
   python3 -c 'import json, sys
 rows = [json.loads(l) for l in sys.stdin if l.startswith("{") and "\"train_step\"" in l]
-print(" ".join("%s %.2f ms" % (r["model"], r["ms"]) for r in rows))' 2>/dev/null
+print(" ".join("%s %.2f ms" % (r["model"], r["ms"]) for r in rows if r.get("ms") is not None))' 2>/dev/null
 }
 
 echo "== GPU benchmarks"
@@ -200,6 +201,9 @@ fi
 # batches of bench/bench_train.cpp; the issue's target: ours at or below PyTorch's).
 run_built "bench_train cuda" 60 train_steps "$BUILD/bench/bench_train" --device cuda --steps 20
 run_torch "bench_train_torch cuda" 90 train_steps bench/bench_train_torch.py --device cuda --steps 20
+# The same under --amp bf16 (the apps' --amp), ours then PyTorch's torch.autocast.
+run_built "bench_train cuda bf16" 45 train_steps "$BUILD/bench/bench_train" --device cuda --steps 20 --amp bf16
+run_torch "bench_train_torch cuda bf16" 60 train_steps bench/bench_train_torch.py --device cuda --steps 20 --amp bf16
 
 # Last, with what is left of the budget: each test binary again with full doctest output
 # (ctest.log already holds the output of any test that failed).
