@@ -120,13 +120,14 @@ bool GradScaler::step(Optimizer& optimizer) {
 
 void GradScaler::update() {
   if (!is_enabled()) return;
-  bool any_step = false, found = false;
+  // Every inf check counts, also an unscale_ whose step() the caller left out (as in PyTorch).
+  bool checked = false, found = false;
   for (const auto& [opt, st] : per_optimizer_) {
-    any_step = any_step || st.stepped;
+    checked = checked || st.unscaled;
     found = found || st.found_nonfinite;
   }
-  ND_CHECK(any_step, "GradScaler.update: no step() since the last update(), so there is nothing to adjust the scale "
-           "by (call scaler.step(optimizer) first)");
+  ND_CHECK(checked, "GradScaler.update: no step() or unscale_() since the last update(), so there is nothing to "
+           "adjust the scale by (call scaler.step(optimizer) first)");
   if (found) {
     scale_ *= options_.backoff_factor();
     growth_tracker_ = 0;

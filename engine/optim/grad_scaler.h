@@ -61,7 +61,8 @@ class GradScaler {
   // After the step()s of an iteration: scale *= backoff_factor if any of them was skipped
   // (and the count of good steps restarts), else one more good step, and scale *=
   // growth_factor after growth_interval good steps in a row (unless that overflows).
-  // An nd::Error when no step() ran since the last update().
+  // Every unscale_ counts, with or without its step(). An nd::Error when neither ran since
+  // the last update().
   void update();
 
   bool is_enabled() const { return options_.enabled(); }

@@ -185,6 +185,16 @@ TEST_CASE("GradScaler: unscale_ before step lets the caller see (and clip) unsca
   CHECK(nd::testing::to_floats(one.p) == std::vector<float>{0.75f, 1.5f, 2.25f});
 }
 
+TEST_CASE("GradScaler: an unscale_ without its step() still counts in update()") {
+  One one;
+  GradScaler s(GradScalerOptions().init_scale(8.0));
+  one.grad({std::numeric_limits<double>::infinity(), 0.0, 0.0});
+  s.unscale_(one.opt);  // the caller looks, sees the inf, and does not step
+  s.update();
+  CHECK(s.get_scale() == 4.0);
+  CHECK(nd::testing::to_floats(one.p) == std::vector<float>{1.0f, 2.0f, 3.0f});
+}
+
 TEST_CASE("GradScaler: the scale stops growing where it would overflow") {
   One one;
   GradScaler s(GradScalerOptions().init_scale(std::numeric_limits<double>::max()).growth_interval(1));
@@ -258,7 +268,7 @@ TEST_CASE("GradScaler: misuse is an nd::Error that says what to do") {
 
   One one;
   GradScaler s;
-  CHECK(contains(error_message([&] { s.update(); }), "no step() since the last update()"));
+  CHECK(contains(error_message([&] { s.update(); }), "no step() or unscale_() since the last update()"));
   one.grad({1.0, 1.0, 1.0});
   s.unscale_(one.opt);
   CHECK(contains(error_message([&] { s.unscale_(one.opt); }), "already called on SGD since the last update()"));
