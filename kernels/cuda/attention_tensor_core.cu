@@ -2,7 +2,7 @@
 // FlashAttention-2 backward, what f32 attention under autocast runs
 // (engine/ops/attention.cpp). Every kernel is a template on the 16-bit storage type S
 // (BFloat16 or Half, Tc16 below); what this comment says of bf16 holds for f16 with f16's
-// rounding, and the file keeps its name. The f32/f64
+// rounding. The f32/f64
 // SIMT kernels are attention.cu; what both files need (Problem, Head, the delta pass, the
 // head-dim dispatch, the grid helpers) is attention.cuh.
 //
