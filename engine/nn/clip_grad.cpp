@@ -40,31 +40,16 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, d
   NoGradGuard no_grad;
   const std::vector<Tensor> grads = gradients(op, parameters);
   if (grads.empty()) return scalar_tensor(0.0);
-  const bool inf_norm = std::isinf(norm_type);
-  std::vector<Tensor> norms;  // per gradient, 0-d, then in the first gradient's dtype
-  const ScalarType dtype = grads.front().dtype();
-  for (const Tensor& g : grads) {
-    const Tensor a = g.abs();
-    if (inf_norm)
-      norms.push_back(g.numel() ? max(a) : zeros({}, g.options()));
-    else if (norm_type == 2.0)
-      norms.push_back(sum(a * a).sqrt());
-    else if (norm_type == 1.0)
-      norms.push_back(sum(a));
-    else
-      norms.push_back(sum(a.pow(norm_type)).pow(1.0 / norm_type));
-    norms.back() = norms.back().to(dtype);
-  }
-  const Tensor stacked = stack(norms);
-  Tensor total;
-  if (inf_norm)
-    total = max(stacked);
-  else if (norm_type == 2.0)
-    total = sum(stacked * stacked).sqrt();
-  else if (norm_type == 1.0)
-    total = sum(stacked);
-  else
-    total = sum(stacked.pow(norm_type)).pow(1.0 / norm_type);
+  // The norm_type-norm of the values of a (all >= 0): of each |g|, then of the per-gradient norms.
+  const auto norm_of = [norm_type](const Tensor& a) {
+    if (std::isinf(norm_type)) return a.numel() ? max(a) : zeros({}, a.options());
+    if (norm_type == 2.0) return sum(a * a).sqrt();
+    if (norm_type == 1.0) return sum(a);
+    return sum(a.pow(norm_type)).pow(1.0 / norm_type);
+  };
+  std::vector<Tensor> norms;  // per gradient, 0-d, in the first gradient's dtype
+  for (const Tensor& g : grads) norms.push_back(norm_of(g.abs()).to(grads.front().dtype()));
+  const Tensor total = norm_of(stack(norms));
   if (error_if_nonfinite) {
     const double t = total.item();
     ND_CHECK(std::isfinite(t), op, ": the total norm of order ", norm_type, " of the gradients is ", t,
