@@ -50,6 +50,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
     std::vector<std::string> names;
   };
   std::map<int, Pending> pending;  // by CUDA device index
+  const double inv = 1.0 / scale_;
   for (const auto& group : optimizer.param_groups()) {
     for (const Tensor& p : group.params()) {
       if (!p.impl().grad) continue;
@@ -60,13 +61,11 @@ void GradScaler::unscale_(Optimizer& optimizer) {
       ND_CHECK(g.is_contiguous(), "GradScaler.unscale_: expected a contiguous gradient, found ", g.describe(),
                " of parameter ", p.describe());
       ops::check_inplace("GradScaler.unscale_", g, false);
-      const double inv = 1.0 / scale_;
       if (!g.is_cuda()) {
         const bool bad = ops::dispatch_floating("GradScaler.unscale_", g, [&]<class T>() {
           return kernels::cpu::unscale_grad<T>(g.numel(), g.data_ptr<T>(), static_cast<T>(inv));
         });
-        if (bad && !st.found_nonfinite) st.first_nonfinite = p.describe();
-        st.found_nonfinite = st.found_nonfinite || bad;
+        if (bad && !st.found_nonfinite()) st.first_nonfinite = p.describe();
       } else {
         Pending& pd = pending[g.device().index];
         if (!pd.flags.defined()) {
@@ -89,9 +88,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
     const Tensor flags = pd.flags.to(Device(kCPU));
     const int32_t* f = flags.data_ptr<int32_t>();
     for (size_t i = 0; i < pd.names.size(); ++i) {
-      if (!f[i]) continue;
-      if (!st.found_nonfinite) st.first_nonfinite = pd.names[i];
-      st.found_nonfinite = true;
+      if (f[i] && !st.found_nonfinite()) st.first_nonfinite = pd.names[i];
     }
   }
   st.unscaled = true;
@@ -110,7 +107,7 @@ bool GradScaler::step(Optimizer& optimizer) {
   if (!per_optimizer_[&optimizer].unscaled) unscale_(optimizer);
   OptimizerState& st = per_optimizer_[&optimizer];
   st.stepped = true;
-  if (st.found_nonfinite) {
+  if (st.found_nonfinite()) {
     if (last_nonfinite_.empty()) last_nonfinite_ = st.first_nonfinite + " in " + optimizer.name();
     return false;
   }
@@ -124,7 +121,7 @@ void GradScaler::update() {
   bool checked = false, found = false;
   for (const auto& [opt, st] : per_optimizer_) {
     checked = checked || st.unscaled;
-    found = found || st.found_nonfinite;
+    found = found || st.found_nonfinite();
   }
   ND_CHECK(checked, "GradScaler.update: no step() or unscale_() since the last update(), so there is nothing to "
            "adjust the scale by (call scaler.step(optimizer) first)");

@@ -79,8 +79,9 @@ class GradScaler {
 
  private:
   struct OptimizerState {
-    bool unscaled = false, stepped = false, found_nonfinite = false;
-    std::string first_nonfinite;  // the first parameter whose gradient was inf or NaN
+    bool unscaled = false, stepped = false;
+    std::string first_nonfinite;  // the first parameter whose gradient was inf or NaN, if any
+    bool found_nonfinite() const { return !first_nonfinite.empty(); }
   };
   void check_options() const;
 
