@@ -28,8 +28,11 @@
 // (--amp-dtype f16 adds their GradScaler: scale(loss).backward(), scaler.step, update());
 // the step rows then have that dtype (the sgemm rows stay f32). bench_train_torch.py --amp
 // is the same under torch.autocast and torch.amp.GradScaler.
+// --batch N: N images per step instead of the apps' batch; a small batch (1, 2) makes the
+// step mostly per-op host work (dispatch, autograd, allocation), which on a GPU is what
+// the kernels of a small model wait behind.
 // Usage: bench_train [--steps N] [--warmup N] [--threads N] [--gemm N]
-//                    [--device cpu|cuda|all] [--model dcgan|mae|all] [--amp f32|bf16|f16]
+//                    [--device cpu|cuda|all] [--model dcgan|mae|all] [--amp f32|bf16|f16] [--batch N]
 // GCC 12 false positives inside Eigen's AVX-512 code (see kernels/cpu/matmul.cpp).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -61,6 +64,7 @@ struct Options {
   int64_t gemm = 1024;                       // M = N = K of the reference sgemm (CUDA: 4x)
   std::string device = "all", model = "all";
   std::string amp = "f32";  // f32 (off), bf16 or f16
+  int64_t batch = 0;        // images per step; 0: the app's default (DCGAN 64, MAE 128)
 };
 
 // The step's precision: --amp's AutocastGuard and, for f16, the GradScaler's options.
@@ -128,9 +132,9 @@ Tensor bce(const Tensor& logits, double target) {
   return nd::binary_cross_entropy_with_logits(logits, target > 0.5 ? nd::ones_like(logits) : nd::zeros_like(logits));
 }
 
-constexpr const char* kDcganShape = "nz=64 ngf=32 ndf=32 batch=64 Adam";
-Workload dcgan(nd::Device device, const Precision& amp) {
-  const int64_t n = 64, nz = 64, ngf = 32, ndf = 32;
+std::string dcgan_shape(int64_t batch) { return "nz=64 ngf=32 ndf=32 batch=" + std::to_string(batch) + " Adam"; }
+Workload dcgan(nd::Device device, const Precision& amp, int64_t n) {
+  const int64_t nz = 64, ngf = 32, ndf = 32;
   struct State {
     nd::models::DCGANGenerator G;
     nd::models::DCGANDiscriminator D;
@@ -167,9 +171,8 @@ Workload dcgan(nd::Device device, const Precision& amp) {
   return {n, dcgan_step_flops(n, nz, ngf, ndf), step};
 }
 
-constexpr const char* kMaeShape = "tiny E=64x2 Ed=32x1 batch=128 AdamW";
-Workload mae(nd::Device device, const Precision& amp) {
-  const int64_t n = 128;
+std::string mae_shape(int64_t batch) { return "tiny E=64x2 Ed=32x1 batch=" + std::to_string(batch) + " AdamW"; }
+Workload mae(nd::Device device, const Precision& amp, int64_t n) {
   const nd::models::MAEConfig config = nd::models::MAEConfig::tiny();
   struct State {
     nd::models::MAE M;
@@ -307,13 +310,15 @@ std::string one_line(std::string s) {
   return s;
 }
 
-// The models, by name; shape says what one step is (also for rows that cannot run).
+// The models, by name, with the apps' batch sizes; shape says what one step is (also for
+// rows that cannot run).
 struct Model {
   const char* name;
-  const char* shape;
-  Workload (*build)(nd::Device, const Precision&);
+  int64_t default_batch;
+  std::string (*shape)(int64_t batch);
+  Workload (*build)(nd::Device, const Precision&, int64_t batch);
 };
-const Model kModels[] = {{"dcgan", kDcganShape, dcgan}, {"mae", kMaeShape, mae}};
+const Model kModels[] = {{"dcgan", 64, dcgan_shape, dcgan}, {"mae", 128, mae_shape, mae}};
 
 // The step rows of one device: baseline GEMM rows, then one row per model.
 void bench_device(nd::Device device, const Options& o, std::vector<Row>& out) {
@@ -327,8 +332,10 @@ void bench_device(nd::Device device, const Options& o, std::vector<Row>& out) {
   std::vector<const Model*> models;
   for (const Model& m : kModels)
     if (o.model == "all" || o.model == m.name) models.push_back(&m);
+  auto batch = [&](const Model* m) { return o.batch > 0 ? o.batch : m->default_batch; };
   if (device.is_cuda() && !nd::cuda::is_available()) {
-    for (const Model* m : models) failed(m->name, m->shape, "skipped: no CUDA device (built without CUDA or no GPU)");
+    for (const Model* m : models)
+      failed(m->name, m->shape(batch(m)), "skipped: no CUDA device (built without CUDA or no GPU)");
     return;
   }
   const std::string kernel_missing = device.is_cuda() ? "no CUDA kernel yet: " : "error: ";
@@ -341,16 +348,16 @@ void bench_device(nd::Device device, const Options& o, std::vector<Row>& out) {
   out.insert(out.end(), base.begin(), base.end());
   for (const Model* m : models) {
     try {
-      const Workload w = m->build(device, Precision(o.amp));
+      const Workload w = m->build(device, Precision(o.amp), batch(m));
       Row r;
-      r.op = "train_step", r.shape = m->shape, r.impl = "nanoddp", r.model = m->name, r.device = device.str();
+      r.op = "train_step", r.shape = m->shape(batch(m)), r.impl = "nanoddp", r.model = m->name, r.device = device.str();
       r.dtype = o.amp;
       r.images = w.images, r.flops = w.flops;
       time_steps(w.step, device, o.warmup, o.steps, r);
       if (!base.empty()) r.baseline = base.front().impl, r.ratio = r.gflops / base.front().gflops;
       out.push_back(r);
     } catch (const nd::Error& e) {
-      failed(m->name, m->shape, kernel_missing + e.what());
+      failed(m->name, m->shape(batch(m)), kernel_missing + e.what());
     }
   }
 }
@@ -359,7 +366,7 @@ void bench_device(nd::Device device, const Options& o, std::vector<Row>& out) {
 int usage(const char* why, int status = 2) {
   std::fprintf(status == 0 ? stdout : stderr,
                "bench_train: %s\nusage: bench_train [--steps N] [--warmup N] [--threads N] [--gemm N] "
-               "[--device cpu|cuda|all] [--model dcgan|mae|all] [--amp f32|bf16|f16]\n",
+               "[--device cpu|cuda|all] [--model dcgan|mae|all] [--amp f32|bf16|f16] [--batch N]\n",
                why);
   return status;
 }
@@ -381,9 +388,11 @@ int main(int argc, char** argv) {
     else if (flag == "--device") o.device = value;
     else if (flag == "--model") o.model = value;
     else if (flag == "--amp") o.amp = value;
+    else if (flag == "--batch") o.batch = number;
     else return usage(("unknown flag " + flag).c_str());
   }
-  if (o.steps < 1 || o.warmup < 0 || o.threads < 0 || o.gemm < 1) return usage("--steps and --gemm must be >= 1");
+  if (o.steps < 1 || o.warmup < 0 || o.threads < 0 || o.gemm < 1 || o.batch < 0)
+    return usage("--steps and --gemm must be >= 1, --warmup, --threads and --batch >= 0");
   if (o.device != "cpu" && o.device != "cuda" && o.device != "all") return usage("--device expects cpu, cuda or all");
   if (o.model != "dcgan" && o.model != "mae" && o.model != "all") return usage("--model expects dcgan, mae or all");
   if (o.amp != "f32" && o.amp != "bf16" && o.amp != "f16") return usage("--amp expects f32, bf16 or f16");

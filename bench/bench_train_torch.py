@@ -16,7 +16,8 @@ in bench_train.cpp (GEMM FLOPs, training pass = 3x forward).
 bench_train --amp; the step rows then carry that dtype.
 Usage: python3 bench/bench_train_torch.py [--steps N] [--warmup N] [--threads N]
                                           [--gemm N] [--device cpu|cuda|all] [--model dcgan|mae|all]
-                                          [--amp f32|bf16|f16]
+                                          [--amp f32|bf16|f16] [--batch N]
+--batch N: N images per step instead of the apps' batch (bench_train.cpp --batch).
 --threads 0 (default) keeps torch's default (OMP_NUM_THREADS when set).
 """
 import argparse
@@ -88,7 +89,11 @@ def mae_step_flops(n, c, patches=49, patch_dim=16, mask_ratio=0.75):
 
 
 # ---- the steps ----
-SHAPES = {"dcgan": "nz=64 ngf=32 ndf=32 batch=64 Adam", "mae": "tiny E=64x2 Ed=32x1 batch=128 AdamW"}
+DEFAULT_BATCH = {"dcgan": 64, "mae": 128}  # the apps' batch sizes
+
+
+def shape(model, batch):
+    return {"dcgan": f"nz=64 ngf=32 ndf=32 batch={batch} Adam", "mae": f"tiny E=64x2 Ed=32x1 batch={batch} AdamW"}[model]
 
 
 def precision(device, amp):
@@ -98,8 +103,8 @@ def precision(device, amp):
     return autocast, torch.amp.GradScaler(device.type, enabled=amp == "f16")
 
 
-def dcgan(device, amp):
-    n, nz, ngf, ndf = 64, 64, 32, 32
+def dcgan(device, amp, n):
+    nz, ngf, ndf = 64, 32, 32
     autocast, scaler = precision(device, amp)
     torch.manual_seed(0)
     G, D = golden.Generator(nz, ngf), golden.Discriminator(ndf)
@@ -132,8 +137,7 @@ def dcgan(device, amp):
     return n, dcgan_step_flops(n, nz, ngf, ndf), step
 
 
-def mae(device, amp):
-    n = 128
+def mae(device, amp, n):
     autocast, scaler = precision(device, amp)
     torch.manual_seed(0)
     model = MAE(**MAE_TINY).to(device)
@@ -170,10 +174,11 @@ def time_steps(fn, device, warmup, steps):
 
 def bench_device(device, args, rows):
     builders = [b for b in (dcgan, mae) if args.model in ("all", b.__name__)]
+    batch = lambda b: args.batch or DEFAULT_BATCH[b.__name__]  # noqa: E731
     if device.type == "cuda" and not torch.cuda.is_available():
         for b in builders:
             rows.append(dict(op="train_step", model=b.__name__, device="cuda:0", impl="pytorch",
-                             shape=SHAPES[b.__name__], note="skipped: torch.cuda.is_available() is False"))
+                             shape=shape(b.__name__, batch(b)), note="skipped: torch.cuda.is_available() is False"))
         return
     size = args.gemm * (4 if device.type == "cuda" else 1)
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
@@ -183,10 +188,10 @@ def bench_device(device, args, rows):
     base["gflops"] = base["flops"] / (ms * 1e6)
     rows.append(base)
     for build in builders:
-        images, flops, step = build(device, args.amp)
+        images, flops, step = build(device, args.amp, batch(build))
         ms, lo, hi = time_steps(step, device, args.warmup, args.steps)
         gflops = flops / (ms * 1e6)
-        rows.append(dict(op="train_step", shape=SHAPES[build.__name__], impl="pytorch", model=build.__name__,
+        rows.append(dict(op="train_step", shape=shape(build.__name__, batch(build)), impl="pytorch", model=build.__name__,
                          device=str(device), ms=ms, dtype=args.amp,
                          ms_min=lo, ms_max=hi, flops=flops, images=images, steps=args.steps, gflops=gflops,
                          baseline="torch.mm", ratio=gflops / base["gflops"]))
@@ -232,9 +237,10 @@ def main():
     p.add_argument("--model", choices=["dcgan", "mae", "all"], default="all")
     p.add_argument("--amp", choices=["f32", "bf16", "f16"], default="f32",
                    help="the step under torch.autocast to this dtype (f16 with a GradScaler)")
+    p.add_argument("--batch", type=int, default=0, help="images per step (0: the apps' batch, DCGAN 64, MAE 128)")
     args = p.parse_args()
-    if args.steps < 1 or args.warmup < 0 or args.threads < 0 or args.gemm < 1:
-        p.error("--steps and --gemm must be >= 1, --warmup and --threads >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.threads < 0 or args.gemm < 1 or args.batch < 0:
+        p.error("--steps and --gemm must be >= 1, --warmup, --threads and --batch >= 0")
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = []

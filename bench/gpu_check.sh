@@ -204,6 +204,10 @@ run_torch "bench_train_torch cuda" 90 train_steps bench/bench_train_torch.py --d
 # The same under --amp bf16 (the apps' --amp), ours then PyTorch's torch.autocast.
 run_built "bench_train cuda bf16" 45 train_steps "$BUILD/bench/bench_train" --device cuda --steps 20 --amp bf16
 run_torch "bench_train_torch cuda bf16" 60 train_steps bench/bench_train_torch.py --device cuda --steps 20 --amp bf16
+# Batch 1: the step is per-op host work and launches, not kernels; tells a slow step
+# above apart (host overhead or kernel time).
+run_built "bench_train cuda batch 1" 30 train_steps "$BUILD/bench/bench_train" --device cuda --steps 20 --batch 1
+run_torch "bench_train_torch cuda b1" 45 train_steps bench/bench_train_torch.py --device cuda --steps 20 --batch 1
 
 # Last, with what is left of the budget: each test binary again with full doctest output
 # (ctest.log already holds the output of any test that failed).
