@@ -108,7 +108,7 @@ int train(Options& o) {
     const Tensor x = test_set.images.narrow(0, 0, 16).to(device);
     const Tensor perturbed = G->forward(x);
     nd::Generator gen{4242, 0};
-    const Tensor noise = nd::rand({16, config.num_patches()}, {}, &gen).to(device);
+    const Tensor noise = nd::rand({16, config.num_patches()}, {}, &gen);
     const models::MAEEncoderOutput enc = M->forward_encoder(perturbed, config.mask_ratio, noise);
     const Tensor pred = M->forward_decoder(enc.latent, enc.ids_restore);
     const Tensor target = models::patchify(x, config.patch_size);
@@ -127,7 +127,9 @@ int train(Options& o) {
 
   for (int64_t step = start + 1; step <= o.steps; ++step) {
     const Tensor x = batches.next().images;
-    const Tensor noise = app::shard_rows(nd::rand({o.batch_size, config.num_patches()}), world).to(device);
+    // Masking noise for the whole global batch, then this rank's rows; on the host, where
+    // the MAE computes the masking.
+    const Tensor noise = app::shard_rows(nd::rand({o.batch_size, config.num_patches()}), world);
     const Tensor perturbed = g(x);
 
     opt_d.zero_grad();

@@ -39,7 +39,7 @@ Tensor fixed_noise(int64_t n, int64_t patches) {
 Tensor triplets(models::MAE& mae, const Tensor& images) {
   nd::NoGradGuard no_grad;
   const int64_t p = mae->config.patch_size, n = images.size(0);
-  const models::MAEOutput out = mae->forward(images, fixed_noise(n, mae->config.num_patches()).to(images.device()));
+  const models::MAEOutput out = mae->forward(images, fixed_noise(n, mae->config.num_patches()));
   const Tensor target = models::patchify(images, p);
   const Tensor mask = out.mask.unsqueeze(-1), keep = 1.0 - mask;
   Tensor pred = out.pred;
@@ -58,7 +58,7 @@ double test_loss(models::MAE& mae, const Tensor& images, nd::Device device) {
   nd::NoGradGuard no_grad;
   for (int64_t start = 0; start < images.size(0); start += 500, ++chunks) {
     const int64_t len = std::min<int64_t>(500, images.size(0) - start);
-    sum += mae->forward(images.narrow(0, start, len).to(device), noise.narrow(0, start, len).to(device)).loss.item();
+    sum += mae->forward(images.narrow(0, start, len).to(device), noise.narrow(0, start, len)).loss.item();
   }
   return sum / static_cast<double>(chunks);
 }
@@ -146,8 +146,9 @@ int train(Options& o) {
 
   for (int64_t step = start + 1; step <= o.steps; ++step) {
     const Tensor images = batches.next().images;
-    // Masking noise for the whole global batch, then this rank's rows.
-    const Tensor noise = app::shard_rows(nd::rand({o.batch_size, config.num_patches()}), world).to(device);
+    // Masking noise for the whole global batch, then this rank's rows; on the host, where
+    // the MAE computes the masking.
+    const Tensor noise = app::shard_rows(nd::rand({o.batch_size, config.num_patches()}), world);
     opt.zero_grad();
     const Tensor loss = m(images, noise).loss;
     scaler.scale(loss).backward();

@@ -189,7 +189,7 @@ Workload mae(nd::Device device, const Precision& amp, int64_t n) {
   s->images = (nd::rand({n, 1, 28, 28}) * 2.0 - 1.0).to(device);
   auto step = [s, n, len = config.num_patches(), amp] {
     const nd::AutocastGuard guard(s->images.device().type, amp.on, amp.dtype);
-    const Tensor noise = nd::rand({n, len}).to(s->images.device());
+    const Tensor noise = nd::rand({n, len});  // on the host, as train_mae: the masking runs there
     s->opt->zero_grad();
     const Tensor loss = s->M(s->images, noise).loss;
     s->scaler.scale(loss).backward();

@@ -4,8 +4,10 @@
 #include <limits>
 
 #include "engine/error.h"
+#include "engine/ops/common.h"
 #include "kernels/common/counter_rng.h"
 #include "kernels/cpu/copy.h"
+#include "kernels/cuda/copy.h"
 
 namespace nd {
 
@@ -36,7 +38,8 @@ Tensor empty(const Shape& shape, TensorOptions options) {
   return t;
 }
 
-// Fills on the CPU and moves the result: device factories reuse the copy path.
+// Fills on the CPU and moves the result: device factories of host-made values (tensor,
+// arange, rand, randn) reuse the copy path.
 namespace {
 template <class Fill>
 Tensor make_on_cpu(const Shape& shape, TensorOptions options, Fill&& fill) {
@@ -49,15 +52,20 @@ Tensor make_on_cpu(const Shape& shape, TensorOptions options, Fill&& fill) {
 }
 }  // namespace
 
+// Filled where it lives: on a GPU by a kernel on the compute stream, so that a constant
+// (every `x * 2.0` makes one) costs no copy and no wait for the device.
 Tensor full(const Shape& shape, double value, TensorOptions options) {
-  return make_on_cpu(shape, options, [&](Tensor& t) {
-    dispatch_all(t.dtype(), [&]<class T>() {
-      if constexpr (std::is_arithmetic_v<T>)
-        kernels::cpu::fill<T>(t.numel(), static_cast<T>(value), t.data_ptr<T>());
-      else
-        kernels::cpu::fill<T>(t.numel(), T(static_cast<float>(value)), t.data_ptr<T>());
-    });
+  Tensor t = empty(shape, options.requires_grad(false));
+  dispatch_all(t.dtype(), [&]<class T>() {
+    T v;
+    if constexpr (std::is_arithmetic_v<T>) v = static_cast<T>(value);
+    else v = T(static_cast<float>(value));
+    ops::on_device(
+        t, [&] { kernels::cpu::fill<T>(t.numel(), v, t.data_ptr<T>()); },
+        [&](auto stream) { kernels::cuda::fill<T>(t.numel(), v, t.data_ptr<T>(), stream); });
   });
+  if (options.requires_grad_) t.requires_grad_(true);
+  return t;
 }
 Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0, options); }
 Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1, options); }

@@ -99,7 +99,8 @@ Tensor gather_tokens(const Tensor& x, const Tensor& ids) {
                " is out of range for ", len, " tokens");
       dst[b * k + j] = b * len + src[b * k + j];
     }
-  return x.reshape({n * len, x.size(2)}).index_select(0, flat_ids.to(x.device())).reshape({n, k, x.size(2)});
+  // flat_ids stays on the cpu: index_select checks it there and copies it without waiting.
+  return x.reshape({n * len, x.size(2)}).index_select(0, flat_ids).reshape({n, k, x.size(2)});
 }
 
 TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t num_heads, double mlp_ratio)
@@ -162,16 +163,18 @@ MAEEncoderOutput MAEImpl::forward_encoder(const Tensor& images, double mask_rati
   if (mask_ratio == 0 && !noise.defined()) {
     out.mask = zeros({n, len}, images.options());
     out.ids_restore = arange(static_cast<double>(len), TensorOptions(kInt64)).reshape({1, len}).expand({n, len})
-                          .contiguous().to(images.device());
+                          .contiguous();
   } else {
-    // The noise may live anywhere: argsort runs on the host.
+    // The noise may live anywhere: argsort runs on the host, and the ids stay there, so
+    // that the gathers check them without waiting for the device (noise on a GPU is read
+    // back first).
     const Tensor draw = noise.defined() ? noise : rand({n, len}, images.dtype());
     ND_CHECK(draw.dim() == 2 && draw.size(0) == n && draw.size(1) == len, "MAE: expected noise [", n, ", ", len,
              "], found ", draw.describe());
-    const Masking m = random_masking(draw, mask_ratio);
+    const Masking m = random_masking(draw.to(kCPU), mask_ratio);
     x = gather_tokens(x, m.ids_keep);
     out.mask = m.mask.to(images.device()).to(images.dtype());
-    out.ids_restore = m.ids_restore.to(images.device());
+    out.ids_restore = m.ids_restore;
   }
   const Tensor cls = (cls_token + pos_embed.slice(1, 0, 1)).expand({n, 1, config.embed_dim});
   x = cat({cls, x}, 1);

@@ -55,7 +55,8 @@ struct Masking {
 // requires: noise [N, L] (any floating dtype, any device); results on noise's device.
 Masking random_masking(const Tensor& noise, double mask_ratio);
 // x [N, L, D], ids [N, K] i64 -> [N, K, D] with out[n, k] = x[n, ids[n, k]]
-// (torch.gather along dim 1 with ids expanded over D); differentiable in x.
+// (torch.gather along dim 1 with ids expanded over D); differentiable in x. ids on the
+// cpu cost no wait for a GPU; ids on a GPU are read back to be checked.
 Tensor gather_tokens(const Tensor& x, const Tensor& ids);
 
 // Pre-LN transformer block (timm's Block with nn.MultiheadAttention):
@@ -83,7 +84,7 @@ struct MAEOutput {
 struct MAEEncoderOutput {
   Tensor latent;       // [N, 1 + len_keep, embed_dim]: cls token first, after the final norm
   Tensor mask;         // [N, L] f32, 1 = masked
-  Tensor ids_restore;  // [N, L] i64
+  Tensor ids_restore;  // [N, L] i64, on the cpu (where the masking is computed)
 };
 
 // Parameters: cls_token [1, 1, E], mask_token [1, 1, Ed], patch_embed.{weight,bias}
@@ -98,7 +99,8 @@ class MAEImpl : public nn::Module {
 
   // images [N, 1, 28, 28]. noise [N, L] decides the masking (argsort, smallest kept);
   // undefined: drawn by nd::rand from the default generator. mask_ratio 0 keeps every
-  // token in its original order (no noise drawn).
+  // token in its original order (no noise drawn). The masking runs on the host: noise on
+  // the cpu costs no wait for a GPU (the apps keep it there), noise on a GPU is read back.
   MAEEncoderOutput forward_encoder(const Tensor& images, double mask_ratio, const Tensor& noise = {});
   // latent [N, 1 + len_keep, E] -> predictions [N, L, patch_dim].
   Tensor forward_decoder(const Tensor& latent, const Tensor& ids_restore);

@@ -56,10 +56,17 @@ double BatchNormBase::next_momentum() {
   double factor = options.momentum().value_or(0.0);
   if (is_training() && options.track_running_stats()) {
     NoGradGuard no_grad;
-    // i64 arithmetic is not an op here: read, bump, write back (one version bump).
-    const int64_t batches = num_batches_tracked.item<int64_t>() + 1;
-    num_batches_tracked.fill_(static_cast<double>(batches));
-    if (!options.momentum()) factor = 1.0 / static_cast<double>(batches);
+    if (options.momentum()) {
+      // Counted where the buffer lives: a GPU's count is not read back, which would make
+      // the host wait for the device at every BatchNorm (there is no i64 add: through
+      // f64, exact below 2^53 batches; one version bump).
+      num_batches_tracked.copy_(num_batches_tracked.to(kFloat64) + 1.0);
+    } else {
+      // The cumulative average needs the count on the host (as in PyTorch).
+      const int64_t batches = num_batches_tracked.item<int64_t>() + 1;
+      num_batches_tracked.fill_(static_cast<double>(batches));
+      factor = 1.0 / static_cast<double>(batches);
+    }
   }
   return factor;
 }

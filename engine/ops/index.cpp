@@ -68,14 +68,18 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   const int64_t d = wrap_dim(dim, x.dim(), "index_select");
   ND_CHECK(index.dtype() == kInt64 && index.dim() <= 1, "index_select: expected a 1-D i64 index, found ",
            index.describe());
-  ND_CHECK(index.device() == x.device(), "index_select: expected the index on the input's device, found input ",
-           x.describe(), " and index ", index.describe());
+  ND_CHECK(index.device() == x.device() || index.is_cpu(),
+           "index_select: expected the index on the input's device or on the cpu, found input ", x.describe(),
+           " and index ", index.describe());
+  // Checked on the host: an index on the cpu as it is, then copied to x's device without
+  // waiting; an index on a GPU read back, which makes the host wait for the device.
   Tensor idx = index.reshape({-1}).contiguous();
-  const Tensor idx_host = idx.is_cpu() ? idx : idx.cpu();  // validated on the host
+  const Tensor idx_host = idx.is_cpu() ? idx : idx.cpu();
   const int64_t* ip = idx_host.data_ptr<int64_t>();
   for (int64_t k = 0; k < idx.numel(); ++k)
     ND_CHECK(ip[k] >= 0 && ip[k] < x.size(d), "index_select: index ", ip[k], " at position ", k,
              " is out of range for dimension ", d, " of size ", x.size(d), " in ", x.describe());
+  if (idx.device() != x.device()) idx = idx.to(x.device());
   Tensor xc = x.contiguous();
   Shape out_shape = x.sizes();
   out_shape[d] = idx.numel();

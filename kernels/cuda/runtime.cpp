@@ -93,8 +93,26 @@ void staged_copy(int device, bool to_device, void* dst, const void* src, size_t 
 
 }  // namespace
 
+// Up to the staging buffer's size, a copy to the device goes through a pinned block of
+// its own from the cache (host_allocator.h) and returns without waiting for the device:
+// the host's bytes are in the block once memcpy returns, and the block is not reused
+// before its recorded copy has run. Larger copies (a data set, a checkpoint) go through
+// the staging buffer in chunks, waiting for each, rather than pinning their whole size.
 void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes) {
-  staged_copy(device, true, dst, src, nbytes);
+  if (nbytes == 0) return;
+  if (nbytes > kStagingBytes) return staged_copy(device, true, dst, src, nbytes);
+  cudaStream_t stream = use_device(device);
+  void* block = allocate_pinned(nbytes);
+  try {
+    std::memcpy(block, src, nbytes);
+    check(cudaMemcpyAsync(dst, block, nbytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync(HostToDevice)",
+          "copy to cuda:" + std::to_string(device));
+    record_copy(block, device, stream);
+  } catch (...) {
+    release_pinned(block);
+    throw;
+  }
+  release_pinned(block);
 }
 
 void copy_device_to_host(int device, void* dst, const void* src, size_t nbytes) {

@@ -13,8 +13,12 @@ int device_count();                      // 0 when no driver/GPU
 std::string unavailable_reason();        // why device_count() is 0
 
 // Host <-> device copies, ordered on the device's compute stream after every kernel
-// queued there, staged through a pinned host buffer (so the DMA engine reads page-locked
-// memory), and complete when they return: `src`/`dst` on the host may be reused at once.
+// queued there, staged through pinned host memory (so the DMA engine reads page-locked
+// memory); `src`/`dst` on the host may be reused as soon as they return.
+// To the device: up to 16 MiB copied into a pinned block of its own and queued, without
+// waiting for the device (kernels queued after it see the data; host_allocator.h keeps
+// the block until the copy has run); larger copies wait for each 16 MiB chunk.
+// To the host: waits for the device (the host reads the bytes on return).
 // requires: dst/src do not overlap; device pointers on `device`.
 void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes);
 void copy_device_to_host(int device, void* dst, const void* src, size_t nbytes);

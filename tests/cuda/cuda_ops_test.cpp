@@ -70,6 +70,8 @@ TEST_CASE("cuda ops: reductions and copies and indexing and matmul match the CPU
        [](const V& x) {
          return index_select(x[0], 1, tensor({4, 0, 10, 4, 7}, TensorOptions(kInt64).device(x[0].device())));
        }},
+      {"index_select, index on the cpu", {{7, 11, 3}},
+       [](const V& x) { return index_select(x[0], 1, tensor({4, 0, 10, 4, 7}, TensorOptions(kInt64))); }},
       {"cat", {{3, 5}, {3, 2}}, [](const V& x) { return cat({x[0], x[1] * 2.0}, 1); }},
       {"stack", {{4, 3}, {4, 3}}, [](const V& x) { return stack({x[0], x[1]}, 0); }},
       {"mm", {{37, 53}, {53, 29}}, [](const V& x) { return mm(x[0], x[1]); }},
@@ -239,8 +241,10 @@ TEST_CASE("cuda errors: mixing devices names both devices") {
   const std::string mm_msg = testing::error_message([&] { (void)mm(ones({2, 3}), ones({3, 2}).to(kGpu)); });
   CHECK(mm_msg.find("cpu") != std::string::npos);
   CHECK(mm_msg.find("cuda:0") != std::string::npos);
+  // An index on the cpu serves a GPU input (index_select checks it there); an index on
+  // a GPU does not serve a cpu input.
   const std::string idx_msg =
-      testing::error_message([&] { (void)index_select(g, 0, tensor({0}, TensorOptions(kInt64))); });
+      testing::error_message([&] { (void)index_select(c, 0, tensor({0}, TensorOptions(kInt64).device(kGpu))); });
   CHECK(idx_msg.find("cuda:0") != std::string::npos);
   CHECK(idx_msg.find("cpu") != std::string::npos);
 }

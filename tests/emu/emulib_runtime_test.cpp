@@ -2,7 +2,8 @@
 // the REAL kernels/cuda/{runtime,stream,allocator,host_allocator}.cpp and the NCCL process
 // group against the runtime stand-ins include/cuda_runtime.h and include/nccl.h, which count
 // the calls they receive. What tests/cuda cannot see from its tensors: how many cudaMalloc
-// calls a steady step makes, the allocator's out-of-memory path, the errors a bad device
+// calls a steady step makes, where a training step makes the host wait for the device,
+// the allocator's out-of-memory path, the errors a bad device
 // index or a destroyed event gives, the collectives reaching NCCL, and (with events held
 // pending) which pinned blocks a non-blocking copy keeps from reuse and from host writes.
 #include <doctest/doctest.h>
@@ -10,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,8 @@
 #include "kernels/cuda/host_allocator.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/stream.h"
+#include "models/dcgan.h"
+#include "models/mae.h"
 
 using namespace nd;
 namespace kc = nd::kernels::cuda;
@@ -45,16 +49,25 @@ TEST_CASE("emulib: one emulated device, and a device index beyond it is an nd::E
   CHECK(testing::to_vector((ones({3}).to(kGpu) + 1).cpu()) == std::vector<double>{2, 2, 2});
 }
 
-TEST_CASE("emulib: copies host -> device -> device -> host round-trip through the pinned staging buffer") {
+TEST_CASE("emulib: copies host -> device -> device -> host round-trip through pinned memory") {
   const Tensor x = testing::random_input({1000, 37}, 7).to(kFloat32);
   const emu_rt::Stats before = emu_rt::stats();
-  const Tensor g = x.to(kGpu);
+  const Tensor g = x.to(kGpu);  // through a pinned block of its own, without waiting
+  CHECK(emu_rt::stats().host_waits == before.host_waits);
   const Tensor g2 = g.clone();  // device -> device
-  const Tensor back = g2.cpu();
+  const Tensor back = g2.cpu();  // through the staging buffer, waiting for the device
+  CHECK(emu_rt::stats().host_waits == before.host_waits + 1);
   CHECK(testing::to_vector(back) == testing::to_vector(x));
   const emu_rt::Stats after = emu_rt::stats();
   CHECK(after.memcpys >= before.memcpys + 2);  // at least the host -> device and device -> host copies
-  CHECK(after.host_allocs <= 1);               // one staging buffer for the process, never more
+  // At most the block for the upload and the process's one staging buffer (either may be
+  // there from an earlier case).
+  CHECK(after.host_allocs <= before.host_allocs + 2);
+  // Beyond 16 MiB, the upload goes through the staging buffer in chunks, each waited for.
+  const Tensor big = zeros({(16 << 20) / 4 + 5});
+  const long waits = emu_rt::stats().host_waits;
+  CHECK(testing::to_vector(big.to(kGpu).sum()) == std::vector<double>{0.0});
+  CHECK(emu_rt::stats().host_waits == waits + 2 + 1);  // two chunks, then sum()'s read back
 }
 
 TEST_CASE("emulib: a steady training step makes no cudaMalloc, and empty_cache returns every cached block") {
@@ -88,6 +101,62 @@ TEST_CASE("emulib: a steady training step makes no cudaMalloc, and empty_cache r
   const kc::AllocatorStats a2 = kc::memory_stats(0);
   CHECK(a2.reserved_bytes == a2.allocated_bytes);  // blocks are never split: reserved = live
   CHECK(int64_t(emu_rt::device_bytes_in_use(0)) >= a2.reserved_bytes);
+}
+
+// The host blocks on the GPU only where it reads a value: the losses' item(). Anything
+// else (a buffer read back, a copy to the device that waits for the queue) would drain
+// the queue mid-step and leave the GPU idle while the host issues the next kernels.
+TEST_CASE("emulib: a steady DCGAN or MAE training step waits for the device only in its loss item() calls") {
+  auto waits_of = [](const std::function<void()>& step) {
+    step();  // optimizer state, caches
+    const long before = emu_rt::stats().host_waits;
+    step();
+    return emu_rt::stats().host_waits - before;
+  };
+  SUBCASE("DCGAN (apps/train_gan's step: BatchNorm in G and D, D called three times, two Adams)") {
+    manual_seed(5);
+    models::DCGANGenerator G(8, 4);
+    models::DCGANDiscriminator D(4);
+    G->to(kGpu);
+    D->to(kGpu);
+    optim::Adam opt_g(G->parameters(), optim::AdamOptions(2e-4)), opt_d(D->parameters(), optim::AdamOptions(2e-4));
+    const Tensor real = (rand({2, 1, 28, 28}) * 2.0 - 1.0).to(kGpu);
+    auto bce = [](const Tensor& logits, bool real_label) {
+      return binary_cross_entropy_with_logits(logits, real_label ? ones_like(logits) : zeros_like(logits));
+    };
+    const long waits = waits_of([&] {
+      const Tensor fake = G(randn({2, 8}).to(kGpu));
+      opt_d.zero_grad();
+      const Tensor loss_d = bce(D(real), true) + bce(D(fake.detach()), false);
+      loss_d.backward();
+      opt_d.step();
+      opt_g.zero_grad();
+      const Tensor loss_g = bce(D(fake), true);
+      loss_g.backward();
+      opt_g.step();
+      (void)loss_d.item();
+      (void)loss_g.item();
+    });
+    CHECK(waits == 2);
+  }
+  SUBCASE("MAE (apps/train_mae's step: masking noise on the host, AdamW)") {
+    manual_seed(6);
+    models::MAEConfig config;  // tiny's layers, one block and one head each (emulated attention is slow)
+    config.depth = 1;
+    config.num_heads = config.decoder_num_heads = 1;
+    models::MAE mae(config);
+    mae->to(kGpu);
+    optim::AdamW opt(mae->parameters(), optim::AdamWOptions(1e-3));
+    const Tensor images = (rand({2, 1, 28, 28}) * 2.0 - 1.0).to(kGpu);
+    const long waits = waits_of([&] {
+      opt.zero_grad();
+      const Tensor loss = mae->forward(images, rand({2, mae->config.num_patches()})).loss;
+      loss.backward();
+      opt.step();
+      (void)loss.item();
+    });
+    CHECK(waits == 1);
+  }
 }
 
 TEST_CASE("emulib: out of device memory frees the cache, retries, then throws naming the request") {
@@ -171,8 +240,13 @@ TEST_CASE("emulib: a pinned block is not reused, nor overwritten by the host, wh
   const Tensor g_rows = pinned.narrow(0, 5, 100).to(kGpu, /*non_blocking=*/true);  // inside the block
   CHECK(emu_rt::stats().memcpys == copies + 2);  // straight from the block, not through staging
   CHECK(kc::pinned_memory_stats().num_pending_copies == s0.num_pending_copies + 2);
-  (void)x.to(kGpu, /*non_blocking=*/true);  // pageable: staged and complete, nothing recorded
-  CHECK(kc::pinned_memory_stats().num_pending_copies == s0.num_pending_copies + 2);
+  // Pageable memory: copied into a pinned block of its own (another size class here) and
+  // queued the same way, so the host may overwrite its bytes at once.
+  const Tensor pageable = testing::random_input({50, 3}, 12).to(kFloat32);
+  const std::vector<double> pageable_values = testing::to_vector(pageable);
+  const Tensor g_pageable = pageable.to(kGpu);
+  CHECK(kc::pinned_memory_stats().num_pending_copies == s0.num_pending_copies + 3);
+  pageable.fill_(-1.0);
 
   // Dropped while its copies are pending: a request of its size gets another block.
   void* block = pinned.storage()->data();
@@ -191,10 +265,12 @@ TEST_CASE("emulib: a pinned block is not reused, nor overwritten by the host, wh
   again.fill_(0.5);
   const Tensor g_again = again.to(kGpu, /*non_blocking=*/true);
   const long waits = emu_rt::stats().event_waits;
+  const int64_t pending = kc::pinned_memory_stats().num_pending_copies;
   again.add_(1.0);
   CHECK(emu_rt::stats().event_waits == waits + 1);
-  CHECK(kc::pinned_memory_stats().num_pending_copies == s0.num_pending_copies);
+  CHECK(kc::pinned_memory_stats().num_pending_copies == pending - 1);
   emu_rt::set_hold_events(false);
+  CHECK(testing::to_vector(g_pageable.cpu()) == pageable_values);
 
   CHECK(testing::to_vector(g.cpu()) == testing::to_vector(x));
   CHECK(testing::to_vector(g_rows.cpu()) == testing::to_vector(x.narrow(0, 5, 100)));

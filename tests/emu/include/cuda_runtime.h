@@ -80,6 +80,7 @@ constexpr int kMaxDynamicSharedBytes = 232448;  // 227 KiB
 struct Stats {
   long mallocs = 0, frees = 0, host_allocs = 0, host_frees = 0;
   long memcpys = 0, memsets = 0, event_records = 0, event_waits = 0, stream_waits = 0;
+  long host_waits = 0;  // the host blocked on the device: stream, device or event synchronize
 };
 
 struct Block {
@@ -275,7 +276,11 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d
   *value = attr == cudaDevAttrMultiProcessorCount ? 132 : emu_rt::kMaxDynamicSharedBytes;
   return cudaSuccess;
 }
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize() {
+  std::lock_guard lock(emu_rt::state().mutex);
+  ++emu_rt::state().stats.host_waits;
+  return cudaSuccess;
+}
 template <class K>
 cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute attr, int value) {
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize && (value < 0 || value > emu_rt::kMaxDynamicSharedBytes))
@@ -427,7 +432,10 @@ inline cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCre
 inline cudaError_t cudaStreamDestroy(cudaStream_t stream) { return emu_rt::destroy_handle(stream, emu_rt::state().streams); }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   int device = 0;
-  return emu_rt::stream_device(stream, &device);
+  if (cudaError_t e = emu_rt::stream_device(stream, &device); e != cudaSuccess) return e;
+  std::lock_guard lock(emu_rt::state().mutex);
+  ++emu_rt::state().stats.host_waits;
+  return cudaSuccess;
 }
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
   return emu_rt::create_handle(event, flags <= 7, emu_rt::state().events);
@@ -463,6 +471,7 @@ inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (cudaError_t e = check_event(event); e != cudaSuccess) return e;
   std::lock_guard lock(state().mutex);
   ++state().stats.event_waits;
+  ++state().stats.host_waits;
   event->pending = false;
   return cudaSuccess;
 }
