@@ -1,5 +1,8 @@
 #include "engine/optim/adam.h"
 
+#include <map>
+#include <tuple>
+
 #include "engine/error.h"
 #include "engine/factories.h"
 #include "engine/ops/common.h"
@@ -43,7 +46,7 @@ Adam::Adam(std::string name, std::vector<OptimizerParamGroup> groups, const Adam
   for (auto& g : param_groups()) check(name, static_cast<const AdamOptions&>(g.options()));
 }
 
-void Adam::update(const OptimizerOptions& options, const Tensor& p, const Tensor& g, ParamState& state) {
+kernels::cpu::AdamParams Adam::begin_step(const OptimizerOptions& options, const Tensor& p, ParamState& state) {
   const auto& o = static_cast<const AdamOptions&>(options);
   if (state.buffers.empty()) {
     state.buffers["exp_avg"] = zeros_like(p);
@@ -51,18 +54,36 @@ void Adam::update(const OptimizerOptions& options, const Tensor& p, const Tensor
   }
   if (o.amsgrad_ && !state.buffers.count("max_exp_avg_sq")) state.buffers["max_exp_avg_sq"] = zeros_like(p);
   ++state.step;
-  kernels::cpu::AdamParams hp{o.lr_, o.betas_.first, o.betas_.second, o.eps_, o.weight_decay_, decoupled_,
-                              o.amsgrad_, state.step};
-  Tensor m = state.buffers["exp_avg"], v = state.buffers["exp_avg_sq"];
-  Tensor vmax = o.amsgrad_ ? state.buffers["max_exp_avg_sq"] : Tensor();
-  ops::dispatch_floating("Adam.step", p, [&]<class T>() {
-    T *pp = p.data_ptr<T>(), *mp = m.data_ptr<T>(), *vp = v.data_ptr<T>();
-    T* vmaxp = vmax.defined() ? vmax.data_ptr<T>() : nullptr;
-    const T* gp = g.data_ptr<T>();
-    ops::on_device(
-        p, [&] { kernels::cpu::adam_step<T>(p.numel(), hp, pp, gp, mp, vp, vmaxp); },
-        [&](auto stream) { kernels::cuda::adam_step<T>(p.numel(), hp, pp, gp, mp, vp, vmaxp, stream); });
-  });
+  return {o.lr_, o.betas_.first, o.betas_.second, o.eps_, o.weight_decay_, decoupled_, o.amsgrad_, state.step};
+}
+
+void Adam::update(const OptimizerOptions& options, const Tensor& p, const Tensor& g, ParamState& state) {
+  std::vector<ParamUpdate> one{{p, g, &state}};
+  update_group(options, one);
+}
+
+void Adam::update_group(const OptimizerOptions& options, std::vector<ParamUpdate>& params) {
+  // One adam_step_multi per (device, dtype), each over its parameters in the group's order.
+  std::map<std::tuple<DeviceType, int, ScalarType>, std::vector<ParamUpdate*>> by_device;
+  for (ParamUpdate& u : params)
+    by_device[{u.param.device().type, u.param.device().index, u.param.dtype()}].push_back(&u);
+  for (auto& [key, group] : by_device) {
+    const Tensor& first = group.front()->param;
+    ops::dispatch_floating("Adam.step", first, [&]<class T>() {
+      kernels::cpu::AdamParams hp{};
+      std::vector<kernels::cpu::AdamTensor<T>> tensors;
+      for (ParamUpdate* u : group) {
+        hp = begin_step(options, u->param, *u->state);
+        std::map<std::string, Tensor>& b = u->state->buffers;
+        T* vmax = hp.amsgrad ? b["max_exp_avg_sq"].data_ptr<T>() : nullptr;
+        tensors.push_back({u->param.numel(), u->param.data_ptr<T>(), u->grad.data_ptr<T>(),
+                           b["exp_avg"].data_ptr<T>(), b["exp_avg_sq"].data_ptr<T>(), vmax, u->state->step});
+      }
+      ops::on_device(
+          first, [&] { kernels::cpu::adam_step_multi<T>(tensors, hp); },
+          [&](auto stream) { kernels::cuda::adam_step_multi<T>(first.device().index, tensors, hp, stream); });
+    });
+  }
 }
 
 }  // namespace nd::optim

@@ -42,16 +42,18 @@ void Optimizer::step() {
   ops::InplaceOpLabel label(name_ + ".step");
   int64_t updated = 0;
   for (auto& group : groups_) {
+    std::vector<ParamUpdate> params;
     for (const Tensor& p : group.params()) {
       if (!p.impl().grad) continue;
       Tensor g = p.grad();
       ND_CHECK(g.sizes() == p.sizes() && g.dtype() == p.dtype() && g.device() == p.device(), name_,
                ".step: gradient ", g.describe(), " does not match parameter ", p.describe());
       ND_CHECK(p.is_contiguous(), name_, ".step: parameter ", p.describe(), " is not contiguous");
-      update(group.options(), p, g.contiguous(), state_[p.impl_ptr().get()]);
-      p.storage()->bump_version(name_ + ".step");
-      ++updated;
+      params.push_back({p, g.contiguous(), &state_[p.impl_ptr().get()]});
     }
+    update_group(group.options(), params);
+    for (const ParamUpdate& u : params) u.param.storage()->bump_version(name_ + ".step");
+    updated += static_cast<int64_t>(params.size());
   }
   if (updated == 0 && num_parameters() > 0 && !warned_no_grad_) {
     warned_no_grad_ = true;
@@ -59,6 +61,10 @@ void Optimizer::step() {
          " parameters has a gradient, so nothing was updated. Did backward reach this model? (A loss computed "
          "under NoGradGuard, from detach()ed outputs, or made a leaf with requires_grad_(true) trains nothing.)");
   }
+}
+
+void Optimizer::update_group(const OptimizerOptions& options, std::vector<ParamUpdate>& params) {
+  for (ParamUpdate& u : params) update(options, u.param, u.grad, *u.state);
 }
 
 void Optimizer::zero_grad(bool set_to_none) {

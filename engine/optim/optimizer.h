@@ -72,6 +72,13 @@ class Optimizer {
   // One parameter's update; param and grad are contiguous, same dtype, shape and device.
   virtual void update(const OptimizerOptions& options, const Tensor& param, const Tensor& grad,
                       ParamState& state) = 0;
+  struct ParamUpdate {
+    Tensor param, grad;  // as update() gets them
+    ParamState* state;
+  };
+  // Every parameter of one group that has a gradient, in order. The default calls update()
+  // for each; an optimizer may update many at once (Adam: one kernel per GPU and dtype).
+  virtual void update_group(const OptimizerOptions& options, std::vector<ParamUpdate>& params);
 
  private:
   std::string name_;

@@ -1,7 +1,9 @@
 #pragma once
 // Fused optimizer updates over one contiguous parameter (PyTorch's formulas, the
-// single-tensor "for-loop" variant). Twins of the fused CUDA kernels.
+// single-tensor "for-loop" variant), and Adam over many parameters at once (its
+// "foreach" variant). Twins of the fused CUDA kernels.
 #include <cstdint>
+#include <vector>
 
 namespace nd::kernels::cpu {
 
@@ -30,6 +32,22 @@ struct AdamParams {
 // requires: n elements each; vmax null unless amsgrad. In place on p, m, v, vmax.
 template <class T>
 void adam_step(int64_t n, const AdamParams& hp, T* p, const T* g, T* m, T* v, T* vmax);
+
+// One parameter of a multi-tensor Adam step: its n elements and buffers, and the step it
+// takes (bias corrections are per parameter).
+template <class T>
+struct AdamTensor {
+  int64_t n = 0;
+  T* p = nullptr;
+  const T* g = nullptr;
+  T *m = nullptr, *v = nullptr, *vmax = nullptr;
+  int64_t step = 1;
+};
+// adam_step for every tensor (hp.step ignored: each tensor's own), the elements of all of
+// them shared out among the threads at once, so many small parameters do not each run
+// on one thread; results bit-identical to one adam_step per tensor.
+template <class T>
+void adam_step_multi(const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp);
 
 // Loss scaling's unscale (engine/optim/grad_scaler.h): g *= inv_scale for every element,
 // and whether any g was inf or NaN before it was scaled (PyTorch's

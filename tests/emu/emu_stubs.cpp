@@ -1,4 +1,4 @@
-// Host stand-ins for what kernels/cuda/*.cu call from kernels/cuda/{stream,allocator}.cpp,
+// Host stand-ins for what kernels/cuda/*.cu call from kernels/cuda/{stream,allocator,runtime}.cpp,
 // which an emulation test must not link (libnanoddp's CUDA objects define the same names).
 // allocate() fills new memory with 0xff bytes (NaN in f32 and f64), as the allocator's
 // set_fill_on_allocate(true) does, so scratch a kernel reads before writing shows up.
@@ -9,6 +9,7 @@
 #include "emu_core.h"
 #include "engine/error.h"
 #include "kernels/cuda/allocator.h"
+#include "kernels/cuda/runtime.h"
 #include "kernels/cuda/stream.h"
 
 namespace nd::kernels::cuda {
@@ -28,5 +29,6 @@ void* allocate(int, size_t nbytes, cudaStream_t) {
   return p;
 }
 void release(void* ptr) { std::free(ptr); }
+void copy_host_to_device(int, void* dst, const void* src, size_t nbytes) { std::memcpy(dst, src, nbytes); }
 
 }  // namespace nd::kernels::cuda

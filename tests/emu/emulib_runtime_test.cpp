@@ -159,6 +159,27 @@ TEST_CASE("emulib: a steady DCGAN or MAE training step waits for the device only
   }
 }
 
+TEST_CASE("emulib: Adam and AdamW update every GPU parameter of a group in one kernel launch") {
+  manual_seed(4);
+  nn::Linear a(nn::LinearOptions(8, 16)), b(nn::LinearOptions(16, 4));
+  a->to(kGpu);
+  b->to(kGpu);
+  std::vector<Tensor> params = a->parameters();
+  for (const Tensor& p : b->parameters()) params.push_back(p);
+  const Tensor x = testing::random_input({5, 8}, 3).to(kFloat32).to(kGpu);
+  optim::AdamW opt(params, optim::AdamWOptions(1e-2));
+  auto backward = [&] {
+    opt.zero_grad();
+    b(a(x)).pow(2).sum().backward();
+  };
+  backward();
+  opt.step();  // creates the state buffers (filled on the device: launches of their own)
+  backward();
+  const long launches = emu_launches;
+  opt.step();
+  CHECK(emu_launches == launches + 1);  // four parameters, one adam_step_multi
+}
+
 TEST_CASE("emulib: out of device memory frees the cache, retries, then throws naming the request") {
   kc::empty_cache(0);
   const size_t in_use = emu_rt::device_bytes_in_use(0);

@@ -71,6 +71,72 @@ TEST_CASE("adam_step: Adam, AdamW, AMSGrad, weight decay") {
   }
 }
 
+// adam_step_multi against one adam_step per tensor (bit-identical: the same per-element
+// code), CUDA's and the CPU's twin each against its own device's single-tensor kernel, and
+// CUDA against the CPU (check_ulps): lengths of 1, one chunk exactly, a chunk and one,
+// several chunks with a tail, and an empty tensor; each tensor at its own step.
+template <class T>
+void check_adam_multi(const cpu::AdamParams& hp) {
+  INFO("amsgrad ", hp.amsgrad, " decoupled ", hp.decoupled_weight_decay, sizeof(T) == 4 ? " f32" : " f64");
+  const std::vector<int64_t> sizes{1, 4096, 0, 4097, 3 * 4096 + 77};
+  struct Buffers {
+    std::vector<T> p, m, v, vmax;
+  };
+  std::vector<Buffers> multi, single, host;
+  std::vector<std::vector<T>> grads;
+  std::vector<cuda::AdamTensor<T>> tensors;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const int64_t n = sizes[k];
+    const auto seed = static_cast<unsigned>(10 * k);
+    Buffers b{cast<T>(uniform(n, seed + 1)), cast<T>(uniform(n, seed + 2)), cast<T>(uniform(n, seed + 3, 0, 1)),
+              cast<T>(uniform(n, seed + 4, 0, 1))};
+    multi.push_back(b), single.push_back(b), host.push_back(b);
+    grads.push_back(cast<T>(uniform(n, seed + 5)));
+  }
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    Buffers& b = multi[k];
+    tensors.push_back({sizes[k], b.p.data(), grads[k].data(), b.m.data(), b.v.data(),
+                       hp.amsgrad ? b.vmax.data() : nullptr, int64_t(k) + 1});
+  }
+  cuda::adam_step_multi<T>(0, tensors, hp, nullptr);
+  std::vector<Buffers> cpu_multi = host;  // the CPU twin on the same inputs
+  std::vector<cpu::AdamTensor<T>> cpu_tensors;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    Buffers& b = cpu_multi[k];
+    cpu_tensors.push_back({sizes[k], b.p.data(), grads[k].data(), b.m.data(), b.v.data(),
+                           hp.amsgrad ? b.vmax.data() : nullptr, int64_t(k) + 1});
+  }
+  cpu::adam_step_multi<T>(cpu_tensors, hp);
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    cpu::AdamParams at = hp;
+    at.step = int64_t(k) + 1;
+    Buffers &s = single[k], &h = host[k];
+    cuda::adam_step<T>(sizes[k], at, s.p.data(), grads[k].data(), s.m.data(), s.v.data(),
+                       hp.amsgrad ? s.vmax.data() : nullptr, nullptr);
+    cpu::adam_step<T>(sizes[k], at, h.p.data(), grads[k].data(), h.m.data(), h.v.data(),
+                      hp.amsgrad ? h.vmax.data() : nullptr);
+    INFO("tensor ", k, " of ", sizes[k], " elements");
+    check_equal("multi p vs cpu single", cpu_multi[k].p, h.p);
+    check_equal("multi m vs cpu single", cpu_multi[k].m, h.m);
+    check_equal("multi v vs cpu single", cpu_multi[k].v, h.v);
+    check_equal("multi vmax vs cpu single", cpu_multi[k].vmax, h.vmax);
+    check_equal("multi p", multi[k].p, s.p);
+    check_equal("multi m", multi[k].m, s.m);
+    check_equal("multi v", multi[k].v, s.v);
+    check_equal("multi vmax", multi[k].vmax, s.vmax);
+    check_ulps("multi p vs cpu", multi[k].p, h.p);
+  }
+}
+
+TEST_CASE("adam_step_multi: many tensors in one launch equal one adam_step each") {
+  for (const cpu::AdamParams& hp : {cpu::AdamParams{1e-3, 0.9, 0.999, 1e-8, 0, false, false, 1},
+                                    cpu::AdamParams{1e-3, 0.9, 0.95, 1e-8, 0.05, true, false, 1},
+                                    cpu::AdamParams{1e-2, 0.8, 0.99, 1e-6, 0.1, false, true, 1}}) {
+    check_adam_multi<float>(hp);
+    check_adam_multi<double>(hp);
+  }
+}
+
 template <class T>
 void check_unscale(int64_t bad_at, T bad) {
   INFO("bad_at ", bad_at, sizeof(T) == 4 ? " f32" : " f64");
