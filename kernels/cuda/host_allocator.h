@@ -1,7 +1,8 @@
 #pragma once
 // Pinned (page-locked) host memory for CPU tensors that feed asynchronous copies to a
 // GPU: Tensor::pin_memory(), TensorOptions::pinned_memory(true), DataLoaderOptions::
-// pin_memory. The DMA engine reads pinned memory directly, so a copy from it can be
+// pin_memory, and the block each upload from pageable memory is copied into
+// (runtime.h copy_host_to_device). The DMA engine reads pinned memory directly, so a copy from it can be
 // queued on the compute stream and return at once (Tensor::to(cuda, non_blocking)).
 //
 // Why events on each block: such a copy returns before the GPU has read the block. Its
