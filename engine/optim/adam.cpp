@@ -67,7 +67,8 @@ void Adam::update_group(const OptimizerOptions& options, std::vector<ParamUpdate
   std::map<std::tuple<DeviceType, int, ScalarType>, std::vector<ParamUpdate*>> by_device;
   for (ParamUpdate& u : params)
     by_device[{u.param.device().type, u.param.device().index, u.param.dtype()}].push_back(&u);
-  for (auto& [key, group] : by_device) {
+  for (auto& entry : by_device) {
+    const std::vector<ParamUpdate*>& group = entry.second;  // (a structured binding: not capturable by clang 14)
     const Tensor& first = group.front()->param;
     ops::dispatch_floating("Adam.step", first, [&]<class T>() {
       kernels::cpu::AdamParams hp{};
