@@ -47,6 +47,15 @@ inline Adam<T> adam(const cpu::AdamParams& hp) {
           T(1 - hp.lr * hp.weight_decay), hp.decoupled_weight_decay, hp.amsgrad};
 }
 
+// A multi-tensor Adam step (cpu/cuda adam_step_multi) works in chunks of this many
+// elements of one tensor, each tensor at its own step.
+constexpr int64_t kAdamChunk = 4096;
+template <class T>
+inline Adam<T> adam_at_step(cpu::AdamParams hp, int64_t step) {
+  hp.step = step;
+  return adam<T>(hp);
+}
+
 template <class T>
 ND_HOST_DEVICE void adam_update(const Adam<T>& c, int64_t i, T* p, const T* g, T* m, T* v, T* vmax) {
   using std::sqrt;

@@ -22,7 +22,7 @@ void adam_step(int64_t n, const AdamParams& hp, T* p, const T* g, T* m, T* v, T*
 
 template <class T>
 void adam_step_multi(const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp) {
-  constexpr int64_t kChunk = 4096;
+  constexpr int64_t kChunk = optim_math::kAdamChunk;
   struct Chunk {
     optim_math::Adam<T> c;
     const AdamTensor<T>* t;
@@ -31,9 +31,7 @@ void adam_step_multi(const std::vector<AdamTensor<T>>& tensors, const AdamParams
   std::vector<Chunk> chunks;
   int64_t total = 0;
   for (const AdamTensor<T>& t : tensors) {
-    AdamParams at = hp;
-    at.step = t.step;
-    const auto c = optim_math::adam<T>(at);
+    const auto c = optim_math::adam_at_step<T>(hp, t.step);
     for (int64_t start = 0; start < t.n; start += kChunk) chunks.push_back({c, &t, start});
     total += t.n;
   }

@@ -29,7 +29,7 @@ __global__ void adam_kernel(int64_t n, optim_math::Adam<T> c, T* p, const T* g, 
 }
 
 // Multi-tensor Adam: block b updates elements [start, start + kChunk) of tensor `entry`.
-constexpr int64_t kChunk = 4096;  // elements per block: 16 per thread
+constexpr int64_t kChunk = optim_math::kAdamChunk;  // elements per block: 16 per thread
 
 template <class T>
 struct AdamEntry {
@@ -89,10 +89,8 @@ void adam_step_multi(int device, const std::vector<AdamTensor<T>>& tensors, cons
   std::vector<Chunk> chunks;
   for (const AdamTensor<T>& t : tensors) {
     if (t.n == 0) continue;
-    AdamParams at = hp;
-    at.step = t.step;
     const auto entry = static_cast<int64_t>(entries.size());
-    entries.push_back({optim_math::adam<T>(at), t.n, t.p, t.g, t.m, t.v, t.vmax});
+    entries.push_back({optim_math::adam_at_step<T>(hp, t.step), t.n, t.p, t.g, t.m, t.v, t.vmax});
     for (int64_t start = 0; start < t.n; start += kChunk) chunks.push_back({entry, start});
   }
   if (chunks.empty()) return;
