@@ -1,7 +1,6 @@
 #include "engine/optim/adam.h"
 
 #include <map>
-#include <tuple>
 
 #include "engine/error.h"
 #include "engine/factories.h"
@@ -46,7 +45,7 @@ Adam::Adam(std::string name, std::vector<OptimizerParamGroup> groups, const Adam
   for (auto& g : param_groups()) check(name, static_cast<const AdamOptions&>(g.options()));
 }
 
-kernels::cpu::AdamParams Adam::begin_step(const OptimizerOptions& options, const Tensor& p, ParamState& state) {
+void Adam::begin_step(const OptimizerOptions& options, const Tensor& p, ParamState& state) {
   const auto& o = static_cast<const AdamOptions&>(options);
   if (state.buffers.empty()) {
     state.buffers["exp_avg"] = zeros_like(p);
@@ -54,35 +53,26 @@ kernels::cpu::AdamParams Adam::begin_step(const OptimizerOptions& options, const
   }
   if (o.amsgrad_ && !state.buffers.count("max_exp_avg_sq")) state.buffers["max_exp_avg_sq"] = zeros_like(p);
   ++state.step;
-  return {o.lr_, o.betas_.first, o.betas_.second, o.eps_, o.weight_decay_, decoupled_, o.amsgrad_, state.step};
 }
 
-void Adam::update(const OptimizerOptions& options, const Tensor& p, const Tensor& g, ParamState& state) {
-  std::vector<ParamUpdate> one{{p, g, &state}};
-  update_group(options, one);
-}
-
-void Adam::update_group(const OptimizerOptions& options, std::vector<ParamUpdate>& params) {
-  // One adam_step_multi per (device, dtype), each over its parameters in the group's order.
-  std::map<std::tuple<DeviceType, int, ScalarType>, std::vector<ParamUpdate*>> by_device;
-  for (ParamUpdate& u : params)
-    by_device[{u.param.device().type, u.param.device().index, u.param.dtype()}].push_back(&u);
-  for (auto& entry : by_device) {
-    const std::vector<ParamUpdate*>& group = entry.second;  // (a structured binding: not capturable by clang 14)
+void Adam::update(const OptimizerOptions& options, std::vector<ParamUpdate>& params) {
+  const auto& o = static_cast<const AdamOptions&>(options);
+  const kernels::cpu::AdamParams hp{o.lr_, o.betas_.first, o.betas_.second, o.eps_, o.weight_decay_, decoupled_,
+                                    o.amsgrad_};
+  for (const std::vector<ParamUpdate*>& group : by_device(params)) {
     const Tensor& first = group.front()->param;
     ops::dispatch_floating("Adam.step", first, [&]<class T>() {
-      kernels::cpu::AdamParams hp{};
       std::vector<kernels::cpu::AdamTensor<T>> tensors;
       for (ParamUpdate* u : group) {
-        hp = begin_step(options, u->param, *u->state);
+        begin_step(options, u->param, *u->state);
         std::map<std::string, Tensor>& b = u->state->buffers;
         T* vmax = hp.amsgrad ? b["max_exp_avg_sq"].data_ptr<T>() : nullptr;
         tensors.push_back({u->param.numel(), u->param.data_ptr<T>(), u->grad.data_ptr<T>(),
                            b["exp_avg"].data_ptr<T>(), b["exp_avg_sq"].data_ptr<T>(), vmax, u->state->step});
       }
       ops::on_device(
-          first, [&] { kernels::cpu::adam_step_multi<T>(tensors, hp); },
-          [&](auto stream) { kernels::cuda::adam_step_multi<T>(first.device().index, tensors, hp, stream); });
+          first, [&] { kernels::cpu::adam_step<T>(tensors, hp); },
+          [&](auto stream) { kernels::cuda::adam_step<T>(first.device().index, tensors, hp, stream); });
     });
   }
 }

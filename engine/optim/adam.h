@@ -42,14 +42,12 @@ class Adam : public Optimizer {
 
  protected:
   Adam(std::string name, std::vector<OptimizerParamGroup> groups, const AdamOptions& defaults, bool decoupled);
-  void update(const OptimizerOptions& options, const Tensor& param, const Tensor& grad, ParamState& state) override;
-  // One adam_step_multi per device and dtype (on a GPU: one kernel launch for them all),
-  // bit-identical to one update() per parameter.
-  void update_group(const OptimizerOptions& options, std::vector<ParamUpdate>& params) override;
+  // One adam_step per device and dtype (on a GPU: one kernel launch for them all).
+  void update(const OptimizerOptions& options, std::vector<ParamUpdate>& params) override;
 
  private:
-  // Creates the state buffers on first use, counts the step; this step's hyperparameters.
-  kernels::cpu::AdamParams begin_step(const OptimizerOptions& options, const Tensor& param, ParamState& state);
+  // Creates the state buffers on first use and counts the step.
+  void begin_step(const OptimizerOptions& options, const Tensor& param, ParamState& state);
   bool decoupled_ = false;
 };
 

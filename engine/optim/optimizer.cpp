@@ -1,6 +1,8 @@
 #include "engine/optim/optimizer.h"
 
+#include <map>
 #include <set>
+#include <tuple>
 
 #include "engine/autograd.h"
 #include "engine/error.h"
@@ -51,7 +53,7 @@ void Optimizer::step() {
       ND_CHECK(p.is_contiguous(), name_, ".step: parameter ", p.describe(), " is not contiguous");
       params.push_back({p, g.contiguous(), &state_[p.impl_ptr().get()]});
     }
-    update_group(group.options(), params);
+    update(group.options(), params);
     for (const ParamUpdate& u : params) u.param.storage()->bump_version(name_ + ".step");
     updated += static_cast<int64_t>(params.size());
   }
@@ -63,8 +65,12 @@ void Optimizer::step() {
   }
 }
 
-void Optimizer::update_group(const OptimizerOptions& options, std::vector<ParamUpdate>& params) {
-  for (ParamUpdate& u : params) update(options, u.param, u.grad, *u.state);
+std::vector<std::vector<Optimizer::ParamUpdate*>> Optimizer::by_device(std::vector<ParamUpdate>& params) {
+  std::map<std::tuple<DeviceType, int, ScalarType>, std::vector<ParamUpdate*>> groups;
+  for (ParamUpdate& u : params) groups[{u.param.device().type, u.param.device().index, u.param.dtype()}].push_back(&u);
+  std::vector<std::vector<ParamUpdate*>> lists;
+  for (auto& entry : groups) lists.push_back(std::move(entry.second));
+  return lists;
 }
 
 void Optimizer::zero_grad(bool set_to_none) {

@@ -69,16 +69,15 @@ class Optimizer {
     std::map<std::string, Tensor> buffers;  // "momentum_buffer", "exp_avg", ...
   };
   Optimizer(std::string name, std::vector<OptimizerParamGroup> groups, const OptimizerOptions& defaults);
-  // One parameter's update; param and grad are contiguous, same dtype, shape and device.
-  virtual void update(const OptimizerOptions& options, const Tensor& param, const Tensor& grad,
-                      ParamState& state) = 0;
   struct ParamUpdate {
-    Tensor param, grad;  // as update() gets them
+    Tensor param, grad;  // contiguous, same dtype, shape and device
     ParamState* state;
   };
-  // Every parameter of one group that has a gradient, in order. The default calls update()
-  // for each; an optimizer may update many at once (Adam: one kernel per GPU and dtype).
-  virtual void update_group(const OptimizerOptions& options, std::vector<ParamUpdate>& params);
+  // Updates every parameter of one group that has a gradient, given in the group's order.
+  // Our optimizers update many at once: one multi-tensor kernel per device and dtype.
+  virtual void update(const OptimizerOptions& options, std::vector<ParamUpdate>& params) = 0;
+  // `params` split by (device, dtype), each list in the group's order.
+  static std::vector<std::vector<ParamUpdate*>> by_device(std::vector<ParamUpdate>& params);
 
  private:
   std::string name_;

@@ -37,22 +37,29 @@ SGD::SGD(std::vector<OptimizerParamGroup> groups, const SGDOptions& defaults)
   for (auto& g : param_groups()) check(static_cast<const SGDOptions&>(g.options()));
 }
 
-void SGD::update(const OptimizerOptions& options, const Tensor& p, const Tensor& g, ParamState& state) {
+void SGD::update(const OptimizerOptions& options, std::vector<ParamUpdate>& params) {
   const auto& o = static_cast<const SGDOptions&>(options);
-  kernels::cpu::SgdParams hp{o.lr_, o.momentum_, o.dampening_, o.weight_decay_, o.nesterov_, false};
-  Tensor buf;
-  if (o.momentum_ != 0) {
-    auto it = state.buffers.find("momentum_buffer");
-    hp.first_step = it == state.buffers.end();
-    buf = hp.first_step ? (state.buffers["momentum_buffer"] = empty_like(p)) : it->second;
+  const kernels::cpu::SgdParams hp{o.lr_, o.momentum_, o.dampening_, o.weight_decay_, o.nesterov_};
+  for (const std::vector<ParamUpdate*>& group : by_device(params)) {
+    const Tensor& first = group.front()->param;
+    ops::dispatch_floating("SGD.step", first, [&]<class T>() {
+      std::vector<kernels::cpu::SgdTensor<T>> tensors;
+      for (ParamUpdate* u : group) {
+        kernels::cpu::SgdTensor<T> t{u->param.numel(), u->param.data_ptr<T>(), u->grad.data_ptr<T>()};
+        if (o.momentum_ != 0) {
+          std::map<std::string, Tensor>& b = u->state->buffers;
+          t.first_step = !b.count("momentum_buffer");
+          if (t.first_step) b["momentum_buffer"] = empty_like(u->param);
+          t.buf = b["momentum_buffer"].data_ptr<T>();
+        }
+        ++u->state->step;
+        tensors.push_back(t);
+      }
+      ops::on_device(
+          first, [&] { kernels::cpu::sgd_step<T>(tensors, hp); },
+          [&](auto stream) { kernels::cuda::sgd_step<T>(first.device().index, tensors, hp, stream); });
+    });
   }
-  ++state.step;
-  ops::dispatch_floating("SGD.step", p, [&]<class T>() {
-    T* bp = buf.defined() ? buf.data_ptr<T>() : nullptr;
-    ops::on_device(
-        p, [&] { kernels::cpu::sgd_step<T>(p.numel(), hp, p.data_ptr<T>(), g.data_ptr<T>(), bp); },
-        [&](auto stream) { kernels::cuda::sgd_step<T>(p.numel(), hp, p.data_ptr<T>(), g.data_ptr<T>(), bp, stream); });
-  });
 }
 
 }  // namespace nd::optim

@@ -30,7 +30,8 @@ class SGD : public Optimizer {
       : SGD(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))}, defaults) {}
 
  protected:
-  void update(const OptimizerOptions& options, const Tensor& param, const Tensor& grad, ParamState& state) override;
+  // One sgd_step per device and dtype (on a GPU: one kernel launch for them all).
+  void update(const OptimizerOptions& options, std::vector<ParamUpdate>& params) override;
 };
 
 }  // namespace nd::optim

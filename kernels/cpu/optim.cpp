@@ -6,43 +6,31 @@
 
 namespace nd::kernels::cpu {
 
-template <class T>
-void sgd_step(int64_t n, const SgdParams& hp, T* p, const T* g, T* buf) {
-  const auto c = optim_math::sgd<T>(hp);
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) optim_math::sgd_update(c, i, p, g, buf);
-}
-
-template <class T>
-void adam_step(int64_t n, const AdamParams& hp, T* p, const T* g, T* m, T* v, T* vmax) {
-  const auto c = optim_math::adam<T>(hp);
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) optim_math::adam_update(c, i, p, g, m, v, vmax);
-}
-
-template <class T>
-void adam_step_multi(const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp) {
-  constexpr int64_t kChunk = optim_math::kAdamChunk;
-  struct Chunk {
-    optim_math::Adam<T> c;
-    const AdamTensor<T>* t;
-    int64_t start;
-  };
-  std::vector<Chunk> chunks;
-  int64_t total = 0;
-  for (const AdamTensor<T>& t : tensors) {
-    const auto c = optim_math::adam_at_step<T>(hp, t.step);
-    for (int64_t start = 0; start < t.n; start += kChunk) chunks.push_back({c, &t, start});
-    total += t.n;
-  }
+namespace {
+// Every element of every entry, chunk by chunk, the chunks shared out among the threads.
+template <class Entry>
+void run_chunks(const std::vector<Entry>& entries) {
+  const std::vector<optim_math::Chunk> chunks = optim_math::chunks_of(entries);
   const auto count = static_cast<int64_t>(chunks.size());
+  int64_t total = 0;
+  for (const Entry& e : entries) total += e.n;
 #pragma omp parallel for schedule(static) if (total > 65536)
   for (int64_t k = 0; k < count; ++k) {
-    const Chunk& ch = chunks[k];
-    const AdamTensor<T>& t = *ch.t;
-    const int64_t end = std::min(ch.start + kChunk, t.n);
-    for (int64_t i = ch.start; i < end; ++i) optim_math::adam_update(ch.c, i, t.p, t.g, t.m, t.v, t.vmax);
+    const Entry& e = entries[chunks[k].entry];
+    const int64_t end = std::min(chunks[k].start + optim_math::kChunk, e.n);
+    for (int64_t i = chunks[k].start; i < end; ++i) e.update(i);
   }
+}
+}  // namespace
+
+template <class T>
+void sgd_step(const std::vector<SgdTensor<T>>& tensors, const SgdParams& hp) {
+  run_chunks(optim_math::sgd_entries(tensors, hp));
+}
+
+template <class T>
+void adam_step(const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp) {
+  run_chunks(optim_math::adam_entries(tensors, hp));
 }
 
 template <class T>
@@ -58,13 +46,10 @@ bool unscale_grad(int64_t n, T* g, T inv_scale) {
   return nonfinite;
 }
 
-template void sgd_step<float>(int64_t, const SgdParams&, float*, const float*, float*);
-template void sgd_step<double>(int64_t, const SgdParams&, double*, const double*, double*);
-template void adam_step<float>(int64_t, const AdamParams&, float*, const float*, float*, float*, float*);
-template void adam_step<double>(int64_t, const AdamParams&, double*, const double*, double*, double*, double*);
-
-template void adam_step_multi<float>(const std::vector<AdamTensor<float>>&, const AdamParams&);
-template void adam_step_multi<double>(const std::vector<AdamTensor<double>>&, const AdamParams&);
+template void sgd_step<float>(const std::vector<SgdTensor<float>>&, const SgdParams&);
+template void sgd_step<double>(const std::vector<SgdTensor<double>>&, const SgdParams&);
+template void adam_step<float>(const std::vector<AdamTensor<float>>&, const AdamParams&);
+template void adam_step<double>(const std::vector<AdamTensor<double>>&, const AdamParams&);
 
 template bool unscale_grad<float>(int64_t, float*, float);
 template bool unscale_grad<double>(int64_t, double*, double);

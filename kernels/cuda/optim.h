@@ -1,7 +1,7 @@
 #pragma once
-// CUDA twins of kernels/cpu/optim.h: one fused kernel per optimizer step over one
-// contiguous parameter (p, g and the state buffers each read once and written once),
-// and Adam over many parameters in one launch.
+// CUDA twins of kernels/cpu/optim.h: each optimizer step over many parameters in one
+// kernel launch (PyTorch's multi-tensor apply), p, g and the state buffers each read once
+// and written once.
 #include <cstdint>
 #include <vector>
 
@@ -13,22 +13,17 @@ namespace nd::kernels::cuda {
 using cpu::AdamParams;
 using cpu::AdamTensor;
 using cpu::SgdParams;
+using cpu::SgdTensor;
 
-// Formulas and contracts as cpu::sgd_step / cpu::adam_step.
-template <class T>
-void sgd_step(int64_t n, const SgdParams& hp, T* p, const T* g, T* buf, cudaStream_t stream);
-
-template <class T>
-void adam_step(int64_t n, const AdamParams& hp, T* p, const T* g, T* m, T* v, T* vmax, cudaStream_t stream);
-
-// cpu::adam_step_multi in one kernel launch (PyTorch's multi-tensor apply): each
-// block updates one chunk of one tensor, found in a table copied to the device on
-// `stream` (queued, no wait). The same arithmetic as adam_step per element, so results
-// are bit-identical to one call per tensor. hp.step is ignored (each tensor's own).
+// Formulas and contracts as cpu::sgd_step / cpu::adam_step, with the same arithmetic
+// per element (kernels/common/optim_math.h). Each block updates one chunk of one tensor,
+// found in a table copied to the device on `stream` (queued, no wait).
 // requires: every pointer on `device`, whose compute stream `stream` is.
 template <class T>
-void adam_step_multi(int device, const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp,
-                     cudaStream_t stream);
+void sgd_step(int device, const std::vector<SgdTensor<T>>& tensors, const SgdParams& hp, cudaStream_t stream);
+
+template <class T>
+void adam_step(int device, const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp, cudaStream_t stream);
 
 // As cpu::unscale_grad, with the answer on the device: *found_nonfinite (an int32 the
 // caller zeroes) is set to 1 when some g was inf or NaN, and left alone otherwise, so one

@@ -1,12 +1,16 @@
-// kernels/cuda/optim.cu in the emulator against kernels/cpu/optim.cpp: SGD (plain, momentum
-// first and later steps, dampening, Nesterov, weight decay) and Adam (Adam / AdamW, AMSGrad,
-// weight decay), f32 and f64, a length that is not a multiple of the block; GradScaler's
-// unscale_grad (exact: one multiply by a power of two, and the same non-finite answer). Both sides
-// evaluate kernels/common/optim_math.h per element, so the comparison checks the indexing
-// and the coefficients: within 8 ulps of the largest value (compilations may contract
-// multiply-adds differently: check_ulps).
+// kernels/cuda/optim.cu in the emulator against kernels/cpu/optim.cpp, and both against
+// the formulas written out here in double: SGD (plain, momentum first and later steps,
+// dampening, Nesterov, weight decay) and Adam (Adam / AdamW, AMSGrad, weight decay), f32
+// and f64, over several tensors in one multi-tensor step: lengths of 1, one chunk exactly,
+// a chunk and one, an empty tensor, several chunks with a tail, each tensor with its own
+// step (Adam) or first step (SGD). GradScaler's unscale_grad (exact: one multiply by a
+// power of two, and the same non-finite answer). CUDA and CPU evaluate
+// kernels/common/optim_math.h per element, so they agree within 8 ulps of the largest value
+// (compilations may contract multiply-adds differently: check_ulps); the reference in
+// double checks the formulas and that every element of every tensor was updated.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -21,119 +25,130 @@ namespace {
 using namespace nd::kernels;
 using namespace nd::emu_test;
 
+const std::vector<int64_t> kSizes{1, 4096, 0, 4097, 3 * 4096 + 77};
+
+// Per tensor: parameters and state, one vector per buffer.
+template <class T>
+struct Buffers {
+  std::vector<T> p, g, s1, s2, s3;
+};
+
+template <class T>
+std::vector<Buffers<T>> random_buffers() {
+  std::vector<Buffers<T>> out;
+  for (size_t k = 0; k < kSizes.size(); ++k) {
+    const int64_t n = kSizes[k];
+    const auto seed = static_cast<unsigned>(10 * k);
+    out.push_back({cast<T>(uniform(n, seed + 1)), cast<T>(uniform(n, seed + 2)), cast<T>(uniform(n, seed + 3)),
+                   cast<T>(uniform(n, seed + 4, 0, 1)), cast<T>(uniform(n, seed + 5, 0, 1))});
+  }
+  return out;
+}
+
+template <class T>
+void check_buffers(const std::string& what, const std::vector<Buffers<T>>& got, const std::vector<Buffers<T>>& ref) {
+  for (size_t k = 0; k < got.size(); ++k) {
+    INFO("tensor ", k, " of ", kSizes[k], " elements");
+    check_ulps(what + " p", got[k].p, ref[k].p);
+    check_ulps(what + " state 1", got[k].s1, ref[k].s1);
+    check_ulps(what + " state 2", got[k].s2, ref[k].s2);
+    check_ulps(what + " state 3", got[k].s3, ref[k].s3);
+  }
+}
+
+// SGD: s1 is the momentum buffer; tensor k takes its first step when k is even.
+template <class T>
+std::vector<cpu::SgdTensor<T>> sgd_tensors(std::vector<Buffers<T>>& b, const cpu::SgdParams& hp) {
+  std::vector<cpu::SgdTensor<T>> t;
+  for (size_t k = 0; k < b.size(); ++k)
+    t.push_back({kSizes[k], b[k].p.data(), b[k].g.data(), hp.momentum != 0 ? b[k].s1.data() : nullptr, k % 2 == 0});
+  return t;
+}
+
+template <class T>
+void sgd_reference(std::vector<Buffers<T>>& b, const cpu::SgdParams& hp) {
+  for (size_t k = 0; k < b.size(); ++k)
+    for (int64_t i = 0; i < kSizes[k]; ++i) {
+      double d = double(b[k].g[i]) + hp.weight_decay * double(b[k].p[i]);
+      if (hp.momentum != 0) {
+        const double buf = k % 2 == 0 ? d : hp.momentum * double(b[k].s1[i]) + (1 - hp.dampening) * d;
+        b[k].s1[i] = T(buf);
+        d = hp.nesterov ? d + hp.momentum * buf : buf;
+      }
+      b[k].p[i] = T(double(b[k].p[i]) - hp.lr * d);
+    }
+}
+
 template <class T>
 void check_sgd(const cpu::SgdParams& hp) {
-  INFO("momentum ", hp.momentum, " nesterov ", hp.nesterov, " first ", hp.first_step, sizeof(T) == 4 ? " f32" : " f64");
-  const int64_t n = 777;
-  auto p1 = cast<T>(uniform(n, 1)), buf1 = cast<T>(uniform(n, 2));
-  const auto g = cast<T>(uniform(n, 3));
-  auto p2 = p1, buf2 = buf1;
-  T* b1 = hp.momentum != 0 ? buf1.data() : nullptr;
-  T* b2 = hp.momentum != 0 ? buf2.data() : nullptr;
-  cpu::sgd_step<T>(n, hp, p1.data(), g.data(), b1);
-  cuda::sgd_step<T>(n, hp, p2.data(), g.data(), b2, nullptr);
-  check_ulps("sgd p", p2, p1);
-  check_ulps("sgd buf", buf2, buf1);
+  INFO("momentum ", hp.momentum, " dampening ", hp.dampening, " nesterov ", hp.nesterov, sizeof(T) == 4 ? " f32" : " f64");
+  auto on_gpu = random_buffers<T>();
+  auto on_cpu = on_gpu, ref = on_gpu;
+  cuda::sgd_step<T>(0, sgd_tensors(on_gpu, hp), hp, nullptr);
+  cpu::sgd_step<T>(sgd_tensors(on_cpu, hp), hp);
+  sgd_reference(ref, hp);
+  check_buffers("cuda vs cpu", on_gpu, on_cpu);
+  check_buffers("cpu vs formulas", on_cpu, ref);
+}
+
+// Adam: s1 = m, s2 = v, s3 = vmax; tensor k takes step k + 1.
+template <class T>
+std::vector<cpu::AdamTensor<T>> adam_tensors(std::vector<Buffers<T>>& b, const cpu::AdamParams& hp) {
+  std::vector<cpu::AdamTensor<T>> t;
+  for (size_t k = 0; k < b.size(); ++k)
+    t.push_back({kSizes[k], b[k].p.data(), b[k].g.data(), b[k].s1.data(), b[k].s2.data(),
+                 hp.amsgrad ? b[k].s3.data() : nullptr, int64_t(k) + 1});
+  return t;
+}
+
+template <class T>
+void adam_reference(std::vector<Buffers<T>>& b, const cpu::AdamParams& hp) {
+  for (size_t k = 0; k < b.size(); ++k) {
+    const double t = double(k + 1), bc1 = 1 - std::pow(hp.beta1, t), bc2 = 1 - std::pow(hp.beta2, t);
+    for (int64_t i = 0; i < kSizes[k]; ++i) {
+      double p = b[k].p[i], g = b[k].g[i];
+      if (hp.decoupled_weight_decay)
+        p *= 1 - hp.lr * hp.weight_decay;
+      else
+        g += hp.weight_decay * p;
+      const double m = hp.beta1 * double(b[k].s1[i]) + (1 - hp.beta1) * g;
+      const double v = hp.beta2 * double(b[k].s2[i]) + (1 - hp.beta2) * g * g;
+      double second = v;
+      if (hp.amsgrad) b[k].s3[i] = T(second = std::max(double(b[k].s3[i]), v));
+      b[k].p[i] = T(p - hp.lr / bc1 * m / (std::sqrt(second) / std::sqrt(bc2) + hp.eps));
+      b[k].s1[i] = T(m);
+      b[k].s2[i] = T(v);
+    }
+  }
 }
 
 template <class T>
 void check_adam(const cpu::AdamParams& hp) {
-  INFO("amsgrad ", hp.amsgrad, " decoupled ", hp.decoupled_weight_decay, " step ", hp.step,
-       sizeof(T) == 4 ? " f32" : " f64");
-  const int64_t n = 777;
-  auto p1 = cast<T>(uniform(n, 1)), m1 = cast<T>(uniform(n, 2)), v1 = cast<T>(uniform(n, 3, 0, 1)),
-       vmax1 = cast<T>(uniform(n, 4, 0, 1));
-  const auto g = cast<T>(uniform(n, 5));
-  auto p2 = p1, m2 = m1, v2 = v1, vmax2 = vmax1;
-  cpu::adam_step<T>(n, hp, p1.data(), g.data(), m1.data(), v1.data(), hp.amsgrad ? vmax1.data() : nullptr);
-  cuda::adam_step<T>(n, hp, p2.data(), g.data(), m2.data(), v2.data(), hp.amsgrad ? vmax2.data() : nullptr, nullptr);
-  check_ulps("adam p", p2, p1);
-  check_ulps("adam m", m2, m1);
-  check_ulps("adam v", v2, v1);
-  check_ulps("adam vmax", vmax2, vmax1);
+  INFO("amsgrad ", hp.amsgrad, " decoupled ", hp.decoupled_weight_decay, sizeof(T) == 4 ? " f32" : " f64");
+  auto on_gpu = random_buffers<T>();
+  auto on_cpu = on_gpu, ref = on_gpu;
+  cuda::adam_step<T>(0, adam_tensors(on_gpu, hp), hp, nullptr);
+  cpu::adam_step<T>(adam_tensors(on_cpu, hp), hp);
+  adam_reference(ref, hp);
+  check_buffers("cuda vs cpu", on_gpu, on_cpu);
+  check_buffers("cpu vs formulas", on_cpu, ref);
 }
 
 TEST_CASE("sgd_step: plain, momentum (first and later steps), dampening, nesterov, weight decay") {
-  for (const cpu::SgdParams& hp : {cpu::SgdParams{0.1, 0, 0, 0, false, true}, cpu::SgdParams{0.1, 0.9, 0, 0.01, false, true},
-                                   cpu::SgdParams{0.1, 0.9, 0.1, 0.01, false, false},
-                                   cpu::SgdParams{0.05, 0.9, 0, 0, true, false}}) {
+  for (const cpu::SgdParams& hp : {cpu::SgdParams{0.1, 0, 0, 0, false}, cpu::SgdParams{0.1, 0.9, 0, 0.01, false},
+                                   cpu::SgdParams{0.1, 0.9, 0.1, 0.01, false},
+                                   cpu::SgdParams{0.05, 0.9, 0, 0, true}}) {
     check_sgd<float>(hp);
     check_sgd<double>(hp);
   }
 }
 
-TEST_CASE("adam_step: Adam, AdamW, AMSGrad, weight decay") {
-  for (const cpu::AdamParams& hp : {cpu::AdamParams{1e-3, 0.9, 0.999, 1e-8, 0, false, false, 1},
-                                    cpu::AdamParams{1e-3, 0.9, 0.999, 1e-8, 0.01, true, false, 7},
-                                    cpu::AdamParams{1e-2, 0.8, 0.99, 1e-6, 0.1, false, true, 3}}) {
+TEST_CASE("adam_step: Adam, AdamW, AMSGrad, weight decay, each tensor at its own step") {
+  for (const cpu::AdamParams& hp : {cpu::AdamParams{1e-3, 0.9, 0.999, 1e-8, 0, false, false},
+                                    cpu::AdamParams{1e-3, 0.9, 0.95, 1e-8, 0.05, true, false},
+                                    cpu::AdamParams{1e-2, 0.8, 0.99, 1e-6, 0.1, false, true}}) {
     check_adam<float>(hp);
     check_adam<double>(hp);
-  }
-}
-
-// adam_step_multi against one adam_step per tensor (bit-identical: the same per-element
-// code), CUDA's and the CPU's twin each against its own device's single-tensor kernel, and
-// CUDA against the CPU (check_ulps): lengths of 1, one chunk exactly, a chunk and one,
-// several chunks with a tail, and an empty tensor; each tensor at its own step.
-template <class T>
-void check_adam_multi(const cpu::AdamParams& hp) {
-  INFO("amsgrad ", hp.amsgrad, " decoupled ", hp.decoupled_weight_decay, sizeof(T) == 4 ? " f32" : " f64");
-  const std::vector<int64_t> sizes{1, 4096, 0, 4097, 3 * 4096 + 77};
-  struct Buffers {
-    std::vector<T> p, m, v, vmax;
-  };
-  std::vector<Buffers> multi, single, host;
-  std::vector<std::vector<T>> grads;
-  std::vector<cuda::AdamTensor<T>> tensors;
-  for (size_t k = 0; k < sizes.size(); ++k) {
-    const int64_t n = sizes[k];
-    const auto seed = static_cast<unsigned>(10 * k);
-    Buffers b{cast<T>(uniform(n, seed + 1)), cast<T>(uniform(n, seed + 2)), cast<T>(uniform(n, seed + 3, 0, 1)),
-              cast<T>(uniform(n, seed + 4, 0, 1))};
-    multi.push_back(b), single.push_back(b), host.push_back(b);
-    grads.push_back(cast<T>(uniform(n, seed + 5)));
-  }
-  for (size_t k = 0; k < sizes.size(); ++k) {
-    Buffers& b = multi[k];
-    tensors.push_back({sizes[k], b.p.data(), grads[k].data(), b.m.data(), b.v.data(),
-                       hp.amsgrad ? b.vmax.data() : nullptr, int64_t(k) + 1});
-  }
-  cuda::adam_step_multi<T>(0, tensors, hp, nullptr);
-  std::vector<Buffers> cpu_multi = host;  // the CPU twin on the same inputs
-  std::vector<cpu::AdamTensor<T>> cpu_tensors;
-  for (size_t k = 0; k < sizes.size(); ++k) {
-    Buffers& b = cpu_multi[k];
-    cpu_tensors.push_back({sizes[k], b.p.data(), grads[k].data(), b.m.data(), b.v.data(),
-                           hp.amsgrad ? b.vmax.data() : nullptr, int64_t(k) + 1});
-  }
-  cpu::adam_step_multi<T>(cpu_tensors, hp);
-  for (size_t k = 0; k < sizes.size(); ++k) {
-    cpu::AdamParams at = hp;
-    at.step = int64_t(k) + 1;
-    Buffers &s = single[k], &h = host[k];
-    cuda::adam_step<T>(sizes[k], at, s.p.data(), grads[k].data(), s.m.data(), s.v.data(),
-                       hp.amsgrad ? s.vmax.data() : nullptr, nullptr);
-    cpu::adam_step<T>(sizes[k], at, h.p.data(), grads[k].data(), h.m.data(), h.v.data(),
-                      hp.amsgrad ? h.vmax.data() : nullptr);
-    INFO("tensor ", k, " of ", sizes[k], " elements");
-    check_equal("multi p vs cpu single", cpu_multi[k].p, h.p);
-    check_equal("multi m vs cpu single", cpu_multi[k].m, h.m);
-    check_equal("multi v vs cpu single", cpu_multi[k].v, h.v);
-    check_equal("multi vmax vs cpu single", cpu_multi[k].vmax, h.vmax);
-    check_equal("multi p", multi[k].p, s.p);
-    check_equal("multi m", multi[k].m, s.m);
-    check_equal("multi v", multi[k].v, s.v);
-    check_equal("multi vmax", multi[k].vmax, s.vmax);
-    check_ulps("multi p vs cpu", multi[k].p, h.p);
-  }
-}
-
-TEST_CASE("adam_step_multi: many tensors in one launch equal one adam_step each") {
-  for (const cpu::AdamParams& hp : {cpu::AdamParams{1e-3, 0.9, 0.999, 1e-8, 0, false, false, 1},
-                                    cpu::AdamParams{1e-3, 0.9, 0.95, 1e-8, 0.05, true, false, 1},
-                                    cpu::AdamParams{1e-2, 0.8, 0.99, 1e-6, 0.1, false, true, 1}}) {
-    check_adam_multi<float>(hp);
-    check_adam_multi<double>(hp);
   }
 }
 

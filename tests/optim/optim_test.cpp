@@ -63,6 +63,51 @@ TEST_CASE("optim: SGD, Adam and AdamW follow torch.optim step for step") {
             golden["adamw_amsgrad"], "adamw amsgrad");
 }
 
+TEST_CASE("optim: one step over f32 and f64 parameters, some without a gradient, equals one optimizer each") {
+  // A group's parameters are updated together, one multi-tensor step per device and dtype;
+  // each keeps its own state: SGD's momentum buffer starts at its own first gradient,
+  // Adam's bias corrections count its own steps (c skips step 1).
+  using optim::AdamOptions;
+  using optim::SGDOptions;
+  auto make_params = [] {
+    return std::vector<Tensor>{tensor({0.5, -1.0, 2.0}, kFloat64).requires_grad_(),
+                               tensor({0.1, 0.2, -0.3, 0.4, 0.5}, kFloat32).requires_grad_(),
+                               tensor({1.5, -0.5}, kFloat64).requires_grad_(),
+                               tensor({-2.0, 0.25, 1.0, 3.0}, kFloat32).requires_grad_()};
+  };
+  auto grad_of = [](const Tensor& p, int t, size_t k) {
+    return (full(p.sizes(), 0.1 * t - 0.05 * double(k), p.options()) + p.detach() * 0.3).detach();
+  };
+  auto check = [&](const std::string& what, auto make_opt) {
+    INFO(what);
+    std::vector<Tensor> together = make_params(), alone = make_params();
+    auto opt = make_opt(together);
+    std::vector<std::unique_ptr<optim::Optimizer>> each;
+    for (const Tensor& p : alone) each.push_back(make_opt(std::vector<Tensor>{p}));
+    for (int t = 1; t <= 3; ++t)
+      for (size_t k = 0; k < together.size(); ++k) {
+        const bool has_grad = !(k == 2 && t == 1);
+        together[k].set_grad(has_grad ? grad_of(together[k], t, k) : Tensor());
+        alone[k].set_grad(has_grad ? grad_of(alone[k], t, k) : Tensor());
+        if (k + 1 == together.size()) {
+          opt->step();
+          for (size_t j = 0; j < alone.size(); ++j)
+            if (alone[j].impl().grad) each[j]->step();
+          for (size_t j = 0; j < alone.size(); ++j)
+            CHECK_MESSAGE(nd::testing::to_vector(together[j]) == nd::testing::to_vector(alone[j]), "parameter ", j,
+                          " after step ", t);
+        }
+      }
+    CHECK(nd::testing::to_vector(together[2]) != nd::testing::to_vector(make_params()[2]));
+  };
+  check("sgd momentum", [](std::vector<Tensor> ps) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<optim::SGD>(ps, SGDOptions(0.1).momentum(0.9).dampening(0.2).weight_decay(0.01));
+  });
+  check("adam amsgrad", [](std::vector<Tensor> ps) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<optim::Adam>(ps, AdamOptions(0.01).amsgrad(true).weight_decay(0.1));
+  });
+}
+
 TEST_CASE("optim: schedulers follow torch.optim.lr_scheduler") {
   auto golden = load_golden();
   auto run = [](auto make_sched) {
