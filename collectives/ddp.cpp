@@ -386,16 +386,8 @@ void Reducer::finish_iteration() {
   Bucket& last = buckets_.back();
   Tensor status = last.flat.narrow(0, last.grad_numel, static_cast<int64_t>(P) + 1);
   {
-    std::vector<double> flags(P + 1, 0.0);
+    std::vector<double> flags(P + 1, 0.0);  // slot P: the non-finite check, written after the reduce
     for (size_t i = 0; i < P; ++i) flags[i] = ready_[i] ? 1.0 : 0.0;
-    if (options_.skip_nonfinite_steps()) {
-      for (size_t i = 0; i < P && flags[P] == 0; ++i)
-        if (ready_[i]) {
-          Tensor g = slot(i);
-          Tensor finite_sum = g.sum();
-          if (!std::isfinite(finite_sum.item())) flags[P] = 1.0;
-        }
-    }
     copy_data(status, tensor(flags, status.dtype()));
   }
   // A parameter this backward did not reach contributes its current gradient (an
@@ -417,16 +409,26 @@ void Reducer::finish_iteration() {
     throw;
   }
   const double W = pg_->size();
+  Tensor grad_sum;  // skip_nonfinite_steps: the sum of every averaged gradient, on the device
   for (Bucket& b : buckets_) {
     Tensor grads = b.flat.narrow(0, 0, b.grad_numel);
     if (W > 1) grads.div_(W);
+    if (options_.skip_nonfinite_steps()) {
+      Tensor s = grads.sum().to(kFloat64);
+      grad_sum = grad_sum.defined() ? grad_sum + s : s;
+    }
   }
+  // Every rank holds the same averaged gradients, so each decides alone and all decide
+  // alike: an inf or NaN on any rank made the sums non-finite (they survive addition). The
+  // answer travels in slot P to the one read of the status below: no collective or wait of
+  // its own.
+  if (grad_sum.defined()) copy_data(status.narrow(0, static_cast<int64_t>(P), 1), grad_sum);
   Tensor status64 = status.to(kFloat64).cpu().contiguous();
   const double* used = status64.data_ptr<double>();
   active_ = false;
   ++iteration_;
   buffers_stale_ = true;
-  skip_step_ = options_.skip_nonfinite_steps() && used[P] > 0;
+  skip_step_ = options_.skip_nonfinite_steps() && !std::isfinite(used[P]);
 
   std::vector<std::string> missing;
   for (size_t i = 0; i < P; ++i) {

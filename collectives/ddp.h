@@ -54,7 +54,8 @@ struct DistributedDataParallelOptions {
   // gradient hooks, so both flags only decide what an unused parameter means.)
   ND_ARG(bool, static_graph) = false;
   ND_ARG(bool, gradient_as_bucket_view) = true;
-  // Vote across ranks whether any gradient is non-finite (see Reducer::skip_step()).
+  // Whether the averaged gradients hold an inf or NaN, the same answer on every rank
+  // (see Reducer::skip_step()).
   ND_ARG(bool, skip_nonfinite_steps) = false;
   // For the gradient buckets and buffers. Default: dist::world() for a module on the
   // CPU, dist::nccl_world() for one on a GPU. The small control messages (layout check,
@@ -77,8 +78,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // no_sync(): while disabled, backward only accumulates local gradients.
   void set_sync(bool enabled) { sync_ = enabled; }
   bool sync_enabled() const { return sync_; }
-  // With skip_nonfinite_steps: true when some rank saw a non-finite gradient in the
-  // last synchronised backward; every rank gets the same answer.
+  // With skip_nonfinite_steps: true when the last synchronised backward's averaged
+  // gradients hold an inf or NaN, which they do when any rank's gradient did (or when the
+  // sum of the gradients overflowed its dtype); every rank gets the same answer. Checked on
+  // the device and read with the status the end of backward reads anyway: no extra
+  // collective or device wait.
   bool skip_step() const { return skip_step_; }
   // Milliseconds the last synchronised backward spent blocked at its end waiting for
   // all-reduces (communication not hidden behind backward, plus waiting for slower ranks).

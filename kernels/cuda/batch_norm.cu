@@ -180,9 +180,10 @@ __device__ void for_each_channel(int64_t C, F&& f) {
 }
 
 template <class T>
-__global__ void stats_to_mean_invstd_kernel(const double* sum, const double* sumsq, double count, int64_t C,
-                                            double eps, double momentum, T* mean, T* invstd, T* running_mean,
-                                            T* running_var) {
+__global__ void stats_to_mean_invstd_kernel(const double* sum, const double* sumsq, const double* device_count,
+                                            double count, int64_t C, double eps, double momentum, T* mean,
+                                            T* invstd, T* running_mean, T* running_var) {
+  if (device_count) count = *device_count;
   for_each_channel(C, [&](int64_t c) {
     const double m = sum[c] / count;
     const double var = fmax(sumsq[c] / count - m * m, 0.0);  // rounding can go below 0
@@ -232,8 +233,9 @@ __global__ void apply_kernel(const T* x, const T* mean, const T* invstd, const T
 
 template <class T>
 __global__ void backward_elemt_kernel(const T* dy, const T* x, const T* mean, const T* invstd, const T* weight,
-                                      const double* sum_dy, const double* sum_dy_xmu, double count, int64_t total,
-                                      int64_t C, int64_t S, T* dx) {
+                                      const double* sum_dy, const double* sum_dy_xmu, const double* device_count,
+                                      double count, int64_t total, int64_t C, int64_t S, T* dx) {
+  if (device_count) count = *device_count;
   for_each_element(total, C, S, [&](int64_t i, int64_t c) {
     const double is = static_cast<double>(invstd[c]);
     const double scale = (weight ? static_cast<double>(weight[c]) : 1.0) * is;
@@ -266,7 +268,17 @@ void batch_norm_stats_to_mean_invstd(const double* sum, const double* sumsq, dou
   if (C == 0) return;
   require(count > 0, "batch_norm_stats_to_mean_invstd", "expected count > 0, found " + std::to_string(count));
   stats_to_mean_invstd_kernel<T><<<detail::blocks_for(C), kThreads, 0, stream>>>(
-      sum, sumsq, count, C, eps, momentum, mean, invstd, running_mean, running_var);
+      sum, sumsq, nullptr, count, C, eps, momentum, mean, invstd, running_mean, running_var);
+  check_launch("batch_norm_stats_to_mean_invstd");
+}
+
+template <typename T>
+void batch_norm_stats_to_mean_invstd(const double* sum, const double* sumsq, const double* count, int64_t C,
+                                     double eps, double momentum, T* mean, T* invstd, T* running_mean,
+                                     T* running_var, cudaStream_t stream) {
+  if (C == 0) return;
+  stats_to_mean_invstd_kernel<T><<<detail::blocks_for(C), kThreads, 0, stream>>>(
+      sum, sumsq, count, 0.0, C, eps, momentum, mean, invstd, running_mean, running_var);
   check_launch("batch_norm_stats_to_mean_invstd");
 }
 
@@ -301,7 +313,18 @@ void batch_norm_backward_elemt(const T* dy, const T* x, const T* mean, const T* 
   if (total == 0) return;
   require(count > 0, "batch_norm_backward_elemt", "expected count > 0, found " + std::to_string(count));
   backward_elemt_kernel<T><<<detail::blocks_for(total), kThreads, 0, stream>>>(
-      dy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count, total, C, S, dx);
+      dy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, nullptr, count, total, C, S, dx);
+  check_launch("batch_norm_backward_elemt");
+}
+
+template <typename T>
+void batch_norm_backward_elemt(const T* dy, const T* x, const T* mean, const T* invstd, const T* weight,
+                               const double* sum_dy, const double* sum_dy_xmu, const double* count, int64_t N,
+                               int64_t C, int64_t S, T* dx, cudaStream_t stream) {
+  const int64_t total = N * C * S;
+  if (total == 0) return;
+  backward_elemt_kernel<T><<<detail::blocks_for(total), kThreads, 0, stream>>>(
+      dy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count, 0.0, total, C, S, dx);
   check_launch("batch_norm_backward_elemt");
 }
 
@@ -363,6 +386,8 @@ void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd
   template void batch_norm_channel_stats<T>(const T*, int64_t, int64_t, int64_t, double*, double*, cudaStream_t);   \
   template void batch_norm_stats_to_mean_invstd<T>(const double*, const double*, double, int64_t, double, double, \
                                                    T*, T*, T*, T*, cudaStream_t);                                  \
+  template void batch_norm_stats_to_mean_invstd<T>(const double*, const double*, const double*, int64_t, double,   \
+                                                   double, T*, T*, T*, T*, cudaStream_t);                          \
   template void batch_norm_invstd<T>(const T*, int64_t, double, T*, cudaStream_t);                                  \
   template void batch_norm_apply<T>(const T*, const T*, const T*, const T*, const T*, int64_t, int64_t, int64_t,    \
                                     T*, cudaStream_t);                                                              \
@@ -370,6 +395,9 @@ void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd
                                               double*, cudaStream_t);                                               \
   template void batch_norm_backward_elemt<T>(const T*, const T*, const T*, const T*, const T*, const double*,       \
                                              const double*, double, int64_t, int64_t, int64_t, T*, cudaStream_t);   \
+  template void batch_norm_backward_elemt<T>(const T*, const T*, const T*, const T*, const T*, const double*,       \
+                                             const double*, const double*, int64_t, int64_t, int64_t, T*,          \
+                                             cudaStream_t);                                                        \
   template void batch_norm_forward_training<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, int64_t,     \
                                                double, double, T*, T*, T*, cudaStream_t);                           \
   template void batch_norm_forward_eval<T>(const T*, const T*, const T*, const T*, const T*, int64_t, int64_t,      \

@@ -1,7 +1,8 @@
 #pragma once
 // CUDA twins of kernels/cpu/batch_norm.h: the same pieces over [N, C, S] (S = H*W, or 1
 // for [N, C]) with the same contracts, plus the stream they are queued on. Pointers are
-// device memory; `count` and the scalars are host values.
+// device memory; `count` and the scalars are host values (SyncBatchNorm's count may be a
+// device pointer: the overloads below).
 //
 // Statistics (channel_stats, backward_reduce) are deterministic: each thread reduces a
 // fixed set of a channel's values (Welford's mean/M2 for the statistics, kernels/common/
@@ -32,6 +33,12 @@ template <typename T>
 void batch_norm_stats_to_mean_invstd(const double* sum, const double* sumsq, double count, int64_t C, double eps,
                                      double momentum, T* mean, T* invstd, T* running_mean, T* running_var,
                                      cudaStream_t stream);
+// The same with `count` read on the device (SyncBatchNorm's all-reduced count, which the
+// host then need not wait for). requires: *count > 0 (> 1 with running_var), unchecked.
+template <typename T>
+void batch_norm_stats_to_mean_invstd(const double* sum, const double* sumsq, const double* count, int64_t C,
+                                     double eps, double momentum, T* mean, T* invstd, T* running_mean,
+                                     T* running_var, cudaStream_t stream);
 
 // invstd[c] = 1 / sqrt(var[c] + eps).  in-place: invstd may equal var.
 template <typename T>
@@ -55,6 +62,11 @@ template <typename T>
 void batch_norm_backward_elemt(const T* dy, const T* x, const T* mean, const T* invstd, const T* weight,
                                const double* sum_dy, const double* sum_dy_xmu, double count, int64_t N, int64_t C,
                                int64_t S, T* dx, cudaStream_t stream);
+// The same with `count` read on the device. requires: *count > 0, unchecked.
+template <typename T>
+void batch_norm_backward_elemt(const T* dy, const T* x, const T* mean, const T* invstd, const T* weight,
+                               const double* sum_dy, const double* sum_dy_xmu, const double* count, int64_t N,
+                               int64_t C, int64_t S, T* dx, cudaStream_t stream);
 
 // channel_stats -> stats_to_mean_invstd (count = N*S) -> apply.
 // requires: N*S > 0 (> 1 with running stats); otherwise as the CPU twin.  in-place: y may equal x.

@@ -339,6 +339,13 @@ TEST_CASE("ddp: one rank's non-finite gradient makes every rank skip the step") 
   Tensor scale = scalar_tensor(rank() == world_size() - 1 ? std::nan("") : 1.0);
   (ddp(x).sum() * scale).backward();
   CHECK(ddp.reducer().skip_step());
+  model->zero_grad();  // (else the next backwards add to the NaN gradients)
+  Tensor inf_scale = scalar_tensor(rank() == 0 ? std::numeric_limits<double>::infinity() : 1.0);
+  (ddp(x).sum() * inf_scale).backward();
+  CHECK(ddp.reducer().skip_step());
+  model->zero_grad();
+  ddp(x).sum().backward();
+  CHECK_FALSE(ddp.reducer().skip_step());
 }
 
 TEST_CASE("ddp: GradScaler skips the same steps on every rank, as one process would") {

@@ -71,6 +71,19 @@ void check_batch_norm(const Shape& sh) {
   check_rel("stats_to_mean_invstd invstd", invstd2, invstd1, rel);
   check_rel("stats_to_mean_invstd running_mean", rm2, rm1, rel);
   check_rel("stats_to_mean_invstd running_var", rv2, rv1, rel);
+  {  // the count read on the device (SyncBatchNorm's all-reduced one), the same results
+    const double device_count = double(n);
+    auto mean3 = nans<T>(C), invstd3 = nans<T>(C);
+    auto rm3 = rm2, rv3 = rv2, rm4 = rm2, rv4 = rv2;
+    cuda::batch_norm_stats_to_mean_invstd<T>(sum1.data(), sumsq1.data(), double(n), C, 1e-5, 0.1, mean2.data(),
+                                             invstd2.data(), rm3.data(), rv3.data(), nullptr);
+    cuda::batch_norm_stats_to_mean_invstd<T>(sum1.data(), sumsq1.data(), &device_count, C, 1e-5, 0.1, mean3.data(),
+                                             invstd3.data(), rm4.data(), rv4.data(), nullptr);
+    check_equal("stats_to_mean_invstd mean, device count", mean3, mean2);
+    check_equal("stats_to_mean_invstd invstd, device count", invstd3, invstd2);
+    check_equal("stats_to_mean_invstd running_mean, device count", rm4, rm3);
+    check_equal("stats_to_mean_invstd running_var, device count", rv4, rv3);
+  }
 
   // invstd, in place as SyncBatchNorm's eval path may call it.
   auto var = cast<T>(uniform(C, 7, 0.1, 2.0));
@@ -106,6 +119,13 @@ void check_batch_norm(const Shape& sh) {
   cuda::batch_norm_backward_elemt<T>(dy.data(), x.data(), mean1.data(), invstd1.data(), w.data(), sdy1.data(),
                                      sdx1.data(), double(n), N, C, S, dx2.data(), nullptr);
   check_rel("backward_elemt", dx2, dx1, rel);
+  {
+    const double device_count = double(n);
+    auto dx3 = nans<T>(total);
+    cuda::batch_norm_backward_elemt<T>(dy.data(), x.data(), mean1.data(), invstd1.data(), w.data(), sdy1.data(),
+                                       sdx1.data(), &device_count, N, C, S, dx3.data(), nullptr);
+    check_equal("backward_elemt, device count", dx3, dx2);
+  }
 
   // The fused forward (training, eval) and backward (training, eval).
   const double rel_fused = rel + 4 * gamma;

@@ -11,11 +11,15 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "collectives/ddp.h"
 #include "collectives/process_group.h"
+#include "collectives/sync_batch_norm.h"
 #include "harness.h"
 #include "kernels/cuda/allocator.h"
 #include "kernels/cuda/host_allocator.h"
@@ -159,7 +163,93 @@ TEST_CASE("emulib: a steady DCGAN or MAE training step waits for the device only
   }
 }
 
-TEST_CASE("emulib: Adam and AdamW update every GPU parameter of a group in one kernel launch") {
+namespace {
+// A group of two ranks whose other rank holds this rank's very data: a SUM all-reduce
+// doubles the tensor (on its device, no wait). For SyncBatchNorm that leaves every mean,
+// variance and gradient as one rank's, with twice the count.
+class TwinGroup : public dist::ProcessGroup {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string backend() const override { return "twin"; }
+  std::shared_ptr<dist::Work> allreduce(const Tensor& t, const dist::AllreduceOptions& o = {}) override {
+    REQUIRE(o.op == dist::ReduceOp::SUM);
+    NoGradGuard no_grad;
+    t.mul_(2.0);
+    return done("allreduce", t);
+  }
+  std::shared_ptr<dist::Work> broadcast(const Tensor& t, int) override { return done("broadcast", t); }
+  std::shared_ptr<dist::Work> allgather(const std::vector<Tensor>&, const Tensor& t) override {
+    return done("allgather", t);
+  }
+  std::shared_ptr<dist::Work> reduce_scatter(const Tensor& t, const std::vector<Tensor>&, dist::ReduceOp) override {
+    return done("reduce_scatter", t);
+  }
+  std::shared_ptr<dist::Work> barrier() override { return done("barrier", Tensor()); }
+
+ private:
+  std::shared_ptr<dist::Work> done(const char* op, const Tensor& t) {
+    auto work = std::make_shared<dist::AsyncWork>(
+        dist::CollectiveInfo{op, sequence_++, t.defined() ? t.numel() : 0, t.defined() ? t.dtype() : kFloat32, -1});
+    work->mark_done();
+    return work;
+  }
+  uint64_t sequence_ = 0;
+};
+}  // namespace
+
+TEST_CASE("emulib: SyncBatchNorm on a GPU makes the host wait for no count, and trains as one rank would") {
+  manual_seed(8);
+  nn::BatchNorm2d local(nn::BatchNormOptions(3));
+  nn::SyncBatchNorm sync(std::make_shared<nn::SyncBatchNormImpl>(*local, std::make_shared<TwinGroup>()));
+  local->to(kGpu);
+  sync->to(kGpu);
+  const Tensor x = testing::random_input({4, 3, 5, 5}, 11).to(kFloat32).to(kGpu);
+  const Tensor dy = testing::random_input({4, 3, 5, 5}, 12).to(kFloat32).to(kGpu);
+  const Tensor xs = x.detach().requires_grad_(), xl = x.detach().requires_grad_();
+  const long before = emu_rt::stats().host_waits;
+  const Tensor ys = sync(xs);
+  ys.backward(dy);
+  CHECK(emu_rt::stats().host_waits == before);  // was one per forward: the count's item()
+  // (The converted layer shares the running statistics with `local`: read them first.)
+  const Tensor running_mean = sync->running_mean.cpu().to(kFloat64), running_var = sync->running_var.cpu().to(kFloat64);
+  const Tensor yl = local(xl);
+  yl.backward(dy);
+  testing::check_close(ys.cpu(), yl.cpu(), 1e-5, 1e-5, "output");
+  testing::check_close(xs.grad().cpu(), xl.grad().cpu(), 1e-5, 1e-5, "input gradient");
+  // From 0 and 1 with momentum 0.1; the unbiased running variance uses the count of both
+  // ranks: 2n values, not n.
+  const double n = 4 * 5 * 5;
+  const Tensor x64 = x.cpu().to(kFloat64);
+  testing::check_close(running_mean, x64.mean({0, 2, 3}) * 0.1, 1e-6, 1e-6, "running_mean");
+  testing::check_close(running_var, x64.var({0, 2, 3}, 0) * (0.1 * 2 * n / (2 * n - 1)) + 0.9, 1e-6, 1e-6,
+                       "running_var");
+}
+
+TEST_CASE("emulib: DDP with skip_nonfinite_steps reads the device once per backward, its status") {
+  manual_seed(6);
+  nn::Sequential model(nn::Linear(nn::LinearOptions(8, 16)), nn::ReLU(), nn::Linear(nn::LinearOptions(16, 4)));
+  model->to(kGpu);
+  dist::DistributedDataParallel ddp(model, "mlp", dist::DistributedDataParallelOptions().skip_nonfinite_steps(true));
+  const Tensor x = testing::random_input({5, 8}, 3).to(kFloat32).to(kGpu);
+  auto backward = [&](double factor) {
+    model->zero_grad();
+    (ddp(x).pow(2).sum() * factor).backward();
+  };
+  backward(1.0);  // the first backward also rebuilds the buckets
+  const long before = emu_rt::stats().host_waits;
+  backward(1.0);
+  CHECK(emu_rt::stats().host_waits == before + 1);  // was one per parameter more
+  CHECK_FALSE(ddp.reducer().skip_step());
+  backward(std::nan(""));
+  CHECK(ddp.reducer().skip_step());
+  backward(std::numeric_limits<double>::infinity());
+  CHECK(ddp.reducer().skip_step());
+  backward(1.0);
+  CHECK_FALSE(ddp.reducer().skip_step());
+}
+
+TEST_CASE("emulib: SGD, Adam and AdamW update every GPU parameter of a group in one kernel launch") {
   manual_seed(4);
   nn::Linear a(nn::LinearOptions(8, 16)), b(nn::LinearOptions(16, 4));
   a->to(kGpu);
@@ -167,17 +257,25 @@ TEST_CASE("emulib: Adam and AdamW update every GPU parameter of a group in one k
   std::vector<Tensor> params = a->parameters();
   for (const Tensor& p : b->parameters()) params.push_back(p);
   const Tensor x = testing::random_input({5, 8}, 3).to(kFloat32).to(kGpu);
-  optim::AdamW opt(params, optim::AdamWOptions(1e-2));
-  auto backward = [&] {
-    opt.zero_grad();
-    b(a(x)).pow(2).sum().backward();
+  auto check_one_launch = [&](optim::Optimizer& opt) {
+    INFO(opt.name());
+    auto backward = [&] {
+      opt.zero_grad();
+      b(a(x)).pow(2).sum().backward();
+    };
+    backward();
+    opt.step();  // creates the state buffers (Adam's are filled on the device: launches of their own)
+    backward();
+    const long launches = emu_launches;
+    opt.step();
+    CHECK(emu_launches == launches + 1);  // four parameters, one multi-tensor step
   };
-  backward();
-  opt.step();  // creates the state buffers (filled on the device: launches of their own)
-  backward();
-  const long launches = emu_launches;
-  opt.step();
-  CHECK(emu_launches == launches + 1);  // four parameters, one adam_step_multi
+  optim::SGD sgd(params, optim::SGDOptions(1e-2).momentum(0.9));
+  check_one_launch(sgd);
+  optim::Adam adam(params, optim::AdamOptions(1e-2));
+  check_one_launch(adam);
+  optim::AdamW adamw(params, optim::AdamWOptions(1e-2));
+  check_one_launch(adamw);
 }
 
 TEST_CASE("emulib: out of device memory frees the cache, retries, then throws naming the request") {
