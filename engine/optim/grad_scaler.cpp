@@ -44,9 +44,10 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   NoGradGuard no_grad;
   ops::InplaceOpLabel label("GradScaler.unscale_");
   // CPU gradients answer at once; CUDA gradients each get a flag in one int32 tensor per
-  // device, read back together after every kernel is queued (one synchronisation).
+  // device, set by one multi-tensor kernel per device and dtype, and read back together
+  // (one synchronisation).
   struct Pending {
-    Tensor flags;
+    std::vector<Tensor> grads;
     std::vector<std::string> names;
   };
   std::map<int, Pending> pending;  // by CUDA device index
@@ -68,25 +69,35 @@ void GradScaler::unscale_(Optimizer& optimizer) {
         if (bad && !st.found_nonfinite()) st.first_nonfinite = p.describe();
       } else {
         Pending& pd = pending[g.device().index];
-        if (!pd.flags.defined()) {
-          int64_t count = 0;  // this device's gradients in the optimizer, an upper bound
-          for (const auto& gr : optimizer.param_groups()) count += static_cast<int64_t>(gr.params().size());
-          pd.flags = zeros({count}, TensorOptions(kInt32).device(g.device()));
-        }
-        int32_t* flag = pd.flags.data_ptr<int32_t>() + pd.names.size();
+        pd.grads.push_back(g);
         pd.names.push_back(p.describe());
-        ops::dispatch_floating("GradScaler.unscale_", g, [&]<class T>() {
-          ops::on_device(g, [] {}, [&](auto stream) {
-            kernels::cuda::unscale_grad<T>(g.numel(), g.data_ptr<T>(), static_cast<T>(inv), flag, stream);
-          });
-        });
       }
       ops::bump_version(g, "GradScaler.unscale_");
     }
   }
-  for (auto& [device, pd] : pending) {
-    const Tensor flags = pd.flags.to(Device(kCPU));
-    const int32_t* f = flags.data_ptr<int32_t>();
+  for (auto& entry : pending) {  // (no structured binding: lambdas capture these; clang 14)
+    const int device = entry.first;
+    Pending& pd = entry.second;
+    const Tensor flags =
+        zeros({static_cast<int64_t>(pd.grads.size())}, TensorOptions(kInt32).device(Device(kCUDA, device)));
+    for (ScalarType dtype : {kFloat32, kFloat64}) {
+      std::vector<size_t> of_dtype;
+      for (size_t i = 0; i < pd.grads.size(); ++i)
+        if (pd.grads[i].dtype() == dtype) of_dtype.push_back(i);
+      if (of_dtype.empty()) continue;
+      const Tensor& first = pd.grads[of_dtype.front()];
+      ops::dispatch_floating("GradScaler.unscale_", first, [&]<class T>() {
+        std::vector<kernels::cuda::UnscaleTensor<T>> tensors;
+        for (size_t i : of_dtype)
+          tensors.push_back({pd.grads[i].numel(), pd.grads[i].data_ptr<T>(),
+                             flags.data_ptr<int32_t>() + static_cast<int64_t>(i)});
+        ops::on_device(first, [] {}, [&](auto stream) {
+          kernels::cuda::unscale_grad<T>(device, tensors, static_cast<T>(inv), stream);
+        });
+      });
+    }
+    const Tensor host_flags = flags.to(Device(kCPU));
+    const int32_t* f = host_flags.data_ptr<int32_t>();
     for (size_t i = 0; i < pd.names.size(); ++i) {
       if (f[i] && !st.found_nonfinite()) st.first_nonfinite = pd.names[i];
     }

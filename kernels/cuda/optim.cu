@@ -48,15 +48,17 @@ void launch_multi_tensor(int device, const std::vector<Entry>& entries, const ch
 // Every thread that sees a non-finite value stores the same 1: the flag ends the same
 // whichever thread wins, so no atomic is needed.
 template <class T>
-__global__ void unscale_kernel(int64_t n, T* g, T inv_scale, int32_t* found) {
-  bool nonfinite = false;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+struct UnscaleEntry {
+  int64_t n;
+  T* g;
+  T inv_scale;
+  int32_t* found;
+  ND_HOST_DEVICE void update(int64_t i) const {
     const T x = g[i];
-    nonfinite = nonfinite || !(x - x == T(0));
+    if (!(x - x == T(0))) *found = 1;  // x - x is 0 for a finite x, NaN for inf or NaN
     g[i] = x * inv_scale;
   }
-  if (nonfinite) *found = 1;
-}
+};
 
 }  // namespace
 
@@ -71,17 +73,18 @@ void adam_step(int device, const std::vector<AdamTensor<T>>& tensors, const Adam
 }
 
 template <class T>
-void unscale_grad(int64_t n, T* g, T inv_scale, int32_t* found_nonfinite, cudaStream_t stream) {
-  if (n == 0) return;
-  unscale_kernel<T><<<detail::blocks_for(n), kThreads, 0, stream>>>(n, g, inv_scale, found_nonfinite);
-  check_launch("unscale_grad");
+void unscale_grad(int device, const std::vector<UnscaleTensor<T>>& tensors, T inv_scale, cudaStream_t stream) {
+  std::vector<UnscaleEntry<T>> entries;
+  for (const UnscaleTensor<T>& t : tensors)
+    if (t.n > 0) entries.push_back({t.n, t.g, inv_scale, t.found_nonfinite});
+  launch_multi_tensor(device, entries, "unscale_grad", stream);
 }
 
 template void sgd_step<float>(int, const std::vector<SgdTensor<float>>&, const SgdParams&, cudaStream_t);
 template void sgd_step<double>(int, const std::vector<SgdTensor<double>>&, const SgdParams&, cudaStream_t);
 template void adam_step<float>(int, const std::vector<AdamTensor<float>>&, const AdamParams&, cudaStream_t);
 template void adam_step<double>(int, const std::vector<AdamTensor<double>>&, const AdamParams&, cudaStream_t);
-template void unscale_grad<float>(int64_t, float*, float, int32_t*, cudaStream_t);
-template void unscale_grad<double>(int64_t, double*, double, int32_t*, cudaStream_t);
+template void unscale_grad<float>(int, const std::vector<UnscaleTensor<float>>&, float, cudaStream_t);
+template void unscale_grad<double>(int, const std::vector<UnscaleTensor<double>>&, double, cudaStream_t);
 
 }  // namespace nd::kernels::cuda

@@ -25,10 +25,19 @@ void sgd_step(int device, const std::vector<SgdTensor<T>>& tensors, const SgdPar
 template <class T>
 void adam_step(int device, const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp, cudaStream_t stream);
 
-// As cpu::unscale_grad, with the answer on the device: *found_nonfinite (an int32 the
-// caller zeroes) is set to 1 when some g was inf or NaN, and left alone otherwise, so one
-// flag can collect many tensors and be read once.
+// One gradient of a multi-tensor unscale: its n elements and an int32 flag on the device.
 template <class T>
-void unscale_grad(int64_t n, T* g, T inv_scale, int32_t* found_nonfinite, cudaStream_t stream);
+struct UnscaleTensor {
+  int64_t n = 0;
+  T* g = nullptr;
+  int32_t* found_nonfinite = nullptr;
+};
+
+// cpu::unscale_grad for every tensor in one launch, with the answers on the device: each
+// tensor's *found_nonfinite (an int32 the caller zeroes; tensors may share one) is set to
+// 1 when one of its values was inf or NaN, and left alone otherwise, so the flags can be
+// read once after every launch is queued.
+template <class T>
+void unscale_grad(int device, const std::vector<UnscaleTensor<T>>& tensors, T inv_scale, cudaStream_t stream);
 
 }  // namespace nd::kernels::cuda

@@ -276,6 +276,13 @@ TEST_CASE("emulib: SGD, Adam and AdamW update every GPU parameter of a group in 
   check_one_launch(adam);
   optim::AdamW adamw(params, optim::AdamWOptions(1e-2));
   check_one_launch(adamw);
+  // The GradScaler's unscale: one launch for the four gradients, besides its flags' fill.
+  optim::GradScaler scaler;
+  adamw.zero_grad();
+  scaler.scale(b(a(x)).pow(2).sum()).backward();
+  const long launches = emu_launches;
+  scaler.unscale_(adamw);
+  CHECK(emu_launches == launches + 2);  // zeros() for the flags, then the unscale
 }
 
 TEST_CASE("emulib: out of device memory frees the cache, retries, then throws naming the request") {

@@ -152,29 +152,41 @@ TEST_CASE("adam_step: Adam, AdamW, AMSGrad, weight decay, each tensor at its own
   }
 }
 
+// Tensor `bad_tensor` (or none, -1) holds `bad` at its element `bad_at` (clamped to its
+// last); one multi-tensor launch against the CPU's unscale per tensor.
 template <class T>
-void check_unscale(int64_t bad_at, T bad) {
-  INFO("bad_at ", bad_at, sizeof(T) == 4 ? " f32" : " f64");
-  const int64_t n = 1000;
-  auto g1 = cast<T>(uniform(n, 6, -1e3, 1e3));
-  if (bad_at >= 0) g1[bad_at] = bad;
-  auto g2 = g1;
-  const bool cpu_found = cpu::unscale_grad<T>(n, g1.data(), T(1.0 / 1024));
-  int32_t flag = 7;  // left alone when every value is finite
-  cuda::unscale_grad<T>(n, g2.data(), T(1.0 / 1024), &flag, nullptr);
-  CHECK(cpu_found == (bad_at >= 0));
-  CHECK(flag == (bad_at >= 0 ? 1 : 7));
-  for (int64_t i = 0; i < n; ++i)
-    if (i != bad_at) REQUIRE(g2[i] == g1[i]);
+void check_unscale(int bad_tensor, int64_t bad_at, T bad) {
+  INFO("bad in tensor ", bad_tensor, " at ", bad_at, sizeof(T) == 4 ? " f32" : " f64");
+  std::vector<std::vector<T>> on_cpu, on_gpu;
+  for (size_t k = 0; k < kSizes.size(); ++k) {
+    on_cpu.push_back(cast<T>(uniform(kSizes[k], 6 + unsigned(k), -1e3, 1e3)));
+    if (int(k) == bad_tensor) on_cpu[k][std::min(bad_at, kSizes[k] - 1)] = bad;
+  }
+  on_gpu = on_cpu;
+  std::vector<int32_t> flags(kSizes.size(), 7);  // left alone when every value is finite
+  std::vector<cuda::UnscaleTensor<T>> tensors;
+  for (size_t k = 0; k < kSizes.size(); ++k) tensors.push_back({kSizes[k], on_gpu[k].data(), &flags[k]});
+  cuda::unscale_grad<T>(0, tensors, T(1.0 / 1024), nullptr);
+  for (size_t k = 0; k < kSizes.size(); ++k) {
+    INFO("tensor ", k);
+    const bool cpu_found = cpu::unscale_grad<T>(kSizes[k], on_cpu[k].data(), T(1.0 / 1024));
+    CHECK(cpu_found == (int(k) == bad_tensor));
+    CHECK(flags[k] == (int(k) == bad_tensor ? 1 : 7));
+    for (int64_t i = 0; i < kSizes[k]; ++i)
+      if (!(int(k) == bad_tensor && i == std::min(bad_at, kSizes[k] - 1))) REQUIRE(on_gpu[k][i] == on_cpu[k][i]);
+  }
 }
 
-TEST_CASE("unscale_grad: every value scaled, inf and NaN found wherever they are") {
+TEST_CASE("unscale_grad: every value of every tensor scaled, inf and NaN found in their own tensor's flag") {
   const double inf = std::numeric_limits<double>::infinity();
-  for (int64_t at : {int64_t(-1), int64_t(0), int64_t(517), int64_t(999)}) {
-    check_unscale<float>(at, float(inf));
-    check_unscale<double>(at, -inf);
-    check_unscale<float>(at, std::nanf(""));
-  }
+  check_unscale<float>(-1, 0, 0.0f);
+  check_unscale<double>(-1, 0, 0.0);
+  for (int k : {0, 1, 3, 4})  // (tensor 2 is empty)
+    for (int64_t at : {int64_t(0), int64_t(517), int64_t(4096), int64_t(1 << 20)}) {
+      check_unscale<float>(k, at, float(inf));
+      check_unscale<double>(k, at, -inf);
+      check_unscale<float>(k, at, std::nanf(""));
+    }
 }
 
 }  // namespace
