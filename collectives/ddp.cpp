@@ -124,7 +124,8 @@ void Reducer::broadcast_state(bool params_too) {
   if (params_too)
     for (const Tensor& p : params_) send(p);
   for (const Tensor& b : buffers_) send(b);
-  for (auto& w : works) w->wait();
+  // NCCL: the forward's kernels wait for the broadcasts, the host does not (MPI: blocks).
+  for (auto& w : works) w->wait_on_device();
   if (params_too)
     for (const Tensor& p : params_) p.storage()->bump_version("DistributedDataParallel.broadcast");
   for (const Tensor& b : buffers_) b.storage()->bump_version("DistributedDataParallel.broadcast_buffers");

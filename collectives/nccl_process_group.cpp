@@ -54,8 +54,8 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 // Completed when the event recorded after the collective on the communication stream is.
 class NcclWork : public Work {
  public:
-  NcclWork(CollectiveInfo info, ncclComm_t comm, cudaEvent_t done, std::vector<Tensor> tensors)
-      : comm_(comm), done_(done), tensors_(std::move(tensors)) {
+  NcclWork(CollectiveInfo info, int device, ncclComm_t comm, cudaEvent_t done, std::vector<Tensor> tensors)
+      : device_(device), comm_(comm), done_(done), tensors_(std::move(tensors)) {
     info_ = std::move(info);
   }
   // A Work dropped before it finished must not hand its tensors back to the caching
@@ -83,6 +83,17 @@ class NcclWork : public Work {
     }
     if (error_) std::rethrow_exception(error_);
   }
+  // The tensors stay alive until the collective finished (the watchdog holds this Work
+  // until then), and the caching allocator reuses their blocks only for work queued on
+  // the compute stream, which now comes after the collective.
+  void wait_on_device() override {
+    std::lock_guard lock(mutex_);
+    if (poll()) {
+      if (error_) std::rethrow_exception(error_);
+      return;
+    }
+    check_cuda(cudaStreamWaitEvent(kernels::cuda::compute_stream(device_), done_, 0), info_.describe());
+  }
 
  private:
   // requires: mutex_ held. True once finished (successfully or not).
@@ -105,6 +116,7 @@ class NcclWork : public Work {
   }
 
   std::mutex mutex_;
+  int device_;
   ncclComm_t comm_;
   cudaEvent_t done_;
   std::vector<Tensor> tensors_;  // alive until the collective finished
@@ -144,7 +156,7 @@ struct NcclProcessGroup::State {
       check_nccl(launch(), what);
       check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what);
       check_cuda(cudaEventRecord(done, stream), what);
-      work = std::make_shared<NcclWork>(std::move(info), comm, done, std::move(tensors));
+      work = std::make_shared<NcclWork>(std::move(info), device, comm, done, std::move(tensors));
     }
     watchdog->watch(work, timeout);
     return work;

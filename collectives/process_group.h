@@ -46,6 +46,12 @@ class Work {
   virtual ~Work() = default;
   // Blocks until done; rethrows the collective's error (nd::Error naming it).
   virtual void wait() = 0;
+  // For a collective on GPU tensors: the work queued afterwards on the engine's compute
+  // stream of its device runs after the collective, and the host does not wait (NCCL:
+  // the compute stream waits for the collective's event, as PyTorch's Work.wait() does).
+  // A later failure surfaces through error(), wait() or the watchdog. Backends whose
+  // collectives run on the host block as wait() does.
+  virtual void wait_on_device() { wait(); }
   virtual bool is_completed() = 0;
   // The failure, if the collective failed (null otherwise or while running).
   virtual std::exception_ptr error() = 0;

@@ -18,9 +18,15 @@ std::shared_ptr<dist::ProcessGroup> group_for(const std::shared_ptr<dist::Proces
   return chosen ? chosen : dist::default_group(input.device());
 }
 
-// Sums `t` (f64, on the input's device) over the group's ranks in place.
+// Sums `t` (f64, on the input's device) over the group's ranks in place. On a GPU the
+// kernels queued next wait for it, and the host does not.
 void allreduce(const std::shared_ptr<dist::ProcessGroup>& group, const Tensor& t) {
-  if (group) group->allreduce(t)->wait();
+  if (!group) return;
+  const std::shared_ptr<dist::Work> work = group->allreduce(t);
+  if (t.is_cuda())
+    work->wait_on_device();
+  else
+    work->wait();
 }
 
 // Backward of the synchronised training forward (training mode only: eval goes

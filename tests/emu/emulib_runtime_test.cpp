@@ -12,7 +12,9 @@
 #include <nccl.h>
 
 #include <cmath>
+#include <chrono>
 #include <functional>
+#include <future>
 #include <limits>
 #include <string>
 #include <vector>
@@ -224,6 +226,29 @@ TEST_CASE("emulib: SyncBatchNorm on a GPU makes the host wait for no count, and 
   testing::check_close(running_mean, x64.mean({0, 2, 3}) * 0.1, 1e-6, 1e-6, "running_mean");
   testing::check_close(running_var, x64.var({0, 2, 3}, 0) * (0.1 * 2 * n / (2 * n - 1)) + 0.9, 1e-6, 1e-6,
                        "running_var");
+}
+
+TEST_CASE("emulib: SyncBatchNorm over NCCL queues its all-reduces for the GPU to wait on, not the host") {
+  // While events are held the "GPU" has not finished the all-reduces: a host that waited for
+  // them would spin until the timeout below.
+  manual_seed(9);
+  nn::SyncBatchNorm sync(std::make_shared<nn::SyncBatchNormImpl>(nn::BatchNormOptions(3), dist::nccl_world()));
+  sync->to(kGpu);
+  const Tensor x = testing::random_input({4, 3, 5, 5}, 13).to(kFloat32).to(kGpu).requires_grad_();
+  const Tensor dy = testing::random_input({4, 3, 5, 5}, 14).to(kFloat32).to(kGpu);
+  const long collectives = emu_nccl::collectives(), stream_waits = emu_rt::stats().stream_waits;
+  emu_rt::set_hold_events(true);
+  auto done = std::async(std::launch::async, [&] {
+    kc::use_device(0);
+    sync(x).backward(dy);
+  });
+  const bool finished = done.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  emu_rt::complete_events();
+  emu_rt::set_hold_events(false);
+  done.wait();
+  CHECK(finished);
+  CHECK(emu_nccl::collectives() == collectives + 2);  // the forward's statistics, the backward's sums
+  CHECK(emu_rt::stats().stream_waits >= stream_waits + 2);
 }
 
 TEST_CASE("emulib: DDP with skip_nonfinite_steps reads the device once per backward, its status") {
