@@ -198,6 +198,8 @@ class Tensor {
 
   // ---- in-place (bump the version counter; engine/ops/elementwise.cpp) ----
   const Tensor& add_(const Tensor& other, double alpha = 1) const;
+  // Also on a contiguous int64 or int32 tensor, with an integral value (one kernel:
+  // BatchNorm counts num_batches_tracked with it).
   const Tensor& add_(double other) const;
   const Tensor& sub_(const Tensor& other, double alpha = 1) const;
   const Tensor& mul_(const Tensor& other) const;

@@ -57,10 +57,9 @@ double BatchNormBase::next_momentum() {
   if (is_training() && options.track_running_stats()) {
     NoGradGuard no_grad;
     if (options.momentum()) {
-      // Counted where the buffer lives: a GPU's count is not read back, which would make
-      // the host wait for the device at every BatchNorm (there is no i64 add: through
-      // f64, exact below 2^53 batches; one version bump).
-      num_batches_tracked.copy_(num_batches_tracked.to(kFloat64) + 1.0);
+      // Counted where the buffer lives (one kernel, as PyTorch's add_(1)): a GPU's count is
+      // not read back, which would make the host wait for the device at every BatchNorm.
+      num_batches_tracked.add_(1);
     } else {
       // The cumulative average needs the count on the host (as in PyTorch).
       const int64_t batches = num_batches_tracked.item<int64_t>() + 1;

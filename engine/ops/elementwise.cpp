@@ -1,8 +1,12 @@
 #include "engine/ops/elementwise.h"
 
+#include <cmath>
+
 #include "engine/ops/common.h"
 #include "engine/ops/copy.h"
+#include "kernels/cpu/copy.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cuda/copy.h"
 #include "kernels/cuda/elementwise.h"
 
 namespace nd {
@@ -391,7 +395,27 @@ Tensor Tensor::lt(double o) const { return nd::lt(*this, scalar_like(o, *this));
 const Tensor& Tensor::add_(const Tensor& o, double alpha) const {
   return binary_inplace("add_", BinaryOp::add, *this, o, alpha);
 }
-const Tensor& Tensor::add_(double o) const { return binary_inplace("add_", BinaryOp::add, *this, scalar_like(o, *this), 1); }
+const Tensor& Tensor::add_(double o) const {
+  if (is_floating_point()) return binary_inplace("add_", BinaryOp::add, *this, scalar_like(o, *this), 1);
+  ND_CHECK(dtype() == kInt64 || dtype() == kInt32, "add_: expected a floating point, int64 or int32 tensor, found ",
+           describe());
+  ND_CHECK(std::isfinite(o) && o == std::trunc(o) && std::abs(o) < 9007199254740992.0,
+           "add_: adding ", o, " to the integer tensor ", describe(), " (expected an integral value)");
+  ND_CHECK(is_contiguous(), "add_: expected a contiguous integer tensor, found ", describe());
+  ops::check_inplace("add_", *this, false);
+  auto run = [&]<class T>() {
+    const auto v = static_cast<T>(static_cast<int64_t>(o));
+    ops::on_device(
+        *this, [&] { kernels::cpu::add_constant<T>(numel(), v, data_ptr<T>()); },
+        [&](auto stream) { kernels::cuda::add_constant<T>(numel(), v, data_ptr<T>(), stream); });
+  };
+  if (dtype() == kInt64)
+    run.operator()<int64_t>();
+  else
+    run.operator()<int32_t>();
+  ops::bump_version(*this, "add_");
+  return *this;
+}
 const Tensor& Tensor::sub_(const Tensor& o, double alpha) const {
   return binary_inplace("sub_", BinaryOp::sub, *this, o, alpha);
 }

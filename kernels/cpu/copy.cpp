@@ -71,6 +71,14 @@ void fill(int64_t n, T value, T* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = value;
 }
 
+template <class T>
+void add_constant(int64_t n, T value, T* dst) {
+  using U = std::make_unsigned_t<T>;
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<U>(dst[i]) + static_cast<U>(value));
+}
+template void add_constant<int64_t>(int64_t, int64_t, int64_t*);
+template void add_constant<int32_t>(int64_t, int32_t, int32_t*);
+
 #define ND_TYPES(X, S) X(S, float) X(S, double) X(S, BFloat16) X(S, Half) X(S, int64_t) X(S, int32_t) X(S, uint8_t) X(S, bool)
 #define ND_COPY(S, D) \
   template void copy_strided<S, D>(int64_t, const int64_t*, const S*, const int64_t*, D*, const int64_t*);

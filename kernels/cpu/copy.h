@@ -14,4 +14,9 @@ void copy_strided(int64_t ndim, const int64_t* shape, const S* src, const int64_
 template <class T>
 void fill(int64_t n, T value, T* dst);
 
+// dst[i] += value for n contiguous elements of an integer type (int64, int32), with
+// two's-complement wrap-around as PyTorch (computed unsigned: no signed overflow).
+template <class T>
+void add_constant(int64_t n, T value, T* dst);
+
 }  // namespace nd::kernels::cpu

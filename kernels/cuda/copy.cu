@@ -62,6 +62,13 @@ __global__ void fill_kernel(int64_t n, U value, U* dst) {
     dst[i] = value;
 }
 
+template <class T>
+__global__ void add_constant_kernel(int64_t n, T value, T* dst) {
+  using U = std::make_unsigned_t<T>;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = static_cast<T>(static_cast<U>(dst[i]) + static_cast<U>(value));
+}
+
 }  // namespace
 
 template <class S, class D>
@@ -83,6 +90,15 @@ void fill(int64_t n, T value, T* dst, cudaStream_t stream) {
   fill_kernel<U><<<detail::blocks_for(n), kThreads, 0, stream>>>(n, bits, reinterpret_cast<U*>(dst));
   check_launch("fill");
 }
+
+template <class T>
+void add_constant(int64_t n, T value, T* dst, cudaStream_t stream) {
+  if (n == 0) return;
+  add_constant_kernel<T><<<detail::blocks_for(n), kThreads, 0, stream>>>(n, value, dst);
+  check_launch("add_constant");
+}
+template void add_constant<int64_t>(int64_t, int64_t, int64_t*, cudaStream_t);
+template void add_constant<int32_t>(int64_t, int32_t, int32_t*, cudaStream_t);
 
 #define ND_TYPES(X, S) \
   X(S, float) X(S, double) X(S, BFloat16) X(S, Half) X(S, int64_t) X(S, int32_t) X(S, uint8_t) X(S, bool)

@@ -18,4 +18,8 @@ void copy_strided(int64_t ndim, const int64_t* shape, const S* src, const int64_
 template <class T>
 void fill(int64_t n, T value, T* dst, cudaStream_t stream);
 
+// As the CPU twin: dst[i] += value, integers (int64, int32), wrapping.
+template <class T>
+void add_constant(int64_t n, T value, T* dst, cudaStream_t stream);
+
 }  // namespace nd::kernels::cuda

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,28 @@ TEST_CASE("fill writes every element of 1-, 2-, 4- and 8-byte types") {
   check_fill<int64_t>(-7, "i64");
   check_fill<uint8_t>(200, "u8");
   check_fill<bool>(true, "bool");
+}
+
+template <class T>
+void check_add_constant(T value) {
+  INFO((sizeof(T) == 8 ? "i64 " : "i32 "), value);
+  const int64_t n = 1000;
+  std::vector<T> a(n);
+  for (int64_t i = 0; i < n; ++i) a[i] = static_cast<T>(i * 7919 - 3000);
+  a[0] = std::numeric_limits<T>::max();  // wraps around, as in PyTorch
+  a[1] = std::numeric_limits<T>::min();
+  auto b = a;
+  cpu::add_constant<T>(n, value, a.data());
+  cuda::add_constant<T>(n, value, b.data(), nullptr);
+  CHECK(a == b);
+  CHECK(a[2] == static_cast<T>(2 * 7919 - 3000 + value));
+}
+
+TEST_CASE("add_constant adds to every int64 and int32 element, wrapping at the ends") {
+  check_add_constant<int64_t>(1);
+  check_add_constant<int64_t>(-5);
+  check_add_constant<int32_t>(1);
+  check_add_constant<int32_t>(-123456);
 }
 
 }  // namespace

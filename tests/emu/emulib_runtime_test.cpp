@@ -200,6 +200,16 @@ class TwinGroup : public dist::ProcessGroup {
 };
 }  // namespace
 
+TEST_CASE("emulib: a BatchNorm training forward launches its statistics, mean/invstd, apply and one counter add") {
+  nn::BatchNorm2d bn(nn::BatchNormOptions(4));
+  bn->to(kGpu);
+  const Tensor x = testing::random_input({2, 4, 3, 3}, 15).to(kFloat32).to(kGpu);
+  const long launches = emu_launches;
+  (void)bn(x);
+  CHECK(emu_launches - launches == 4);  // was 7: num_batches_tracked went through f64 and back
+  CHECK(bn->num_batches_tracked.item<int64_t>() == 1);
+}
+
 TEST_CASE("emulib: SyncBatchNorm on a GPU makes the host wait for no count, and trains as one rank would") {
   manual_seed(8);
   nn::BatchNorm2d local(nn::BatchNormOptions(3));

@@ -115,3 +115,19 @@ TEST_CASE("elementwise: argument errors name what was expected and found") {
   CHECK(error_message([] { gelu(ones({1}), "fast"); }).find("approximate must be 'none' or 'tanh'") !=
         std::string::npos);
 }
+
+TEST_CASE("elementwise: add_ of an integral number counts in an int64 or int32 tensor, other uses are errors") {
+  Tensor c = zeros({}, kInt64);
+  const auto v0 = c._version();
+  c.add_(1);
+  c.add_(1);
+  CHECK(c.item<int64_t>() == 2);
+  CHECK(c._version() == v0 + 2);
+  Tensor i = tensor({1, -2, 3}, kInt32);
+  i.add_(-4);
+  CHECK(nd::testing::to_vector(i) == std::vector<double>{-3, -6, -1});
+  CHECK(nd::testing::error_message([&] { c.add_(0.5); }).find("expected an integral value") != std::string::npos);
+  CHECK(nd::testing::error_message([] { zeros({2}, kBool).add_(1); }).find("found") != std::string::npos);
+  Tensor m = zeros({3, 4}, kInt64);
+  CHECK(nd::testing::error_message([&] { m.t().add_(1); }).find("contiguous") != std::string::npos);
+}
