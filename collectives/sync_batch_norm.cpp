@@ -34,8 +34,8 @@ void allreduce(const std::shared_ptr<dist::ProcessGroup>& group, const Tensor& t
 struct SyncBatchNormBackward : autograd::Node {
   autograd::SavedTensor input, weight, mean, invstd;
   std::shared_ptr<dist::ProcessGroup> group;  // null: this rank alone
-  double count = 0;                           // values per channel over all ranks
-  Tensor device_count;  // defined instead when the count stayed on the GPU (f64 [1])
+  double count = 0;     // values per channel over all ranks (what the CPU kernels use)
+  Tensor device_count;  // the same on the GPU (f64 [1]): what the CUDA kernels read
   int64_t N = 0, C = 0, S = 0;
   std::string name() const override { return "SyncBatchNormBackward"; }
   void release_saved_tensors() override {
@@ -85,15 +85,10 @@ struct SyncBatchNormBackward : autograd::Node {
                                                        dx.data_ptr<T>());
           },
           [&](auto stream) {
-            if (device_count.defined())
-              kernels::cuda::batch_norm_backward_elemt<T>(g.data_ptr<T>(), x.data_ptr<T>(), mu.data_ptr<T>(),
-                                                          is.data_ptr<T>(), wp, total, total + C,
-                                                          device_count.data_ptr<double>(), N, C, S,
-                                                          dx.data_ptr<T>(), stream);
-            else
-              kernels::cuda::batch_norm_backward_elemt<T>(g.data_ptr<T>(), x.data_ptr<T>(), mu.data_ptr<T>(),
-                                                          is.data_ptr<T>(), wp, total, total + C, count, N, C, S,
-                                                          dx.data_ptr<T>(), stream);
+            kernels::cuda::batch_norm_backward_elemt<T>(g.data_ptr<T>(), x.data_ptr<T>(), mu.data_ptr<T>(),
+                                                        is.data_ptr<T>(), wp, total, total + C,
+                                                        device_count.data_ptr<double>(), N, C, S,
+                                                        dx.data_ptr<T>(), stream);
           });
     });
     return {dx, dw, db};
@@ -126,17 +121,16 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
         });
   });
   allreduce(group, stats);
-  // The total count: this rank's N*S alone, or read back. A rank's count is a part of the
-  // total, so when it is more than 1 the total is too: then, on a GPU, the kernels read the
-  // total on the device and the host does not wait for the all-reduce.
+  // stats[0] is now the total count, on x's device, where the CUDA kernels read it. The
+  // host reads it back only where it needs it: for the CPU kernels, and for the check when
+  // this rank's own N*S does not settle it (a rank's count is a part of the total, so when
+  // it is more than 1 the total is too; on a GPU the host then does not wait).
   const double local_count = static_cast<double>(N * S);
   const bool alone = !group || group->size() == 1;
-  const bool count_on_device = !alone && x.is_cuda() && local_count > 1;
-  const Tensor device_count = count_on_device ? stats.narrow(0, 0, 1) : Tensor();
-  const double count = alone ? local_count : count_on_device ? 0.0 : stats.narrow(0, 0, 1).item<double>();
-  ND_CHECK(count_on_device || count > 1, op, ": expected more than 1 value per channel over all ",
-           group ? group->size() : 1, " rank(s) when training, got ", count, " (this rank's input ",
-           input.describe(), ")");
+  const bool read_count = !alone && (!x.is_cuda() || local_count <= 1);
+  const double count = read_count ? stats.narrow(0, 0, 1).item<double>() : local_count;  // the total, or <= it
+  ND_CHECK(count > 1, op, ": expected more than 1 value per channel over all ", group ? group->size() : 1,
+           " rank(s) when training, got ", count, " (this rank's input ", input.describe(), ")");
   Tensor y = empty_like(x), mean = empty({C}, x.options()), invstd = empty({C}, x.options());
   ops::dispatch_floating(op, x, [&]<class T>() {
     auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
@@ -150,14 +144,9 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
                                             ptr(b), N, C, S, y.data_ptr<T>());
         },
         [&](auto stream) {
-          if (count_on_device)
-            kernels::cuda::batch_norm_stats_to_mean_invstd<T>(st + C, st + 2 * C, st, C, eps, momentum,
-                                                              mean.data_ptr<T>(), invstd.data_ptr<T>(),
-                                                              ptr(running_mean), ptr(running_var), stream);
-          else
-            kernels::cuda::batch_norm_stats_to_mean_invstd<T>(st + C, st + 2 * C, count, C, eps, momentum,
-                                                              mean.data_ptr<T>(), invstd.data_ptr<T>(),
-                                                              ptr(running_mean), ptr(running_var), stream);
+          kernels::cuda::batch_norm_stats_to_mean_invstd<T>(st + C, st + 2 * C, st, C, eps, momentum,
+                                                            mean.data_ptr<T>(), invstd.data_ptr<T>(),
+                                                            ptr(running_mean), ptr(running_var), stream);
           kernels::cuda::batch_norm_apply<T>(x.data_ptr<T>(), mean.data_ptr<T>(), invstd.data_ptr<T>(), ptr(w),
                                              ptr(b), N, C, S, y.data_ptr<T>(), stream);
         });
@@ -173,7 +162,7 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
     n.invstd = autograd::SavedTensor(invstd);
     n.group = group;
     n.count = count;
-    n.device_count = device_count;
+    if (x.is_cuda()) n.device_count = stats.narrow(0, 0, 1);
     n.N = N;
     n.C = C;
     n.S = S;
