@@ -1,6 +1,8 @@
 #include "engine/optim/grad_scaler.h"
 
 #include <cmath>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "engine/autograd.h"
@@ -47,8 +49,8 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   // device, set by one multi-tensor kernel per device and dtype, and read back together
   // (one synchronisation).
   struct Pending {
-    std::vector<Tensor> grads;
-    std::vector<std::string> names;
+    std::map<ScalarType, std::vector<std::pair<Tensor, size_t>>> by_dtype;  // gradient, its flag
+    std::vector<std::string> names;                                       // by flag
   };
   std::map<int, Pending> pending;  // by CUDA device index
   const double inv = 1.0 / scale_;
@@ -69,7 +71,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
         if (bad && !st.found_nonfinite()) st.first_nonfinite = p.describe();
       } else {
         Pending& pd = pending[g.device().index];
-        pd.grads.push_back(g);
+        pd.by_dtype[g.dtype()].push_back({g, pd.names.size()});
         pd.names.push_back(p.describe());
       }
       ops::bump_version(g, "GradScaler.unscale_");
@@ -79,18 +81,15 @@ void GradScaler::unscale_(Optimizer& optimizer) {
     const int device = entry.first;
     Pending& pd = entry.second;
     const Tensor flags =
-        zeros({static_cast<int64_t>(pd.grads.size())}, TensorOptions(kInt32).device(Device(kCUDA, device)));
-    for (ScalarType dtype : {kFloat32, kFloat64}) {
-      std::vector<size_t> of_dtype;
-      for (size_t i = 0; i < pd.grads.size(); ++i)
-        if (pd.grads[i].dtype() == dtype) of_dtype.push_back(i);
-      if (of_dtype.empty()) continue;
-      const Tensor& first = pd.grads[of_dtype.front()];
+        zeros({static_cast<int64_t>(pd.names.size())}, TensorOptions(kInt32).device(Device(kCUDA, device)));
+    for (auto& dtype_grads : pd.by_dtype) {
+      const std::vector<std::pair<Tensor, size_t>>& grads = dtype_grads.second;
+      const Tensor& first = grads.front().first;
       ops::dispatch_floating("GradScaler.unscale_", first, [&]<class T>() {
         std::vector<kernels::cuda::UnscaleTensor<T>> tensors;
-        for (size_t i : of_dtype)
-          tensors.push_back({pd.grads[i].numel(), pd.grads[i].data_ptr<T>(),
-                             flags.data_ptr<int32_t>() + static_cast<int64_t>(i)});
+        for (const std::pair<Tensor, size_t>& gf : grads)
+          tensors.push_back({gf.first.numel(), gf.first.data_ptr<T>(),
+                             flags.data_ptr<int32_t>() + static_cast<int64_t>(gf.second)});
         ops::on_device(first, [] {}, [&](auto stream) {
           kernels::cuda::unscale_grad<T>(device, tensors, static_cast<T>(inv), stream);
         });
