@@ -5,9 +5,9 @@
 
 #include "engine/error.h"
 #include "engine/ops/common.h"
+#include "engine/ops/copy.h"
 #include "kernels/common/counter_rng.h"
 #include "kernels/cpu/copy.h"
-#include "kernels/cuda/copy.h"
 
 namespace nd {
 
@@ -56,14 +56,7 @@ Tensor make_on_cpu(const Shape& shape, TensorOptions options, Fill&& fill) {
 // (every `x * 2.0` makes one) costs no copy and no wait for the device.
 Tensor full(const Shape& shape, double value, TensorOptions options) {
   Tensor t = empty(shape, options.requires_grad(false));
-  dispatch_all(t.dtype(), [&]<class T>() {
-    T v;
-    if constexpr (std::is_arithmetic_v<T>) v = static_cast<T>(value);
-    else v = T(static_cast<float>(value));
-    ops::on_device(
-        t, [&] { kernels::cpu::fill<T>(t.numel(), v, t.data_ptr<T>()); },
-        [&](auto stream) { kernels::cuda::fill<T>(t.numel(), v, t.data_ptr<T>(), stream); });
-  });
+  fill_data(t, value);
   if (options.requires_grad_) t.requires_grad_(true);
   return t;
 }

@@ -1,11 +1,32 @@
 #include "engine/ops/copy.h"
 
+#include <type_traits>
+
+#include "engine/factories.h"
 #include "engine/ops/common.h"
 #include "kernels/cpu/copy.h"
 #include "kernels/cuda/copy.h"
 #include "kernels/cuda/runtime.h"
 
 namespace nd {
+
+void fill_data(const Tensor& dst, double value) {
+  if (!dst.is_contiguous()) {
+    copy_data(dst, full({}, value, dst.options().requires_grad(false)));
+    return;
+  }
+  dispatch_all(dst.dtype(), [&]<class T>() {
+    T v;
+    if constexpr (std::is_arithmetic_v<T>)
+      v = static_cast<T>(value);
+    else
+      v = T(static_cast<float>(value));
+    T* p = dst.data_ptr<T>();
+    ops::on_device(
+        dst, [&] { kernels::cpu::fill<T>(dst.numel(), v, p); },
+        [&](auto stream) { kernels::cuda::fill<T>(dst.numel(), v, p, stream); });
+  });
+}
 
 namespace {
 

@@ -9,4 +9,9 @@ namespace nd {
 // non_blocking: see Tensor::to (only a dense pinned source to a GPU returns early).
 void copy_data(const Tensor& dst, const Tensor& src, bool non_blocking = false);
 
+// Writes value (converted to dst's dtype) into every element of dst, where dst lives: a
+// contiguous dst is one fill kernel (on a GPU, on the compute stream: no copy, no wait).
+// Raw data movement like copy_data: no autograd, no version bump.
+void fill_data(const Tensor& dst, double value);
+
 }  // namespace nd

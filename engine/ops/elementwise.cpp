@@ -133,11 +133,29 @@ struct UnaryBackward : autograd::Node {
   }
 };
 
-// In-place x *= s with history: gx = g * s.
-struct ScaleBackward : autograd::Node {
-  double factor = 1;
-  std::string name() const override { return "MulBackward"; }
-  std::vector<Tensor> apply(std::vector<Tensor>&& g) override { return {g[0] * factor}; }
+// a (op) s for a number s: ga = g (add, sub), g * s (mul), g / s (div); with the number
+// first, s - a: ga = -g, and s / a: ga = -g * s / a^2 (a saved for this one only).
+struct ScalarBackward : autograd::Node {
+  BinaryOp op = BinaryOp::mul;
+  double s = 1;
+  bool scalar_first = false;
+  std::string node_name;
+  autograd::SavedTensor a;
+  std::string name() const override { return node_name; }
+  void release_saved_tensors() override { a.reset(); }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    switch (op) {
+      case BinaryOp::add: return {g[0]};
+      case BinaryOp::sub: return {scalar_first ? -g[0] : g[0]};
+      case BinaryOp::mul: return {s == 1 ? g[0] : g[0] * s};
+      case BinaryOp::div: {
+        if (!scalar_first) return {g[0] / s};
+        const Tensor av = a.unpack(*this);
+        return {-g[0] * s / (av * av)};
+      }
+      default: throw Error(node_name + ": no backward for this operation with a number operand");
+    }
+  }
 };
 
 // ---- forward helpers ----
@@ -158,6 +176,50 @@ void run_binary(const char* name, BinaryOp op, double alpha, const Tensor& a, co
                                    bs.data(), outp, out.strides().data(), stream);
         });
   });
+}
+
+// a (op) s, or s (op) a when scalar_first: the number goes to the kernel by value (on a GPU
+// one launch, where a scalar tensor would cost its fill as well).
+void run_binary_scalar(const char* name, BinaryOp op, const Tensor& a, double s, bool scalar_first,
+                       const Tensor& out) {
+  ops::dispatch_floating(name, out, [&]<class T>() {
+    const T v = static_cast<T>(s);
+    const T* ap = a.data_ptr<T>();
+    T* outp = out.data_ptr<T>();
+    ops::on_device(
+        out,
+        [&] {
+          kernels::cpu::binary_scalar<T>(op, out.dim(), out.sizes().data(), ap, a.strides().data(), v, scalar_first,
+                                         outp, out.strides().data());
+        },
+        [&](auto stream) {
+          kernels::cuda::binary_scalar<T>(op, out.dim(), out.sizes().data(), ap, a.strides().data(), v,
+                                          scalar_first, outp, out.strides().data(), stream);
+        });
+  });
+}
+
+const char* scalar_node_name(BinaryOp op, bool scalar_first) {
+  switch (op) {
+    case BinaryOp::add: return "AddBackward";
+    case BinaryOp::sub: return scalar_first ? "RsubBackward" : "SubBackward";
+    case BinaryOp::div: return "DivBackward";
+    default: return "MulBackward";
+  }
+}
+
+// a (op) s, or s (op) a: add, sub, mul or div with a number, recorded for autograd.
+Tensor scalar_forward(const char* name, BinaryOp op, const Tensor& a, double s, bool scalar_first = false) {
+  Tensor out = empty(a.sizes(), a.options());
+  run_binary_scalar(name, op, a, s, scalar_first, out);
+  autograd::record<ScalarBackward>({a}, {out}, [&](ScalarBackward& n) {
+    n.op = op;
+    n.s = s;
+    n.scalar_first = scalar_first;
+    n.node_name = scalar_node_name(op, scalar_first);
+    if (op == BinaryOp::div && scalar_first) n.a = autograd::SavedTensor(a);
+  });
+  return out;
 }
 
 Tensor binary_forward(const char* name, BinaryOp op, const Tensor& a, const Tensor& b, double alpha = 1) {
@@ -245,12 +307,19 @@ const Tensor& binary_inplace(const char* name, BinaryOp op, const Tensor& self, 
   return self;
 }
 
-const Tensor& scale_inplace(const char* name, const Tensor& self, double factor) {
+// In place self = self (op) s for add, sub, mul or div with a number; none of their
+// backwards needs the overwritten value.
+const Tensor& scalar_inplace(const char* name, BinaryOp op, const Tensor& self, double s) {
   const bool history = autograd::any_requires_grad({self});
   ops::check_inplace(name, self, history);
   std::shared_ptr<autograd::Node> node;
-  if (history) node = autograd::record<ScaleBackward>({self}, {}, [&](ScaleBackward& n) { n.factor = factor; });
-  run_binary(name, BinaryOp::mul, 1, self, scalar_like(factor, self), self);
+  if (history)
+    node = autograd::record<ScalarBackward>({self}, {}, [&](ScalarBackward& n) {
+      n.op = op;
+      n.s = s;
+      n.node_name = scalar_node_name(op, false);
+    });
+  run_binary_scalar(name, op, self, s, false, self);
   ops::bump_version(self, name);
   if (node) autograd::detail::set_history(node, {self});
   return self;
@@ -311,7 +380,8 @@ Tensor pow(const Tensor& a, const Tensor& exponent) {
 // the MAE's squared error), other exponents the pow kernel with a broadcast scalar.
 Tensor pow(const Tensor& a, double exponent) {
   Tensor out = exponent == 2 ? binary_forward("pow", BinaryOp::mul, a, a)
-                             : binary_forward("pow", BinaryOp::pow, a, scalar_like(exponent, a));
+                             : empty(a.sizes(), a.options());
+  if (exponent != 2) run_binary_scalar("pow", BinaryOp::pow, a, exponent, false, out);
   autograd::record<PowScalarBackward>({a}, {out}, [&](PowScalarBackward& n) {
     n.exponent = exponent;
     if (exponent != 0 && exponent != 1) n.a = autograd::SavedTensor(a);
@@ -367,13 +437,13 @@ Tensor ge(const Tensor& a, const Tensor& b) { return compare_forward("ge", Compa
 
 // ---- members and operators ----
 Tensor Tensor::add(const Tensor& o, double alpha) const { return nd::add(*this, o, alpha); }
-Tensor Tensor::add(double o) const { return nd::add(*this, scalar_like(o, *this)); }
+Tensor Tensor::add(double o) const { return scalar_forward("add", BinaryOp::add, *this, o); }
 Tensor Tensor::sub(const Tensor& o, double alpha) const { return nd::sub(*this, o, alpha); }
-Tensor Tensor::sub(double o) const { return nd::sub(*this, scalar_like(o, *this)); }
+Tensor Tensor::sub(double o) const { return scalar_forward("sub", BinaryOp::sub, *this, o); }
 Tensor Tensor::mul(const Tensor& o) const { return nd::mul(*this, o); }
-Tensor Tensor::mul(double o) const { return nd::mul(*this, scalar_like(o, *this)); }
+Tensor Tensor::mul(double o) const { return scalar_forward("mul", BinaryOp::mul, *this, o); }
 Tensor Tensor::div(const Tensor& o) const { return nd::div(*this, o); }
-Tensor Tensor::div(double o) const { return nd::div(*this, scalar_like(o, *this)); }
+Tensor Tensor::div(double o) const { return scalar_forward("div", BinaryOp::div, *this, o); }
 Tensor Tensor::pow(const Tensor& e) const { return nd::pow(*this, e); }
 Tensor Tensor::pow(double e) const { return nd::pow(*this, e); }
 Tensor Tensor::neg() const { return nd::neg(*this); }
@@ -396,7 +466,7 @@ const Tensor& Tensor::add_(const Tensor& o, double alpha) const {
   return binary_inplace("add_", BinaryOp::add, *this, o, alpha);
 }
 const Tensor& Tensor::add_(double o) const {
-  if (is_floating_point()) return binary_inplace("add_", BinaryOp::add, *this, scalar_like(o, *this), 1);
+  if (is_floating_point()) return scalar_inplace("add_", BinaryOp::add, *this, o);
   ND_CHECK(dtype() == kInt64 || dtype() == kInt32, "add_: expected a floating point, int64 or int32 tensor, found ",
            describe());
   ND_CHECK(std::isfinite(o) && o == std::trunc(o) && std::abs(o) < 9007199254740992.0,
@@ -420,9 +490,9 @@ const Tensor& Tensor::sub_(const Tensor& o, double alpha) const {
   return binary_inplace("sub_", BinaryOp::sub, *this, o, alpha);
 }
 const Tensor& Tensor::mul_(const Tensor& o) const { return binary_inplace("mul_", BinaryOp::mul, *this, o, 1); }
-const Tensor& Tensor::mul_(double o) const { return scale_inplace("mul_", *this, o); }
+const Tensor& Tensor::mul_(double o) const { return scalar_inplace("mul_", BinaryOp::mul, *this, o); }
 const Tensor& Tensor::div_(const Tensor& o) const { return binary_inplace("div_", BinaryOp::div, *this, o, 1); }
-const Tensor& Tensor::div_(double o) const { return scale_inplace("div_", *this, 1.0 / o); }
+const Tensor& Tensor::div_(double o) const { return scalar_inplace("div_", BinaryOp::div, *this, o); }
 const Tensor& Tensor::addcmul_(const Tensor& a, const Tensor& b, double value) const {
   return binary_inplace("addcmul_", BinaryOp::add, *this, nd::mul(a, b), value);
 }
@@ -456,7 +526,7 @@ const Tensor& Tensor::fill_(double value) const {
   ND_CHECK(!autograd::any_requires_grad({*this}), "fill_ on ", describe(),
            ": overwriting a tensor that has gradient history is not supported; wrap it in NoGradGuard or use "
            "a new tensor (zeros_like, full_like)");
-  copy_data(*this, scalar_like(value, *this));
+  fill_data(*this, value);
   ops::bump_version(*this, "fill_");
   return *this;
 }
@@ -471,9 +541,9 @@ Tensor operator-(const Tensor& a, double b) { return a.sub(b); }
 Tensor operator*(const Tensor& a, double b) { return a.mul(b); }
 Tensor operator/(const Tensor& a, double b) { return a.div(b); }
 Tensor operator+(double a, const Tensor& b) { return b.add(a); }
-Tensor operator-(double a, const Tensor& b) { return sub(scalar_like(a, b), b); }
+Tensor operator-(double a, const Tensor& b) { return scalar_forward("rsub", BinaryOp::sub, b, a, true); }
 Tensor operator*(double a, const Tensor& b) { return b.mul(a); }
-Tensor operator/(double a, const Tensor& b) { return div(scalar_like(a, b), b); }
+Tensor operator/(double a, const Tensor& b) { return scalar_forward("div", BinaryOp::div, b, a, true); }
 Tensor operator-(const Tensor& a) { return neg(a); }
 
 }  // namespace nd

@@ -84,6 +84,16 @@ void binary(BinaryOp op, T alpha, int64_t ndim, const int64_t* shape, const T* a
 }
 
 template <class T>
+void binary_scalar(BinaryOp op, int64_t ndim, const int64_t* shape, const T* a, const int64_t* a_strides, T s,
+                   bool scalar_first, T* out, const int64_t* out_strides) {
+  const std::vector<int64_t> zero(static_cast<size_t>(std::max<int64_t>(ndim, 1)), 0);
+  if (scalar_first)
+    binary<T>(op, T(1), ndim, shape, &s, zero.data(), a, a_strides, out, out_strides);
+  else
+    binary<T>(op, T(1), ndim, shape, a, a_strides, &s, zero.data(), out, out_strides);
+}
+
+template <class T>
 void compare(CompareOp op, int64_t ndim, const int64_t* shape, const T* a, const int64_t* a_strides, const T* b,
              const int64_t* b_strides, bool* out) {
   std::vector<int64_t> out_strides(ndim);
@@ -103,7 +113,9 @@ void compare(CompareOp op, int64_t ndim, const int64_t* shape, const T* a, const
                          const int64_t*);                                                                    \
   template void unary_backward<T>(UnaryOp, UnaryParams, int64_t, const T*, const T*, const T*, T*);          \
   template void binary<T>(BinaryOp, T, int64_t, const int64_t*, const T*, const int64_t*, const T*,          \
-                          const int64_t*, T*, const int64_t*);
+                          const int64_t*, T*, const int64_t*);                                       \
+  template void binary_scalar<T>(BinaryOp, int64_t, const int64_t*, const T*, const int64_t*, T, bool, T*,   \
+                                 const int64_t*);
 #define ND_COMPARE(T)                                                                                        \
   template void compare<T>(CompareOp, int64_t, const int64_t*, const T*, const int64_t*, const T*,           \
                            const int64_t*, bool*);

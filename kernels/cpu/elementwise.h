@@ -34,6 +34,13 @@ template <class T>
 void binary(BinaryOp op, T alpha, int64_t ndim, const int64_t* shape, const T* a, const int64_t* a_strides,
             const T* b, const int64_t* b_strides, T* out, const int64_t* out_strides);
 
+// out = a (op) s, or s (op) a when scalar_first, for a number s: binary() with s
+// broadcast (add and sub with alpha 1). The twin of a CUDA kernel that takes s by value,
+// so `x * 2.0` needs no tensor for the 2.0. requires: as binary().
+template <class T>
+void binary_scalar(BinaryOp op, int64_t ndim, const int64_t* shape, const T* a, const int64_t* a_strides, T s,
+                   bool scalar_first, T* out, const int64_t* out_strides);
+
 // out = (a op b) as bool, N-d strided with broadcasting; out contiguous.
 template <class T>
 void compare(CompareOp op, int64_t ndim, const int64_t* shape, const T* a, const int64_t* a_strides, const T* b,

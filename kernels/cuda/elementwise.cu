@@ -44,6 +44,17 @@ __global__ void binary_kernel(BinaryOp op, T alpha, int64_t n, Indexer<3> ix, co
 }
 
 template <class T>
+__global__ void binary_scalar_kernel(BinaryOp op, int64_t n, Indexer<2> ix, const T* a, T s, bool scalar_first,
+                                     T* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[2];
+    ix.offsets(i, off);
+    const T av = a[off[0]];
+    out[off[1]] = scalar_first ? apply_binary(op, T(1), s, av) : apply_binary(op, T(1), av, s);
+  }
+}
+
+template <class T>
 __global__ void compare_kernel(CompareOp op, int64_t n, Indexer<2> ix, const T* a, const T* b, bool* out) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     int64_t off[2];
@@ -83,6 +94,16 @@ void binary(BinaryOp op, T alpha, int64_t ndim, const int64_t* shape, const T* a
 }
 
 template <class T>
+void binary_scalar(BinaryOp op, int64_t ndim, const int64_t* shape, const T* a, const int64_t* a_strides, T s,
+                   bool scalar_first, T* out, const int64_t* out_strides, cudaStream_t stream) {
+  const int64_t n = detail::numel(ndim, shape);
+  if (n == 0) return;
+  const auto ix = detail::make_indexer<2>("binary_scalar", ndim, shape, {a_strides, out_strides});
+  binary_scalar_kernel<T><<<detail::blocks_for(n), kThreads, 0, stream>>>(op, n, ix, a, s, scalar_first, out);
+  check_launch("binary_scalar");
+}
+
+template <class T>
 void compare(CompareOp op, int64_t ndim, const int64_t* shape, const T* a, const int64_t* a_strides, const T* b,
              const int64_t* b_strides, bool* out, cudaStream_t stream) {
   const int64_t n = detail::numel(ndim, shape);
@@ -98,7 +119,9 @@ void compare(CompareOp op, int64_t ndim, const int64_t* shape, const T* a, const
   template void unary_backward<T>(UnaryOp, UnaryParams, int64_t, const T*, const T*, const T*, T*,           \
                                   cudaStream_t);                                                             \
   template void binary<T>(BinaryOp, T, int64_t, const int64_t*, const T*, const int64_t*, const T*,          \
-                          const int64_t*, T*, const int64_t*, cudaStream_t);
+                          const int64_t*, T*, const int64_t*, cudaStream_t);                         \
+  template void binary_scalar<T>(BinaryOp, int64_t, const int64_t*, const T*, const int64_t*, T, bool, T*,   \
+                                 const int64_t*, cudaStream_t);
 #define ND_COMPARE(T)                                                                                        \
   template void compare<T>(CompareOp, int64_t, const int64_t*, const T*, const int64_t*, const T*,           \
                            const int64_t*, bool*, cudaStream_t);

@@ -29,6 +29,12 @@ template <class T>
 void binary(BinaryOp op, T alpha, int64_t ndim, const int64_t* shape, const T* a, const int64_t* a_strides,
             const T* b, const int64_t* b_strides, T* out, const int64_t* out_strides, cudaStream_t stream);
 
+// out = a (op) s, or s (op) a when scalar_first, with the number s passed by value: one
+// launch and no device tensor for s. In place (out == a, equal strides) is supported.
+template <class T>
+void binary_scalar(BinaryOp op, int64_t ndim, const int64_t* shape, const T* a, const int64_t* a_strides, T s,
+                   bool scalar_first, T* out, const int64_t* out_strides, cudaStream_t stream);
+
 // out = (a op b) as bool, N-d strided with broadcasting; out contiguous.
 template <class T>
 void compare(CompareOp op, int64_t ndim, const int64_t* shape, const T* a, const int64_t* a_strides, const T* b,

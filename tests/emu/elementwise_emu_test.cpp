@@ -1,6 +1,7 @@
 // kernels/cuda/elementwise.cu in the emulator against kernels/cpu/elementwise.cpp: every
 // unary op (forward on a transposed strided input, backward), every binary op with a
-// broadcast (zero-stride) operand and alpha, in place, and every comparison on f32, f64
+// broadcast (zero-stride) operand and alpha, in place, with a number operand on either side,
+// and every comparison on f32, f64
 // and the integer types. The emulated kernel evaluates the same per-element functions
 // (kernels/common/elementwise_math.h) as the CPU, so what is checked is the indexing:
 // values agree to 8 ulps of the largest value (the two compilations may contract a
@@ -75,6 +76,36 @@ void check_binary() {
 }
 
 template <class T>
+void check_binary_scalar() {
+  const auto a = cast<T>(uniform(60, 6, 0.5, 2.0));
+  const T s = T(0.7);
+  for (int op = 0; op <= static_cast<int>(cpu::BinaryOp::minimum); ++op)
+    for (bool scalar_first : {false, true}) {
+      INFO("binary op ", op, " with a number ", scalar_first ? "first" : "second", sizeof(T) == 4 ? " f32" : " f64");
+      const auto bop = static_cast<cpu::BinaryOp>(op);
+      std::vector<T> y1(60);
+      auto y2 = nans<T>(60);
+      cpu::binary_scalar<T>(bop, 3, kShape, a.data(), kTransposed, s, scalar_first, y1.data(), kContiguous);
+      cuda::binary_scalar<T>(bop, 3, kShape, a.data(), kTransposed, s, scalar_first, y2.data(), kContiguous,
+                             nullptr);
+      check_ulps("binary_scalar, transposed a", y2, y1);
+      // The CPU twin is binary() with the number broadcast.
+      const int64_t zero[3] = {0, 0, 0};
+      std::vector<T> y3(60);
+      if (scalar_first)
+        cpu::binary<T>(bop, T(1), 3, kShape, &s, zero, a.data(), kTransposed, y3.data(), kContiguous);
+      else
+        cpu::binary<T>(bop, T(1), 3, kShape, a.data(), kTransposed, &s, zero, y3.data(), kContiguous);
+      CHECK(y3 == y1);
+      auto inplace = a;
+      cuda::binary_scalar<T>(bop, 3, kShape, inplace.data(), kContiguous, s, scalar_first, inplace.data(),
+                             kContiguous, nullptr);
+      cpu::binary_scalar<T>(bop, 3, kShape, a.data(), kContiguous, s, scalar_first, y1.data(), kContiguous);
+      check_ulps("binary_scalar in place", inplace, y1);
+    }
+}
+
+template <class T>
 void check_compare() {
   std::vector<T> a(60), b(4);
   for (int i = 0; i < 60; ++i) a[i] = static_cast<T>(i % 3);
@@ -98,6 +129,11 @@ TEST_CASE("elementwise unary ops, strided forward and backward") {
 TEST_CASE("elementwise binary ops with broadcasting, alpha and in place") {
   check_binary<float>();
   check_binary<double>();
+}
+
+TEST_CASE("elementwise binary ops with a number operand, either side, strided and in place") {
+  check_binary_scalar<float>();
+  check_binary_scalar<double>();
 }
 
 TEST_CASE("elementwise comparisons on every compiled type") {

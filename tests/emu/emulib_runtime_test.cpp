@@ -105,10 +105,12 @@ TEST_CASE("emulib: a steady training step makes no cudaMalloc, and empty_cache r
 // else (a buffer read back, a copy to the device that waits for the queue) would drain
 // the queue mid-step and leave the GPU idle while the host issues the next kernels.
 TEST_CASE("emulib: a steady DCGAN or MAE training step waits for the device only in its loss item() calls") {
-  auto waits_of = [](const std::function<void()>& step) {
+  long launches = 0;  // of the measured step
+  auto waits_of = [&](const std::function<void()>& step) {
     step();  // optimizer state, caches
-    const long before = emu_rt::stats().host_waits;
+    const long before = emu_rt::stats().host_waits, launches_before = emu_launches;
     step();
+    launches = emu_launches - launches_before;
     return emu_rt::stats().host_waits - before;
   };
   SUBCASE("DCGAN (apps/train_gan's step: BatchNorm in G and D, D called three times, two Adams)") {
@@ -136,6 +138,7 @@ TEST_CASE("emulib: a steady DCGAN or MAE training step waits for the device only
       (void)loss_g.item();
     });
     CHECK(waits == 2);
+    MESSAGE("DCGAN step launches: ", launches);
   }
   SUBCASE("MAE (apps/train_mae's step: masking noise on the host, AdamW)") {
     manual_seed(6);
@@ -154,6 +157,7 @@ TEST_CASE("emulib: a steady DCGAN or MAE training step waits for the device only
       (void)loss.item();
     });
     CHECK(waits == 1);
+    MESSAGE("MAE step launches: ", launches);
   }
 }
 
@@ -165,6 +169,42 @@ TEST_CASE("emulib: a BatchNorm training forward launches its statistics, mean/in
   (void)bn(x);
   CHECK(emu_launches - launches == 4);  // was 7: num_batches_tracked went through f64 and back
   CHECK(bn->num_batches_tracked.item<int64_t>() == 1);
+}
+
+TEST_CASE("emulib: an op with a number operand is one launch, and so is fill_") {
+  const Tensor x = testing::random_input({3, 5}, 16).to(kFloat32).to(kGpu).requires_grad_();
+  const Tensor cpu = x.detach().to(kCPU);
+  auto launches_of = [](const std::function<Tensor()>& op) {
+    const long before = emu_launches;
+    const Tensor y = op();
+    return std::pair{emu_launches - before, y};
+  };
+  const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> ops = {
+      {"x * 2", [](const Tensor& t) { return t * 2.0; }},   {"x + eps", [](const Tensor& t) { return t + 1e-5; }},
+      {"1 - x", [](const Tensor& t) { return 1.0 - t; }},   {"x / 3", [](const Tensor& t) { return t / 3.0; }},
+      {"2 / x", [](const Tensor& t) { return 2.0 / t; }},   {"x - 0.5", [](const Tensor& t) { return t - 0.5; }},
+      {"x ^ 3", [](const Tensor& t) { return pow(t, 3.0); }},
+  };
+  for (const auto& entry : ops) {
+    INFO(entry.first);
+    const auto& op = entry.second;
+    const auto [n, y] = launches_of([&] { return op(x); });
+    CHECK(n == 1);  // was 2: the number's fill, then the binary kernel
+    CHECK(testing::bitwise_equal(y.to(kCPU), op(cpu)));
+  }
+  // The backward of x * 2 is one launch as well (g * 2), after the seed's fill.
+  const Tensor y = x * 2.0;
+  const long before = emu_launches;
+  y.backward(ones_like(y));
+  CHECK(emu_launches - before == 2);
+  CHECK(testing::bitwise_equal(x.grad().to(kCPU), full({3, 5}, 2.0)));
+  Tensor z = zeros({4, 4}, kFloat32).to(kGpu);
+  const long fill_before = emu_launches;
+  z.fill_(1.5);
+  z.zero_();
+  CHECK(emu_launches - fill_before == 2);  // was 4: a scalar's fill, then a copy, each time
+  z.narrow(1, 1, 2).fill_(3.0);            // not contiguous: the copy of a filled scalar
+  CHECK(testing::bitwise_equal(z.to(kCPU).sum(), scalar_tensor(24.0)));
 }
 
 TEST_CASE("emulib: SGD, Adam and AdamW update every GPU parameter of a group in one kernel launch") {

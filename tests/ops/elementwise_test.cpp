@@ -22,6 +22,8 @@ TEST_CASE("elementwise: gradcheck table (f64, broadcast, non-contiguous)") {
       {"maximum", {{3, 4}, {3, 4}}, [](const V& x) { return maximum(x[0], x[1]); }},
       {"minimum", {{3, 4}, {4}}, [](const V& x) { return minimum(x[0], x[1]); }},
       {"scalar ops", {{2, 3}}, [](const V& x) { return (2.0 - x[0]) * 3.0 / (x[0] + 4.0) - 1.0; }},
+      {"number / x", {{2, 3}}, [](const V& x) { return 2.0 / x[0]; }, 0.5, 2},
+      {"number operands, transposed x", {{3, 2}}, [](const V& x) { return 1.5 / (x[0].t() * 2.0 + 3.0) - 0.5; }},
       {"neg", {{5, 2}}, [](const V& x) { return -x[0]; }},
       {"exp", {{5, 2}}, [](const V& x) { return exp(x[0]); }},
       {"log", {{5, 2}}, [](const V& x) { return log(x[0]); }, 0.2, 2},
@@ -80,6 +82,61 @@ TEST_CASE("elementwise: pow with a number exponent, values and gradients") {
   Tensor sq = pow(h, 2.0);
   h.add_(1.0);
   CHECK_THROWS_WITH_AS(sq.sum().backward(), doctest::Contains("PowBackward"), Error);
+}
+
+// A number operand goes to the kernel by value (binary_scalar); the result is the one the
+// number as a 0-d tensor gives, bit for bit, in either order, on strided input and in place.
+TEST_CASE("elementwise: a number operand equals the number as a tensor, out of place and in place") {
+  for (ScalarType dt : {kFloat32, kFloat64}) {
+    INFO(std::string(dtype_name(dt)));
+    const Tensor x = (rand({4, 5}, dt) + 0.5).t();  // transposed: strides (1, 5)
+    const double s = 0.3;
+    const Tensor st = scalar_tensor(s, dt);
+    auto same = [](const Tensor& got, const Tensor& want, const char* what) {
+      INFO(std::string(what));
+      CHECK(got.sizes() == want.sizes());
+      CHECK(nd::testing::bitwise_equal(got, want));
+    };
+    same(x + s, add(x, st), "x + s");
+    same(x - s, sub(x, st), "x - s");
+    same(s - x, sub(st, x), "s - x");
+    same(x * s, mul(x, st), "x * s");
+    same(s * x, mul(st, x), "s * x");
+    same(x / s, div(x, st), "x / s");
+    same(s / x, div(st, x), "s / x");
+    same(pow(x, 3.0), pow(x, scalar_tensor(3.0, dt)), "x ^ 3");
+    Tensor y = x.contiguous();
+    y.add_(s);
+    same(y, x + s, "add_");
+    y = x.contiguous();
+    y.mul_(s);
+    same(y, x * s, "mul_");
+    y = x.contiguous();
+    y.div_(s);
+    same(y, x / s, "div_ divides (not a multiplication by 1 / s)");
+    y = x.clone();  // in place on a transposed tensor
+    y.mul_(s);
+    same(y, x * s, "mul_ transposed");
+  }
+  // 7 / 3 and 7 * (1 / 3) differ in f64: div_ is the division, as div is.
+  Tensor z = tensor({7.0}, kFloat64);
+  z.div_(3.0);
+  CHECK(z.item() == 7.0 / 3.0);
+  CHECK(z.item() != 7.0 * (1.0 / 3.0));
+  // Gradients through in-place number ops on a non-leaf.
+  const Tensor w = tensor({1, 2, 4}, kFloat64).requires_grad_();
+  Tensor h = w * 1.0;
+  h.add_(2.0);
+  h.div_(4.0);
+  h.sub_(tensor({1.0}, kFloat64));
+  (h * h).sum().backward();  // d/dw = 2 h / 4, h = (w + 2) / 4 - 1
+  nd::testing::check_close(w.grad(), {-0.125, 0, 0.25}, 0, 0, "d/dw");
+  // The number's node names: what a version error would print.
+  CHECK(((w * 1.0) + 1.0).grad_fn()->name() == "AddBackward");
+  CHECK((1.0 - w).grad_fn()->name() == "RsubBackward");
+  CHECK((w / 2.0).grad_fn()->name() == "DivBackward");
+  CHECK((w * 2.0).grad_fn()->name() == "MulBackward");
+  CHECK_THROWS_WITH_AS(ones({2}, kInt64) * 2.0, doctest::Contains("mul: expected a f32 or f64 tensor"), Error);
 }
 
 TEST_CASE("elementwise: in-place ops bump the version and record history") {
