@@ -214,12 +214,26 @@ void run_backward(const std::vector<Edge>& root_edges, const std::vector<Tensor>
         im->grad = (im->grad ? Tensor(im->grad) + g : g.clone()).impl_ptr();
       }
     }
-    std::vector<Tensor> outputs = node->apply(std::move(inputs));
+    // A gradient that would only be added to a buffer that the engine holds alone (a
+    // slice's, after an earlier one of the same tensor) is added there in place.
+    Tensor* into = nullptr;
+    if (!is_accumulate && node->next_edges.size() == 1 && node->next_edges[0].fn) {
+      auto it = buffers.find(node->next_edges[0].fn.get());
+      if (it != buffers.end()) {
+        Tensor& b = it->second[node->next_edges[0].input_nr];
+        if (b.defined() && b.impl_ptr().use_count() == 1 && b.storage().use_count() == 1 &&
+            b.dtype() == inputs[0].dtype() && b.device() == inputs[0].device())
+          into = &b;
+      }
+    }
+    std::vector<Tensor> outputs;
+    const bool added_into = into && node->apply_into(inputs, *into);
+    if (!added_into) outputs = node->apply(std::move(inputs));
     if (!retain_graph) {
       node->release_saved_tensors();
       node->released = true;
     }
-    ND_CHECK(is_accumulate || outputs.size() == node->next_edges.size(), "internal error: ", node->name(),
+    ND_CHECK(is_accumulate || added_into || outputs.size() == node->next_edges.size(), "internal error: ", node->name(),
              " returned ", outputs.size(), " gradients for ", node->next_edges.size(), " inputs");
     for (size_t i = 0; i < node->next_edges.size(); ++i) {
       const Edge& e = node->next_edges[i];

@@ -62,6 +62,16 @@ class Node {
   // zeros where no gradient arrived). Returns one gradient per next_edge;
   // undefined where that input needs none.
   virtual std::vector<Tensor> apply(std::vector<Tensor>&& grads) = 0;
+  // Optional, for a node with one next_edge whose gradient is mostly zeros (a slice's):
+  // adds that gradient straight into `into` and returns true, where apply() would return
+  // a new tensor that the engine then adds to `into`. `into` is the engine's accumulation
+  // buffer for the edge: already holding a gradient, of the input's shape, seen by no one
+  // else. false: the engine calls apply() as usual. grads as for apply().
+  virtual bool apply_into(std::vector<Tensor>& grads, const Tensor& into) {
+    (void)grads;
+    (void)into;
+    return false;
+  }
   // Frees saved tensors (called after apply unless retain_graph).
   virtual void release_saved_tensors() {}
 

@@ -53,6 +53,12 @@ struct SliceBackward : autograd::Node {
     copy_data(gi.slice(dim, start, end, step), squeezed ? g[0].unsqueeze(dim) : g[0]);
     return {gi};
   }
+  // Another slice of the same tensor already gave a gradient (q, k and v of one packed
+  // projection): one add into its region, not a zero-filled tensor, a copy and a full add.
+  bool apply_into(std::vector<Tensor>& g, const Tensor& into) override {
+    into.slice(dim, start, end, step).add_(squeezed ? g[0].unsqueeze(dim) : g[0]);
+    return true;
+  }
 };
 
 Tensor view_with_history(const Tensor& self, Shape shape, Shape strides, int64_t offset) {

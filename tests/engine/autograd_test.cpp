@@ -130,6 +130,28 @@ TEST_CASE("autograd: shared inputs, retain_grad, grad(), post-accumulate hooks")
                  "grad can be implicitly created only for scalar outputs"));
 }
 
+// Slices of one tensor: the first slice's gradient is a zero-filled tensor, each later one
+// is added into that buffer's region in place (Node::apply_into). Overlapping slices,
+// select, strided slices, a buffer that someone else also holds (then the usual add).
+TEST_CASE("autograd: gradients of several slices of one tensor add up, in place or not") {
+  const Tensor x = tensor({1, 2, 3, 4, 5, 6, 7, 8}, kFloat64).reshape({4, 2}).requires_grad_();
+  const Tensor h = x * 1.0;
+  const Tensor w = tensor({1, 10}, kFloat64);
+  Tensor loss = (h.slice(0, 0, 3) * w).sum() + (h.slice(0, 1, 4) * 2.0).sum() + (h.select(0, 2) * 3.0).sum() +
+                (h.slice(0, 0, 4, 2) * w * 5.0).sum() + h.narrow(1, 1, 1).sum();
+  loss.backward();
+  // d/dh per row: [1, 10] (rows 0-2) + 2 (rows 1-3) + 3 (row 2) + [5, 50] (rows 0, 2) + [0, 1]
+  check_close(x.grad(), {6, 61, 3, 13, 11, 66, 2, 3}, 0, 0, "slices' gradients");
+  // A buffer that is also the root gradient the caller holds: not modified in place.
+  const Tensor y = tensor({1, 2, 3}, kFloat64).requires_grad_();
+  const Tensor t = y * 1.0;
+  const Tensor root = tensor({1, 1, 1}, kFloat64);
+  Tensor out = t + t.slice(0, 1, 3).sum();  // t's buffer: `root` itself, then a slice's gradient
+  out.backward(root);
+  check_close(root, {1, 1, 1}, 0, 0, "the caller's gradient is left alone");
+  check_close(y.grad(), {1, 4, 4}, 0, 0, "d/dy");
+}
+
 TEST_CASE("autograd: no reference cycles, saved tensors are freed after backward") {
   const int64_t before = Storage::live_count();
   {
