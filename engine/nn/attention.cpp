@@ -54,14 +54,27 @@ Tensor MultiheadAttentionImpl::forward(const Tensor& query, const Tensor& key, c
            query.describe(), ", key ", key.describe(), " and value ", value.describe(),
            " disagree on batch size or key length");
 
-  // Project with the q, k, v row blocks of in_proj, then split heads: [B, H, L, D].
-  auto project = [&](const Tensor& x, int64_t block) {
-    const Tensor w = in_proj_weight.narrow(0, block * E, E);
-    const Tensor b = in_proj_bias.defined() ? in_proj_bias.narrow(0, block * E, E) : Tensor();
-    const Tensor y = functional::linear(x, w, b);
-    return y.reshape({B, y.size(1), H, D}).transpose(1, 2);
-  };
-  const Tensor q = project(q_in, 0), k = project(k_in, 1), v = project(v_in, 2);
+  // Project, then split heads: [B, H, L, D]. Self-attention (query, key and value one
+  // tensor, as PyTorch checks) is one linear with all of in_proj, its [B, L, 3E] result
+  // viewed as q, k and v (one GEMM forward and one backward, instead of three with three
+  // gradients summed); otherwise each input takes its q, k or v row block of in_proj.
+  Tensor q, k, v;
+  if (query.impl_ptr() == key.impl_ptr() && key.impl_ptr() == value.impl_ptr()) {
+    const Tensor qkv = functional::linear(q_in, in_proj_weight, in_proj_bias).reshape({B, L, 3, H, D});
+    q = qkv.select(2, 0).transpose(1, 2);
+    k = qkv.select(2, 1).transpose(1, 2);
+    v = qkv.select(2, 2).transpose(1, 2);
+  } else {
+    auto project = [&](const Tensor& x, int64_t block) {
+      const Tensor w = in_proj_weight.narrow(0, block * E, E);
+      const Tensor b = in_proj_bias.defined() ? in_proj_bias.narrow(0, block * E, E) : Tensor();
+      const Tensor y = functional::linear(x, w, b);
+      return y.reshape({B, y.size(1), H, D}).transpose(1, 2);
+    };
+    q = project(q_in, 0);
+    k = project(k_in, 1);
+    v = project(v_in, 2);
+  }
 
   Tensor mask;
   if (attn_mask.defined()) {

@@ -271,6 +271,22 @@ TEST_CASE("MultiheadAttention: masks, layouts and self-attention") {
   check_close(mha(q.select(0, 1), kv.select(0, 1), kv.select(0, 1)), mha(q, kv, kv).select(0, 1), 1e-6, 1e-5,
               "unbatched [L, E]");
   check_close(mha->forward(q), mha(q, q, q), 0, 0, "forward(x) is self-attention");
+  // Self-attention (one tensor as query, key and value) projects with all of in_proj at
+  // once; the same values as three separate tensors, which take the q, k, v row blocks,
+  // forward and backward (input and parameter gradients).
+  {
+    const Tensor x1 = q.clone().requires_grad_(), x2 = q.clone().requires_grad_();
+    const Tensor w = randn({2, 3, 8});
+    mha->zero_grad();
+    (mha(x1, x1, x1) * w).sum().backward();
+    const Tensor packed_w = mha->in_proj_weight.grad().clone(), packed_b = mha->in_proj_bias.grad().clone();
+    mha->zero_grad();
+    (mha(x2, x2 * 1.0, x2 * 1.0) * w).sum().backward();
+    check_close(x1.grad(), x2.grad(), 1e-6, 1e-5, "self-attention: d/dx");
+    check_close(packed_w, mha->in_proj_weight.grad(), 1e-6, 1e-5, "self-attention: d/d in_proj_weight");
+    check_close(packed_b, mha->in_proj_bias.grad(), 1e-6, 1e-5, "self-attention: d/d in_proj_bias");
+    CHECK(packed_w.is_contiguous());
+  }
   // batch_first = false: the same module on [L, B, E].
   nn::MultiheadAttention seq_first(nn::MultiheadAttentionOptions(8, 2));
   seq_first->load_state_dict(mha->state_dict());
