@@ -95,11 +95,19 @@ std::string dims_str(const Tensor& t) {  // "2x3" as in PyTorch's message
   return s;
 }
 
+// A matrix stored column-major: a transpose of a contiguous one (linear's weight.t()).
+bool column_major(const Tensor& t) { return t.size(0) > 1 && t.stride(0) == 1 && t.stride(1) == t.size(0); }
+
 // mm: dmat1 = g mat2^T, dmat2 = mat1^T g. Each input is saved only when the other
 // input's gradient needs it, so updating a tensor no gradient reads is not an error.
+// Each gradient takes its input's layout: for a column-major input it is computed as the
+// transpose of a row-major product ((g^T mat1)^T for mat2), so that linear's weight
+// gradient comes back through weight.t() contiguous, and AccumulateGrad keeps it without
+// a copy (PyTorch's mm_mat2_backward does the same).
 // Both backwards multiply in the precision their forward did (autocast or not).
 struct MmBackward : autograd::Node {
   autograd::SavedTensor mat1, mat2;
+  bool mat1_column_major = false, mat2_column_major = false;
   DeviceType device = kCPU;
   bool autocast = false;
   ScalarType autocast_dtype = kBFloat16;
@@ -108,8 +116,14 @@ struct MmBackward : autograd::Node {
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
     AutocastGuard precision(device, autocast, autocast_dtype);
     Tensor g1, g2;
-    if (next_edges[0].fn) g1 = mm(g[0], mat2.unpack(*this).t());
-    if (next_edges[1].fn) g2 = mm(mat1.unpack(*this).t(), g[0]);
+    if (next_edges[0].fn) {
+      const Tensor m2 = mat2.unpack(*this);
+      g1 = mat1_column_major ? mm(m2, g[0].t()).t() : mm(g[0], m2.t());
+    }
+    if (next_edges[1].fn) {
+      const Tensor m1 = mat1.unpack(*this);
+      g2 = mat2_column_major ? mm(g[0].t(), m1).t() : mm(m1.t(), g[0]);
+    }
     return {g1, g2};
   }
 };
@@ -119,6 +133,8 @@ void save_operands(MmBackward& n, const Tensor& mat1, const Tensor& mat2) {
   n.device = mat1.device().type;
   n.autocast = autocast_applies(mat1);
   n.autocast_dtype = nd::autocast_dtype(n.device);
+  n.mat1_column_major = column_major(mat1);
+  n.mat2_column_major = column_major(mat2);
   if (n.next_edges[1].fn) n.mat1 = autograd::SavedTensor(mat1);
   if (n.next_edges[0].fn) n.mat2 = autograd::SavedTensor(mat2);
 }

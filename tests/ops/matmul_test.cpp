@@ -148,3 +148,23 @@ TEST_CASE("matmul: MmBackward saves only what a gradient needs") {
   const std::string msg = nd::testing::error_message([&] { y2.sum().backward(); });
   CHECK_MESSAGE(msg.find("saved by MmBackward") != std::string::npos, msg);
 }
+
+// A transposed operand (linear's weight.t()) gets its gradient computed in its own layout,
+// so the weight's gradient arrives contiguous and AccumulateGrad keeps it without a copy.
+// autograd::grad returns the gradient as the graph produced it (no AccumulateGrad copy).
+TEST_CASE("matmul: the gradient of a transposed operand comes back contiguous, with the right values") {
+  const Tensor x = nd::testing::random_input({5, 3}, 21);
+  const Tensor W = nd::testing::random_input({4, 3}, 22).requires_grad_();  // [out, in], as Linear's
+  const Tensor b = nd::testing::random_input({4}, 23).requires_grad_();
+  const Tensor g = nd::testing::random_input({5, 4}, 24);
+  const Tensor dW = autograd::grad({(addmm(b, x, W.t()) * g).sum()}, {W})[0];
+  CHECK(dW.is_contiguous());
+  nd::testing::check_close(dW, mm(g.t(), x), 1e-6, 1e-6, "dW = g^T x");
+  // The other side: mm(A.t(), B) with A contiguous gives A's gradient contiguous too.
+  const Tensor A = nd::testing::random_input({5, 3}, 25).requires_grad_();
+  const Tensor B = nd::testing::random_input({5, 4}, 26);
+  const Tensor h = nd::testing::random_input({3, 4}, 27);
+  const Tensor dA = autograd::grad({(mm(A.t(), B) * h).sum()}, {A})[0];
+  CHECK(dA.is_contiguous());
+  nd::testing::check_close(dA, mm(B, h.t()), 1e-6, 1e-6, "dA = B h^T");
+}
