@@ -147,8 +147,8 @@ Tensor sum_impl(const char* op, const Tensor& x, const Shape& dims, bool keepdim
   Rows r = plan_rows(x, reduced, keepdim);
   ND_CHECK(!is_mean || r.R > 0, op, ": mean over zero elements of ", x.describe());
   Tensor out = empty(r.out_shape, x.options());
-  // CPU: a sum over leading dims (bias gradients) reads x in place, column by column.
-  const std::optional<Columns> cols = x.is_cuda() ? std::nullopt : leading_columns(x, reduced);
+  // A sum over leading dims (bias gradients) reads x in place, column by column.
+  const std::optional<Columns> cols = leading_columns(x, reduced);
   if (!cols) {
     NoGradGuard no_grad;
     r.data = x.permute(r.order).contiguous();
@@ -162,7 +162,12 @@ Tensor sum_impl(const char* op, const Tensor& x, const Shape& dims, bool keepdim
           else
             kernels::cpu::sum_rows<T>(r.M, r.R, r.data.data_ptr<T>(), out.data_ptr<T>());
         },
-        [&](auto stream) { kernels::cuda::sum_rows<T>(r.M, r.R, r.data.data_ptr<T>(), out.data_ptr<T>(), stream); });
+        [&](auto stream) {
+          if (cols)
+            kernels::cuda::sum_columns<T>(cols->R, cols->C, cols->ld, x.data_ptr<T>(), out.data_ptr<T>(), stream);
+          else
+            kernels::cuda::sum_rows<T>(r.M, r.R, r.data.data_ptr<T>(), out.data_ptr<T>(), stream);
+        });
   });
   if (is_mean) {
     NoGradGuard no_grad;

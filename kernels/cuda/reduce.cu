@@ -1,8 +1,10 @@
 // Row reductions: one block of kThreads threads per row of a contiguous [M, R] array.
 // Each thread accumulates a strided slice of the row in double (as the CPU reference
-// does), then the block combines the partial results in shared memory.
+// does), then the block combines the partial results in shared memory. Column sums over
+// leading dims (bias gradients) read their [R, C] view in place through channel_reduce.cuh.
 #include "kernels/cuda/reduce.h"
 
+#include "kernels/cuda/channel_reduce.cuh"
 #include "kernels/cuda/strided.cuh"
 
 namespace nd::kernels::cuda {
@@ -33,6 +35,17 @@ __global__ void sum_rows_kernel(int64_t R, const T* x, T* out) {
   const double total = block_sum(acc, smem);
   if (threadIdx.x == 0) out[blockIdx.x] = static_cast<T>(total);
 }
+
+// The column sum as a channel_reduce.cuh Op: in double, as the CPU's sum_columns.
+template <class T>
+struct ColumnSumOp {
+  using State = double;
+  const T* x;
+  T* out;
+  __device__ void add(State& st, int64_t offset, int64_t) const { st += static_cast<double>(x[offset]); }
+  __device__ static State combine(State a, State b) { return a + b; }
+  __device__ void finish(State st, int64_t c) const { out[c] = static_cast<T>(st); }
+};
 
 // Two passes, as the CPU: mean first, then the sum of squared deviations.
 template <class T>
@@ -111,6 +124,11 @@ void sum_rows(int64_t M, int64_t R, const T* x, T* out, cudaStream_t stream) {
 }
 
 template <class T>
+void sum_columns(int64_t R, int64_t C, int64_t ld, const T* x, T* out, cudaStream_t stream) {
+  channels::reduce("sum_columns", ColumnSumOp<T>{x, out}, R, C, 1, ld, stream);
+}
+
+template <class T>
 void var_rows(int64_t M, int64_t R, int64_t correction, const T* x, T* out, cudaStream_t stream) {
   if (M == 0) return;
   check_rows("var_rows", M);
@@ -135,6 +153,7 @@ void scatter_rows(int64_t M, int64_t R, const int64_t* indices, const T* dy, T* 
 
 #define ND_INST(T)                                                                        \
   template void sum_rows<T>(int64_t, int64_t, const T*, T*, cudaStream_t);                \
+  template void sum_columns<T>(int64_t, int64_t, int64_t, const T*, T*, cudaStream_t);    \
   template void var_rows<T>(int64_t, int64_t, int64_t, const T*, T*, cudaStream_t);       \
   template void max_rows<T>(int64_t, int64_t, const T*, T*, int64_t*, cudaStream_t);      \
   template void scatter_rows<T>(int64_t, int64_t, const int64_t*, const T*, T*, cudaStream_t);

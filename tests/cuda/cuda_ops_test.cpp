@@ -57,6 +57,9 @@ TEST_CASE("cuda ops: reductions and copies and indexing and matmul match the CPU
   run_table({
       {"sum all", {{1031, 7}}, [](const V& x) { return x[0].sum(); }},
       {"sum dim 0", {{37, 53}}, [](const V& x) { return x[0].sum({0}); }},
+      {"sum leading dims, two launches", {{3, 100, 33}}, [](const V& x) { return x[0].sum({0, 1}); }},
+      {"sum dim 0 of a narrow view", {{37, 53}}, [](const V& x) { return x[0].narrow(1, 2, 40).sum({0}); }},
+      {"sum dim 0 of an expanded row", {{1, 70}}, [](const V& x) { return x[0].expand({200, 70}).sum({0}); }},
       {"mean keepdim", {{5, 37, 3}}, [](const V& x) { return x[0].mean({0, 2}, true); }},
       {"var", {{9, 301}}, [](const V& x) { return x[0].var({1}, 1, false); }},
       {"max dim", {{23, 19}}, [](const V& x) { return std::get<0>(max(x[0], 1, false)); }},

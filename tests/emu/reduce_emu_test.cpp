@@ -1,7 +1,10 @@
 // kernels/cuda/reduce.cu in the emulator against kernels/cpu/reduce.cpp: row sums, variances
 // (corrections 0 and 1), maxima with their first index (ties, NaN as the maximum) and the
 // scatter of the max gradient, f32 and f64, rows of one element, a partial warp, several
-// warps and 256 threads striding, and empty rows for the sum.
+// warps and 256 threads striding, and empty rows for the sum. Column sums (bias gradients)
+// over [R, C] views: one launch (R <= 128) and two, a partial block of columns, rows
+// further apart than C, one row repeated (ld = 0), and no rows. Repeated runs agree bit
+// for bit.
 //
 // Tolerance: both accumulate in double, in different orders (2 gamma_R of the sum of |x|),
 // then round to T once; 4 (R + 4) 2^-53 relative to sum|x| plus one rounding to T (2u) of
@@ -86,6 +89,40 @@ TEST_CASE("row reductions f32: one element, a partial warp, several warps, 256 t
 TEST_CASE("row reductions f64") {
   check_reduce<double>(4, 7);
   check_reduce<double>(2, 1500);
+}
+
+template <class T>
+void check_columns(int64_t R, int64_t C, int64_t ld) {
+  INFO("R = ", R, ", C = ", C, ", ld = ", ld, sizeof(T) == 4 ? " f32" : " f64");
+  const int64_t extent = R == 0 ? 0 : (R - 1) * ld + C;
+  const auto x = cast<T>(uniform(extent, 5, -1, 3));
+  const double u = sizeof(T) == 4 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -53);
+  std::vector<double> abs_sum(C);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) abs_sum[c] += std::abs(double(x[r * ld + c]));
+  const double gamma = 4.0 * double(R + 4) * std::ldexp(1.0, -53);
+  std::vector<T> s1(C);
+  auto s2 = nans<T>(C), s3 = nans<T>(C);
+  cpu::sum_columns<T>(R, C, ld, x.data(), s1.data());
+  cuda::sum_columns<T>(R, C, ld, x.data(), s2.data(), nullptr);
+  check_within("sum_columns", s2, s1, [&](size_t c) { return gamma * abs_sum[c] + 2 * u * std::abs(double(s1[c])); });
+  cuda::sum_columns<T>(R, C, ld, x.data(), s3.data(), nullptr);
+  check_equal("sum_columns run twice", s3, s2);
+}
+
+TEST_CASE("column sums f32: one launch and two, a partial block of columns, strided and repeated rows") {
+  for (int64_t R : {1, 5, 128, 129, 1000})
+    for (int64_t C : {1, 33, 70}) {
+      check_columns<float>(R, C, C);
+      check_columns<float>(R, C, C + 3);
+    }
+  check_columns<float>(300, 40, 0);
+  check_columns<float>(0, 33, 33);
+}
+
+TEST_CASE("column sums f64") {
+  check_columns<double>(129, 33, 33);
+  check_columns<double>(7, 70, 75);
 }
 
 TEST_CASE("an empty row sums to zero") {
