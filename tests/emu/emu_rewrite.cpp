@@ -1,9 +1,14 @@
 // emu_rewrite IN OUT: rewrites a kernels/cuda .cu or .cuh file into C++ the emulator
-// (tests/emu/include) compiles with g++. Two rewrites, nothing else changes:
+// (tests/emu/include) compiles with g++. Three rewrites, nothing else changes:
 //   kern<T, D><<<grid, block, smem, stream>>>(a, b);
-//     -> emu_launch(grid, block, smem, stream, [&] { kern<T, D>(a, b); });
+//     -> emu_launch(grid, block, smem, stream, "kern<T, D>", [&] { kern<T, D>(a, b); });
 //   extern __shared__ __align__(16) unsigned char smem[];
 //     -> unsigned char* smem = reinterpret_cast<unsigned char*>(emu_dynamic_shared(16));
+//   __shared__ __align__(32) float tile[16][17];   (at the start of a line)
+//     -> static char emu_shared_tag_tile;
+//        auto& tile = *reinterpret_cast<float(*)[16][17]>(emu_static_shared(&emu_shared_tag_tile,
+//                                                   sizeof(float[16][17]), 32, "tile"));
+//      so that the sanitizer places every shared array in its arena (include/emu_sanitizer.h).
 // Newlines inside a launch are kept, and the output starts with a #line naming IN, so
 // compiler messages point at the original file and line. Built and run at build time by
 // tests/emu/CMakeLists.txt (CI has no guaranteed python3, hence C++).
@@ -69,7 +74,10 @@ std::string rewrite_launches(const std::string& in, const std::string& src) {
     }
     if (q >= src.size()) fail(in, "unbalanced parentheses in a launch's arguments");
     out.append(src, pos, start - pos);
-    out += "emu_launch(" + src.substr(open + 3, close - open - 3) + ", [&] { " + src.substr(start, open - start) +
+    std::string name = src.substr(start, open - start);
+    name = std::regex_replace(name, std::regex(R"(\s+)"), " ");
+    while (!name.empty() && name.back() == ' ') name.pop_back();
+    out += "emu_launch(" + src.substr(open + 3, close - open - 3) + ", \"" + name + "\", [&] { " + src.substr(start, open - start) +
            src.substr(p, q + 1 - p) + "; })";
     pos = q + 1;
   }
@@ -97,6 +105,24 @@ int main(int argc, char** argv) {
   static const std::regex plain(R"(extern\s+__shared__\s+([\w:<> ]+?)\s+(\w+)\s*\[\s*\]\s*;)");
   src = std::regex_replace(src, aligned, "$2* $3 = reinterpret_cast<$2*>(emu_dynamic_shared($1));");
   src = std::regex_replace(src, plain, "$1* $2 = reinterpret_cast<$1*>(emu_dynamic_shared(alignof($1)));");
+  // Static shared arrays: type $2, name $3, dimensions $4 (none for a single object).
+  static const std::regex shared(
+      R"((^|\n)([ \t]*)__shared__\s+(?:__align__\((\d+)\)\s+)?([\w:<>, ]+?)\s+(\w+)\s*((?:\[[^\]\n]+\])*)\s*;)");
+  std::string rewritten;
+  auto it = std::sregex_iterator(src.begin(), src.end(), shared);
+  size_t last = 0;
+  for (; it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    const std::string type = m[4], name = m[5], dims = m[6];
+    const std::string align = m[3].matched ? m[3].str() : "alignof(" + type + ")";
+    rewritten.append(src, last, size_t(m.position(0)) - last);
+    rewritten += m[1].str() + m[2].str() + "static char emu_shared_tag_" + name + "; auto& " + name +
+                 " = *reinterpret_cast<" + type + "(*)" + dims + ">(emu_static_shared(&emu_shared_tag_" + name +
+                 ", sizeof(" + type + dims + "), " + align + ", \"" + name + "\"));";
+    last = size_t(m.position(0) + m.length(0));
+  }
+  rewritten.append(src, last, std::string::npos);
+  src = rewritten;
   std::ofstream o(out_path, std::ios::binary);
   o << "#line 1 \"" << in << "\"\n" << src;
   if (!o) fail(out_path, "cannot write");

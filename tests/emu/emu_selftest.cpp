@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   alignas(64) static __nv_bfloat16 tile[64 * 16];
   if (which == "shuffles") {
     static int out[128 * 5];
-    emu_launch(dim3(2), dim3(128), 0, nullptr, [&] { shuffle_kernel(out); });
+    emu_launch(dim3(2), dim3(128), 0, nullptr, "shuffle_kernel", [&] { shuffle_kernel(out); });
     for (int t = 0; t < 128; ++t) {
       const int lane = t % 32, *o = out + t * 5;
       expect(o[0] == 30, "__shfl_sync from lane 3");
@@ -77,14 +77,14 @@ int main(int argc, char** argv) {
     expect(emu_blocks_run == 2, "two blocks run");
   } else if (which == "divergent") {
     static int out[64];
-    emu_launch(dim3(1), dim3(64), 0, nullptr, [&] { divergent_kernel(out); });
+    emu_launch(dim3(1), dim3(64), 0, nullptr, "divergent_kernel", [&] { divergent_kernel(out); });
   } else if (which == "misaligned") {
-    emu_launch(dim3(1), dim3(32), 0, nullptr, [&] { wmma_load_kernel(tile + 8, 16); });  // 16 bytes off
+    emu_launch(dim3(1), dim3(32), 0, nullptr, "wmma_load_kernel", [&] { wmma_load_kernel(tile + 8, 16); });  // 16 bytes off
   } else if (which == "ldm") {
-    emu_launch(dim3(1), dim3(32), 0, nullptr, [&] { wmma_load_kernel(tile, 12); });
+    emu_launch(dim3(1), dim3(32), 0, nullptr, "wmma_load_kernel", [&] { wmma_load_kernel(tile, 12); });
   } else if (which == "unaligned") {
     uintptr_t offset = 99;
-    emu_launch(dim3(1), dim3(32), 1024, nullptr, [&] { dynamic_shared_kernel(&offset); });
+    emu_launch(dim3(1), dim3(32), 1024, nullptr, "dynamic_shared_kernel", [&] { dynamic_shared_kernel(&offset); });
     std::printf("dynamic shared memory declared 16-byte aligned sits at 16 mod 32: %s\n",
                 offset == 16 ? "yes" : "no");
     expect(offset == 16, "dynamic shared memory aligned to exactly its declaration");

@@ -103,6 +103,7 @@ inline State& state() {
 }
 
 inline bool check_pointers = true;
+inline constexpr size_t kRedZone = 256;  // around each cudaMalloc block
 inline thread_local int current_device = 0;
 inline thread_local cudaError_t last_error = cudaSuccess;
 
@@ -301,9 +302,12 @@ inline cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (s.used.size() <= size_t(device)) s.used.resize(device + 1, 0);
   if (s.limit.size() <= size_t(device)) s.limit.resize(device + 1, SIZE_MAX);
   if (size > s.limit[device] - std::min(s.limit[device], s.used[device])) return fail(cudaErrorMemoryAllocation);
-  void* p = std::aligned_alloc(256, (size + 255) / 256 * 256);
-  if (p == nullptr) return fail(cudaErrorMemoryAllocation);
+  // 256-byte red zones on either side, which the sanitizer watches (emu_sanitizer.h).
+  auto* raw = static_cast<unsigned char*>(std::aligned_alloc(256, 2 * kRedZone + (size + 255) / 256 * 256));
+  if (raw == nullptr) return fail(cudaErrorMemoryAllocation);
+  void* p = raw + kRedZone;
   std::memset(p, 0xff, size);
+  emu_san::track(p, size, "cudaMalloc block", /*uninitialised=*/false, kRedZone);
   s.blocks[static_cast<const char*>(p)] = Block{size, device};
   s.used[device] += size;
   ++s.stats.mallocs;
@@ -324,7 +328,8 @@ inline cudaError_t cudaFree(void* ptr) {
   s.used[it->second.device] -= it->second.size;
   s.blocks.erase(it);
   ++s.stats.frees;
-  std::free(ptr);
+  emu_san::untrack(ptr);
+  std::free(static_cast<unsigned char*>(ptr) - kRedZone);
   return cudaSuccess;
 }
 inline cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned flags) {
@@ -369,6 +374,7 @@ inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMem
     if (e != cudaSuccess) return e;
   }
   std::memmove(dst, src, n);
+  emu_san::host_wrote(dst, n);
   std::lock_guard lock(state().mutex);
   ++state().stats.memcpys;
   return cudaSuccess;
@@ -397,6 +403,7 @@ inline cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t st
   if (p == nullptr) return fail(cudaErrorInvalidValue);
   if (cudaError_t e = check_device_range("cudaMemsetAsync", p, n); e != cudaSuccess) return e;
   std::memset(p, value, n);
+  emu_san::host_wrote(p, n);
   std::lock_guard lock(state().mutex);
   ++state().stats.memsets;
   return cudaSuccess;

@@ -15,16 +15,22 @@
 //   barriers. Every barrier checks that all threads reach the SAME call: a thread at
 //   another barrier aborts naming both, and a barrier some thread never reaches (a
 //   divergent `__syncthreads`) aborts after a timeout instead of hanging.
-// - dynamic shared memory (`extern __shared__`) is filled with 0xff bytes (NaN for floats)
-//   at every launch and aligned to exactly its declared alignment (never more), so a
-//   kernel that reads shared memory it never wrote, or relies on alignment it did not ask
-//   for, shows up.
+// - shared memory: `__shared__` arrays (emu_rewrite) and the dynamic shared memory
+//   (`extern __shared__`) live in the sanitizer's arena (emu_sanitizer.h), re-filled with
+//   0xff bytes (NaN for floats) for every block, red zones between them; dynamic shared
+//   memory is aligned to exactly its declared alignment (never more), so a kernel that
+//   relies on alignment it did not ask for shows up.
+// - the sanitizer (emu_sanitizer.h): shared-memory races, global write conflicts,
+//   out-of-bounds and uninitialised reads, warp collectives whose mask is not the warp.
+// - partial warps: a block size that is not a multiple of 32 has a last warp of fewer
+//   lanes; a warp collective there must name exactly those lanes in its mask.
 // - atomics are serialised by one mutex (exact, not fast).
 // What is NOT emulated: timing, occupancy, registers and the static shared memory limit;
-// partial warps (a block size that is not a multiple of 32 aborts); warp-level scheduling
+// warp-level scheduling
 // (lanes are threads, not lockstep: code that relies on implicit warp synchrony without
 // __syncwarp is a race here, as it is on Volta and newer); the mask argument of the *_sync
-// intrinsics (full warps only); cub and cuBLAS beyond the calls the stand-ins in this folder
+// intrinsics beyond "the lanes that exist" (a divergent collective over part of a warp
+// aborts as a divergent barrier); cub and cuBLAS beyond the calls the stand-ins in this folder
 // implement (cub/device/device_radix_sort.cuh, cublas_v2.h), cooperative groups, raw PTX (asm, mma.sync,
 // ldmatrix, cp.async), textures; streams (everything runs synchronously at the launch);
 // device math (__expf is expf, the device's libm ulps are the host's; FMA contraction is
@@ -45,6 +51,8 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#include "emu_sanitizer.h"
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -93,12 +101,13 @@ inline void emu_futex_wake_all(std::atomic<int>& word) {
 // aborts when some never arrive (a divergent barrier would hang on the GPU, or worse).
 class EmuBarrier {
  public:
-  EmuBarrier(int n, const char* what) : n_(n), what_(what) {}
-  void wait(const char* call);
+  EmuBarrier(int n, const char* what, bool block = false) : n_(n), what_(what), block_(block) {}
+  EMU_UNCHECKED void wait(const char* call);
 
  private:
   const int n_;
   const char* const what_;
+  const bool block_;  // a __syncthreads barrier: the sanitizer checks each epoch as it opens
   std::atomic<int> count_{0}, generation_{0};
   std::atomic<const char*> first_call_{nullptr};  // the call the first arrival is at
 };
@@ -106,8 +115,6 @@ class EmuBarrier {
 inline EmuBarrier* emu_block_barrier = nullptr;
 inline std::vector<std::unique_ptr<EmuBarrier>> emu_warp_barriers;
 inline std::vector<std::vector<uint64_t>> emu_warp_exchange;  // [warp][lane]: shuffle values
-inline std::vector<unsigned char> emu_dynamic_smem_buffer;
-inline size_t emu_dynamic_smem_bytes = 0;
 inline long emu_blocks_run = 0;  // blocks run since the program started (tests check > 0)
 inline long emu_launches = 0;    // launches since the program started
 
@@ -126,6 +133,7 @@ inline void EmuBarrier::wait(const char* call) {
     emu_die("aborting");
   }
   if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {  // the last arrival releases the others
+    if (block_) emu_san::block_barrier_opens();
     count_.store(0, std::memory_order_relaxed);
     first_call_.store(nullptr, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
@@ -146,16 +154,24 @@ inline void EmuBarrier::wait(const char* call) {
 }
 inline void emu_warp_sync(const char* call) { emu_warp_barriers[emu_warp()]->wait(call); }
 
+// The lanes of this thread's warp that exist (all 32 but in the last warp of a block whose
+// size is not a multiple of 32); a collective's mask must be exactly those.
+inline unsigned emu_warp_lanes() {
+  const int threads = int(blockDim.x * blockDim.y * blockDim.z), n = std::min(32, threads - emu_warp() * 32);
+  return n == 32 ? 0xffffffffu : (1u << n) - 1;
+}
+inline void emu_check_mask(unsigned mask, const char* call) {
+  const unsigned lanes = emu_warp_lanes();
+  if (mask != lanes) emu_san::bad_mask(call, mask, lanes, emu_warp(), emu_linear_tid());
+}
+
 // `extern __shared__ __align__(A) T name[];` becomes `T* name = emu_dynamic_shared(A)`
 // (emu_rewrite): the launch's dynamic shared memory, aligned to max(A, 16) bytes and
 // deliberately NOT to twice that. 16 is what CUDA guarantees without an __align__.
-inline unsigned char* emu_dynamic_shared(size_t align) {
-  align = std::max<size_t>(align, 16);
-  if (align > 2048 || (align & (align - 1))) emu_die("extern __shared__ alignment not a power of two <= 2048");
-  unsigned char* base = emu_dynamic_smem_buffer.data();
-  const uintptr_t a = reinterpret_cast<uintptr_t>(base);
-  unsigned char* aligned = base + (4096 - a % 4096) % 4096;  // 4096-aligned
-  return aligned + align;  // a multiple of align, an odd multiple of it
+inline unsigned char* emu_dynamic_shared(size_t align) { return emu_san::dynamic_shared(align); }
+// `__shared__ T name[N];` becomes a reference to the array's place in the arena (emu_rewrite).
+inline unsigned char* emu_static_shared(const void* tag, size_t bytes, size_t align, const char* name) {
+  return emu_san::static_shared(tag, bytes, align, name);
 }
 
 // ---- qualifiers and intrinsics -----------------------------------------------------------
@@ -171,14 +187,19 @@ inline unsigned char* emu_dynamic_shared(size_t align) {
 #define __restrict__ __restrict
 
 inline void __syncthreads() { emu_block_barrier->wait("__syncthreads"); }
-inline void __syncwarp(unsigned = 0xffffffffu) { emu_warp_sync("__syncwarp"); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  emu_check_mask(mask, "__syncwarp");
+  emu_warp_sync("__syncwarp");
+  emu_san::warp_synced();
+}
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 // Warp exchange: every lane publishes v, then reads lane src's value. All 32 lanes must
 // call it (the mask argument of the *_sync intrinsics is not emulated: full warps only).
 template <class T>
-T emu_exchange(T v, int src, const char* call) {
+EMU_UNCHECKED T emu_exchange(unsigned mask, T v, int src, const char* call) {
+  emu_check_mask(mask, call);
   static_assert(sizeof(T) <= 8, "emulated shuffles move at most 8 bytes, like CUDA's");
   const int w = emu_warp(), lane = emu_lane();
   uint64_t bits = 0;
@@ -192,32 +213,33 @@ T emu_exchange(T v, int src, const char* call) {
   return r;
 }
 template <class T>
-T __shfl_sync(unsigned, T v, int src, int width = 32) {
+T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
   const int lane = emu_lane();
-  return emu_exchange(v, (lane / width) * width + (src % width), "__shfl_sync");
+  return emu_exchange(mask, v, (lane / width) * width + (src % width), "__shfl_sync");
 }
 template <class T>
-T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
+T __shfl_xor_sync(unsigned members, T v, int mask, int width = 32) {
   const int lane = emu_lane(), src = lane ^ mask;
-  return emu_exchange(v, (src / width == lane / width) ? src : lane, "__shfl_xor_sync");
+  return emu_exchange(members, v, (src / width == lane / width) ? src : lane, "__shfl_xor_sync");
 }
 template <class T>
-T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
   const int lane = emu_lane(), src = lane + int(delta);
-  return emu_exchange(v, (src / width == lane / width) ? src : lane, "__shfl_down_sync");
+  return emu_exchange(mask, v, (src / width == lane / width) ? src : lane, "__shfl_down_sync");
 }
 template <class T>
-T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
+T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
   const int lane = emu_lane(), src = lane - int(delta);
-  return emu_exchange(v, (src >= 0 && src / width == lane / width) ? src : lane, "__shfl_up_sync");
+  return emu_exchange(mask, v, (src >= 0 && src / width == lane / width) ? src : lane, "__shfl_up_sync");
 }
-inline unsigned __ballot_sync(unsigned, int pred) {
+EMU_UNCHECKED inline unsigned __ballot_sync(unsigned mask, int pred) {
+  emu_check_mask(mask, "__ballot_sync");
   const int w = emu_warp(), lane = emu_lane();
   emu_warp_sync("__ballot_sync");
   emu_warp_exchange[w][lane] = pred != 0;
   emu_warp_sync("__ballot_sync");
   unsigned r = 0;
-  for (int l = 0; l < 32; ++l) r |= unsigned(emu_warp_exchange[w][l] != 0) << l;
+  for (int l = 0; l < 32; ++l) r |= unsigned((mask >> l & 1) && emu_warp_exchange[w][l] != 0) << l;
   return r;
 }
 inline int __any_sync(unsigned m, int p) { return __ballot_sync(m, p) != 0; }
@@ -250,21 +272,24 @@ using std::min;
 
 inline std::mutex emu_atomic_mutex;
 template <class T>
-T atomicAdd(T* p, T v) {
+EMU_UNCHECKED T atomicAdd(T* p, T v) {
+  emu_san::atomic_access(p, sizeof(T));
   std::lock_guard<std::mutex> g(emu_atomic_mutex);
   const T old = *p;
   *p = old + v;
   return old;
 }
 template <class T>
-T atomicMin(T* p, T v) {
+EMU_UNCHECKED T atomicMin(T* p, T v) {
+  emu_san::atomic_access(p, sizeof(T));
   std::lock_guard<std::mutex> g(emu_atomic_mutex);
   const T old = *p;
   *p = std::min(old, v);
   return old;
 }
 template <class T>
-T atomicMax(T* p, T v) {
+EMU_UNCHECKED T atomicMax(T* p, T v) {
+  emu_san::atomic_access(p, sizeof(T));
   std::lock_guard<std::mutex> g(emu_atomic_mutex);
   const T old = *p;
   *p = std::max(old, v);
@@ -320,14 +345,14 @@ class EmuTeam {
 };
 inline EmuTeam emu_team;
 
-// emu_launch(grid, block[, dynamic shared bytes[, stream]], [&] { kernel(args...); }):
-// runs the grid to completion before returning (streams are not emulated).
+// emu_launch(grid, block[, dynamic shared bytes[, stream]], "kernel", [&] { kernel(args...); }):
+// runs the grid to completion before returning (streams are not emulated). emu_rewrite
+// passes the kernel's name as written at the launch, for the sanitizer's reports.
 inline std::mutex emu_launch_mutex;
 template <class F>
-void emu_launch_impl(dim3 grid, dim3 block, size_t smem, F&& kernel) {
+void emu_launch_impl(dim3 grid, dim3 block, size_t smem, const char* name, F&& kernel) {
   const long threads = long(block.x) * block.y * block.z;
   if (threads <= 0 || threads > 1024) emu_die("block size outside 1..1024");
-  if (threads % 32) emu_die("block size not a multiple of 32 (partial warps are not emulated)");
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) emu_die("empty grid (CUDA reports an invalid configuration)");
   if (grid.y > 65535 || grid.z > 65535) emu_die("grid y or z over 65535");
   if (grid.x > 2147483647u) emu_die("grid x over 2^31 - 1");
@@ -338,41 +363,46 @@ void emu_launch_impl(dim3 grid, dim3 block, size_t smem, F&& kernel) {
   ++emu_launches;
   gridDim = grid;
   blockDim = block;
-  emu_dynamic_smem_bytes = smem;
-  const int warps = int(threads / 32);
+  emu_san::begin_launch(name, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem);
+  const int warps = int((threads + 31) / 32);
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
-        emu_dynamic_smem_buffer.assign(smem + 8192, 0xff);
-        EmuBarrier block_barrier(int(threads), "block");
+        emu_san::begin_block(bx, by, bz);
+        EmuBarrier block_barrier(int(threads), "block", true);
         emu_block_barrier = &block_barrier;
         emu_warp_barriers.clear();
-        for (int w = 0; w < warps; ++w) emu_warp_barriers.push_back(std::make_unique<EmuBarrier>(32, "warp"));
+        for (int w = 0; w < warps; ++w)
+          emu_warp_barriers.push_back(std::make_unique<EmuBarrier>(int(std::min<long>(32, threads - 32 * w)), "warp"));
         emu_warp_exchange.assign(warps, std::vector<uint64_t>(32));
         auto job = [&](int t) {
           threadIdx = dim3(unsigned(t % block.x), unsigned((t / block.x) % block.y), unsigned(t / (block.x * block.y)));
           blockIdx = dim3(bx, by, bz);
+          emu_san::enter_thread(t);
           kernel();
+          emu_san::leave_thread();
         };
         emu_team.run(int(threads), job);
+        emu_san::end_block();
         ++emu_blocks_run;
       }
+  emu_san::end_launch();
 }
 template <class F>
-void emu_launch(dim3 g, dim3 b, F&& kernel) {
-  emu_launch_impl(g, b, 0, kernel);
+void emu_launch(dim3 g, dim3 b, const char* name, F&& kernel) {
+  emu_launch_impl(g, b, 0, name, kernel);
 }
 template <class F>
-void emu_launch(dim3 g, dim3 b, size_t smem, F&& kernel) {
-  emu_launch_impl(g, b, smem, kernel);
+void emu_launch(dim3 g, dim3 b, size_t smem, const char* name, F&& kernel) {
+  emu_launch_impl(g, b, smem, name, kernel);
 }
 // With a stream: cuda_runtime.h's emu_launch_allowed(stream) (found by argument-dependent
 // lookup) refuses a stream that is unknown or belongs to another device than the current
 // one, recording the error for cudaGetLastError as CUDA does; the kernel then does not run.
 template <class S, class F>
-void emu_launch(dim3 g, dim3 b, size_t smem, S stream, F&& kernel) {
+void emu_launch(dim3 g, dim3 b, size_t smem, S stream, const char* name, F&& kernel) {
   if constexpr (std::is_pointer_v<S>) {
     if (!emu_launch_allowed(stream)) return;
   }
-  emu_launch_impl(g, b, smem, kernel);
+  emu_launch_impl(g, b, smem, name, kernel);
 }

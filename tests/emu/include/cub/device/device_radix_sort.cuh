@@ -13,6 +13,8 @@
 //   - returns cudaSuccess (0), or cudaErrorInvalidValue (1) for a bad argument.
 // It checks the arguments and semantics of our calls, not CUB itself. Runs synchronously.
 #include <algorithm>
+
+#include "emu_sanitizer.h"
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -67,6 +69,8 @@ struct DeviceRadixSort {
       d_keys_out[i] = d_keys_in[order[i]];
       d_values_out[i] = d_values_in[order[i]];
     }
+    emu_san::host_wrote(d_keys_out, kb);  // scratch the sort fills counts as written
+    emu_san::host_wrote(d_values_out, vb);
     return cudaSuccess;
   }
 };
