@@ -187,8 +187,10 @@ __device__ E to_operand(float v) {
     return __float2bfloat16_rn(v);
 }
 
+// At least 1 block per SM, said explicitly: without it ptxas settled at 128 registers and
+// spilled in the wgrad variants (bench/kernel_resources.sh fails on any spill).
 template <class E, class Problem>
-__global__ void __launch_bounds__(kTcThreads)
+__global__ void __launch_bounds__(kTcThreads, 1)
     tensor_core_gemm_kernel(Problem p, int64_t groups, int64_t splits, int64_t chunk) {
   constexpr bool pixel_rows = kPixelRows<Problem>;
   using ALayout = std::conditional_t<pixel_rows, wmma::col_major, wmma::row_major>;
