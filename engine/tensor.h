@@ -190,6 +190,7 @@ class Tensor {
   Tensor mean(const Shape& dims, bool keepdim = false) const;
   Tensor var(const Shape& dims, int64_t correction = 1, bool keepdim = false) const;
   Tensor max() const;
+  Tensor min() const;
   Tensor argmax(int64_t dim, bool keepdim = false) const;
   // (engine/ops/matmul.cpp, engine/ops/softmax.cpp)
   Tensor matmul(const Tensor& other) const;

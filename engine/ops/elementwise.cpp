@@ -295,6 +295,7 @@ Tensor log(const Tensor& x) { return unary_forward("log", "LogBackward", UnaryOp
 Tensor sqrt(const Tensor& x) { return unary_forward("sqrt", "SqrtBackward", UnaryOp::sqrt, x); }
 Tensor rsqrt(const Tensor& x) { return unary_forward("rsqrt", "RsqrtBackward", UnaryOp::rsqrt, x); }
 Tensor abs(const Tensor& x) { return unary_forward("abs", "AbsBackward", UnaryOp::abs, x); }
+Tensor sign(const Tensor& x) { return unary_forward("sign", "SignBackward", UnaryOp::sign, x); }
 Tensor tanh(const Tensor& x) { return unary_forward("tanh", "TanhBackward", UnaryOp::tanh, x); }
 Tensor sigmoid(const Tensor& x) { return unary_forward("sigmoid", "SigmoidBackward", UnaryOp::sigmoid, x); }
 Tensor relu(const Tensor& x) { return unary_forward("relu", "ReluBackward", UnaryOp::relu, x); }

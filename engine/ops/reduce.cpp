@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "engine/ops/common.h"
+#include "engine/ops/elementwise.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cuda/reduce.h"
 
@@ -142,6 +143,24 @@ struct MaxBackward : autograd::Node {
   }
 };
 
+// max(), amax (and min(), amin through -x): the gradient is split evenly among the elements
+// equal to the result, as PyTorch's evenly_distribute_backward and amax's backward do:
+// dx = g * [x == result] / #[x == result] over the reduced dims.
+struct TiesBackward : autograd::Node {
+  autograd::SavedTensor x, result;
+  Shape dims;        // empty: every dim
+  Shape keep_shape;  // the result with the reduced dims kept as 1
+  std::string node_name;
+  std::string name() const override { return node_name; }
+  void release_saved_tensors() override { x.reset(); result.reset(); }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    Tensor xv = x.unpack(*this);
+    Tensor ties = eq(xv, result.unpack(*this).reshape(keep_shape)).to(xv.dtype());
+    Tensor count = dims.empty() ? sum(ties) : sum(ties, dims, /*keepdim=*/true);
+    return {g[0].reshape(keep_shape) * ties / count};
+  }
+};
+
 Tensor sum_impl(const char* op, const Tensor& x, const Shape& dims, bool keepdim, bool is_mean) {
   const std::vector<bool> reduced = reduced_dims(op, x, dims);
   Rows r = plan_rows(x, reduced, keepdim);
@@ -216,7 +235,10 @@ Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim)
 }
 
 namespace {
-std::tuple<Tensor, Tensor> max_impl(const char* op, const Tensor& x, const Shape& dims, bool keepdim) {
+// split_ties: the gradient is shared by all maximal elements (TiesBackward), else it goes to
+// the first one (MaxBackward, max(x, dim)'s rule).
+std::tuple<Tensor, Tensor> max_impl(const char* op, const Tensor& x, const Shape& dims, bool keepdim,
+                                    bool split_ties = false) {
   Rows r = to_rows(op, x, dims, keepdim);
   ND_CHECK(r.R > 0, op, ": cannot take the maximum of zero elements of ", x.describe());
   Tensor values = empty(r.out_shape, x.options());
@@ -237,7 +259,15 @@ std::tuple<Tensor, Tensor> max_impl(const char* op, const Tensor& x, const Shape
     else
       throw Error(std::string(op) + ": unsupported dtype in " + x.describe());
   });
-  if (x.is_floating_point())
+  if (x.is_floating_point() && split_ties)
+    autograd::record<TiesBackward>({x}, {values}, [&](TiesBackward& n) {
+      n.x = autograd::SavedTensor(x);
+      n.result = autograd::SavedTensor(values);
+      n.dims = dims;
+      n.keep_shape = r.keep_shape;
+      n.node_name = std::string(op) == "max" ? "MaxBackward" : "AmaxBackward";
+    });
+  else if (x.is_floating_point())
     autograd::record<MaxBackward>({x}, {values}, [&](MaxBackward& n) {
       n.indices = indices;
       n.input_shape = x.sizes();
@@ -249,10 +279,21 @@ std::tuple<Tensor, Tensor> max_impl(const char* op, const Tensor& x, const Shape
 }
 }  // namespace
 
-Tensor max(const Tensor& x) { return std::get<0>(max_impl("max", x, {}, false)); }
+Tensor max(const Tensor& x) { return std::get<0>(max_impl("max", x, {}, false, /*split_ties=*/true)); }
 std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
   return max_impl("max", x, {wrap_dim(dim, x.dim(), "max")}, keepdim);
 }
+Tensor amax(const Tensor& x, const Shape& dims, bool keepdim) {
+  return std::get<0>(max_impl("amax", x, dims, keepdim, /*split_ties=*/true));
+}
+// The minima are the maxima of -x (exact: negation only flips the sign bit, NaN stays the
+// extreme): values, first indices and the split of ties all carry over.
+Tensor min(const Tensor& x) { return neg(max(neg(x))); }
+std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim) {
+  auto [values, indices] = max(neg(x), dim, keepdim);
+  return {neg(values), indices};
+}
+Tensor amin(const Tensor& x, const Shape& dims, bool keepdim) { return neg(amax(neg(x), dims, keepdim)); }
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   NoGradGuard no_grad;
   return std::get<1>(max_impl("argmax", x, {wrap_dim(dim, x.dim(), "argmax")}, keepdim));
@@ -266,6 +307,7 @@ Tensor Tensor::var(const Shape& dims, int64_t correction, bool keepdim) const {
   return nd::var(*this, dims, correction, keepdim);
 }
 Tensor Tensor::max() const { return nd::max(*this); }
+Tensor Tensor::min() const { return nd::min(*this); }
 Tensor Tensor::argmax(int64_t dim, bool keepdim) const { return nd::argmax(*this, dim, keepdim); }
 
 }  // namespace nd

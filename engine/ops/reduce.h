@@ -1,6 +1,9 @@
 #pragma once
 // Reductions over dimensions (PyTorch semantics). Members: x.sum(), x.sum({1}, true),
-// x.mean(...), x.var(...), x.max(), x.argmax(dim).
+// x.mean(...), x.var(...), x.max(), x.min(), x.argmax(dim).
+// Gradients at ties follow PyTorch (docs/architecture.md, "Gradients at kinks and ties"): max() and min() of
+// all elements and amax/amin split the gradient evenly among the tied elements; max/min along
+// a dim send it to the first one, whose index they return.
 #include <tuple>
 
 #include "engine/tensor.h"
@@ -17,5 +20,10 @@ Tensor max(const Tensor& x);
 // (values, indices) of the maximum along dim; the gradient flows to the first maximum.
 std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor min(const Tensor& x);
+std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim = false);
+// The maximum (minimum) over dims (empty: all), torch.amax / torch.amin.
+Tensor amax(const Tensor& x, const Shape& dims, bool keepdim = false);
+Tensor amin(const Tensor& x, const Shape& dims, bool keepdim = false);
 
 }  // namespace nd

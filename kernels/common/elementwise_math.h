@@ -16,6 +16,7 @@ enum class UnaryOp {
   gelu,        // exact: x * Phi(x)
   gelu_tanh,   // tanh approximation
   clamp,       // p.a = min, p.b = max
+  sign,        // (x > 0) - (x < 0), as PyTorch: 0 at 0 and at NaN
 };
 struct UnaryParams {
   double a = 0, b = 0;
@@ -129,6 +130,7 @@ ND_HOST_DEVICE T apply_unary(UnaryOp op, UnaryParams p, T x) {
       const T lo = x < T(p.a) ? T(p.a) : x;
       return T(p.b) < lo ? T(p.b) : lo;
     }
+    case UnaryOp::sign: return T(x > T(0)) - T(x < T(0));
   }
   return x;
 }
@@ -159,7 +161,8 @@ ND_HOST_DEVICE T derivative(UnaryOp op, UnaryParams p, T x, T y) {
       const T du = T(kSqrt2_Pi) * (T(1) + T(3 * 0.044715) * x * x);
       return T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * du;
     }
-    case UnaryOp::clamp: return (x >= T(p.a) && x <= T(p.b)) ? T(1) : T(0);
+    case UnaryOp::clamp: return (x > T(p.a) && x < T(p.b)) ? T(1) : T(0);  // PyTorch: 0 at the bounds
+    case UnaryOp::sign: return T(0);
   }
   return T(1);
 }

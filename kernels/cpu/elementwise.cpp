@@ -28,7 +28,7 @@ template <class F>
 void dispatch(UnaryOp op, F&& f) {
   using U = UnaryOp;
   with_constant_op<U, U::neg, U::exp, U::log, U::sqrt, U::rsqrt, U::abs, U::tanh, U::sigmoid, U::relu,
-                   U::leaky_relu, U::gelu, U::gelu_tanh, U::clamp>(op, f);
+                   U::leaky_relu, U::gelu, U::gelu_tanh, U::clamp, U::sign>(op, f);
 }
 template <class F>
 void dispatch(BinaryOp op, F&& f) {

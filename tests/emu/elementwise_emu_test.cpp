@@ -34,7 +34,7 @@ template <class T>
 void check_unary() {
   const auto x = cast<T>(uniform(60, 1, 0.1, 2.0)), xs = cast<T>(uniform(60, 2, -2.0, 2.0)),
              dy = cast<T>(uniform(60, 3));
-  for (int op = 0; op <= static_cast<int>(cpu::UnaryOp::clamp); ++op) {
+  for (int op = 0; op <= static_cast<int>(cpu::UnaryOp::sign); ++op) {
     const auto uop = static_cast<cpu::UnaryOp>(op);
     INFO("unary op ", op, sizeof(T) == 4 ? " f32" : " f64");
     const cpu::UnaryParams p{uop == cpu::UnaryOp::clamp ? -0.5 : 0.1, 0.7};
