@@ -1,6 +1,8 @@
 #include "engine/ops/loss.h"
 
 #include "engine/ops/common.h"
+#include "engine/ops/reduce.h"
+#include "engine/ops/softmax.h"
 #include "kernels/cpu/loss.h"
 #include "kernels/cuda/loss.h"
 
@@ -231,14 +233,51 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
   return out;
 }
 
+namespace {
+// Class-probability targets, composed of differentiable ops (so the target gets a gradient
+// too, as in PyTorch, and the CUDA path is log_softmax's): with t' = (1 - eps) t + eps / C,
+//   l = -sum_c w_c t'_c log_softmax(x)_c,
+// and Mean divides by the number of samples, not by the weights (PyTorch's rule for
+// probabilities).
+Tensor cross_entropy_with_probabilities(const char* op, const Tensor& input, const Tensor& target,
+                                        const Tensor& weight, Reduction reduction, int64_t ignore_index,
+                                        double label_smoothing) {
+  ops::check_same_device_dtype(op, {input, target});
+  ND_CHECK(target.sizes() == input.sizes(), op, ": expected class-probability target of input's shape ",
+           shape_str(input.sizes()), ", found ", target.describe());
+  ND_CHECK(ignore_index == -100, op, ": ignore_index is not supported for class-probability targets (found ",
+           ignore_index, "); give the ignored samples all-zero probabilities instead");
+  const int64_t class_dim = input.dim() == 1 ? 0 : 1, C = input.size(class_dim);
+  Tensor t = label_smoothing > 0 ? target * (1.0 - label_smoothing) + label_smoothing / double(C) : target;
+  Tensor per_class = log_softmax(input, class_dim) * t;
+  if (weight.defined()) {
+    Shape along_classes(input.dim() - class_dim, 1);  // [C, 1, ...]: broadcasts over d1, ...
+    along_classes[0] = C;
+    per_class = per_class * weight.reshape(along_classes);
+  }
+  Tensor l = -sum(per_class, {class_dim});
+  if (reduction == Reduction::None) return l;
+  return reduction == Reduction::Sum ? sum(l) : sum(l) / double(l.numel());  // 0 / 0 = NaN with no samples
+}
+}  // namespace
+
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight, Reduction reduction,
                      int64_t ignore_index, double label_smoothing) {
   const char* op = "cross_entropy";
   ops::check_same_device_dtype(op, {input, weight});
   ND_CHECK(input.dim() >= 1, op, ": expected input of at least 1 dim ([C], [N, C] or [N, C, d1, ...]), found ",
            input.describe());
-  ND_CHECK(target.dtype() == kInt64, op, ": expected target of int64 class indices, found ", target.describe(),
-           is_floating_point(target.dtype()) ? " (class-probability targets are not supported yet)" : "");
+  ND_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
+           ": expected label_smoothing in [0, 1], found ", label_smoothing);
+  const int64_t classes = input.size(input.dim() == 1 ? 0 : 1);
+  ND_CHECK(!weight.defined() || (weight.dim() == 1 && weight.size(0) == classes), op, ": expected weight of shape [",
+           classes, "] (one per class), found ", weight.describe());
+  ND_CHECK(!weight.defined() || !weight.requires_grad(), op, ": gradients for weight are not supported; found ",
+           weight.describe(), " that requires grad. Pass weight.detach().");
+  if (is_floating_point(target.dtype()))
+    return cross_entropy_with_probabilities(op, input, target, weight, reduction, ignore_index, label_smoothing);
+  ND_CHECK(target.dtype() == kInt64, op, ": expected target of int64 class indices or of class probabilities (",
+           dtype_name(input.dtype()), ", input's shape), found ", target.describe());
   ND_CHECK(target.device() == input.device(), op, ": expected target on ", input.device().str(), ", found ",
            target.describe());
   Shape expected_target = input.sizes();
@@ -246,12 +285,6 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
   ND_CHECK(target.sizes() == expected_target, op, ": expected target of shape ", shape_str(expected_target),
            " for input ", input.describe(), " (the class dim removed), found ", target.describe());
   const ClassRows rows = class_rows(input);
-  ND_CHECK(!weight.defined() || (weight.dim() == 1 && weight.size(0) == rows.C), op,
-           ": expected weight of shape [", rows.C, "] (one per class), found ", weight.describe());
-  ND_CHECK(!weight.defined() || !weight.requires_grad(), op, ": gradients for weight are not supported; found ",
-           weight.describe(), " that requires grad. Pass weight.detach().");
-  ND_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
-           ": expected label_smoothing in [0, 1], found ", label_smoothing);
 
   const Tensor x = input.detach().permute(rows.perm).contiguous();
   const Tensor t = target.detach().contiguous();

@@ -24,8 +24,10 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
 // [N, d1, ...]. Per sample, with eps = label_smoothing and w = weight (ones if undefined):
 //   l = (1 - eps) w_y (logsumexp(x) - x_y) + eps / C * sum_c w_c (logsumexp(x) - x_c)
 // and l = 0 where target == ignore_index. Mean divides by the sum of w_y over the samples
-// that are not ignored (PyTorch's weighted mean). Class-probability targets are not
-// supported.
+// that are not ignored (PyTorch's weighted mean).
+// target may instead hold class probabilities (soft labels): input's shape and dtype. Then
+// l = -sum_c w_c t'_c log_softmax(x)_c with t' = (1 - eps) t + eps / C; Mean divides by the
+// number of samples; ignore_index is an error; the target gets a gradient too.
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight = {},
                      Reduction reduction = Reduction::Mean, int64_t ignore_index = -100,
                      double label_smoothing = 0.0);

@@ -97,8 +97,15 @@ TEST_CASE("loss: argument errors") {
             .find("cross_entropy: target 3 is out of bounds; expected class indices in [0, 3) or ignore_index -100, "
                   "found it at flat position 1") != std::string::npos);
   CHECK(error_message([] { cross_entropy(ones({2, 3}), tensor({0, 1})); })
-            .find("expected target of int64 class indices, found [cpu f32 [2]] (class-probability targets are not "
-                  "supported yet)") != std::string::npos);
+            .find("expected class-probability target of input's shape [2, 3], found [cpu f32 [2]]") !=
+        std::string::npos);
+  CHECK(error_message([] { cross_entropy(ones({2, 3}), tensor({0, 1}, kInt32)); })
+            .find("expected target of int64 class indices or of class probabilities (f32, input's shape), found "
+                  "[cpu i32 [2]]") != std::string::npos);
+  CHECK(error_message([] { cross_entropy(ones({2, 3}), ones({2, 3}), {}, Reduction::Mean, 0); })
+            .find("ignore_index is not supported for class-probability targets (found 0)") != std::string::npos);
+  CHECK(error_message([] { cross_entropy(ones({2, 3}), ones({2, 3}, TensorOptions(kFloat64))); })
+            .find("cross_entropy") != std::string::npos);
   CHECK(error_message([] { cross_entropy(ones({2, 3}), tensor({0, 1, 2}, kInt64)); })
             .find("expected target of shape [2] for input [cpu f32 [2, 3]] (the class dim removed), found") !=
         std::string::npos);
