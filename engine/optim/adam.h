@@ -28,9 +28,15 @@ struct AdamOptions : OptimizerOptions {
   bool amsgrad_ = false;
 };
 
-// AdamW's only difference in options: weight decay defaults to 0.01.
+// AdamW's only difference in options: weight decay defaults to 0.01. The setters are
+// repeated so that a chain stays an AdamWOptions: AdamWOptions(1e-3).betas({0.9, 0.95}).
 struct AdamWOptions : AdamOptions {
   explicit AdamWOptions(double lr = 1e-3) : AdamOptions(lr) { weight_decay_ = 1e-2; }
+  AdamWOptions& lr(double v) { AdamOptions::lr(v); return *this; }
+  AdamWOptions& betas(std::pair<double, double> v) { AdamOptions::betas(v); return *this; }
+  AdamWOptions& eps(double v) { AdamOptions::eps(v); return *this; }
+  AdamWOptions& weight_decay(double v) { AdamOptions::weight_decay(v); return *this; }
+  AdamWOptions& amsgrad(bool v) { AdamOptions::amsgrad(v); return *this; }
   std::unique_ptr<OptimizerOptions> clone() const override { return std::make_unique<AdamWOptions>(*this); }
 };
 
