@@ -35,10 +35,18 @@ Reducer::Reducer(nn::Module& module, std::string name, const DistributedDataPara
   ND_CHECK(options_.bucket_cap_mb() > 0 && options_.first_bucket_cap_mb() > 0, "DistributedDataParallel '", name_,
            "': expected positive bucket_cap_mb and first_bucket_cap_mb, found ", options_.bucket_cap_mb(), " and ",
            options_.first_bucket_cap_mb());
+  // Errors name a parameter with its model first ('D.main.5.weight': G and D both have a
+  // main.5.weight): a module whose tensors carry only their paths takes DDP's name as
+  // prefix (Module::name_tensors); one the user named keeps its names.
+  const auto named = module.named_parameters();
+  if (std::all_of(named.begin(), named.end(),
+                  [](const auto& np) { return np.second.name().empty() || np.second.name() == np.first; }))
+    module.name_tensors(name_);
   for (auto& [pname, p] : module.named_parameters()) {
     if (!p.requires_grad()) continue;
     params_.push_back(p);
     param_names_.push_back(p.name().empty() ? pname : p.name());
+    param_paths_.push_back(pname);
   }
   ND_CHECK(!params_.empty(), "DistributedDataParallel '", name_, "': the module has no parameter that requires grad");
   for (const Tensor& p : params_)
@@ -482,7 +490,7 @@ std::vector<std::vector<std::string>> Reducer::bucket_parameter_names() const {
   std::vector<std::vector<std::string>> out;
   for (const Bucket& b : buckets_) {
     out.emplace_back();
-    for (size_t i : b.params) out.back().push_back(param_names_[i]);
+    for (size_t i : b.params) out.back().push_back(param_paths_[i]);
   }
   return out;
 }

@@ -68,7 +68,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
  public:
   // Verifies that every rank holds the same parameters (names the first difference
   // and the ranks), broadcasts parameters and buffers from rank 0, builds buckets and
-  // installs the gradient hooks. `name` identifies the model in messages ("D").
+  // installs the gradient hooks. `name` identifies the model in messages ("D"); a module
+  // whose tensors are unnamed gets it as their prefix, so errors say 'D.main.5.weight'.
   static std::shared_ptr<Reducer> create(nn::Module& module, std::string name,
                                          const DistributedDataParallelOptions& options);
   ~Reducer();
@@ -91,7 +92,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // every gradient was ready, so that their all-reduce overlapped the rest of backward
   // (the others, the last bucket at least, launched with the last gradient or at the end).
   size_t buckets_launched_during_backward() const { return launched_during_backward_; }
-  // Parameter names per bucket, in launch order (for tests and benchmarks).
+  // Parameters (their module keys) per bucket, in launch order (for tests and benchmarks).
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
   const std::string& name() const { return name_; }
   ProcessGroup& process_group() const { return *pg_; }
@@ -126,7 +127,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::shared_ptr<ProcessGroup> control_;  // CPU messages: control_world(), or pg_ when it has one rank
   bool reduce_buckets_ = true;             // false: default group of one process
   std::vector<Tensor> params_;
-  std::vector<std::string> param_names_;
+  std::vector<std::string> param_names_;  // as errors show them ("D.main.5.weight")
+  std::vector<std::string> param_paths_;  // the module's keys ("main.5.weight")
   std::vector<Tensor> buffers_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // param -> bucket

@@ -17,7 +17,7 @@ TEST_CASE("ddp: ranks with different models get an error naming the parameter an
   if (skip_at_one_rank()) return;
   nn::Sequential model(nn::Linear(nn::LinearOptions(4, rank() == 1 ? 5 : 4)));
   const std::string msg = nd::testing::error_message([&] { DistributedDataParallel ddp(model, "mismatch"); });
-  CHECK(contains(msg, "parameter 0 ('0.weight' here) differs across ranks: rank 0 has f32 [4, 4], rank 1 has f32 [5, 4]"));
+  CHECK(contains(msg, "parameter 0 ('mismatch.0.weight' here) differs across ranks: rank 0 has f32 [4, 4], rank 1 has f32 [5, 4]"));
 }
 
 namespace {

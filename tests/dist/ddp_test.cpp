@@ -275,6 +275,24 @@ TEST_CASE("ddp: a parameter without a gradient is an error naming it (story 9)")
   CHECK(model->b->weight.grad().defined());
 }
 
+TEST_CASE("ddp: errors name a parameter with DDP's model name when the module's tensors were unnamed") {
+  manual_seed(6);
+  auto model = std::make_shared<Branchy>();
+  DistributedDataParallel ddp(model, "D");
+  CHECK(model->b->weight.name() == "D.b.weight");
+  Tensor x = randn({4, 4});
+  const std::string unused = nd::testing::error_message([&] { ddp(x, /*use_b=*/false).sum().backward(); });
+  CHECK(contains(unused, "\n  D.b.weight (gradient on 0 of "));
+  ddp(x, true).sum().backward();  // usable again
+  // The version counter's error names tensors by these names too (autograd_test checks the text).
+  CHECK(model->trunk->weight.name() == "D.trunk.weight");
+  // A module the user named keeps its names.
+  auto named = std::make_shared<Branchy>();
+  named->name_tensors("disc");
+  DistributedDataParallel other(named, "D2");
+  CHECK(named->b->weight.name() == "disc.b.weight");
+}
+
 TEST_CASE("ddp: G, D and an MAE with Adam, Adam and AdamW + cosine equal one process") {
   auto build = [](uint64_t seed) {
     manual_seed(seed);
