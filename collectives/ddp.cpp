@@ -191,7 +191,22 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   }
 }
 
+// Module::to keeps the parameter objects (the hooks still fire) but changes their dtype or
+// device: the buckets, built for the old ones, no longer fit. Said at the next forward
+// through DDP, or at the first gradient of a module called directly.
+void Reducer::check_not_cast(size_t i) const {
+  const Tensor& p = params_[i];
+  const Tensor& s = slot(i);
+  if (p.dtype() == s.dtype() && p.device() == s.device()) return;
+  throw Error("DistributedDataParallel '" + name_ + "': parameter '" + param_names_[i] + "' is now " +
+              dtype_name(p.dtype()) + " on " + p.device().str() + ", but its gradient bucket was built for " +
+              dtype_name(s.dtype()) + " on " + s.device().str() +
+              ": the module was cast or moved (module->to(...)) after it was wrapped. Cast or move it before "
+              "constructing DistributedDataParallel.");
+}
+
 void Reducer::prepare_forward() {
+  for (size_t i = 0; i < params_.size(); ++i) check_not_cast(i);
   if (active_) {
     // The last backward was abandoned by an exception before its end: finish what it
     // launched, so this rank's collectives stay in order, and start afresh.
@@ -212,6 +227,7 @@ void Reducer::prepare_forward() {
 }
 
 void Reducer::on_grad_ready(size_t i) {
+  check_not_cast(i);
   if (!sync_) return;  // no_sync: gradients accumulate locally
   if (!active_) begin_iteration();
   ready_[i] = true;

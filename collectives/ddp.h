@@ -113,6 +113,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void build_buckets(const std::vector<size_t>& order);
   const Tensor& slot(size_t param) const { return slots_[param]; }  // param's view into its bucket
   void on_grad_ready(size_t param);
+  void check_not_cast(size_t param) const;
   void begin_iteration();
   void launch_ready_buckets();
   void launch(size_t bucket_index);

@@ -275,6 +275,23 @@ TEST_CASE("ddp: a parameter without a gradient is an error naming it (story 9)")
   CHECK(model->b->weight.grad().defined());
 }
 
+TEST_CASE("ddp: a module cast or moved after wrapping is an error at the next forward or gradient") {
+  manual_seed(6);
+  auto model = std::make_shared<Branchy>();
+  DistributedDataParallel ddp(model, "D");
+  model->to(kFloat64);
+  const std::string expected =
+      "DistributedDataParallel 'D': parameter 'D.trunk.weight' is now f64 on cpu, but its gradient bucket was built "
+      "for f32 on cpu: the module was cast or moved (module->to(...)) after it was wrapped. Cast or move it before "
+      "constructing DistributedDataParallel.";
+  Tensor x = randn({4, 4}, TensorOptions(kFloat64));
+  CHECK(nd::testing::error_message([&] { ddp(x, true); }) == expected);
+  // Called without the wrapper, the first gradient says so (b's weight is the first ready).
+  const std::string direct = nd::testing::error_message([&] { model->forward(x, true).sum().backward(); });
+  CHECK(contains(direct, "DistributedDataParallel 'D': parameter 'D."));
+  CHECK(contains(direct, "after it was wrapped"));
+}
+
 TEST_CASE("ddp: errors name a parameter with DDP's model name when the module's tensors were unnamed") {
   manual_seed(6);
   auto model = std::make_shared<Branchy>();
