@@ -121,6 +121,8 @@ void Reducer::verify_layout() {
 }
 
 void Reducer::broadcast_state(bool params_too) {
+  CollectivePurpose purpose(std::string(params_too ? "parameters and buffers" : "buffers") + " of DDP model '" +
+                            name_ + "' from rank 0");
   if (pg_->size() == 1) return;
   NoGradGuard no_grad;
   std::vector<std::shared_ptr<Work>> works;
@@ -268,6 +270,7 @@ void Reducer::begin_iteration() {
   fingerprint_ = empty({4}, kInt64);
   int64_t* f = fingerprint_.data_ptr<int64_t>();
   f[0] = a62, f[1] = b62, f[2] = -a62, f[3] = -b62;
+  CollectivePurpose purpose("the per-iteration check of DDP model '" + name_ + "'");
   if (control_->size() > 1) fingerprint_work_ = control_->allreduce(fingerprint_, {ReduceOp::MAX});
   std::weak_ptr<Reducer> weak = weak_from_this();
   autograd::queue_callback([weak] {
@@ -387,13 +390,15 @@ void Reducer::launch(size_t b) {
   AllreduceOptions opts;
   opts.op = ReduceOp::SUM;
   opts.bucket = static_cast<int64_t>(b);
+  const std::string purpose = "bucket " + std::to_string(b) + " of DDP model '" + name_ + "'";
   if (!reduce_buckets_) {  // the sum over one rank is the bucket itself
-    auto done = std::make_shared<AsyncWork>(CollectiveInfo{"allreduce", 0, buckets_[b].flat.numel(),
-                                                           buckets_[b].flat.dtype(), opts.bucket});
+    auto done = std::make_shared<AsyncWork>(
+        CollectiveInfo{"allreduce", 0, buckets_[b].flat.numel(), buckets_[b].flat.dtype(), opts.bucket, purpose});
     done->mark_done();
     buckets_[b].work = done;
     return;
   }
+  CollectivePurpose issued_for(purpose);
   buckets_[b].work = pg_->allreduce(buckets_[b].flat, opts);
 }
 

@@ -26,6 +26,7 @@ std::shared_ptr<Work> LocalProcessGroup::done(const char* op, const Tensor& t, i
     info.dtype = t.dtype();
   }
   info.bucket = bucket;
+  info.purpose = CollectivePurpose::current();
   auto work = std::make_shared<AsyncWork>(std::move(info));
   work->mark_done();
   return work;

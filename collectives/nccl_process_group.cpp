@@ -217,6 +217,7 @@ CollectiveInfo make_info(const char* op, const Tensor& t, int64_t bucket = -1) {
     info.dtype = t.dtype();
   }
   info.bucket = bucket;
+  info.purpose = CollectivePurpose::current();
   return info;
 }
 }  // namespace

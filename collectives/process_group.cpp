@@ -28,12 +28,25 @@ const char* reduce_op_name(ReduceOp op) {
   return "?";
 }
 
+namespace {
+thread_local std::string current_purpose;
+}  // namespace
+
+CollectivePurpose::CollectivePurpose(std::string purpose) : previous_(std::move(current_purpose)) {
+  current_purpose = std::move(purpose);
+}
+CollectivePurpose::~CollectivePurpose() { current_purpose = std::move(previous_); }
+const std::string& CollectivePurpose::current() { return current_purpose; }
+
 std::string CollectiveInfo::describe() const {
   std::ostringstream os;
   os << op << " #" << sequence;
-  if (op == "barrier") return os.str();
+  if (op == "barrier") return purpose.empty() ? os.str() : os.str() + " (" + purpose + ")";
   os << " (";
-  if (bucket >= 0) os << "bucket " << bucket << ", ";
+  if (!purpose.empty())
+    os << purpose << ", ";
+  else if (bucket >= 0)
+    os << "bucket " << bucket << ", ";
   os << numel << " x " << dtype_name(dtype) << ")";
   return os.str();
 }

@@ -37,7 +37,25 @@ struct CollectiveInfo {
   int64_t numel = 0;
   ScalarType dtype = kFloat32;
   int64_t bucket = -1;   // DDP bucket index, -1 when not a bucket
-  std::string describe() const;  // "allreduce #12 (bucket 3, 262144 x f32)"
+  // What the caller issued it for (CollectivePurpose at issue time), for this rank's
+  // messages only: "bucket 3 of DDP model 'D'". Not compared across ranks.
+  std::string purpose;
+  std::string describe() const;  // "allreduce #12 (bucket 3 of DDP model 'D', 262144 x f32)"
+};
+
+// While one lives on a thread, the collectives that thread issues carry `purpose` in
+// their CollectiveInfo, so a stuck one says what it was for ("the per-iteration check of
+// DDP model 'D'", "SyncBatchNorm statistics of 'D.main.3'"). Nests; the innermost wins.
+class CollectivePurpose {
+ public:
+  explicit CollectivePurpose(std::string purpose);
+  ~CollectivePurpose();
+  CollectivePurpose(const CollectivePurpose&) = delete;
+  CollectivePurpose& operator=(const CollectivePurpose&) = delete;
+  static const std::string& current();  // "" when none
+
+ private:
+  std::string previous_;
 };
 
 // Handle to an issued collective.

@@ -1,5 +1,7 @@
 #include "collectives/sync_batch_norm.h"
 
+#include <algorithm>
+
 #include "engine/autograd.h"
 #include "engine/error.h"
 #include "engine/factories.h"
@@ -19,9 +21,12 @@ std::shared_ptr<dist::ProcessGroup> group_for(const std::shared_ptr<dist::Proces
 }
 
 // Sums `t` (f64, on the input's device) over the group's ranks in place. On a GPU the
-// kernels queued next wait for it, and the host does not.
-void allreduce(const std::shared_ptr<dist::ProcessGroup>& group, const Tensor& t) {
+// kernels queued next wait for it, and the host does not. `what` and `layer` name it for
+// the watchdog: "SyncBatchNorm statistics of 'D.main.3'".
+void allreduce(const std::shared_ptr<dist::ProcessGroup>& group, const Tensor& t, const char* what,
+               const std::string& layer) {
   if (!group) return;
+  dist::CollectivePurpose purpose(std::string("SyncBatchNorm ") + what + (layer.empty() ? "" : " of '" + layer + "'"));
   const std::shared_ptr<dist::Work> work = group->allreduce(t);
   if (t.is_cuda())
     work->wait_on_device();
@@ -37,6 +42,7 @@ struct SyncBatchNormBackward : autograd::Node {
   double count = 0;     // values per channel over all ranks (what the CPU kernels use)
   Tensor device_count;  // the same on the GPU (f64 [1]): what the CUDA kernels read
   int64_t N = 0, C = 0, S = 0;
+  std::string layer;  // for the watchdog: 'D.main.3'
   std::string name() const override { return "SyncBatchNormBackward"; }
   void release_saved_tensors() override {
     input.reset();
@@ -72,7 +78,7 @@ struct SyncBatchNormBackward : autograd::Node {
       if (next_edges[2].fn) db = sums.narrow(0, 0, C).clone().to(x.dtype());
     }
     if (!next_edges[0].fn) return {dx, dw, db};
-    allreduce(group, sums);  // sums now hold the totals over all ranks
+    allreduce(group, sums, "gradient sums", layer);  // sums now hold the totals over all ranks
     dx = empty_like(x);
     ops::dispatch_floating("SyncBatchNorm backward", x, [&]<class T>() {
       const T* wp = w.defined() ? w.data_ptr<T>() : nullptr;
@@ -120,7 +126,10 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
           kernels::cuda::batch_norm_channel_stats<T>(x.data_ptr<T>(), N, C, S, st + C, st + 2 * C, stream);
         });
   });
-  allreduce(group, stats);
+  // The layer's name from its tensors' ('D.main.3.weight' -> 'D.main.3'), when they have one.
+  const std::string& tensor_name = weight.defined() ? weight.name() : running_mean.defined() ? running_mean.name() : "";
+  const std::string layer = tensor_name.substr(0, std::min(tensor_name.size(), tensor_name.rfind('.')));
+  allreduce(group, stats, "statistics", layer);
   // stats[0] is now the total count, on x's device, where the CUDA kernels read it. The
   // host reads it back only where it needs it: for the CPU kernels, and for the check when
   // this rank's own N*S does not settle it (a rank's count is a part of the total, so when
@@ -161,6 +170,7 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
     n.mean = autograd::SavedTensor(mean);
     n.invstd = autograd::SavedTensor(invstd);
     n.group = group;
+    n.layer = layer;
     n.count = count;
     if (x.is_cuda()) n.device_count = stats.narrow(0, 0, 1);
     n.N = N;

@@ -60,7 +60,7 @@ class RecordingGroup : public dist::ProcessGroup {
  private:
   std::shared_ptr<dist::Work> issue(const char* op, const Tensor& t, int64_t bucket = -1) {
     dist::CollectiveInfo info{op, sequence_++, t.defined() ? t.numel() : 0, t.defined() ? t.dtype() : kFloat32,
-                              bucket};
+                              bucket, {}};
     note_issued(info);
     auto work = std::make_shared<dist::AsyncWork>(info);
     work->mark_done();

@@ -49,6 +49,27 @@ TEST_CASE("watchdog: the message names rank, collective and timeout") {
         "nanoddp watchdog: rank 0: barrier #4 has not completed after 2.5 s; aborting the job");
 }
 
+TEST_CASE("watchdog: the message says what the collective was for (CollectivePurpose)") {
+  dist::CollectiveInfo i = info("allreduce", 12, 262144, 3);
+  i.purpose = "bucket 3 of DDP model 'D'";
+  CHECK(dist::Watchdog::timeout_message(1, i, 300s) ==
+        "nanoddp watchdog: rank 1: allreduce #12 (bucket 3 of DDP model 'D', 262144 x f32) has not completed after "
+        "300 s; aborting the job");
+  // The purpose in force on the issuing thread is recorded; purposes nest.
+  dist::LocalProcessGroup g;
+  Tensor t = ones({3});
+  {
+    dist::CollectivePurpose outer("SyncBatchNorm statistics of 'D.main.3'");
+    CHECK(g.allreduce(t)->info().purpose == "SyncBatchNorm statistics of 'D.main.3'");
+    {
+      dist::CollectivePurpose inner("the per-iteration check of DDP model 'D'");
+      CHECK(g.barrier()->info().describe() == "barrier #1 (the per-iteration check of DDP model 'D')");
+    }
+    CHECK(g.broadcast(t)->info().purpose == "SyncBatchNorm statistics of 'D.main.3'");
+  }
+  CHECK(g.allreduce(t)->info().purpose.empty());
+}
+
 TEST_CASE("watchdog: fires once for a stuck collective, not for completed ones") {
   std::vector<std::string> fired;
   std::mutex m;
@@ -117,6 +138,23 @@ TEST_CASE("fault: a collective that rank 1 never joins aborts the job") {
   Tensor t = ones({7});
   w->allreduce(t)->wait();
   FAIL("the allreduce completed although rank 1 never joined");
+}
+
+TEST_CASE("fault: a DDP backward rank 1 never joins names the model in the watchdog's message") {
+  auto w = dist::world();
+  if (!fault_test_is("stuck_ddp") || w->size() < 2) {
+    MESSAGE("SKIPPED: runs under mpirun -np 2 with NANODDP_FAULT_TEST=stuck_ddp (registered in tests/CMakeLists.txt)");
+    return;
+  }
+  manual_seed(1);
+  nn::Sequential model(nn::Linear(nn::LinearOptions(4, 3)));
+  dist::DistributedDataParallel ddp(model, "D");  // every rank: the layout check and broadcast
+  if (w->rank() == 1) {
+    std::this_thread::sleep_for(60s);  // never runs backward; the watchdog on rank 0 ends the job
+    std::_Exit(0);
+  }
+  ddp(ones({2, 4})).sum().backward();
+  FAIL("the backward's all-reduces completed although rank 1 never joined");
 }
 
 TEST_CASE("fault: a rank killed before a collective ends the job") {

@@ -56,7 +56,7 @@ class TwinGroup : public dist::ProcessGroup {
  private:
   std::shared_ptr<dist::Work> done(const char* op, const Tensor& t) {
     auto work = std::make_shared<dist::AsyncWork>(
-        dist::CollectiveInfo{op, sequence_++, t.defined() ? t.numel() : 0, t.defined() ? t.dtype() : kFloat32, -1});
+        dist::CollectiveInfo{op, sequence_++, t.defined() ? t.numel() : 0, t.defined() ? t.dtype() : kFloat32, -1, {}});
     work->mark_done();
     return work;
   }
