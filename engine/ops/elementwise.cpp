@@ -295,6 +295,11 @@ Tensor log(const Tensor& x) { return unary_forward("log", "LogBackward", UnaryOp
 Tensor sqrt(const Tensor& x) { return unary_forward("sqrt", "SqrtBackward", UnaryOp::sqrt, x); }
 Tensor rsqrt(const Tensor& x) { return unary_forward("rsqrt", "RsqrtBackward", UnaryOp::rsqrt, x); }
 Tensor abs(const Tensor& x) { return unary_forward("abs", "AbsBackward", UnaryOp::abs, x); }
+Tensor clamp(const Tensor& x, const Tensor& min, const Tensor& max) {
+  ND_CHECK(min.defined() || max.defined(), "clamp: expected at least one of min and max, found neither");
+  const Tensor lower = min.defined() ? maximum(x, min) : x;
+  return max.defined() ? minimum(lower, max) : lower;
+}
 Tensor sign(const Tensor& x) { return unary_forward("sign", "SignBackward", UnaryOp::sign, x); }
 Tensor tanh(const Tensor& x) { return unary_forward("tanh", "TanhBackward", UnaryOp::tanh, x); }
 Tensor sigmoid(const Tensor& x) { return unary_forward("sigmoid", "SigmoidBackward", UnaryOp::sigmoid, x); }

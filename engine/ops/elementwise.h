@@ -29,6 +29,9 @@ Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01);
 // approximate: "none" (exact erf form) or "tanh", as in PyTorch.
 Tensor gelu(const Tensor& x, const std::string& approximate = "none");
 Tensor clamp(const Tensor& x, double min, double max);
+// Tensor bounds (either may be undefined), broadcast against x: minimum(maximum(x, min), max),
+// so a tie splits the gradient between x and the bound, as PyTorch's tensor-bound clamp.
+Tensor clamp(const Tensor& x, const Tensor& min, const Tensor& max);
 
 // Comparisons give bool tensors and no gradient.
 Tensor eq(const Tensor& a, const Tensor& b);

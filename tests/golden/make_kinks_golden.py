@@ -32,6 +32,10 @@ CASES = [
     ("amin_keepdim", [TIES_2D], lambda x: torch.amin(x, 0, keepdim=True)),
     ("maximum", [[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]], lambda x, y: torch.maximum(x, y)),
     ("minimum", [[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]], lambda x, y: torch.minimum(x, y)),
+    # tensor bounds: x below, at, inside, at and above [lo, hi], then lo > hi (hi wins)
+    ("clamp_tensor", [[-2.0, -1.0, 0.0, 1.0, 2.0, 0.5], [-1.0, -1.0, -1.0, -1.0, -1.0, 1.0],
+                      [1.0, 1.0, 1.0, 1.0, 1.0, 0.0]], lambda x, lo, hi: torch.clamp(x, lo, hi)),
+    ("clamp_tensor_min_only", [[-2.0, -1.0, 0.0], [-1.0, -1.0, -1.0]], lambda x, lo: torch.clamp(x, min=lo)),
 ]
 
 
@@ -43,7 +47,7 @@ def main():
         w = torch.arange(1, out.numel() + 1, dtype=torch.float64).reshape(out.shape)
         (out * w).sum().backward()
         lines.append(" ".join([f"{name}.shape"] + [str(s) for s in xs[0].shape]))
-        for letter, x in zip("xy", xs):
+        for letter, x in zip("xyz", xs):
             lines.append(" ".join([f"{name}.{letter}"] + [repr(v) for v in x.detach().flatten().tolist()]))
             lines.append(" ".join([f"{name}.d{letter}"] + [repr(v) for v in x.grad.flatten().tolist()]))
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kinks_golden.txt")

@@ -43,30 +43,32 @@ std::vector<double> values(const Tensor& t) {
 
 struct Case {
   std::string name;
-  std::function<Tensor(const Tensor&, const Tensor&)> f;  // the second input is undefined for unary ops
-  bool binary = false;
+  std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)> f;  // unused inputs are undefined
+  int inputs = 1;
 };
 
 const std::vector<Case>& cases() {
   static const std::vector<Case> c = {
-      {"relu", [](const Tensor& x, const Tensor&) { return relu(x); }},
-      {"leaky_relu", [](const Tensor& x, const Tensor&) { return leaky_relu(x, 0.1); }},
-      {"abs", [](const Tensor& x, const Tensor&) { return abs(x); }},
-      {"sign", [](const Tensor& x, const Tensor&) { return sign(x); }},
-      {"clamp", [](const Tensor& x, const Tensor&) { return clamp(x, -1.0, 1.0); }},
-      {"clamp_min_only", [](const Tensor& x, const Tensor&) { return clamp(x, -1.0, INFINITY); }},
-      {"max_all", [](const Tensor& x, const Tensor&) { return max(x); }},
-      {"min_all", [](const Tensor& x, const Tensor&) { return min(x); }},
-      {"max_all_2d", [](const Tensor& x, const Tensor&) { return x.max(); }},
-      {"max_dim", [](const Tensor& x, const Tensor&) { return std::get<0>(max(x, 1)); }},
-      {"min_dim", [](const Tensor& x, const Tensor&) { return std::get<0>(min(x, 1)); }},
-      {"amax_dim1", [](const Tensor& x, const Tensor&) { return amax(x, {1}); }},
-      {"amax_dim0", [](const Tensor& x, const Tensor&) { return amax(x, {0}); }},
-      {"amax_all", [](const Tensor& x, const Tensor&) { return amax(x, {0, 1}); }},
-      {"amin_dim1", [](const Tensor& x, const Tensor&) { return amin(x, {-1}); }},
-      {"amin_keepdim", [](const Tensor& x, const Tensor&) { return amin(x, {0}, /*keepdim=*/true); }},
-      {"maximum", [](const Tensor& x, const Tensor& y) { return maximum(x, y); }, true},
-      {"minimum", [](const Tensor& x, const Tensor& y) { return minimum(x, y); }, true},
+      {"relu", [](const Tensor& x, const Tensor&, const Tensor&) { return relu(x); }},
+      {"leaky_relu", [](const Tensor& x, const Tensor&, const Tensor&) { return leaky_relu(x, 0.1); }},
+      {"abs", [](const Tensor& x, const Tensor&, const Tensor&) { return abs(x); }},
+      {"sign", [](const Tensor& x, const Tensor&, const Tensor&) { return sign(x); }},
+      {"clamp", [](const Tensor& x, const Tensor&, const Tensor&) { return clamp(x, -1.0, 1.0); }},
+      {"clamp_min_only", [](const Tensor& x, const Tensor&, const Tensor&) { return clamp(x, -1.0, INFINITY); }},
+      {"max_all", [](const Tensor& x, const Tensor&, const Tensor&) { return max(x); }},
+      {"min_all", [](const Tensor& x, const Tensor&, const Tensor&) { return min(x); }},
+      {"max_all_2d", [](const Tensor& x, const Tensor&, const Tensor&) { return x.max(); }},
+      {"max_dim", [](const Tensor& x, const Tensor&, const Tensor&) { return std::get<0>(max(x, 1)); }},
+      {"min_dim", [](const Tensor& x, const Tensor&, const Tensor&) { return std::get<0>(min(x, 1)); }},
+      {"amax_dim1", [](const Tensor& x, const Tensor&, const Tensor&) { return amax(x, {1}); }},
+      {"amax_dim0", [](const Tensor& x, const Tensor&, const Tensor&) { return amax(x, {0}); }},
+      {"amax_all", [](const Tensor& x, const Tensor&, const Tensor&) { return amax(x, {0, 1}); }},
+      {"amin_dim1", [](const Tensor& x, const Tensor&, const Tensor&) { return amin(x, {-1}); }},
+      {"amin_keepdim", [](const Tensor& x, const Tensor&, const Tensor&) { return amin(x, {0}, /*keepdim=*/true); }},
+      {"maximum", [](const Tensor& x, const Tensor& y, const Tensor&) { return maximum(x, y); }, 2},
+      {"minimum", [](const Tensor& x, const Tensor& y, const Tensor&) { return minimum(x, y); }, 2},
+      {"clamp_tensor", [](const Tensor& x, const Tensor& lo, const Tensor& hi) { return clamp(x, lo, hi); }, 3},
+      {"clamp_tensor_min_only", [](const Tensor& x, const Tensor& lo, const Tensor&) { return clamp(x, lo, {}); }, 2},
   };
   return c;
 }
@@ -74,12 +76,14 @@ const std::vector<Case>& cases() {
 TEST_CASE("gradients at kinks and ties equal PyTorch's") {
   for (const Case& c : cases()) {
     INFO(c.name);
-    Tensor x = input(c.name, "x"), y = c.binary ? input(c.name, "y") : Tensor();
-    Tensor out = c.f(x, y);
+    Tensor x = input(c.name, "x"), y = c.inputs > 1 ? input(c.name, "y") : Tensor();
+    Tensor z = c.inputs > 2 ? input(c.name, "z") : Tensor();
+    Tensor out = c.f(x, y, z);
     Tensor w = arange(1, double(out.numel() + 1), 1, TensorOptions(kFloat64)).reshape(out.sizes());
     (out * w).sum().backward();
     CHECK(values(x.grad()) == row(c.name + ".dx"));
-    if (c.binary) CHECK(values(y.grad()) == row(c.name + ".dy"));
+    if (c.inputs > 1) CHECK(values(y.grad()) == row(c.name + ".dy"));
+    if (c.inputs > 2) CHECK(values(z.grad()) == row(c.name + ".dz"));
   }
 }
 
