@@ -42,7 +42,7 @@ Reducer::Reducer(nn::Module& module, std::string name, const DistributedDataPara
   if (std::all_of(named.begin(), named.end(),
                   [](const auto& np) { return np.second.name().empty() || np.second.name() == np.first; }))
     module.name_tensors(name_);
-  for (auto& [pname, p] : module.named_parameters()) {
+  for (const auto& [pname, p] : named) {  // handles: they carry the names just set
     if (!p.requires_grad()) continue;
     params_.push_back(p);
     param_names_.push_back(p.name().empty() ? pname : p.name());
@@ -121,9 +121,9 @@ void Reducer::verify_layout() {
 }
 
 void Reducer::broadcast_state(bool params_too) {
+  if (pg_->size() == 1) return;
   CollectivePurpose purpose(std::string(params_too ? "parameters and buffers" : "buffers") + " of DDP model '" +
                             name_ + "' from rank 0");
-  if (pg_->size() == 1) return;
   NoGradGuard no_grad;
   std::vector<std::shared_ptr<Work>> works;
   auto send = [&](const Tensor& t) {
@@ -270,8 +270,10 @@ void Reducer::begin_iteration() {
   fingerprint_ = empty({4}, kInt64);
   int64_t* f = fingerprint_.data_ptr<int64_t>();
   f[0] = a62, f[1] = b62, f[2] = -a62, f[3] = -b62;
-  CollectivePurpose purpose("the per-iteration check of DDP model '" + name_ + "'");
-  if (control_->size() > 1) fingerprint_work_ = control_->allreduce(fingerprint_, {ReduceOp::MAX});
+  if (control_->size() > 1) {
+    CollectivePurpose purpose("the per-iteration check of DDP model '" + name_ + "'");
+    fingerprint_work_ = control_->allreduce(fingerprint_, {ReduceOp::MAX});
+  }
   std::weak_ptr<Reducer> weak = weak_from_this();
   autograd::queue_callback([weak] {
     if (auto self = weak.lock()) self->finish_iteration();
@@ -390,15 +392,14 @@ void Reducer::launch(size_t b) {
   AllreduceOptions opts;
   opts.op = ReduceOp::SUM;
   opts.bucket = static_cast<int64_t>(b);
-  const std::string purpose = "bucket " + std::to_string(b) + " of DDP model '" + name_ + "'";
-  if (!reduce_buckets_) {  // the sum over one rank is the bucket itself
+  if (!reduce_buckets_) {  // the sum over one rank is the bucket itself: nothing to wait for
     auto done = std::make_shared<AsyncWork>(
-        CollectiveInfo{"allreduce", 0, buckets_[b].flat.numel(), buckets_[b].flat.dtype(), opts.bucket, purpose});
+        CollectiveInfo{"allreduce", 0, buckets_[b].flat.numel(), buckets_[b].flat.dtype(), opts.bucket, {}});
     done->mark_done();
     buckets_[b].work = done;
     return;
   }
-  CollectivePurpose issued_for(purpose);
+  CollectivePurpose purpose("bucket " + std::to_string(b) + " of DDP model '" + name_ + "'");
   buckets_[b].work = pg_->allreduce(buckets_[b].flat, opts);
 }
 

@@ -207,7 +207,7 @@ Region* place(size_t offset, size_t bytes, const void* tag, const char* name) {
 void shared_access(ThreadState& t, size_t offset, size_t n, Kind kind) {
   const uint8_t region = region_of[offset];
   for (size_t i = 0; i < n; ++i)
-    if (region_of[offset + i] == 0 || region_of[offset + i] != region) shared_out_of_bounds(t.tid, offset + i, n, kind);
+    if (region == 0 || region_of[offset + i] != region) shared_out_of_bounds(t.tid, offset + i, n, kind);
   t.log.push_back(Access{uint32_t(offset), uint16_t(n), kind, t.warp_epoch});
 }
 

@@ -12,6 +12,7 @@
 #include "harness.h"
 
 using namespace nd;
+using nd::testing::to_vector;
 
 namespace {
 
@@ -32,13 +33,6 @@ Tensor input(const std::string& name, const std::string& letter) {
   Shape shape;
   for (double s : row(name + ".shape")) shape.push_back(static_cast<int64_t>(s));
   return tensor(v, TensorOptions(kFloat64)).reshape(shape).requires_grad_(true);
-}
-
-std::vector<double> values(const Tensor& t) {
-  Tensor c = t.contiguous().reshape({-1});
-  std::vector<double> out;
-  for (int64_t i = 0; i < c.numel(); ++i) out.push_back(c.select(0, i).item());
-  return out;
 }
 
 struct Case {
@@ -81,22 +75,22 @@ TEST_CASE("gradients at kinks and ties equal PyTorch's") {
     Tensor out = c.f(x, y, z);
     Tensor w = arange(1, double(out.numel() + 1), 1, TensorOptions(kFloat64)).reshape(out.sizes());
     (out * w).sum().backward();
-    CHECK(values(x.grad()) == row(c.name + ".dx"));
-    if (c.inputs > 1) CHECK(values(y.grad()) == row(c.name + ".dy"));
-    if (c.inputs > 2) CHECK(values(z.grad()) == row(c.name + ".dz"));
+    CHECK(to_vector(x.grad()) == row(c.name + ".dx"));
+    if (c.inputs > 1) CHECK(to_vector(y.grad()) == row(c.name + ".dy"));
+    if (c.inputs > 2) CHECK(to_vector(z.grad()) == row(c.name + ".dz"));
   }
 }
 
 TEST_CASE("the forward values at ties and zeros: sign, min, amin, min along a dim") {
-  CHECK(values(sign(tensor({-2.0, 0.0, 3.0, -0.0, NAN}))) == std::vector<double>{-1, 0, 1, 0, 0});  // as torch.sign: 0 at NaN
+  CHECK(to_vector(sign(tensor({-2.0, 0.0, 3.0, -0.0, NAN}))) == std::vector<double>{-1, 0, 1, 0, 0});  // as torch.sign: 0 at NaN
   Tensor x = tensor({2.0, 1.0, 1.0, 3.0, 1.0, 5.0}).reshape({2, 3});
   CHECK(min(x).item() == 1.0);
-  CHECK(values(amin(x, {1})) == std::vector<double>{1, 1});
-  CHECK(values(amin(x, {0})) == std::vector<double>{2, 1, 1});
+  CHECK(to_vector(amin(x, {1})) == std::vector<double>{1, 1});
+  CHECK(to_vector(amin(x, {0})) == std::vector<double>{2, 1, 1});
   auto [v, i] = min(x, 1);
-  CHECK(values(v) == std::vector<double>{1, 1});
-  CHECK(values(i.to(kFloat64)) == std::vector<double>{1, 1});  // the first minimum
-  CHECK(values(amax(x, {})) == std::vector<double>{5});
+  CHECK(to_vector(v) == std::vector<double>{1, 1});
+  CHECK(to_vector(i.to(kFloat64)) == std::vector<double>{1, 1});  // the first minimum
+  CHECK(to_vector(amax(x, {})) == std::vector<double>{5});
   CHECK(amax(x, {0}, true).sizes() == Shape{1, 3});
   CHECK_THROWS_WITH_AS(amax(x, {0, 0}), doctest::Contains("dim 0 appears multiple times"), Error);
 }

@@ -11,6 +11,7 @@
 #include "harness.h"
 
 using namespace nd;
+using nd::testing::to_vector;
 
 namespace {
 
@@ -24,13 +25,6 @@ bool has(const std::string& key) { return golden().count(key) > 0; }
 const std::vector<double>& row(const std::string& key) {
   REQUIRE_MESSAGE(has(key), "soft_cross_entropy_golden.txt has no row ", key);
   return golden().at(key);
-}
-
-std::vector<double> values(const Tensor& t) {
-  Tensor c = t.contiguous().reshape({-1});
-  std::vector<double> out;
-  for (int64_t i = 0; i < c.numel(); ++i) out.push_back(c.select(0, i).item());
-  return out;
 }
 
 void check_close(const char* what, const std::vector<double>& got, const std::vector<double>& want) {
@@ -55,11 +49,11 @@ TEST_CASE("cross_entropy with class probabilities equals PyTorch's: loss and bot
     const std::vector<double>& opts = row(n + ".opts");
     const Reduction reduction = opts[0] == 0 ? Reduction::None : opts[0] == 1 ? Reduction::Mean : Reduction::Sum;
     Tensor loss = cross_entropy(x, t, w, reduction, -100, opts[1]);
-    check_close("loss", values(loss), row(n + ".loss"));
+    check_close("loss", to_vector(loss), row(n + ".loss"));
     Tensor v = arange(1, double(loss.numel() + 1), 1, f64).reshape(loss.sizes());
     (loss * v).sum().backward();
-    check_close("d input", values(x.grad()), row(n + ".dx"));
-    check_close("d target", values(t.grad()), row(n + ".dt"));
+    check_close("d input", to_vector(x.grad()), row(n + ".dx"));
+    check_close("d target", to_vector(t.grad()), row(n + ".dt"));
   }
 }
 
@@ -71,10 +65,10 @@ TEST_CASE("cross_entropy with one-hot probabilities equals it with class indices
   // Sum and None agree for any weights; Mean only without weights (indices divide by the
   // weights' sum, probabilities by the sample count, as in PyTorch).
   for (Reduction r : {Reduction::None, Reduction::Sum})
-    check_close("weighted", values(cross_entropy(x, onehot, w, r)), values(cross_entropy(x, idx, w, r)));
-  check_close("mean", values(cross_entropy(x, onehot)), values(cross_entropy(x, idx)));
-  check_close("smoothed", values(cross_entropy(x, onehot, {}, Reduction::Mean, -100, 0.2)),
-              values(cross_entropy(x, idx, {}, Reduction::Mean, -100, 0.2)));
+    check_close("weighted", to_vector(cross_entropy(x, onehot, w, r)), to_vector(cross_entropy(x, idx, w, r)));
+  check_close("mean", to_vector(cross_entropy(x, onehot)), to_vector(cross_entropy(x, idx)));
+  check_close("smoothed", to_vector(cross_entropy(x, onehot, {}, Reduction::Mean, -100, 0.2)),
+              to_vector(cross_entropy(x, idx, {}, Reduction::Mean, -100, 0.2)));
 }
 
 }  // namespace
