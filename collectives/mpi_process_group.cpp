@@ -3,14 +3,14 @@
 #include <mpi.h>
 
 #include <chrono>
-#include <climits>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <future>
 #include <thread>
-#include <type_traits>
 
+#include "collectives/collective_check.h"
+#include "collectives/mpi_calls.h"
 #include "collectives/watchdog.h"
 #include "engine/error.h"
 #include "engine/ops/common.h"
@@ -18,110 +18,29 @@
 namespace nd::dist {
 
 namespace {
-
 const Device kHost(kCPU);
-
-// MPI's element type for raw transfers (broadcast, allgather) and for reductions of
-// the types MPI reduces natively; 16-bit floats travel as raw 16-bit words.
-MPI_Datatype mpi_datatype(ScalarType t) {
-  switch (t) {
-    case kFloat32: return MPI_FLOAT;
-    case kFloat64: return MPI_DOUBLE;
-    case kInt64: return MPI_INT64_T;
-    case kInt32: return MPI_INT32_T;
-    case kUInt8: return MPI_UINT8_T;
-    case kBool: return MPI_C_BOOL;
-    case kBFloat16:
-    case kFloat16: return MPI_UINT16_T;
-  }
-  return MPI_BYTE;
-}
-
-MPI_Op mpi_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::SUM:
-    case ReduceOp::AVG: return MPI_SUM;
-    case ReduceOp::MAX: return MPI_MAX;
-    case ReduceOp::MIN: return MPI_MIN;
-  }
-  return MPI_SUM;
-}
-
-bool is_16bit_float(ScalarType t) { return t == kBFloat16 || t == kFloat16; }
-
-int int_count(const char* op, int64_t numel) {
-  ND_CHECK(numel <= INT_MAX, op, ": ", numel, " elements exceed MPI's int count (", INT_MAX,
-           "); split the tensor");
-  return static_cast<int>(numel);
-}
-
-void check_mpi(int rc, const CollectiveInfo& info, const char* call) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(rc, text, &length);
-  throw Error(nd::detail::str_cat(info.describe(), " failed: ", call, ": ", std::string(text, length)));
-}
-
-// Completes a non-blocking MPI call without spinning a core: the worker thread polls,
-// then yields, then sleeps briefly. A blocking MPI call busy-waits inside the library,
-// which on a machine with one core per rank steals the core that backward runs on
-// (measured with bench_ddp: DDP steps 13-50% slower than local ones while the
-// all-reduces themselves took under 2% of a step). While a caller is blocked in
-// Work::wait its core is idle, so the worker polls without backing off: MPI's
-// shared-memory transport only progresses inside MPI_Test.
-void complete(MPI_Request& request, const CollectiveInfo& info, const char* call) {
-  for (int polls = 0;; ++polls) {
-    int done = 0;
-    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), info, call);
-    if (done) return;
-    if (polls < 64 || AsyncWork::blocked_waiters() > 0)
-      continue;
-    else if (polls < 1024)
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-}
-
-// f32 working copy of n 16-bit floats at p, and back.
-std::vector<float> widen(const void* p, ScalarType t, int64_t n) {
-  std::vector<float> out(n);
-  dispatch_all(t, [&]<class T>() {
-    if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>)
-      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<const T*>(p)[i];
-  });
-  return out;
-}
-void narrow_into(const std::vector<float>& src, void* p, ScalarType t) {
-  dispatch_all(t, [&]<class T>() {
-    if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>)
-      for (size_t i = 0; i < src.size(); ++i) static_cast<T*>(p)[i] = T(src[i]);
-  });
-}
-
-// AVG = SUM / world size, in the reduced type (f32 for 16-bit floats).
-void divide(void* p, ScalarType t, int64_t n, int world_size) {
-  dispatch_all(t, [&]<class T>() {
-    if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
-      T* q = static_cast<T*>(p);
-      for (int64_t i = 0; i < n; ++i) q[i] = static_cast<T>(q[i] / static_cast<T>(world_size));
-    }
-  });
-}
-
 }  // namespace
 
 struct MpiProcessGroup::State {
   struct Task {
     std::shared_ptr<AsyncWork> work;
     std::function<void(const CollectiveInfo&)> body;
+    CollectiveSignature signature;  // compared across ranks before the body runs (DETAIL)
+    std::vector<int64_t> parts;     // allgather, reduce_scatter: the part size expected of each rank
   };
 
   MpiProcessGroup* owner = nullptr;  // keeps the record of issued collectives
   MPI_Comm comm = MPI_COMM_NULL;
+  // The signatures' own communicator, so that the check never pairs with a collective.
+  // Made whatever the debug level, so that ranks that disagree on it still agree on the
+  // communicators they create.
+  MPI_Comm check_comm = MPI_COMM_NULL;
+  DebugLevel debug = DebugLevel::OFF;
   int rank = 0, size = 1, local_rank = 0;
   bool initialized_here = false;
+  // The first failure of an MPI call on this group (worker thread only). MPI left the
+  // ranks out of step (a peer may still wait for data), so later collectives are refused.
+  std::string broken;
 
   std::mutex mutex;  // guards queue, stop, sequence
   std::condition_variable wake;
@@ -133,6 +52,7 @@ struct MpiProcessGroup::State {
   std::unique_ptr<Watchdog> watchdog;
 
   void run() {
+    this_thread_checks_mpi_errors();
     try {
       start_mpi();
       started.set_value();
@@ -151,17 +71,47 @@ struct MpiProcessGroup::State {
       }
       std::exception_ptr error;
       try {
-        task.body(task.work->info());
+        execute(task);
       } catch (...) {
         error = std::current_exception();
       }
       task.body = nullptr;  // releases the tensors it captured
       task.work->mark_done(error);
     }
+    MPI_Comm_free(&check_comm);
     MPI_Comm_free(&comm);
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (initialized_here && !finalized) MPI_Finalize();
+  }
+
+  void execute(const Task& task) {
+    const CollectiveInfo& info = task.work->info();
+    if (!broken.empty())
+      throw Error(nd::detail::str_cat(info.describe(), " was not run: an earlier collective of this group failed and "
+                                      "left the ranks out of step; the group cannot be used any more. The failure: ",
+                                      broken));
+    std::string mismatch;
+    try {
+      if (debug == DebugLevel::DETAIL) mismatch = check_across_ranks(task);
+      if (mismatch.empty()) task.body(info);
+    } catch (const std::exception& e) {
+      broken = e.what();
+      throw;
+    }
+    // Every rank found the same mismatch and none ran the collective: the group is still in step.
+    if (!mismatch.empty()) throw Error(mismatch);
+  }
+
+  std::string check_across_ranks(const Task& task) {
+    const CollectiveInfo& info = task.work->info();
+    std::vector<CollectiveSignature> all(size);
+    MPI_Request request;
+    const char* call = "MPI_Iallgather of the collectives' signatures (NANODDP_DISTRIBUTED_DEBUG=DETAIL)";
+    check_mpi(MPI_Iallgather(&task.signature, 6, MPI_INT64_T, all.data(), 6, MPI_INT64_T, check_comm, &request), info,
+              call);
+    complete(request, info, call);
+    return check_signatures(all, rank, info, task.parts);
   }
 
   void start_mpi() {
@@ -176,25 +126,33 @@ struct MpiProcessGroup::State {
     ND_CHECK(provided >= MPI_THREAD_SERIALIZED, "MPI process group: MPI provides thread level ", provided,
              ", needs at least MPI_THREAD_SERIALIZED (collectives run on a worker thread); initialise MPI with "
              "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) or let nanoddp do it");
-    MPI_Comm_dup(MPI_COMM_WORLD, &comm);
-    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
+    install_world_error_handler();
+    const auto check = [](int rc, const char* call) {
+      ND_CHECK(rc == MPI_SUCCESS, "MPI process group: ", call, " failed: ", mpi_error_text(rc));
+    };
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
+    check(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    check(MPI_Comm_dup(comm, &check_comm), "MPI_Comm_dup");
+    check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+    check(MPI_Comm_size(comm, &size), "MPI_Comm_size");
     MPI_Comm local = MPI_COMM_NULL;
-    MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
-    MPI_Comm_rank(local, &local_rank);
-    MPI_Comm_free(&local);
+    check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local), "MPI_Comm_split_type");
+    check(MPI_Comm_rank(local, &local_rank), "MPI_Comm_rank");
+    check(MPI_Comm_free(&local), "MPI_Comm_free");
   }
 
+  // `root_or_op` and `parts` complete the collective's CollectiveSignature.
   std::shared_ptr<Work> enqueue(CollectiveInfo info, std::chrono::milliseconds timeout,
-                                std::function<void(const CollectiveInfo&)> body) {
+                                std::function<void(const CollectiveInfo&)> body, int64_t root_or_op = -1,
+                                std::vector<int64_t> parts = {}) {
     std::shared_ptr<AsyncWork> work;
     {
       std::lock_guard lock(mutex);
       info.sequence = sequence++;
       owner->note_issued(info);
+      const CollectiveSignature signature = make_signature(info, rank, root_or_op, parts);
       work = std::make_shared<AsyncWork>(std::move(info));
-      queue.push_back({work, std::move(body)});
+      queue.push_back({work, std::move(body), signature, std::move(parts)});
     }
     wake.notify_one();
     watchdog->watch(work, timeout);
@@ -204,6 +162,7 @@ struct MpiProcessGroup::State {
 
 MpiProcessGroup::MpiProcessGroup() : state_(std::make_unique<State>()) {
   state_->owner = this;
+  state_->debug = debug_level();
   std::future<void> started = state_->started.get_future();
   state_->worker = std::thread([state = state_.get()] { state->run(); });
   try {
@@ -268,7 +227,7 @@ std::shared_ptr<Work> MpiProcessGroup::allreduce(const Tensor& tensor, const All
               info, "MPI_Iallreduce");
     complete(request, info, "MPI_Iallreduce");
     if (reduce == ReduceOp::AVG) divide(tensor.data_ptr(), t, count, world_size);
-  });
+  }, static_cast<int64_t>(options.op));
 }
 
 std::shared_ptr<Work> MpiProcessGroup::broadcast(const Tensor& tensor, int root) {
@@ -282,7 +241,7 @@ std::shared_ptr<Work> MpiProcessGroup::broadcast(const Tensor& tensor, int root)
     check_mpi(MPI_Ibcast(tensor.data_ptr(), count, mpi_datatype(tensor.dtype()), root, state_->comm, &request), info,
               "MPI_Ibcast");
     complete(request, info, "MPI_Ibcast");
-  });
+  }, root);
 }
 
 std::shared_ptr<Work> MpiProcessGroup::allgather(const std::vector<Tensor>& outputs, const Tensor& input) {
@@ -316,7 +275,7 @@ std::shared_ptr<Work> MpiProcessGroup::allgather(const std::vector<Tensor>& outp
     complete(request, info, "MPI_Iallgatherv");
     for (size_t r = 0; r < outputs.size(); ++r)
       std::memcpy(outputs[r].data_ptr(), gathered.data() + displs[r] * esize, counts[r] * esize);
-  });
+  }, -1, std::vector<int64_t>(counts.begin(), counts.end()));
 }
 
 std::shared_ptr<Work> MpiProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
@@ -370,7 +329,7 @@ std::shared_ptr<Work> MpiProcessGroup::reduce_scatter(const Tensor& output, cons
     } else {
       std::memcpy(output.data_ptr(), recv.data(), recv.size());
     }
-  });
+  }, static_cast<int64_t>(reduce), std::vector<int64_t>(counts.begin(), counts.end()));
 }
 
 std::shared_ptr<Work> MpiProcessGroup::barrier() {

@@ -11,9 +11,13 @@
 //
 // bf16/f16 reductions run on f32 copies (MPI has no 16-bit float type); AVG is SUM
 // followed by a division by the world size (truncating for integer dtypes, whose sum
-// is taken in the tensor's own type). Errors are returned, not fatal: Work::wait()
-// rethrows them as nd::Error naming the collective.
-// Tests: tests/dist/collectives_test.cpp (at 1, 2 and 4 ranks under mpirun).
+// is taken in the tensor's own type). Errors are returned, not fatal (also those OpenMPI
+// reports on MPI_COMM_WORLD: collectives/mpi_calls.h): Work::wait() rethrows them as
+// nd::Error naming the collective, and the group refuses every later collective, since
+// MPI left the ranks out of step. With NANODDP_DISTRIBUTED_DEBUG=DETAIL every collective
+// is first compared across ranks (collectives/collective_check.h).
+// Tests: tests/dist/collectives_test.cpp (at 1, 2 and 4 ranks under mpirun),
+// collective_check_test.cpp, mpi_errors_test.cpp (fault cases, tests/CMakeLists.txt).
 #include <memory>
 
 #include "collectives/process_group.h"
