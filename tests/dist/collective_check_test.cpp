@@ -136,7 +136,7 @@ TEST_CASE("collective check: allgather and reduce_scatter parts may differ by ra
 }
 
 #ifdef NANODDP_WITH_MPI
-TEST_CASE("DETAIL on an MPI group: a mismatch throws on every rank and runs on none; the group stays in step") {
+TEST_CASE("DETAIL on an MPI group: a mismatch throws on every rank and runs on none, and the group stays in step") {
   const int W = dist::world()->size();
   const int R = dist::world()->rank();
   std::unique_ptr<dist::MpiProcessGroup> made;
