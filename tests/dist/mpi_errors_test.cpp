@@ -22,9 +22,13 @@ using nd::testing::error_message;
 
 namespace {
 
-bool fault_test_is(const char* name) {
+// True in the run of fault case `name` (NANODDP_FAULT_TEST=name, mpirun -np 2); otherwise
+// reports the case skipped.
+bool fault_case(const std::string& name) {
   const char* env = std::getenv("NANODDP_FAULT_TEST");
-  return env && std::string(env) == name;
+  if (env && env == name && dist::world()->size() == 2) return true;
+  MESSAGE("SKIPPED: runs under mpirun -np 2 with NANODDP_FAULT_TEST=" + name + " (tests/CMakeLists.txt)");
+  return false;
 }
 
 // Fault cases end the job from elsewhere (a watchdog, mpirun): a rank that gets here waits for that.
@@ -68,10 +72,7 @@ TEST_CASE("a failed MPI call names the collective, MPI's error and what to do") 
 
 TEST_CASE("fault: a broadcast on rank 0 meets a barrier on rank 1") {
   auto w = dist::world();
-  if (!fault_test_is("broadcast_barrier") || w->size() != 2) {
-    MESSAGE("SKIPPED: runs under mpirun -np 2 with NANODDP_FAULT_TEST=broadcast_barrier (tests/CMakeLists.txt)");
-    return;
-  }
+  if (!fault_case("broadcast_barrier")) return;
   w->set_timeout(5s);
   // OpenMPI: the root only sends, so its broadcast completes; the barrier receives the
   // broadcast's bytes and fails with MPI_ERR_TRUNCATE, reported on MPI_COMM_WORLD.
@@ -92,10 +93,7 @@ TEST_CASE("fault: a broadcast on rank 0 meets a barrier on rank 1") {
 
 TEST_CASE("fault: an allreduce of 10 elements on rank 0 meets one of 15 on rank 1") {
   auto w = dist::world();
-  if (!fault_test_is("allreduce_sizes") || w->size() != 2) {
-    MESSAGE("SKIPPED: runs under mpirun -np 2 with NANODDP_FAULT_TEST=allreduce_sizes (tests/CMakeLists.txt)");
-    return;
-  }
+  if (!fault_case("allreduce_sizes")) return;
   w->set_timeout(2s);
   // OpenMPI: rank 0 receives more than its 10 elements and fails; rank 1 then waits for
   // data that rank 0 will not send, until its watchdog ends the job.
@@ -107,10 +105,7 @@ TEST_CASE("fault: an allreduce of 10 elements on rank 0 meets one of 15 on rank 
 }
 
 TEST_CASE("fault: an MPI error in the program's own call on MPI_COMM_WORLD still aborts the job") {
-  if (!fault_test_is("user_world_error") || dist::world()->size() != 2) {
-    MESSAGE("SKIPPED: runs under mpirun -np 2 with NANODDP_FAULT_TEST=user_world_error (tests/CMakeLists.txt)");
-    return;
-  }
+  if (!fault_case("user_world_error")) return;
   dist::world()->barrier()->wait();
   int value = 0;
   MPI_Send(&value, 1, MPI_INT, 99, 0, MPI_COMM_WORLD);  // no rank 99
@@ -119,10 +114,7 @@ TEST_CASE("fault: an MPI error in the program's own call on MPI_COMM_WORLD still
 
 TEST_CASE("fault: a rank killed by a signal ends the job, named by mpirun") {
   auto w = dist::world();
-  if (!fault_test_is("killed_by_signal") || w->size() != 2) {
-    MESSAGE("SKIPPED: runs under mpirun -np 2 with NANODDP_FAULT_TEST=killed_by_signal (tests/CMakeLists.txt)");
-    return;
-  }
+  if (!fault_case("killed_by_signal")) return;
   w->set_timeout(30s);  // mpirun ends the job long before
   w->barrier()->wait();
   if (w->rank() == 1) std::raise(SIGKILL);
@@ -133,11 +125,7 @@ TEST_CASE("fault: a rank killed by a signal ends the job, named by mpirun") {
 
 TEST_CASE("fault: a rank that dies while mpirun keeps the job leaves the watchdog to end it") {
   auto w = dist::world();
-  if (!fault_test_is("died_job_kept") || w->size() != 2) {
-    MESSAGE("SKIPPED: runs under mpirun -np 2 --mca orte_abort_on_non_zero_status 0 with "
-            "NANODDP_FAULT_TEST=died_job_kept (tests/CMakeLists.txt)");
-    return;
-  }
+  if (!fault_case("died_job_kept")) return;
   // No MPI error reaches rank 0 (OpenMPI 4.1 has no fault tolerance here): its allreduce waits.
   w->set_timeout(2s);
   w->barrier()->wait();
@@ -149,10 +137,7 @@ TEST_CASE("fault: a rank that dies while mpirun keeps the job leaves the watchdo
 
 TEST_CASE("fault: a rank that finishes early leaves the other waiting until the watchdog ends the job") {
   auto w = dist::world();
-  if (!fault_test_is("finished_early") || w->size() != 2) {
-    MESSAGE("SKIPPED: runs under mpirun -np 2 with NANODDP_FAULT_TEST=finished_early (tests/CMakeLists.txt)");
-    return;
-  }
+  if (!fault_case("finished_early")) return;
   w->set_timeout(2s);
   w->barrier()->wait();
   if (w->rank() == 1) return;  // ends normally: MPI_Finalize, exit code 0, nothing for mpirun to see
