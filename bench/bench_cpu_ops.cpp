@@ -297,11 +297,11 @@ void bench_attention(Report& rep) {
     const cpu::AttentionMask<float> none{};
     auto ours_fwd = [=] {
       cpu::scaled_dot_product_attention_forward(q->data(), k->data(), v->data(), none, B, H, S, S, E, E, false,
-                                                scale, out->data(), lse->data());
+                                                scale, {}, out->data(), lse->data());
     };
     auto ours_bwd = [=] {
       cpu::scaled_dot_product_attention_backward(dout->data(), q->data(), k->data(), v->data(), none, out->data(),
-                                                 lse->data(), B, H, S, S, E, E, false, scale, dq->data(),
+                                                 lse->data(), B, H, S, S, E, E, false, scale, {}, dq->data(),
                                                  dk->data(), dv->data());
     };
     eigen_fwd();  // the baseline's backward reads its P

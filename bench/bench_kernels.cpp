@@ -258,11 +258,11 @@ Impl half_kernels(Bench& b, const nd::Shape& shape, bool backward) {
             const cudaStream_t stream = b.stream();
             const auto p = [](const nd::Tensor& t) { return t.data_ptr<E>(); };
             return [=] {
-              cu::scaled_dot_product_attention_forward(p(q), p(k), p(v), {}, B, H, S, S, D, D, false, scale, p(out),
+              cu::scaled_dot_product_attention_forward(p(q), p(k), p(v), {}, B, H, S, S, D, D, false, scale, {}, p(out),
                                                        lse.data_ptr<float>(), stream);
               if (backward)
                 cu::scaled_dot_product_attention_backward(p(dout), p(q), p(k), p(v), {}, p(out),
-                                                          lse.data_ptr<float>(), B, H, S, S, D, D, false, scale,
+                                                          lse.data_ptr<float>(), B, H, S, S, D, D, false, scale, {},
                                                           p(dq), p(dk), p(dv), stream);
             };
           }};

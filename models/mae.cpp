@@ -115,7 +115,7 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t num_heads, doubl
 
 Tensor TransformerBlockImpl::forward(const Tensor& x) {
   const Tensor h = norm1(x);
-  const Tensor y = x + attn(h, h, h);
+  const Tensor y = x + std::get<0>(attn(h, h, h));
   return y + mlp(norm2(y));
 }
 

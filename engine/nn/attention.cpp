@@ -1,9 +1,16 @@
 #include "engine/nn/attention.h"
 
+#include <cmath>
+#include <limits>
+#include <vector>
+
 #include "engine/error.h"
 #include "engine/factories.h"
 #include "engine/ops/attention.h"
+#include "engine/ops/dropout.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/matmul.h"
+#include "engine/ops/softmax.h"
 
 namespace nd::nn {
 
@@ -14,8 +21,8 @@ MultiheadAttentionImpl::MultiheadAttentionImpl(const MultiheadAttentionOptions& 
   ND_CHECK(H > 0, "MultiheadAttention: num_heads must be positive, got ", H);
   ND_CHECK(E % H == 0, "MultiheadAttention: embed_dim must be divisible by num_heads, got embed_dim=", E,
            ", num_heads=", H);
-  ND_CHECK(options.dropout() == 0.0, "MultiheadAttention: dropout=", options.dropout(),
-           " is not supported (attention dropout is not implemented); use 0");
+  ND_CHECK(options.dropout() >= 0.0 && options.dropout() <= 1.0, "MultiheadAttention: dropout must be between 0 "
+           "and 1, got ", options.dropout());
   in_proj_weight = register_parameter("in_proj_weight", empty({3 * E, E}));
   if (options.bias()) in_proj_bias = register_parameter("in_proj_bias", empty({3 * E}));
   out_proj = register_module("out_proj", Linear(LinearOptions(E, E).bias(options.bias())));
@@ -30,11 +37,32 @@ void MultiheadAttentionImpl::reset_parameters() {
   }
 }
 
-Tensor MultiheadAttentionImpl::forward(const Tensor& query, const Tensor& key, const Tensor& value,
-                                       const Tensor& attn_mask, bool need_weights, bool is_causal) {
-  ND_CHECK(!need_weights, "MultiheadAttention: need_weights=true is not supported (the fused attention never "
-           "forms the weights); pass need_weights=false");
-  ND_CHECK(!(is_causal && attn_mask.defined()), "MultiheadAttention: pass either attn_mask or is_causal, not both");
+namespace {
+
+// A PyTorch MHA mask as an additive one in `like`'s dtype and device: bool true (blocked)
+// -> -inf, false -> 0 (converted on the host, once per forward); floating masks converted.
+Tensor additive_mask(const Tensor& mask, const Tensor& like) {
+  if (mask.dtype() != kBool) return mask.to(like.dtype()).to(like.device());
+  const Tensor blocked = mask.contiguous().cpu();
+  std::vector<double> values(static_cast<size_t>(blocked.numel()));
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = blocked.data_ptr<bool>()[i] ? -std::numeric_limits<double>::infinity() : 0.0;
+  return tensor(values, TensorOptions(like.dtype())).reshape(blocked.sizes()).to(like.device());
+}
+
+// PyTorch's causal mask for L queries and S keys: key j blocked for query i when j > i.
+Tensor causal_mask(int64_t L, int64_t S) {
+  Tensor blocked = zeros({L, S}, TensorOptions(kBool));
+  for (int64_t i = 0; i < L; ++i)
+    for (int64_t j = i + 1; j < S; ++j) blocked.data_ptr<bool>()[i * S + j] = true;
+  return blocked;
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> MultiheadAttentionImpl::forward(const Tensor& query, const Tensor& key,
+                                                           const Tensor& value,
+                                                           const MultiheadAttentionForwardArgs& args) {
   const int64_t E = options.embed_dim(), H = options.num_heads(), D = E / H;
   const bool batched = query.dim() == 3;
   ND_CHECK(query.dim() == 3 || query.dim() == 2, "MultiheadAttention: expected query [B, L, E], [L, B, E] or [L, E], "
@@ -76,22 +104,52 @@ Tensor MultiheadAttentionImpl::forward(const Tensor& query, const Tensor& key, c
     v = project(v_in, 2);
   }
 
-  Tensor mask;
+  // The masks, in sdpa's [B, H, L, S] broadcast space. Only attn_mask, or is_causal alone
+  // on the fused path, go to the kernel as they are; any combination is added as one
+  // additive mask (PyTorch merges them the same way).
+  Tensor attn_mask = args.attn_mask, padding = args.key_padding_mask;
   if (attn_mask.defined()) {
     ND_CHECK(attn_mask.dim() == 2 || attn_mask.dim() == 3, "MultiheadAttention: attn_mask must be [L, S] or "
              "[B * num_heads, L, S], got ", attn_mask.describe());
-    // PyTorch's MHA bool mask marks positions to block; sdpa's marks positions to keep.
-    mask = attn_mask.dtype() == kBool ? eq(attn_mask, zeros_like(attn_mask)) : attn_mask;
-    if (mask.dim() == 3) {
-      ND_CHECK(mask.size(0) == B * H, "MultiheadAttention: a 3-D attn_mask must be [B * num_heads, L, S] = [", B * H,
-               ", ", L, ", ", S, "], got ", attn_mask.describe());
-      mask = mask.reshape({B, H, mask.size(1), mask.size(2)});
-    }
+    ND_CHECK(attn_mask.size(-2) == L && attn_mask.size(-1) == S && (attn_mask.dim() == 2 || attn_mask.size(0) == B * H),
+             "MultiheadAttention: expected attn_mask [L, S] = [", L, ", ", S, "] or [B * num_heads, L, S] = [", B * H,
+             ", ", L, ", ", S, "], got ", attn_mask.describe());
+    if (attn_mask.dim() == 3) attn_mask = attn_mask.reshape({B, H, L, S});
   }
-  const Tensor heads = scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal);
+  if (padding.defined()) {
+    const Shape expected = batched ? Shape{B, S} : Shape{S};
+    ND_CHECK(padding.sizes() == expected, "MultiheadAttention: expected key_padding_mask ", shape_str(expected),
+             " ([batch, keys]), got ", padding.describe());
+    padding = padding.reshape({B, 1, 1, S});
+  }
+  const bool kernel_causal = args.is_causal && !attn_mask.defined() && !padding.defined() && !args.need_weights;
+  if (args.is_causal && !attn_mask.defined() && !kernel_causal) attn_mask = causal_mask(L, S);
+  const double dropout_p = is_training() ? options.dropout() : 0.0;
+  Tensor heads, weights;
+  if (args.need_weights) {
+    // softmax(q k^T / sqrt(D) + masks), dropout, then P v, as PyTorch's need_weights path.
+    // The dropout is nd::dropout on the dense [B, H, L, S] weights: the elements the fused
+    // kernel would drop for the same generator state (kernels/common/dropout_mask.h).
+    Tensor scores = matmul(q, k.transpose(-2, -1)).mul(1.0 / std::sqrt(static_cast<double>(D)));
+    for (const Tensor& m : {attn_mask, padding})
+      if (m.defined()) scores = add(scores, additive_mask(m, q));
+    weights = dropout(softmax(scores, -1), dropout_p, dropout_p > 0.0);
+    heads = matmul(weights, v);
+    if (args.average_attn_weights) weights = weights.mean({1});
+    if (!batched) weights = weights.squeeze(0);
+  } else {
+    Tensor mask;  // sdpa's: bool true = attend, or additive
+    if (attn_mask.defined() && padding.defined()) {
+      mask = add(additive_mask(attn_mask, q), additive_mask(padding, q));
+    } else if (const Tensor& one = attn_mask.defined() ? attn_mask : padding; one.defined()) {
+      mask = one.dtype() == kBool ? eq(one, zeros_like(one)) : one.to(q.dtype());
+    }
+    heads = scaled_dot_product_attention(q, k, v, mask, dropout_p, kernel_causal);
+  }
   Tensor out = out_proj->forward(heads.transpose(1, 2).reshape({B, L, E}));
-  if (!batched) return out.squeeze(0);
-  return options.batch_first() ? out : out.transpose(0, 1);
+  if (!batched) out = out.squeeze(0);
+  else if (!options.batch_first()) out = out.transpose(0, 1);
+  return {out, weights};
 }
 
 }  // namespace nd::nn

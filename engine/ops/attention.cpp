@@ -127,7 +127,8 @@ void dispatch16(ScalarType dtype16, Fn&& fn) {
 
 // The forward under autocast (above); returns out as f32.
 Tensor autocast_forward(const Tensor& query, const Tensor& key, const Tensor& value, const MaskView& mask,
-                        const Dims& d, bool is_causal, double sc, ScalarType dtype16, AutocastSaved& saved) {
+                        const Dims& d, bool is_causal, double sc, const kernels::AttentionDropout& drop,
+                        ScalarType dtype16, AutocastSaved& saved) {
   NoGradGuard no_grad;  // private copies; the graph records query, key, value
   saved.q16 = query.detach().to(dtype16);
   saved.k16 = key.detach().to(dtype16);
@@ -142,7 +143,7 @@ Tensor autocast_forward(const Tensor& query, const Tensor& key, const Tensor& va
         const Tensor out = empty(out_shape, query.options());
         kernels::cpu::scaled_dot_product_attention_forward<float>(
             q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), kernel_mask<float>(mask), d.B, d.H, d.L,
-            d.S, d.E, d.Ev, is_causal, sc, out.data_ptr<float>(), saved.lse.data_ptr<float>());
+            d.S, d.E, d.Ev, is_causal, sc, drop, out.data_ptr<float>(), saved.lse.data_ptr<float>());
         saved.out16 = out.to(dtype16);
       },
       [&](auto stream) {
@@ -150,7 +151,8 @@ Tensor autocast_forward(const Tensor& query, const Tensor& key, const Tensor& va
         dispatch16(dtype16, [&]<class S>() {
           kernels::cuda::scaled_dot_product_attention_forward(
               saved.q16.data_ptr<S>(), saved.k16.data_ptr<S>(), saved.v16.data_ptr<S>(), kernel_mask<S>(mask), d.B,
-              d.H, d.L, d.S, d.E, d.Ev, is_causal, sc, saved.out16.data_ptr<S>(), saved.lse.data_ptr<float>(), stream);
+              d.H, d.L, d.S, d.E, d.Ev, is_causal, sc, drop, saved.out16.data_ptr<S>(), saved.lse.data_ptr<float>(),
+              stream);
         });
       });
   return saved.out16.to(kFloat32);
@@ -158,7 +160,7 @@ Tensor autocast_forward(const Tensor& query, const Tensor& key, const Tensor& va
 
 // The backward under autocast (above): f32 dq, dk, dv.
 std::vector<Tensor> autocast_backward(const Tensor& grad, const AutocastSaved& s, const MaskView& m, const Dims& d,
-                                      bool is_causal, double scale) {
+                                      bool is_causal, double scale, const kernels::AttentionDropout& drop) {
   NoGradGuard no_grad;
   const ScalarType dtype16 = s.q16.dtype();  // the forward's: bf16 or f16
   const Tensor g16 = grad.to(dtype16).contiguous();
@@ -173,7 +175,7 @@ std::vector<Tensor> autocast_backward(const Tensor& grad, const AutocastSaved& s
         dv = empty(v.sizes(), v.options());
         kernels::cpu::scaled_dot_product_attention_backward<float>(
             g.data_ptr<float>(), q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), kernel_mask<float>(m),
-            out.data_ptr<float>(), s.lse.data_ptr<float>(), d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, scale,
+            out.data_ptr<float>(), s.lse.data_ptr<float>(), d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, scale, drop,
             dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>());
         dq = dq.to(dtype16);
         dk = dk.to(dtype16);
@@ -186,7 +188,7 @@ std::vector<Tensor> autocast_backward(const Tensor& grad, const AutocastSaved& s
         dispatch16(dtype16, [&]<class S>() {
           kernels::cuda::scaled_dot_product_attention_backward(
               g16.data_ptr<S>(), s.q16.data_ptr<S>(), s.k16.data_ptr<S>(), s.v16.data_ptr<S>(), kernel_mask<S>(m),
-              s.out16.data_ptr<S>(), s.lse.data_ptr<float>(), d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, scale,
+              s.out16.data_ptr<S>(), s.lse.data_ptr<float>(), d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, scale, drop,
               dq.data_ptr<S>(), dk.data_ptr<S>(), dv.data_ptr<S>(), stream);
         });
       });
@@ -199,6 +201,7 @@ struct ScaledDotProductAttentionBackward : autograd::Node {
   Dims d;
   bool is_causal = false;
   double scale = 1;
+  kernels::AttentionDropout drop;  // the forward's: the backward recomputes its mask
   bool autocast = false;  // the forward ran under autocast: q, k, v, out are bf16 or f16 (above)
   std::string name() const override { return "ScaledDotProductAttentionBackward"; }
   void release_saved_tensors() override {
@@ -218,7 +221,7 @@ struct ScaledDotProductAttentionBackward : autograd::Node {
         if (!next_edges[x].fn) dqkv[x] = Tensor();
       return dqkv;
     };
-    if (autocast) return needed(autocast_backward(grads[0], {qv, kv, vv, o, lse}, m, d, is_causal, scale));
+    if (autocast) return needed(autocast_backward(grads[0], {qv, kv, vv, o, lse}, m, d, is_causal, scale, drop));
     const Tensor g = kernel_operand(grads[0]);
     Tensor dq = empty_operand(qv.sizes(), qv), dk = empty_operand(kv.sizes(), kv), dv = empty_operand(vv.sizes(), vv);
     const kernels::cpu::AttentionLayout layout{rows_of(qv), rows_of(kv), rows_of(vv), rows_of(o),
@@ -231,12 +234,12 @@ struct ScaledDotProductAttentionBackward : autograd::Node {
           [&] {
             kernels::cpu::scaled_dot_product_attention_backward<T>(gp, qp, kp, vp, kernel_mask<T>(m), outp, lp, layout,
                                                                    d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, scale,
-                                                                   dq.data_ptr<T>(), dk.data_ptr<T>(),
+                                                                   drop, dq.data_ptr<T>(), dk.data_ptr<T>(),
                                                                    dv.data_ptr<T>());
           },
           [&](auto stream) {
             kernels::cuda::scaled_dot_product_attention_backward<T>(
-                gp, qp, kp, vp, kernel_mask<T>(m), outp, lp, d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, scale,
+                gp, qp, kp, vp, kernel_mask<T>(m), outp, lp, d.B, d.H, d.L, d.S, d.E, d.Ev, is_causal, scale, drop,
                 dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>(), stream);
           });
     });
@@ -273,8 +276,7 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
            key.describe());
   ND_CHECK(value.size(-2) == d.S, op, ": expected value with as many rows as key (", d.S, "), found value ",
            value.describe());
-  ND_CHECK(dropout_p == 0.0, op, ": attention dropout is not implemented yet; expected dropout_p == 0, found ",
-           dropout_p, ". Apply nd::dropout to the output instead, or pass 0.");
+  ND_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0, op, ": expected dropout_p between 0 and 1, found ", dropout_p);
   ND_CHECK(!(is_causal && attn_mask.defined()), op,
            ": expected either attn_mask or is_causal, found both (as PyTorch, they may not be combined)");
   const int64_t max_head_dim = kernels::cuda::kAttentionMaxHeadDim;
@@ -286,11 +288,19 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   const bool amp = autocast_applies(query);
   const ScalarType dtype16 = autocast_dtype(query.device().type);
   const MaskView mask = prepare_mask(attn_mask, query, d, amp, dtype16);
+  // Dropout draws one number per element of P [B, H, L, S] from the default generator
+  // (as nd::dropout on the materialised weights would); the backward replays them.
+  kernels::AttentionDropout drop;
+  if (dropout_p > 0.0) {
+    Generator& gen = default_generator();
+    drop = {dropout_p, gen.seed, gen.offset};
+    gen.offset += static_cast<uint64_t>(d.B * d.H * d.L * d.S);
+  }
   // What the backward reads: the kernel operands and out (bf16 / f16 copies under autocast).
   Tensor out, q, k, v, saved_out, lse;
   if (amp) {
     AutocastSaved saved;
-    out = autocast_forward(query, key, value, mask, d, is_causal, sc, dtype16, saved);
+    out = autocast_forward(query, key, value, mask, d, is_causal, sc, drop, dtype16, saved);
     q = saved.q16, k = saved.k16, v = saved.v16, saved_out = saved.out16, lse = saved.lse;
   } else {
     q = kernel_operand(query.detach()), k = kernel_operand(key.detach()), v = kernel_operand(value.detach());
@@ -306,13 +316,13 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
             const kernels::cpu::AttentionLayout layout{rows_of(q), rows_of(k), rows_of(v), rows_of(out),
                                                        {}, {}, {}, {}};
             kernels::cpu::scaled_dot_product_attention_forward<T>(qp, kp, vp, kernel_mask<T>(mask), layout, d.B, d.H,
-                                                                  d.L, d.S, d.E, d.Ev, is_causal, sc,
+                                                                  d.L, d.S, d.E, d.Ev, is_causal, sc, drop,
                                                                   out.data_ptr<T>(), lse.data_ptr<T>());
           },
           [&](auto stream) {
             kernels::cuda::scaled_dot_product_attention_forward<T>(qp, kp, vp, kernel_mask<T>(mask), d.B, d.H, d.L,
-                                                                   d.S, d.E, d.Ev, is_causal, sc, out.data_ptr<T>(),
-                                                                   lse.data_ptr<T>(), stream);
+                                                                   d.S, d.E, d.Ev, is_causal, sc, drop,
+                                                                   out.data_ptr<T>(), lse.data_ptr<T>(), stream);
           });
     });
   }
@@ -328,6 +338,7 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
         n.d = d;
         n.is_causal = is_causal;
         n.scale = sc;
+        n.drop = drop;
         n.autocast = amp;
       });
   return out;

@@ -12,7 +12,10 @@ namespace nd {
 // requires: q [B, H, L, E], k [B, H, S, E], v [B, H, S, Ev] (or all 3-D, [B, L, E], ...);
 //   attn_mask undefined, or bool (true = attend) / floating (added to the scores),
 //   broadcastable to [B, H, L, S], and not requiring grad;
-//   dropout_p == 0 (attention dropout is not implemented yet);
+//   dropout_p in [0, 1]: each attention weight P_ij is dropped with that probability and
+//     the kept ones scaled by 1 / (1 - p), whatever the mode (pass 0 in eval, as with
+//     PyTorch's); the mask is drawn from the default generator (nd::manual_seed makes it
+//     reproducible) and replayed by the backward;
 //   is_causal: query i attends keys j <= i (top-left aligned), not together with attn_mask;
 //   scale: defaults to 1/sqrt(E).
 // A query whose keys are all masked gets a zero output (and no gradient).

@@ -131,13 +131,15 @@ void tile_scores(const Head<T>& hd, const AttentionMask<T>& mask, int64_t i0, in
 
 // Forward for query rows [i0, i1) of one head, over all the keys they may see; out is the
 // head's first output row, ldo its row stride.
-// Online softmax per row: running max m, running sum l = sum exp(s - m), acc = sum exp(s - m) v;
-// a new tile with max m' rescales l and acc by exp(m - m').
+// Online softmax per row: running max m, running sum l = sum exp(s - m), acc = sum exp(s - m) Z v;
+// a new tile with max m' rescales l and acc by exp(m - m'). Dropout (Z, factors of head bh)
+// scales the weights after they were added to l: the normaliser is the undropped softmax's.
 template <typename T>
 void query_tile_forward(const Head<T>& hd, const AttentionMask<T>& mask, int64_t i0, int64_t i1,
-                        int64_t Sk, int64_t E, int64_t Ev, bool is_causal, T scale, T* out,
-                        int64_t ldo, T* logsumexp, Scratch<T>& s, Scratch<T>& acc_buf,
-                        Scratch<T>& m, Scratch<T>& l) {
+                        int64_t Sq, int64_t Sk, int64_t E, int64_t Ev, bool is_causal, T scale,
+                        const AttentionDropout& dropout, int64_t bh, T* out, int64_t ldo,
+                        T* logsumexp, Scratch<T>& s, Scratch<T>& acc_buf, Scratch<T>& m,
+                        Scratch<T>& l) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const int64_t rows = i1 - i0;
   const int64_t jend = is_causal ? std::min(Sk, i1) : Sk;  // no row of the tile sees keys >= i1
@@ -157,6 +159,8 @@ void query_tile_forward(const Head<T>& hd, const AttentionMask<T>& mask, int64_t
       }
       const T correction = math::exp_nonpositive(m[r] - m_new);  // 0 on the row's first unmasked tile
       l[r] = l[r] * correction + exp_shifted_sum(pr, lds, m_new);
+      if (dropout.p != 0.0)
+        for (int64_t c = 0; c < cols; ++c) pr[c] *= dropout.factor<T>(bh, Sq, Sk, i0 + r, j0 + c);
       acc.row(r) *= correction;
       m[r] = m_new;
     }
@@ -180,8 +184,8 @@ void query_tile_forward(const Head<T>& hd, const AttentionMask<T>& mask, int64_t
 // Backward for keys [j0, j1) of one head, over every query tile that sees them: writes the
 // tile's dk, dv rows and adds its part of dq (dq_head += scale dS K_tile). `g` holds the
 // head's dout, out, dq, dk, dv (first rows of the head; dk, dv at row j0) and their row
-// strides. Per query tile:
-//   P = exp(S - lse),  dV += P^T dO,  dP = dO V^T,  dS = P * (dP - D),
+// strides. Per query tile, with Z the forward's dropout factors (all 1 without dropout):
+//   P = exp(S - lse),  dV += (P Z)^T dO,  dP = dO V^T,  dS = P * (Z dP - D),
 //   dQ += scale dS K,  dK += scale dS^T Q,  with D_i = dout_i . out_i.
 template <typename T>
 struct HeadGrads {
@@ -192,8 +196,9 @@ struct HeadGrads {
 
 template <typename T>
 void key_tile_backward(const Head<T>& hd, const AttentionMask<T>& mask, const HeadGrads<T>& g,
-                       const T* logsumexp, int64_t j0, int64_t j1, int64_t Sq, int64_t E,
-                       int64_t Ev, bool is_causal, T scale, Scratch<T>& p_buf,
+                       const T* logsumexp, int64_t j0, int64_t j1, int64_t Sq, int64_t Sk,
+                       int64_t E, int64_t Ev, bool is_causal, T scale,
+                       const AttentionDropout& dropout, int64_t bh, Scratch<T>& p_buf,
                        Scratch<T>& dp_buf) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const int64_t cols = j1 - j0, lds = padded_cols(cols);  // P and dP tiles: lds per row
@@ -222,7 +227,15 @@ void key_tile_backward(const Head<T>& hd, const AttentionMask<T>& mask, const He
       const T* oi = g.out + (i0 + r) * g.ldo;
       T d = 0;
       for (int64_t e = 0; e < Ev; ++e) d += gi[e] * oi[e];
-      for (int64_t c = 0; c < cols; ++c) dsr[c] = pr[c] * (dsr[c] - d);
+      if (dropout.p == 0.0) {
+        for (int64_t c = 0; c < cols; ++c) dsr[c] = pr[c] * (dsr[c] - d);
+        continue;
+      }
+      for (int64_t c = 0; c < cols; ++c) {
+        const T z = dropout.factor<T>(bh, Sq, Sk, i0 + r, j0 + c);
+        dsr[c] = pr[c] * (z * dsr[c] - d);
+        pr[c] *= z;
+      }
     }
     // dV_tile += P^T dO_tile
     gemm(true, false, cols, Ev, rows, T(1), p_buf.data(), lds, g.dout + i0 * g.lddo, g.lddo,
@@ -241,8 +254,8 @@ template <typename T>
 void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v,
                                           AttentionMask<T> mask, const AttentionLayout& layout,
                                           int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t E,
-                                          int64_t Ev, bool is_causal, double scale, T* out,
-                                          T* logsumexp) {
+                                          int64_t Ev, bool is_causal, double scale,
+                                          const AttentionDropout& dropout, T* out, T* logsumexp) {
   const T sc = static_cast<T>(scale);
   const int64_t q_tiles = ceil_div(Sq, kQueryTile);
 #pragma omp parallel
@@ -255,8 +268,8 @@ void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v,
         for (int64_t qt = 0; qt < q_tiles; ++qt) {
           const int64_t i0 = qt * kQueryTile;
           query_tile_forward(head(q, k, v, mask, layout, b, h), mask, i0,
-                             std::min(Sq, i0 + kQueryTile), Sk, E, Ev, is_causal, sc,
-                             out + head_offset(layout.out, b, h), layout.out.stride_row,
+                             std::min(Sq, i0 + kQueryTile), Sq, Sk, E, Ev, is_causal, sc, dropout,
+                             b * H + h, out + head_offset(layout.out, b, h), layout.out.stride_row,
                              logsumexp + (b * H + h) * Sq, s, acc, m, l);
         }
       }
@@ -269,8 +282,8 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
                                            AttentionMask<T> mask, const T* out,
                                            const T* logsumexp, const AttentionLayout& layout,
                                            int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t E,
-                                           int64_t Ev, bool is_causal, double scale, T* dq, T* dk,
-                                           T* dv) {
+                                           int64_t Ev, bool is_causal, double scale,
+                                           const AttentionDropout& dropout, T* dq, T* dk, T* dv) {
   const T sc = static_cast<T>(scale);
   const int64_t BH = B * H, k_tiles = ceil_div(Sk, kKeyTile);
   // One key tile of head (b, h), adding its dq part into the head's rows at dq_head (row
@@ -283,7 +296,8 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
                          layout.dout.stride_row, layout.out.stride_row, lddq,
                          layout.dk.stride_row, layout.dv.stride_row};
     key_tile_backward(head(q, k, v, mask, layout, b, h), mask, g, logsumexp + (b * H + h) * Sq, j0,
-                      std::min(Sk, j0 + kKeyTile), Sq, E, Ev, is_causal, sc, p, dp);
+                      std::min(Sk, j0 + kKeyTile), Sq, Sk, E, Ev, is_causal, sc, dropout, b * H + h,
+                      p, dp);
   };
   const int64_t tile_size = std::min(Sq, kQueryTile) * padded_cols(std::min(Sk, kKeyTile));
   const int threads = omp_get_max_threads();
@@ -335,11 +349,12 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
 #define ND_INSTANTIATE(T)                                                                   \
   template void scaled_dot_product_attention_forward<T>(                                    \
       const T*, const T*, const T*, AttentionMask<T>, const AttentionLayout&, int64_t,      \
-      int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, T*, T*);                   \
+      int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, const AttentionDropout&,   \
+      T*, T*);                                                                              \
   template void scaled_dot_product_attention_backward<T>(                                   \
       const T*, const T*, const T*, const T*, AttentionMask<T>, const T*, const T*,         \
       const AttentionLayout&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,   \
-      double, T*, T*, T*);
+      double, const AttentionDropout&, T*, T*, T*);
 ND_INSTANTIATE(float)
 ND_INSTANTIATE(double)
 #undef ND_INSTANTIATE

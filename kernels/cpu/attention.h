@@ -8,7 +8,11 @@
 // Kernel: kernels/cpu/attention.cpp. Benchmark: bench_cpu_ops "attention".
 #include <cstdint>
 
+#include "kernels/common/dropout_mask.h"
+
 namespace nd::kernels::cpu {
+
+using kernels::AttentionDropout;
 
 // Optional additive mask, broadcast by strides (0 = broadcast): element (b, h, i, j) is
 // data[b*stride_b + h*stride_h + i*stride_q + j*stride_k]. -inf removes a key.
@@ -42,7 +46,9 @@ struct AttentionLayout {
 // For each (b, h) and query row i, over the allowed keys j (all j, or j <= i when
 // is_causal: PyTorch's top-left aligned tril(ones(Sq, Sk))):
 //   s_ij = scale * q_i . k_j + mask_ij
-//   lse_i = log sum_j exp(s_ij),   P_ij = exp(s_ij - lse_i),   out_i = sum_j P_ij v_j
+//   lse_i = log sum_j exp(s_ij),   P_ij = exp(s_ij - lse_i),   out_i = sum_j P_ij Z_ij v_j
+// with Z_ij = dropout.factor(...) (kernels/common/dropout_mask.h: 0 for a dropped weight,
+// 1 / (1 - p) for a kept one, 1 without dropout); lse is the undropped softmax's.
 // A row with no allowed key (all masked) gets out_i = 0 and lse_i = -inf, and no gradient.
 // requires: q [B, H, Sq, E], k [B, H, Sk, E], v [B, H, Sk, Ev], out [B, H, Sq, Ev], laid out
 //           as `layout` says; logsumexp [B, H, Sq]; out does not overlap q, k, v.
@@ -51,12 +57,13 @@ template <typename T>
 void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v,
                                           AttentionMask<T> mask, const AttentionLayout& layout,
                                           int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t E,
-                                          int64_t Ev, bool is_causal, double scale, T* out,
-                                          T* logsumexp);
+                                          int64_t Ev, bool is_causal, double scale,
+                                          const AttentionDropout& dropout, T* out, T* logsumexp);
 
-// With P recomputed from logsumexp and D_i = dout_i . out_i:
-//   dv_j = sum_i P_ij dout_i
-//   dS_ij = P_ij (dout_i . v_j - D_i)
+// With P recomputed from logsumexp, Z from the forward's dropout and D_i = dout_i . out_i
+// (= sum_j P_ij Z_ij dout_i . v_j, so D needs no mask):
+//   dv_j = sum_i P_ij Z_ij dout_i
+//   dS_ij = P_ij (Z_ij dout_i . v_j - D_i)
 //   dq_i = scale sum_j dS_ij k_j,   dk_j = scale sum_i dS_ij q_i
 // requires: the forward's inputs and its out, logsumexp; dout [B, H, Sq, Ev]; dq, dk, dv
 //           shaped like q, k, v; all laid out as `layout` says; dq, dk, dv overlap no input
@@ -67,17 +74,18 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
                                            AttentionMask<T> mask, const T* out,
                                            const T* logsumexp, const AttentionLayout& layout,
                                            int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t E,
-                                           int64_t Ev, bool is_causal, double scale, T* dq, T* dk,
-                                           T* dv);
+                                           int64_t Ev, bool is_causal, double scale,
+                                           const AttentionDropout& dropout, T* dq, T* dk, T* dv);
 
 // The same on dense [B, H, S, X] operands: the CUDA kernels' signature.
 template <typename T>
 void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v,
                                           AttentionMask<T> mask, int64_t B, int64_t H,
                                           int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
-                                          bool is_causal, double scale, T* out, T* logsumexp) {
+                                          bool is_causal, double scale, const AttentionDropout& dropout,
+                                          T* out, T* logsumexp) {
   scaled_dot_product_attention_forward(q, k, v, mask, AttentionLayout::contiguous(H, Sq, Sk, E, Ev),
-                                       B, H, Sq, Sk, E, Ev, is_causal, scale, out, logsumexp);
+                                       B, H, Sq, Sk, E, Ev, is_causal, scale, dropout, out, logsumexp);
 }
 
 template <typename T>
@@ -85,10 +93,11 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
                                            AttentionMask<T> mask, const T* out,
                                            const T* logsumexp, int64_t B, int64_t H, int64_t Sq,
                                            int64_t Sk, int64_t E, int64_t Ev, bool is_causal,
-                                           double scale, T* dq, T* dk, T* dv) {
+                                           double scale, const AttentionDropout& dropout, T* dq,
+                                           T* dk, T* dv) {
   scaled_dot_product_attention_backward(dout, q, k, v, mask, out, logsumexp,
                                         AttentionLayout::contiguous(H, Sq, Sk, E, Ev), B, H, Sq,
-                                        Sk, E, Ev, is_causal, scale, dq, dk, dv);
+                                        Sk, E, Ev, is_causal, scale, dropout, dq, dk, dv);
 }
 
 }  // namespace nd::kernels::cpu

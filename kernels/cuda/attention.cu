@@ -95,7 +95,8 @@ __device__ T score(const Problem<S>& p, const Head<S>& hd, const T (*sq)[D + 1],
 
 // ---- forward: one block per (query tile, b*h) ----------------------------------------
 //   for each key tile: S = scale Q K^T + mask; per row m' = max(m, rowmax S), P = exp(S - m'),
-//   l = l exp(m - m') + rowsum P, acc = acc exp(m - m') + P V;   finally out = acc / l.
+//   l = l exp(m - m') + rowsum P, acc = acc exp(m - m') + (P Z) V;   finally out = acc / l
+//   (Z: the dropout factors, all 1 without dropout; l sums the undropped P).
 template <class S, int D>
 __global__ void __launch_bounds__(kThreads) forward_kernel(Problem<S> p, int64_t n_tiles, S* out,
                                                            compute_t<S>* lse) {
@@ -133,7 +134,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Problem<S> p, int64_t
       for (int c = 0; c < TILE; ++c) {
         const T w = row_state.weight(ss[r][c]);
         row_state.add(w);
-        ss[r][c] = w;
+        ss[r][c] = w * p.dropout_factor(tb.bh, i0 + r, j0 + c);
       }
     }
     __syncthreads();
@@ -181,22 +182,23 @@ struct BackwardTiles {
     load_tile<TILE, D>(k, hd.k, j0, cols, p.E);
     load_tile<TILE, D>(v, hd.v, j0, cols, p.Ev);
   }
-  // For the loaded pair: P_rc = exp(s_rc - lse_r) into p_out (when given) and
-  //   dS_rc = P_rc (dout_r . v_c - delta_r) into ds.
+  // For the loaded pair of head bh: P_rc Z_rc = exp(s_rc - lse_r) Z_rc into p_out (when given) and
+  //   dS_rc = P_rc (Z_rc dout_r . v_c - delta_r) into ds (Z: the dropout factors, 1 without).
   // A fully masked row (lse = -inf) and any disallowed key get P = dS = 0.
-  __device__ void probabilities_and_ds(const Problem<S>& p, const Head<S>& hd, int64_t i0, int64_t j0,
+  __device__ void probabilities_and_ds(const Problem<S>& p, const Head<S>& hd, int64_t bh, int64_t i0, int64_t j0,
                                        int64_t rows, T (*p_out)[TILE + 1]) {
     for (int idx = threadIdx.x; idx < TILE * TILE; idx += kThreads) {
       const int r = idx / TILE, c = idx % TILE;
       const T prob = probability_from_lse(score<D>(p, hd, q, k, r, c, i0, j0, rows), lse[r]);
+      const T z = p.dropout_factor(bh, i0 + r, j0 + c);
       T dsv = 0;
       if (prob != T(0)) {
         T dp = 0;
 #pragma unroll 16
         for (int e = 0; e < D; ++e) dp += dout[r][e] * v[c][e];
-        dsv = prob * (dp - delta[r]);
+        dsv = prob * (z * dp - delta[r]);
       }
-      if (p_out) p_out[r][c] = prob;
+      if (p_out) p_out[r][c] = prob * z;
       ds[r][c] = dsv;
     }
   }
@@ -222,7 +224,7 @@ __global__ void __launch_bounds__(kThreads) dk_dv_kernel(Problem<S> p, int64_t n
     __syncthreads();  // the previous query tile's readers are done
     t.load_queries(p, hd, i0, rows);
     __syncthreads();
-    t.probabilities_and_ds(p, hd, i0, j0, rows, sp);
+    t.probabilities_and_ds(p, hd, tb.bh, i0, j0, rows, sp);
     __syncthreads();
 #pragma unroll
     for (int a = 0; a < kAcc; ++a) {
@@ -265,7 +267,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(Problem<S> p, int64_t n_ti
     __syncthreads();  // the previous key tile's readers are done
     t.load_keys(p, hd, j0, cols);
     __syncthreads();
-    t.probabilities_and_ds(p, hd, i0, j0, rows, nullptr);
+    t.probabilities_and_ds(p, hd, tb.bh, i0, j0, rows, nullptr);
     __syncthreads();
 #pragma unroll
     for (int a = 0; a < kAcc; ++a) {
@@ -316,9 +318,9 @@ void backward_for(const Problem<S>& p, int64_t BH, S* dq, S* dk, S* dv, cudaStre
 template <typename T>
 void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v, AttentionMask<T> mask, int64_t B,
                                           int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
-                                          bool is_causal, double scale, T* out, T* logsumexp,
-                                          cudaStream_t stream) {
-  run_forward<T>("attention forward", q, k, v, mask, B, H, Sq, Sk, E, Ev, is_causal, scale,
+                                          bool is_causal, double scale, const AttentionDropout& dropout,
+                                          T* out, T* logsumexp, cudaStream_t stream) {
+  run_forward<T>("attention forward", q, k, v, mask, B, H, Sq, Sk, E, Ev, is_causal, scale, dropout,
                  [&](auto D, const Problem<T>& p, int64_t BH) {
                    forward_for<T, decltype(D)::value>(p, BH, out, logsumexp, stream);
                  });
@@ -328,20 +330,21 @@ template <typename T>
 void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k, const T* v,
                                            AttentionMask<T> mask, const T* out, const T* logsumexp, int64_t B,
                                            int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
-                                           bool is_causal, double scale, T* dq, T* dk, T* dv,
-                                           cudaStream_t stream) {
+                                           bool is_causal, double scale, const AttentionDropout& dropout,
+                                           T* dq, T* dk, T* dv, cudaStream_t stream) {
   run_backward<T>("attention backward", dout, q, k, v, mask, out, logsumexp, B, H, Sq, Sk, E, Ev, is_causal, scale,
-                  stream, [&](auto D, const Problem<T>& p, int64_t BH) {
+                  dropout, stream, [&](auto D, const Problem<T>& p, int64_t BH) {
                     backward_for<T, decltype(D)::value>(p, BH, dq, dk, dv, stream);
                   });
 }
 #define ND_INSTANTIATE(T)                                                                                      \
   template void scaled_dot_product_attention_forward<T>(const T*, const T*, const T*, AttentionMask<T>,       \
                                                         int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, \
-                                                        bool, double, T*, T*, cudaStream_t);                  \
+                                                        bool, double, const AttentionDropout&, T*, T*,        \
+                                                        cudaStream_t);                                        \
   template void scaled_dot_product_attention_backward<T>(                                                      \
       const T*, const T*, const T*, const T*, AttentionMask<T>, const T*, const T*, int64_t, int64_t, int64_t, \
-      int64_t, int64_t, int64_t, bool, double, T*, T*, T*, cudaStream_t);
+      int64_t, int64_t, int64_t, bool, double, const AttentionDropout&, T*, T*, T*, cudaStream_t);
 ND_INSTANTIATE(float)
 ND_INSTANTIATE(double)
 #undef ND_INSTANTIATE

@@ -75,6 +75,12 @@ struct Problem {
   int64_t H, Sq, Sk, E, Ev;
   bool is_causal;
   T scale;
+  AttentionDropout dropout;
+
+  // Z_ij of head bh (kernels/common/dropout_mask.h): 0 or 1 / (1 - p); 1 without dropout.
+  __device__ T dropout_factor(int64_t bh, int64_t i, int64_t j) const {
+    return dropout.template factor<T>(bh, Sq, Sk, i, j);
+  }
 };
 
 // One head's slice of the arrays and of the mask (base == nullptr: no mask).
@@ -163,19 +169,21 @@ void launch_for_head_dim(int d, Launch& launch, const Problem<S>& p, int64_t BH)
 // check, the empty cases, the backward's delta, the head-dim dispatch. `name` labels errors.
 template <class S, class Launch>
 void run_forward(const char* name, const S* q, const S* k, const S* v, AttentionMask<S> mask, int64_t B, int64_t H,
-                 int64_t Sq, int64_t Sk, int64_t E, int64_t Ev, bool is_causal, double scale, Launch launch) {
+                 int64_t Sq, int64_t Sk, int64_t E, int64_t Ev, bool is_causal, double scale,
+                 const AttentionDropout& dropout, Launch launch) {
   const int d = head_dim_for(name, E, Ev);
   const int64_t BH = B * H;
   if (BH == 0 || Sq == 0) return;
   const Problem<S> p{q, k, v, nullptr, nullptr, nullptr, nullptr, mask, H, Sq, Sk, E, Ev, is_causal,
-                     static_cast<compute_t<S>>(scale)};
+                     static_cast<compute_t<S>>(scale), dropout};
   launch_for_head_dim(d, launch, p, BH);
 }
 
 template <class S, class Launch>
 void run_backward(const char* name, const S* dout, const S* q, const S* k, const S* v, AttentionMask<S> mask,
                   const S* out, const compute_t<S>* lse, int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t E,
-                  int64_t Ev, bool is_causal, double scale, cudaStream_t stream, Launch launch) {
+                  int64_t Ev, bool is_causal, double scale, const AttentionDropout& dropout, cudaStream_t stream,
+                  Launch launch) {
   using T = compute_t<S>;
   const int d = head_dim_for(name, E, Ev);
   const int64_t BH = B * H;
@@ -184,7 +192,7 @@ void run_backward(const char* name, const S* dout, const S* q, const S* k, const
   const detail::Scratch delta(name, static_cast<size_t>(BH * Sq) * sizeof(T), stream);
   launch_delta<S>(BH * Sq, Ev, dout, out, delta.as<T>(), stream);
   const Problem<S> p{q, k, v, out, dout, lse, delta.as<T>(), mask, H, Sq, Sk, E, Ev, is_causal,
-                     static_cast<T>(scale)};
+                     static_cast<T>(scale), dropout};
   launch_for_head_dim(d, launch, p, BH);
 }
 

@@ -22,6 +22,7 @@
 
 namespace nd::kernels::cuda {
 
+using cpu::AttentionDropout;
 using cpu::AttentionMask;
 
 // The largest head dim (E and Ev) the kernels take.
@@ -29,7 +30,8 @@ constexpr int64_t kAttentionMaxHeadDim = 128;
 
 // Same contract as cpu::scaled_dot_product_attention_forward, on device pointers, queued on
 // `stream`: for each (b, h) and query row i, over the allowed keys j,
-//   s_ij = scale * q_i . k_j + mask_ij,  lse_i = log sum_j exp(s_ij),  out_i = sum_j exp(s_ij - lse_i) v_j;
+//   s_ij = scale * q_i . k_j + mask_ij,  lse_i = log sum_j exp(s_ij),
+//   out_i = sum_j exp(s_ij - lse_i) Z_ij v_j  (Z_ij: `dropout`'s factor, the CPU's);
 // a row with no allowed key gets out_i = 0 and lse_i = -inf.
 // requires: q [B, H, Sq, E], k [B, H, Sk, E], v [B, H, Sk, Ev], out [B, H, Sq, Ev],
 //           logsumexp [B, H, Sq], mask (if any) on the device; E, Ev <= 128 (else nd::Error);
@@ -38,12 +40,12 @@ constexpr int64_t kAttentionMaxHeadDim = 128;
 template <typename T>
 void scaled_dot_product_attention_forward(const T* q, const T* k, const T* v, AttentionMask<T> mask, int64_t B,
                                           int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
-                                          bool is_causal, double scale, T* out, T* logsumexp,
-                                          cudaStream_t stream);
+                                          bool is_causal, double scale, const AttentionDropout& dropout,
+                                          T* out, T* logsumexp, cudaStream_t stream);
 
 // Same contract as cpu::scaled_dot_product_attention_backward: with P recomputed from
-// logsumexp and D_i = dout_i . out_i,
-//   dv_j = sum_i P_ij dout_i,  dS_ij = P_ij (dout_i . v_j - D_i),
+// logsumexp, Z from the forward's `dropout` and D_i = dout_i . out_i,
+//   dv_j = sum_i P_ij Z_ij dout_i,  dS_ij = P_ij (Z_ij dout_i . v_j - D_i),
 //   dq_i = scale sum_j dS_ij k_j,  dk_j = scale sum_i dS_ij q_i.
 // requires: the forward's inputs and its out, logsumexp; dout [B, H, Sq, Ev]; dq, dk, dv
 //           shaped like q, k, v, aliasing no input; E, Ev <= 128.
@@ -53,13 +55,14 @@ template <typename T>
 void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k, const T* v,
                                            AttentionMask<T> mask, const T* out, const T* logsumexp, int64_t B,
                                            int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
-                                           bool is_causal, double scale, T* dq, T* dk, T* dv,
-                                           cudaStream_t stream);
+                                           bool is_causal, double scale, const AttentionDropout& dropout,
+                                           T* dq, T* dk, T* dv, cudaStream_t stream);
 
 // bf16 on tensor cores, with an f32 logsumexp: what f32 attention under autocast runs
 // (engine/ops/attention.cpp), and what bench/bench_kernels times. Same contracts as above,
 // with bf16 rounding at fixed points: the probabilities P (forward and backward) and dS
-// (backward) are rounded to bf16 before they multiply V, dO, Q or K; every product
+// (backward) are rounded to bf16 before they multiply V, dO, Q or K (P after its dropout
+// factor: round(P Z)); every product
 // accumulates in f32 (scores, logsumexp, delta, accumulators); out, dq, dk, dv are rounded
 // once, at the end. Also bit-reproducible, no atomics; a fully masked row gives out = 0,
 // lse = -inf and no gradient. Needs sm_80 or newer with at least 121 KiB of shared memory
@@ -67,23 +70,25 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
 void scaled_dot_product_attention_forward(const BFloat16* q, const BFloat16* k, const BFloat16* v,
                                           AttentionMask<BFloat16> mask, int64_t B, int64_t H, int64_t Sq,
                                           int64_t Sk, int64_t E, int64_t Ev, bool is_causal, double scale,
-                                          BFloat16* out, float* logsumexp, cudaStream_t stream);
+                                          const AttentionDropout& dropout, BFloat16* out, float* logsumexp,
+                                          cudaStream_t stream);
 void scaled_dot_product_attention_backward(const BFloat16* dout, const BFloat16* q, const BFloat16* k,
                                            const BFloat16* v, AttentionMask<BFloat16> mask, const BFloat16* out,
                                            const float* logsumexp, int64_t B, int64_t H, int64_t Sq, int64_t Sk,
-                                           int64_t E, int64_t Ev, bool is_causal, double scale, BFloat16* dq,
-                                           BFloat16* dk, BFloat16* dv, cudaStream_t stream);
+                                           int64_t E, int64_t Ev, bool is_causal, double scale,
+                                           const AttentionDropout& dropout, BFloat16* dq, BFloat16* dk,
+                                           BFloat16* dv, cudaStream_t stream);
 
 // The same kernels with f16 operands (autocast to f16): the same tiles and rounding points,
 // with f16 in place of bf16 (P and dS rounded to f16, f16 x f16 products on tensor cores).
 void scaled_dot_product_attention_forward(const Half* q, const Half* k, const Half* v, AttentionMask<Half> mask,
                                           int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
-                                          bool is_causal, double scale, Half* out, float* logsumexp,
-                                          cudaStream_t stream);
+                                          bool is_causal, double scale, const AttentionDropout& dropout,
+                                          Half* out, float* logsumexp, cudaStream_t stream);
 void scaled_dot_product_attention_backward(const Half* dout, const Half* q, const Half* k, const Half* v,
                                            AttentionMask<Half> mask, const Half* out, const float* logsumexp,
                                            int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,
-                                           bool is_causal, double scale, Half* dq, Half* dk, Half* dv,
-                                           cudaStream_t stream);
+                                           bool is_causal, double scale, const AttentionDropout& dropout,
+                                           Half* dq, Half* dk, Half* dv, cudaStream_t stream);
 
 }  // namespace nd::kernels::cuda

@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(kThreads) tc_forward_kernel(Problem<S> p, int6
     for (int t = 0; t < 8 * key_frags; ++t) {
       const int c = 2 * t + half;
       const float w = row_state.weight(ws[r * L::ld_f + c]);
-      wp[r * L::ld_b + c] = Tc16<S>::round(w);
+      wp[r * L::ld_b + c] = Tc16<S>::round(w * p.dropout_factor(tb.bh, i, j0 + c));  // l sums the undropped w
       sum += w;
     }
     row_state.add(sum + __shfl_xor_sync(0xffffffffu, sum, 16));  // a + b == b + a: both halves agree
@@ -383,7 +383,8 @@ __global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<S> p, int64_t n
       const int r = idx / width, c = idx % width, row = 16 * warp + r;
       const float prob =
           probability_from_lse(tc_score(p, hd, ws[r * L::ld_f + c], i0 + row, j0 + c, row < rows), slse[row]);
-      const float ds = prob != 0.0f ? prob * (wdp[r * L::ld_f + c] - sdelta[row]) : 0.0f;
+      const float z = p.dropout_factor(tb.bh, i0 + row, j0 + c);
+      const float ds = prob != 0.0f ? prob * (z * wdp[r * L::ld_f + c] - sdelta[row]) : 0.0f;
       wds[r * L::ld_b + c] = Tc16<S>::round(ds);
     }
     __syncwarp();
@@ -448,8 +449,9 @@ __global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<S> p, int64_
       const int r = idx / width, c = idx % width;
       const float prob =
           probability_from_lse(tc_score(p, hd, ws[r * L::ld_f + c], i0 + c, j0 + 16 * warp + r, c < rows), slse[c]);
-      const float ds = prob != 0.0f ? prob * (wdp[r * L::ld_f + c] - sdelta[c]) : 0.0f;
-      wp[r * L::ld_b + c] = Tc16<S>::round(prob);
+      const float z = p.dropout_factor(tb.bh, i0 + c, j0 + 16 * warp + r);
+      const float ds = prob != 0.0f ? prob * (z * wdp[r * L::ld_f + c] - sdelta[c]) : 0.0f;
+      wp[r * L::ld_b + c] = Tc16<S>::round(prob * z);
       wds[r * L::ld_b + c] = Tc16<S>::round(ds);
     }
     __syncwarp();
@@ -505,9 +507,9 @@ void tc_backward_for(const Problem<S>& p, int64_t BH, S* dq, S* dk, S* dv,
 #define ND_TC_ATTENTION(S, label)                                                                                   \
   void scaled_dot_product_attention_forward(const S* q, const S* k, const S* v, AttentionMask<S> mask, int64_t B,    \
                                             int64_t H, int64_t Sq, int64_t Sk, int64_t E, int64_t Ev,               \
-                                            bool is_causal, double scale, S* out, float* logsumexp,                \
-                                            cudaStream_t stream) {                                                  \
-    run_forward<S>("attention forward (" label ")", q, k, v, mask, B, H, Sq, Sk, E, Ev, is_causal, scale,          \
+                                            bool is_causal, double scale, const AttentionDropout& dropout,         \
+                                            S* out, float* logsumexp, cudaStream_t stream) {                       \
+    run_forward<S>("attention forward (" label ")", q, k, v, mask, B, H, Sq, Sk, E, Ev, is_causal, scale, dropout, \
                    [&](auto D, const Problem<S>& p, int64_t BH) {                                                   \
                      tc_forward_for<S, decltype(D)::value>(p, BH, out, logsumexp, stream);                          \
                    });                                                                                              \
@@ -515,9 +517,10 @@ void tc_backward_for(const Problem<S>& p, int64_t BH, S* dq, S* dk, S* dv,
   void scaled_dot_product_attention_backward(const S* dout, const S* q, const S* k, const S* v, AttentionMask<S> mask, \
                                              const S* out, const float* logsumexp, int64_t B, int64_t H,            \
                                              int64_t Sq, int64_t Sk, int64_t E, int64_t Ev, bool is_causal,         \
-                                             double scale, S* dq, S* dk, S* dv, cudaStream_t stream) {               \
+                                             double scale, const AttentionDropout& dropout, S* dq, S* dk, S* dv,    \
+                                             cudaStream_t stream) {                                                 \
     run_backward<S>("attention backward (" label ")", dout, q, k, v, mask, out, logsumexp, B, H, Sq, Sk, E, Ev,      \
-                    is_causal, scale, stream, [&](auto D, const Problem<S>& p, int64_t BH) {                        \
+                    is_causal, scale, dropout, stream, [&](auto D, const Problem<S>& p, int64_t BH) {               \
                       tc_backward_for<S, decltype(D)::value>(p, BH, dq, dk, dv, stream);                            \
                     });                                                                                             \
   }

@@ -241,13 +241,13 @@ TEST_CASE("cuda attention: MultiheadAttention under autocast on CUDA matches the
   Tensor cpu_out, gpu_out;
   {
     AutocastGuard amp(kCPU);
-    cpu_out = mha(x, x, x);
+    cpu_out = mha->forward(x);
   }
   mha->to(kGpu);
   {
     AutocastGuard amp(kCUDA);
     const Tensor xg = x.to(kGpu);
-    gpu_out = mha(xg, xg, xg);
+    gpu_out = mha->forward(xg);
   }
   check_matches(gpu_out, cpu_out, "MultiheadAttention amp out", 1e-2);
 }
@@ -294,12 +294,13 @@ TEST_CASE("cuda attention: bf16 tensor-core kernels match the f32 CPU kernel on 
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.E));
     std::vector<float> out(BH * c.Sq * c.Ev), lse(BH * c.Sq), dq(q.size()), dk(k.size()), dv(v.size());
     kernels::cpu::scaled_dot_product_attention_forward<float>(q.data(), k.data(), v.data(), cpu_mask, c.B, c.H, c.Sq,
-                                                              c.Sk, c.E, c.Ev, c.causal, scale, out.data(),
+                                                              c.Sk, c.E, c.Ev, c.causal, scale, {}, out.data(),
                                                               lse.data());
     out = bf16_rounded(out);
     kernels::cpu::scaled_dot_product_attention_backward<float>(dout.data(), q.data(), k.data(), v.data(), cpu_mask,
                                                                out.data(), lse.data(), c.B, c.H, c.Sq, c.Sk, c.E,
-                                                               c.Ev, c.causal, scale, dq.data(), dk.data(), dv.data());
+                                                               c.Ev, c.causal, scale, {}, dq.data(), dk.data(),
+                                                               dv.data());
 
     auto on_gpu = [](const std::vector<float>& x) {
       return from_floats(x, {int64_t(x.size())}).to(kBFloat16).to(kGpu);
@@ -311,11 +312,11 @@ TEST_CASE("cuda attention: bf16 tensor-core kernels match the f32 CPU kernel on 
       const cudaStream_t stream = kernels::cuda::use_device(0);
       kernels::cuda::scaled_dot_product_attention_forward(
           qg.data_ptr<BFloat16>(), kg.data_ptr<BFloat16>(), vg.data_ptr<BFloat16>(), gpu_mask, c.B, c.H, c.Sq, c.Sk,
-          c.E, c.Ev, c.causal, scale, out_g.data_ptr<BFloat16>(), lse_g.data_ptr<float>(), stream);
+          c.E, c.Ev, c.causal, scale, {}, out_g.data_ptr<BFloat16>(), lse_g.data_ptr<float>(), stream);
       kernels::cuda::scaled_dot_product_attention_backward(
           dg.data_ptr<BFloat16>(), qg.data_ptr<BFloat16>(), kg.data_ptr<BFloat16>(), vg.data_ptr<BFloat16>(),
           gpu_mask, out_g.data_ptr<BFloat16>(), lse_g.data_ptr<float>(), c.B, c.H, c.Sq, c.Sk, c.E, c.Ev, c.causal,
-          scale, dq_g.data_ptr<BFloat16>(), dk_g.data_ptr<BFloat16>(), dv_g.data_ptr<BFloat16>(), stream);
+          scale, {}, dq_g.data_ptr<BFloat16>(), dk_g.data_ptr<BFloat16>(), dv_g.data_ptr<BFloat16>(), stream);
       return std::vector<Tensor>{out_g.to(kFloat32), lse_g, dq_g.to(kFloat32), dk_g.to(kFloat32), dv_g.to(kFloat32)};
     };
     const std::vector<Tensor> a = run_gpu();

@@ -2,7 +2,8 @@
 // f64 SIMT kernels and the bf16 and f16 WMMA kernels, forward and backward, at the compiled head
 // dims 32, 64, 128 and zero-padded ones (16, 40, 72), Sq and Sk off the 64-row tiles,
 // causal (Sq < Sk and Sq > Sk), an additive mask broadcast over heads with -inf entries,
-// and a fully masked row.
+// a fully masked row, and dropout on the weights (the same generator state on both sides:
+// a kernel that ignored it, or indexed the weights differently, differs by whole weights).
 //
 // Tolerances, relative to the largest |value| of each output tensor (each element is a
 // sum of at most n = Sk (out, dq) or Sq (dk, dv) terms, each a softmax weight times an
@@ -41,7 +42,11 @@ struct Case {
   int64_t B, H, Sq, Sk, E, Ev;
   bool causal;
   int mask;  // 0 none, 1 random additive with -inf entries (broadcast over heads), 2 query row 5 fully masked
+  double dropout = 0;  // dropout_p on the attention weights
 };
+
+// The case's dropout, one fixed generator state: both twins must drop the same weights.
+AttentionDropout dropout_of(const Case& c) { return {c.dropout, 20261203, 977}; }
 
 std::vector<float> make_mask(const Case& c) {
   if (c.mask == 0) return {};
@@ -85,15 +90,15 @@ void check_exact(const Case& c) {
   auto o2 = nans<T>(o1.size()), l2 = nans<T>(l1.size()), dq2 = nans<T>(q.size()), dk2 = nans<T>(k.size()),
        dv2 = nans<T>(v.size());
   cpu::scaled_dot_product_attention_forward<T>(q.data(), k.data(), v.data(), mask, c.B, c.H, c.Sq, c.Sk, c.E, c.Ev,
-                                               c.causal, scale, o1.data(), l1.data());
+                                               c.causal, scale, dropout_of(c), o1.data(), l1.data());
   cuda::scaled_dot_product_attention_forward<T>(q.data(), k.data(), v.data(), mask, c.B, c.H, c.Sq, c.Sk, c.E, c.Ev,
-                                                c.causal, scale, o2.data(), l2.data(), nullptr);
+                                                c.causal, scale, dropout_of(c), o2.data(), l2.data(), nullptr);
   // Both backwards from the CPU's forward results: the gradients are compared, not the forward twice.
   cpu::scaled_dot_product_attention_backward<T>(dout.data(), q.data(), k.data(), v.data(), mask, o1.data(), l1.data(),
-                                                c.B, c.H, c.Sq, c.Sk, c.E, c.Ev, c.causal, scale, dq1.data(),
+                                                c.B, c.H, c.Sq, c.Sk, c.E, c.Ev, c.causal, scale, dropout_of(c), dq1.data(),
                                                 dk1.data(), dv1.data());
   cuda::scaled_dot_product_attention_backward<T>(dout.data(), q.data(), k.data(), v.data(), mask, o1.data(),
-                                                 l1.data(), c.B, c.H, c.Sq, c.Sk, c.E, c.Ev, c.causal, scale,
+                                                 l1.data(), c.B, c.H, c.Sq, c.Sk, c.E, c.Ev, c.causal, scale, dropout_of(c),
                                                  dq2.data(), dk2.data(), dv2.data(), nullptr);
   const double u = sizeof(T) == 4 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -53);
   const double rel = 4.0 * double(std::max(c.Sq, c.Sk) + std::max(c.E, c.Ev)) * u;
@@ -124,21 +129,21 @@ void check_half(const Case& c, bool twice = false) {
   // The reference: the f32 CPU kernel on the rounded operands, outputs rounded to S.
   std::vector<float> o1(BH * c.Sq * c.Ev), l1(BH * c.Sq), dq1(q.size()), dk1(k.size()), dv1(v.size());
   cpu::scaled_dot_product_attention_forward<float>(q.data(), k.data(), v.data(), mask_of(c, maskf), c.B, c.H, c.Sq,
-                                                   c.Sk, c.E, c.Ev, c.causal, scale, o1.data(), l1.data());
+                                                   c.Sk, c.E, c.Ev, c.causal, scale, dropout_of(c), o1.data(), l1.data());
   o1 = r16(o1);
   cpu::scaled_dot_product_attention_backward<float>(dout.data(), q.data(), k.data(), v.data(), mask_of(c, maskf),
                                                     o1.data(), l1.data(), c.B, c.H, c.Sq, c.Sk, c.E, c.Ev, c.causal,
-                                                    scale, dq1.data(), dk1.data(), dv1.data());
+                                                    scale, dropout_of(c), dq1.data(), dk1.data(), dv1.data());
   const auto qb = to16(q), kb = to16(k), vb = to16(v), db = to16(dout);
   auto run = [&](std::vector<S>& o2, std::vector<float>& l2, std::vector<S>& dq2,
                  std::vector<S>& dk2, std::vector<S>& dv2) {
     o2 = to16(nans<float>(o1.size())), l2 = nans<float>(l1.size()), dq2 = to16(nans<float>(q.size())),
     dk2 = to16(nans<float>(k.size())), dv2 = to16(nans<float>(v.size()));
     cuda::scaled_dot_product_attention_forward(qb.data(), kb.data(), vb.data(), mask_of(c, maskb), c.B, c.H, c.Sq,
-                                               c.Sk, c.E, c.Ev, c.causal, scale, o2.data(), l2.data(), nullptr);
+                                               c.Sk, c.E, c.Ev, c.causal, scale, dropout_of(c), o2.data(), l2.data(), nullptr);
     cuda::scaled_dot_product_attention_backward(db.data(), qb.data(), kb.data(), vb.data(), mask_of(c, maskb),
                                                 o2.data(), l2.data(), c.B, c.H, c.Sq, c.Sk, c.E, c.Ev, c.causal,
-                                                scale, dq2.data(), dk2.data(), dv2.data(), nullptr);
+                                                scale, dropout_of(c), dq2.data(), dk2.data(), dv2.data(), nullptr);
   };
   std::vector<S> o2, dq2, dk2, dv2;
   std::vector<float> l2;
@@ -167,6 +172,8 @@ const Case kPadded128{"E=16 Ev=72 (padded to 128)", 1, 1, 20, 31, 16, 72, false,
 const Case kCausalWide{"causal Sq=40 < Sk=97", 1, 1, 40, 97, 32, 32, true, 0};
 const Case kMask{"additive mask over heads, -inf entries", 2, 2, 45, 70, 32, 32, false, 1};
 const Case kMaskedRow{"fully masked query row", 1, 2, 19, 23, 32, 32, false, 2};
+const Case kDropout{"dropout 0.3, mask, two heads", 2, 2, 45, 70, 32, 32, false, 1, 0.3};
+const Case kDropoutCausal{"dropout 0.5, causal, tails", 1, 1, 70, 45, 64, 40, true, 0, 0.5};
 
 TEST_CASE("attention f32 SIMT kernels: head dims 32/64/128 and padded, tails, causal, masks") {
   for (const Case& c : {kE32, kE64, kE128Causal, kPadded, kPadded128, kCausalWide, kMask, kMaskedRow})
@@ -192,10 +199,19 @@ TEST_CASE("attention f16 WMMA kernels: head dims 32/64/128, causal, mask, a full
   check_half<nd::Half>(kMaskedRow);
 }
 
+TEST_CASE("attention dropout: the SIMT and WMMA kernels drop the CPU's weights, forward and backward") {
+  for (const Case& c : {kDropout, kDropoutCausal}) {
+    check_exact<float>(c);
+    check_exact<double>(c);
+    check_half<BFloat16>(c, true);
+    check_half<nd::Half>(c);
+  }
+}
+
 TEST_CASE("attention head dims over 128 are an nd::Error") {
   std::vector<float> x(2 * 129, 0.0f), lse(2);
   CHECK_THROWS_WITH_AS(cuda::scaled_dot_product_attention_forward<float>(x.data(), x.data(), x.data(), {}, 1, 1, 2, 2,
-                                                                         129, 129, false, 1.0, x.data(), lse.data(),
+                                                                         129, 129, false, 1.0, {}, x.data(), lse.data(),
                                                                          nullptr),
                        doctest::Contains("expected head dims E and Ev of at most 128, found E = 129"), nd::Error);
 }

@@ -48,7 +48,7 @@ def run(case, module, inputs, call=None, after=()):
     tensors["out"] = out
     tensors["grad_out"] = grad_out
     tensors.update({f"grad.{k}": p.grad for k, p in module.named_parameters()})
-    tensors.update({f"grad.{k}": v.grad for k, v in ins.items() if v.is_floating_point()})
+    tensors.update({f"grad.{k}": v.grad for k, v in ins.items() if v.is_floating_point() and v.grad is not None})
     tensors.update({f"after.{k}": module.state_dict()[k] for k in after})
     write(case, tensors)
 
@@ -91,6 +91,41 @@ def main():
     causal = torch.triu(torch.ones(5, 5, dtype=torch.bool), diagonal=1)
     run("mha_causal", mha, {"x": torch.randn(5, 2, 4)},
         call=lambda m, i: m(i["x"], i["x"], i["x"], attn_mask=causal, need_weights=False)[0])
+
+    # key_padding_mask (bool, True = padding) merged with a float attn_mask, batch_first.
+    mha = nn.MultiheadAttention(4, 2, batch_first=True)
+    pad = torch.tensor([[False, False, False, True, True], [False, True, False, False, False]])
+    run("mha_padding", mha, {"q": torch.randn(2, 3, 4), "k": torch.randn(2, 5, 4), "v": torch.randn(2, 5, 4),
+                             "pad": pad, "bias": torch.randn(3, 5)},
+        call=lambda m, i: m(i["q"], i["k"], i["v"], key_padding_mask=i["pad"], attn_mask=i["bias"].detach(),
+                            need_weights=False)[0])
+
+    # need_weights: output and head-averaged weights (out is both, flattened and joined, so
+    # the gradient reaches the module through each), float key_padding_mask, sequence first.
+    def out_and_weights(out, weights):
+        return torch.cat([out.reshape(-1), weights.reshape(-1)])
+
+    mha = nn.MultiheadAttention(4, 2)
+    fpad = torch.tensor([[0.0, -1.5, 0.0, float("-inf")], [0.5, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    run("mha_weights", mha, {"q": torch.randn(3, 2, 4), "kv": torch.randn(4, 2, 4), "pad": fpad},
+        call=lambda m, i: out_and_weights(*m(i["q"], i["kv"], i["kv"], key_padding_mask=i["pad"].detach(),
+                                             need_weights=True, average_attn_weights=True)))
+
+    # Per-head weights with a 3-D bool attn_mask [B * H, L, S], batch_first.
+    mha = nn.MultiheadAttention(6, 3, batch_first=True)
+    mask3 = torch.rand(2 * 3, 4, 5) < 0.3
+    mask3[:, :, 0] = False  # every query keeps a key
+    run("mha_weights_per_head", mha, {"x": torch.randn(2, 4, 6), "kv": torch.randn(2, 5, 6), "mask": mask3},
+        call=lambda m, i: out_and_weights(*m(i["x"], i["kv"], i["kv"], attn_mask=i["mask"], need_weights=True,
+                                             average_attn_weights=False)))
+
+    # Unbatched [L, E] self-attention, causal with a key_padding_mask [S] (PyTorch takes the
+    # causal mask and is_causal as its hint; C++ passes is_causal alone), with weights.
+    mha = nn.MultiheadAttention(4, 2)
+    causal4 = torch.triu(torch.ones(4, 4, dtype=torch.bool), diagonal=1)
+    run("mha_causal_padding", mha, {"x": torch.randn(4, 4), "pad": torch.tensor([False, False, True, False])},
+        call=lambda m, i: out_and_weights(*m(i["x"], i["x"], i["x"], key_padding_mask=i["pad"], attn_mask=causal4,
+                                             is_causal=True, need_weights=True)))
 
 
 if __name__ == "__main__":

@@ -98,11 +98,11 @@ void check_against_reference(const Problem& p, double tol) {
   std::vector<T> out(ref.out.size()), lse(p.B * p.H * p.Sq), dq(q.size()), dk(k.size()),
       dv(v.size());
   scaled_dot_product_attention_forward<T>(qt.data(), kt.data(), vt.data(), mask, p.B, p.H, p.Sq,
-                                          p.Sk, p.E, p.Ev, p.causal, p.scale, out.data(),
+                                          p.Sk, p.E, p.Ev, p.causal, p.scale, {}, out.data(),
                                           lse.data());
   scaled_dot_product_attention_backward<T>(dt.data(), qt.data(), kt.data(), vt.data(), mask,
                                            out.data(), lse.data(), p.B, p.H, p.Sq, p.Sk, p.E,
-                                           p.Ev, p.causal, p.scale, dq.data(), dk.data(),
+                                           p.Ev, p.causal, p.scale, {}, dq.data(), dk.data(),
                                            dv.data());
   auto close = [tol](const std::vector<T>& got, const std::vector<double>& want) {
     for (size_t i = 0; i < want.size(); ++i) {
@@ -125,13 +125,13 @@ TEST_CASE("attention: known value with equal scores averages v") {
   const std::vector<double> q = {1, 0}, k = {2, 5, 2, -3}, v = {1, 10, 3, 20};
   std::vector<double> out(2), lse(1);
   scaled_dot_product_attention_forward<double>(q.data(), k.data(), v.data(), {}, 1, 1, 1, 2, 2, 2,
-                                               false, 0.5, out.data(), lse.data());
+                                               false, 0.5, {}, out.data(), lse.data());
   CHECK(out[0] == doctest::Approx(2.0));
   CHECK(out[1] == doctest::Approx(15.0));
   CHECK(lse[0] == doctest::Approx(1.0 + std::log(2.0)));
   // Causal: query 0 sees only key 0.
   scaled_dot_product_attention_forward<double>(q.data(), k.data(), v.data(), {}, 1, 1, 1, 2, 2, 2,
-                                               true, 0.5, out.data(), lse.data());
+                                               true, 0.5, {}, out.data(), lse.data());
   CHECK(out[0] == doctest::Approx(1.0));
   CHECK(out[1] == doctest::Approx(10.0));
   CHECK(lse[0] == doctest::Approx(1.0));
@@ -165,13 +165,13 @@ TEST_CASE("attention: fully masked row gives zero output, -inf lse, no gradient"
   const AttentionMask<double> m{mask.data(), 0, 0, 0, 1};
   std::vector<double> out(2), lse(1), dq(2), dk(6), dv(6);
   scaled_dot_product_attention_forward<double>(q.data(), k.data(), v.data(), m, 1, 1, 1, 3, 2, 2,
-                                               false, 1.0, out.data(), lse.data());
+                                               false, 1.0, {}, out.data(), lse.data());
   CHECK(out[0] == 0.0);
   CHECK(out[1] == 0.0);
   CHECK(lse[0] == -kInf);
   scaled_dot_product_attention_backward<double>(dout.data(), q.data(), k.data(), v.data(), m,
                                                 out.data(), lse.data(), 1, 1, 1, 3, 2, 2, false,
-                                                1.0, dq.data(), dk.data(), dv.data());
+                                                1.0, {}, dq.data(), dk.data(), dv.data());
   for (double g : dq) CHECK(g == 0.0);
   for (double g : dk) CHECK(g == 0.0);
   for (double g : dv) CHECK(g == 0.0);
@@ -186,7 +186,7 @@ TEST_CASE("attention: a fully masked row of many keys is exactly zero in f64 and
     for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<T>(0.1);
     for (int64_t j = 0; j < Sk; ++j) mask[j] = -std::numeric_limits<T>::infinity();  // row 0 sees nothing
     const AttentionMask<T> m{mask.data(), 0, 0, Sk, 1};
-    scaled_dot_product_attention_forward<T>(q.data(), k.data(), v.data(), m, 1, 1, 2, Sk, E, E, false, 1.0,
+    scaled_dot_product_attention_forward<T>(q.data(), k.data(), v.data(), m, 1, 1, 2, Sk, E, E, false, 1.0, {},
                                             out.data(), lse.data());
     for (int64_t e = 0; e < E; ++e) CHECK(out[e] == T(0));
     CHECK(lse[0] == -std::numeric_limits<T>::infinity());
@@ -205,7 +205,7 @@ TEST_CASE("attention backward matches finite differences") {
                   const std::vector<double>& vv) {
     std::vector<double> out(r.size()), lse(p.B * p.H * p.Sq);
     scaled_dot_product_attention_forward<double>(qq.data(), kk.data(), vv.data(), {}, p.B, p.H,
-                                                 p.Sq, p.Sk, p.E, p.Ev, p.causal, p.scale,
+                                                 p.Sq, p.Sk, p.E, p.Ev, p.causal, p.scale, {},
                                                  out.data(), lse.data());
     double s = 0;
     for (size_t i = 0; i < out.size(); ++i) s += r[i] * out[i];
@@ -214,11 +214,11 @@ TEST_CASE("attention backward matches finite differences") {
   std::vector<double> out(r.size()), lse(p.B * p.H * p.Sq), dq(q.size()), dk(k.size()),
       dv(v.size());
   scaled_dot_product_attention_forward<double>(q.data(), k.data(), v.data(), {}, p.B, p.H, p.Sq,
-                                               p.Sk, p.E, p.Ev, p.causal, p.scale, out.data(),
+                                               p.Sk, p.E, p.Ev, p.causal, p.scale, {}, out.data(),
                                                lse.data());
   scaled_dot_product_attention_backward<double>(r.data(), q.data(), k.data(), v.data(), {},
                                                 out.data(), lse.data(), p.B, p.H, p.Sq, p.Sk, p.E,
-                                                p.Ev, p.causal, p.scale, dq.data(), dk.data(),
+                                                p.Ev, p.causal, p.scale, {}, dq.data(), dk.data(),
                                                 dv.data());
   const double h = 1e-6;
   auto numeric = [&](std::vector<double> x, int which, size_t i) {
@@ -274,9 +274,9 @@ void check_strided_equals_dense(const Problem& p, int threads) {
              v = cast(randn(p.B * p.H * p.Sk * p.Ev, 13)), dout = cast(randn(p.B * p.H * p.Sq * p.Ev, 14));
   std::vector<T> out(dout.size()), lse(p.B * p.H * p.Sq), dq(q.size()), dk(k.size()), dv(v.size());
   scaled_dot_product_attention_forward<T>(q.data(), k.data(), v.data(), {}, p.B, p.H, p.Sq, p.Sk, p.E, p.Ev,
-                                          p.causal, p.scale, out.data(), lse.data());
+                                          p.causal, p.scale, {}, out.data(), lse.data());
   scaled_dot_product_attention_backward<T>(dout.data(), q.data(), k.data(), v.data(), {}, out.data(), lse.data(),
-                                           p.B, p.H, p.Sq, p.Sk, p.E, p.Ev, p.causal, p.scale, dq.data(), dk.data(),
+                                           p.B, p.H, p.Sq, p.Sk, p.E, p.Ev, p.causal, p.scale, {}, dq.data(), dk.data(),
                                            dv.data());
 
   const HeadsInner lq{p.B, p.H, p.Sq, p.E, 3}, lk{p.B, p.H, p.Sk, p.E, 1}, lv{p.B, p.H, p.Sk, p.Ev, 2},
@@ -285,9 +285,9 @@ void check_strided_equals_dense(const Problem& p, int threads) {
   const auto qs = lq.scatter(q), ks = lk.scatter(k), vs = lv.scatter(v), dos = ldo.scatter(dout);
   std::vector<T> outs(lo.size()), lses(lse.size()), dqs(lq.size()), dks(lk.size()), dvs(lv.size());
   scaled_dot_product_attention_forward<T>(qs.data(), ks.data(), vs.data(), {}, layout, p.B, p.H, p.Sq, p.Sk, p.E,
-                                          p.Ev, p.causal, p.scale, outs.data(), lses.data());
+                                          p.Ev, p.causal, p.scale, {}, outs.data(), lses.data());
   scaled_dot_product_attention_backward<T>(dos.data(), qs.data(), ks.data(), vs.data(), {}, outs.data(), lses.data(),
-                                           layout, p.B, p.H, p.Sq, p.Sk, p.E, p.Ev, p.causal, p.scale, dqs.data(),
+                                           layout, p.B, p.H, p.Sq, p.Sk, p.E, p.Ev, p.causal, p.scale, {}, dqs.data(),
                                            dks.data(), dvs.data());
   CHECK(lo.gather(outs) == out);
   CHECK(lses == lse);

@@ -2,6 +2,7 @@
 // (float64, from float32 weights and inputs) and wrote weights, input, output and every
 // gradient; here the same weights go in through load_state_dict, the same forward and
 // backward run in f32, and everything must match to 1e-4 (relative to the tensor's scale).
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -28,7 +29,7 @@ TensorDict read_golden(const std::string& name) {
     for (std::string d; std::getline(dims, d, ',');) shape.push_back(std::stoll(d));
     std::vector<double> values;
     std::stringstream vs(line.substr(b + 1));
-    for (double v; vs >> v;) values.push_back(v);
+    for (std::string v; vs >> v;) values.push_back(std::strtod(v.c_str(), nullptr));  // strtod reads "-inf"
     REQUIRE(static_cast<int64_t>(values.size()) == shape_numel(shape));
     out[line.substr(0, a)] = tensor(values).reshape(shape);
   }
@@ -99,7 +100,7 @@ TEST_CASE("golden: LayerNorm over two trailing dims") {
 TEST_CASE("golden: MultiheadAttention, batch_first cross-attention with a bool mask") {
   nn::MultiheadAttention m(nn::MultiheadAttentionOptions(4, 2).batch_first(true));
   run_golden("mha", *m, [&](TensorDict& in) {
-    return m(in.at("q"), in.at("k"), in.at("v"), in.at("mask").to(kBool));
+    return std::get<0>(m->forward(in.at("q"), in.at("k"), in.at("v"), {.attn_mask = in.at("mask").to(kBool)}));
   });
 }
 
@@ -107,6 +108,51 @@ TEST_CASE("golden: MultiheadAttention, causal self-attention, sequence first") {
   nn::MultiheadAttention m(nn::MultiheadAttentionOptions(4, 2));
   run_golden("mha_causal", *m, [&](TensorDict& in) {
     const Tensor& x = in.at("x");
-    return m(x, x, x, Tensor(), /*need_weights=*/false, /*is_causal=*/true);
+    return std::get<0>(m->forward(x, x, x, {.is_causal = true}));
+  });
+}
+
+TEST_CASE("golden: MultiheadAttention, bool key_padding_mask merged with a float attn_mask") {
+  nn::MultiheadAttention m(nn::MultiheadAttentionOptions(4, 2).batch_first(true));
+  run_golden("mha_padding", *m, [&](TensorDict& in) {
+    return std::get<0>(m->forward(in.at("q"), in.at("k"), in.at("v"),
+                                  {.key_padding_mask = in.at("pad").to(kBool), .attn_mask = in.at("bias").detach()}));
+  });
+}
+
+namespace {
+
+// need_weights cases: the script's out is the output and the weights, flattened and joined.
+Tensor out_and_weights(const std::tuple<Tensor, Tensor>& r) {
+  return cat({std::get<0>(r).reshape({-1}), std::get<1>(r).reshape({-1})});
+}
+
+}  // namespace
+
+TEST_CASE("golden: MultiheadAttention, need_weights averaged over heads, float key_padding_mask") {
+  nn::MultiheadAttention m(nn::MultiheadAttentionOptions(4, 2));
+  run_golden("mha_weights", *m, [&](TensorDict& in) {
+    const Tensor& kv = in.at("kv");
+    return out_and_weights(m->forward(in.at("q"), kv, kv, {.key_padding_mask = in.at("pad").detach(),
+                                                            .need_weights = true}));
+  });
+}
+
+TEST_CASE("golden: MultiheadAttention, per-head weights with a 3-D bool attn_mask") {
+  nn::MultiheadAttention m(nn::MultiheadAttentionOptions(6, 3).batch_first(true));
+  run_golden("mha_weights_per_head", *m, [&](TensorDict& in) {
+    const Tensor& kv = in.at("kv");
+    return out_and_weights(m->forward(in.at("x"), kv, kv, {.need_weights = true,
+                                                           .attn_mask = in.at("mask").to(kBool),
+                                                           .average_attn_weights = false}));
+  });
+}
+
+TEST_CASE("golden: MultiheadAttention, unbatched causal self-attention with a key_padding_mask and weights") {
+  nn::MultiheadAttention m(nn::MultiheadAttentionOptions(4, 2));
+  run_golden("mha_causal_padding", *m, [&](TensorDict& in) {
+    const Tensor& x = in.at("x");
+    return out_and_weights(
+        m->forward(x, x, x, {.key_padding_mask = in.at("pad").to(kBool), .need_weights = true, .is_causal = true}));
   });
 }

@@ -259,18 +259,26 @@ TEST_CASE("forward: layers equal their functional ops") {
 TEST_CASE("MultiheadAttention: masks, layouts and self-attention") {
   manual_seed(11);
   nn::MultiheadAttention mha(nn::MultiheadAttentionOptions(8, 2).batch_first(true));
+  // The attention output (forward returns it with the weights, undefined here).
+  auto attend = [](nn::MultiheadAttention& m, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& attn_mask = {}) {
+    auto [out, weights] = m->forward(q, k, v, {.attn_mask = attn_mask});
+    CHECK(!weights.defined());
+    return out;
+  };
   const Tensor q = randn({2, 3, 8}), kv = randn({2, 4, 8});
   // PyTorch's bool mask blocks where true; the same as -inf added to the scores.
   const Tensor blocked = tensor({0, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0}).reshape({3, 4});
   const Tensor additive = blocked * -1e30;
-  check_close(mha(q, kv, kv, blocked.to(kBool)), mha(q, kv, kv, additive), 1e-6, 1e-5, "bool mask == float mask");
+  check_close(attend(mha, q, kv, kv, blocked.to(kBool)), attend(mha, q, kv, kv, additive), 1e-6, 1e-5,
+              "bool mask == float mask");
   // A per-(batch, head) mask [B * H, L, S] equal for all heads gives the same.
-  check_close(mha(q, kv, kv, additive.unsqueeze(0).expand({4, 3, 4}).contiguous()), mha(q, kv, kv, additive), 1e-6,
-              1e-5, "3-D mask");
+  check_close(attend(mha, q, kv, kv, additive.unsqueeze(0).expand({4, 3, 4}).contiguous()),
+              attend(mha, q, kv, kv, additive), 1e-6, 1e-5, "3-D mask");
   // Unbatched input and self-attention through the single-tensor forward.
-  check_close(mha(q.select(0, 1), kv.select(0, 1), kv.select(0, 1)), mha(q, kv, kv).select(0, 1), 1e-6, 1e-5,
-              "unbatched [L, E]");
-  check_close(mha->forward(q), mha(q, q, q), 0, 0, "forward(x) is self-attention");
+  check_close(attend(mha, q.select(0, 1), kv.select(0, 1), kv.select(0, 1)), attend(mha, q, kv, kv).select(0, 1),
+              1e-6, 1e-5, "unbatched [L, E]");
+  check_close(mha->forward(q), attend(mha, q, q, q), 0, 0, "forward(x) is self-attention");
   // Self-attention (one tensor as query, key and value) projects with all of in_proj at
   // once; the same values as three separate tensors, which take the q, k, v row blocks,
   // forward and backward (input and parameter gradients).
@@ -278,10 +286,10 @@ TEST_CASE("MultiheadAttention: masks, layouts and self-attention") {
     const Tensor x1 = q.clone().requires_grad_(), x2 = q.clone().requires_grad_();
     const Tensor w = randn({2, 3, 8});
     mha->zero_grad();
-    (mha(x1, x1, x1) * w).sum().backward();
+    (attend(mha, x1, x1, x1) * w).sum().backward();
     const Tensor packed_w = mha->in_proj_weight.grad().clone(), packed_b = mha->in_proj_bias.grad().clone();
     mha->zero_grad();
-    (mha(x2, x2 * 1.0, x2 * 1.0) * w).sum().backward();
+    (attend(mha, x2, x2 * 1.0, x2 * 1.0) * w).sum().backward();
     check_close(x1.grad(), x2.grad(), 1e-6, 1e-5, "self-attention: d/dx");
     check_close(packed_w, mha->in_proj_weight.grad(), 1e-6, 1e-5, "self-attention: d/d in_proj_weight");
     check_close(packed_b, mha->in_proj_bias.grad(), 1e-6, 1e-5, "self-attention: d/d in_proj_bias");
@@ -290,15 +298,57 @@ TEST_CASE("MultiheadAttention: masks, layouts and self-attention") {
   // batch_first = false: the same module on [L, B, E].
   nn::MultiheadAttention seq_first(nn::MultiheadAttentionOptions(8, 2));
   seq_first->load_state_dict(mha->state_dict());
-  check_close(seq_first(q.transpose(0, 1), kv.transpose(0, 1), kv.transpose(0, 1)).transpose(0, 1), mha(q, kv, kv),
-              1e-6, 1e-5, "sequence-first layout");
+  check_close(attend(seq_first, q.transpose(0, 1), kv.transpose(0, 1), kv.transpose(0, 1)).transpose(0, 1),
+              attend(mha, q, kv, kv), 1e-6, 1e-5, "sequence-first layout");
   nn::MultiheadAttention nobias(nn::MultiheadAttentionOptions(8, 2).bias(false));
   CHECK(nobias->state_dict().size() == 2);
-  CHECK(error_message([&] { mha(q, kv, kv, Tensor(), /*need_weights=*/true); }).find("need_weights=true is not supported") !=
+  CHECK(error_message([&] { mha->forward(q, kv, kv, {.key_padding_mask = ones({2, 3})}); })
+            .find("expected key_padding_mask [2, 4] ([batch, keys]), got [cpu f32 [2, 3]]") != std::string::npos);
+  CHECK(error_message([&] { mha->forward(q, kv, kv, {.attn_mask = ones({3, 5})}); })
+            .find("expected attn_mask [L, S] = [3, 4] or [B * num_heads, L, S] = [4, 3, 4]") != std::string::npos);
+  CHECK(error_message([&] { attend(mha, q, randn({2, 4, 6}), kv); }).find("must end in embed_dim=8") !=
         std::string::npos);
-  CHECK(error_message([&] { mha(q, kv, kv, blocked.to(kBool), false, true); }).find("not both") !=
-        std::string::npos);
-  CHECK(error_message([&] { mha(q, randn({2, 4, 6}), kv); }).find("must end in embed_dim=8") != std::string::npos);
+}
+
+TEST_CASE("MultiheadAttention: dropout on the weights, the same on the fused and the need_weights path") {
+  manual_seed(5);
+  nn::MultiheadAttention mha(nn::MultiheadAttentionOptions(8, 2).dropout(0.4).batch_first(true));
+  const Tensor q = randn({2, 3, 8}), kv = randn({2, 6, 8}), w = randn({2, 3, 8});
+  const Tensor pad = tensor({0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 0, 0}).reshape({2, 6}).to(kBool);
+  // Training: both paths draw the weights' mask from the generator in the same order
+  // (kernels/common/dropout_mask.h), so equal seeds give equal outputs and gradients.
+  auto run = [&](bool need_weights) {
+    manual_seed(77);
+    mha->zero_grad();
+    auto [out, weights] = mha->forward(q, kv, kv, {.key_padding_mask = pad, .need_weights = need_weights});
+    (out * w).sum().backward();
+    return std::pair{out, mha->in_proj_weight.grad().clone()};
+  };
+  const auto [fused, fused_grad] = run(false);
+  const auto [explicit_out, explicit_grad] = run(true);
+  check_close(fused, explicit_out, 1e-6, 1e-5, "dropout: fused == need_weights output");
+  check_close(fused_grad, explicit_grad, 1e-6, 1e-5, "dropout: fused == need_weights in_proj_weight grad");
+  // The weights returned are the dropped ones: each 0 or the undropped weight / (1 - p).
+  nn::MultiheadAttention plain(nn::MultiheadAttentionOptions(8, 2).batch_first(true));
+  plain->load_state_dict(mha->state_dict());
+  manual_seed(77);
+  const auto dropped = nd::testing::to_vector(std::get<1>(
+      mha->forward(q, kv, kv, {.key_padding_mask = pad, .need_weights = true, .average_attn_weights = false})));
+  const auto undropped = nd::testing::to_vector(std::get<1>(
+      plain->forward(q, kv, kv, {.key_padding_mask = pad, .need_weights = true, .average_attn_weights = false})));
+  REQUIRE(dropped.size() == 2 * 2 * 3 * 6);
+  int zeros_where_positive = 0;
+  for (size_t i = 0; i < dropped.size(); ++i) {
+    if (dropped[i] == 0.0) zeros_where_positive += undropped[i] > 0.0;
+    else CHECK(dropped[i] == doctest::Approx(undropped[i] / 0.6).epsilon(1e-5));
+  }
+  CHECK(zeros_where_positive > 0);
+  // Eval: no dropout; the output equals a dropout-free module's.
+  mha->eval();
+  check_close(std::get<0>(mha->forward(q, kv, kv, {.key_padding_mask = pad})),
+              std::get<0>(plain->forward(q, kv, kv, {.key_padding_mask = pad})), 0, 0, "eval: no dropout");
+  CHECK(nd::testing::to_vector(fused) != nd::testing::to_vector(std::get<0>(plain->forward(q, kv, kv,
+                                                                                          {.key_padding_mask = pad}))));
 }
 
 TEST_CASE("train/eval: BatchNorm2d running stats and Dropout") {
@@ -394,8 +444,8 @@ TEST_CASE("options: bad values give errors naming the layer and the option") {
       {[] { nn::LayerNorm(nn::LayerNormOptions({4, -2})); }, "LayerNorm: normalized_shape must be positive"},
       {[] { nn::MultiheadAttention(10, 3); },
        "MultiheadAttention: embed_dim must be divisible by num_heads, got embed_dim=10, num_heads=3"},
-      {[] { nn::MultiheadAttention(nn::MultiheadAttentionOptions(8, 2).dropout(0.1)); },
-       "MultiheadAttention: dropout=0.1 is not supported"},
+      {[] { nn::MultiheadAttention(nn::MultiheadAttentionOptions(8, 2).dropout(1.5)); },
+       "MultiheadAttention: dropout must be between 0 and 1, got 1.5"},
       {[] { nn::Dropout(1.5); }, "Dropout: p must be in [0, 1], got 1.5"},
       {[] { nn::Embedding(nn::EmbeddingOptions(5, 3).padding_idx(5)); },
        "Embedding: padding_idx must be within num_embeddings (5), got 5"},
@@ -430,7 +480,18 @@ TEST_CASE("layers in f64: Module::to(kFloat64) and finite-difference gradients t
   mha->to(kFloat64);
   ln->to(kFloat64);
   nd::testing::gradcheck("LayerNorm-MultiheadAttention",
-                         [&](const std::vector<Tensor>& x) { return mha->forward(ln(x[0]), x[1], x[1]); },
+                         [&](const std::vector<Tensor>& x) { return std::get<0>(mha->forward(ln(x[0]), x[1], x[1])); },
                          {nd::testing::random_input({2, 3, 4}, 2).requires_grad_(true),
                           nd::testing::random_input({2, 5, 4}, 3).requires_grad_(true)});
+  // The need_weights path, through the output and the per-head weights, with padding.
+  const Tensor pad = tensor({0, 0, 1, 0, 0, 0, 0, 0, 0, 1}).reshape({2, 5}).to(kBool);
+  nd::testing::gradcheck(
+      "MultiheadAttention need_weights",
+      [&](const std::vector<Tensor>& x) {
+        auto [out, weights] = mha->forward(x[0], x[1], x[1], {.key_padding_mask = pad, .need_weights = true,
+                                                              .average_attn_weights = false});
+        return cat({out.reshape({-1}), weights.reshape({-1})});
+      },
+      {nd::testing::random_input({2, 3, 4}, 4).requires_grad_(true),
+       nd::testing::random_input({2, 5, 4}, 5).requires_grad_(true)});
 }

@@ -4,6 +4,9 @@
 #include <limits>
 
 #include "engine/ops/attention.h"
+#include "engine/ops/dropout.h"
+#include "engine/ops/matmul.h"
+#include "engine/ops/softmax.h"
 #include "harness.h"
 
 using namespace nd;
@@ -63,6 +66,13 @@ TEST_CASE("attention: gradcheck table (f64, non-contiguous, batch size 1)") {
        [](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); }, -2, 2},
       {"sdpa q only", {{1, 2, 3, 4}, {1, 2, 3, 4}, {1, 2, 3, 4}},
        [](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); }, -2, 2, {true, false, false}},
+      // Dropout: every call starts from one generator state, so every evaluation drops the
+      // same weights and the finite differences see one function.
+      {"sdpa dropout 0.4, causal", {{2, 2, 4, 3}, {2, 2, 5, 3}, {2, 2, 5, 2}},
+       [](const V& x) {
+         default_generator() = Generator{7, 100};
+         return scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.4, true);
+       }, -2, 2},
   };
   for (const OpCase& c : cases) {
     CAPTURE(c.name);
@@ -94,6 +104,51 @@ TEST_CASE("attention: matches the explicit full matrix (f32 and f64, masks, caus
   nd::testing::check_close(scaled_dot_product_attention(q, k, v, mask), masked, 1e-12, 1e-10, "float mask");
 }
 
+TEST_CASE("attention: dropout drops the weights nd::dropout would drop from the materialised softmax") {
+  const int64_t B = 2, H = 2, L = 5, S = 70, E = 8, Ev = 6;  // S spans two key tiles
+  const double p = 0.3, scale = 1 / std::sqrt(8.0), inf = std::numeric_limits<double>::infinity();
+  std::vector<double> causal_values(L * S);
+  for (int64_t i = 0; i < L; ++i)
+    for (int64_t j = 0; j < S; ++j) causal_values[i * S + j] = j > i ? -inf : 0.0;
+  const Tensor causal = tensor(causal_values, kFloat64).reshape({L, S});
+  const Tensor float_mask = nd::testing::random_input({B, 1, L, S}, 4, false, -3, 3);
+  for (int variant = 0; variant < 3; ++variant) {  // no mask, causal, float mask
+    CAPTURE(variant);
+    const Tensor q = nd::testing::random_input({B, H, L, E}, 1, false, -2, 2).requires_grad_();
+    const Tensor k = nd::testing::random_input({B, H, S, E}, 2, false, -2, 2).requires_grad_();
+    const Tensor v = nd::testing::random_input({B, H, S, Ev}, 3, false, -2, 2).requires_grad_();
+    const Tensor w = nd::testing::random_input({B, H, L, Ev}, 5, false, -1, 1);
+    const Tensor additive = variant == 1 ? causal : variant == 2 ? float_mask : zeros({L, S}, kFloat64);
+    manual_seed(42);
+    const uint64_t offset = default_generator().offset;
+    const Tensor out = scaled_dot_product_attention(q, k, v, variant == 2 ? float_mask : Tensor(), p, variant == 1);
+    CHECK(default_generator().offset == offset + B * H * L * S);  // one draw per weight
+    (out * w).sum().backward();
+    const std::vector<Tensor> fused_grads = {q.grad().clone(), k.grad().clone(), v.grad().clone()};
+    for (const Tensor& t : {q, k, v}) t.set_grad(Tensor());
+    manual_seed(42);
+    const Tensor weights = softmax(add(matmul(q, k.transpose(-2, -1)).mul(scale), additive), -1);
+    const Tensor ref = matmul(dropout(weights, p, true), v);
+    nd::testing::check_close(out, ref, 1e-12, 1e-10, "out");
+    (ref * w).sum().backward();
+    nd::testing::check_close(fused_grads[0], q.grad(), 1e-12, 1e-10, "dq");
+    nd::testing::check_close(fused_grads[1], k.grad(), 1e-12, 1e-10, "dk");
+    nd::testing::check_close(fused_grads[2], v.grad(), 1e-12, 1e-10, "dv");
+    // About p of the weights were dropped: the output is not the undropped one.
+    CHECK(nd::testing::to_vector(out) != nd::testing::to_vector(scaled_dot_product_attention(q, k, v)));
+  }
+  // The same seed gives the same output; the next call draws new weights; p = 1 drops all.
+  const Tensor q = nd::testing::random_input({1, 2, 3, 4}, 6), kv = nd::testing::random_input({1, 2, 9, 4}, 7);
+  manual_seed(3);
+  const auto first = nd::testing::to_vector(scaled_dot_product_attention(q, kv, kv, {}, 0.5));
+  const auto second = nd::testing::to_vector(scaled_dot_product_attention(q, kv, kv, {}, 0.5));
+  manual_seed(3);
+  CHECK(nd::testing::to_vector(scaled_dot_product_attention(q, kv, kv, {}, 0.5)) == first);
+  CHECK(first != second);
+  nd::testing::check_close(scaled_dot_product_attention(q, kv, kv, {}, 1.0), std::vector<double>(24, 0.0), 0, 0,
+                           "p = 1");
+}
+
 TEST_CASE("attention: known values") {
   // Equal scores for both keys average the values; causal query 0 sees only key 0.
   Tensor q = tensor({1, 0}, kFloat64).reshape({1, 1, 1, 2});
@@ -109,8 +164,8 @@ TEST_CASE("attention: known values") {
 TEST_CASE("attention: argument errors") {
   using nd::testing::error_message;
   const Tensor q = ones({1, 2, 3, 4}), k = ones({1, 2, 5, 4}), v = ones({1, 2, 5, 3});
-  CHECK(error_message([&] { scaled_dot_product_attention(q, k, v, {}, 0.1); })
-            .find("attention dropout is not implemented yet; expected dropout_p == 0, found 0.1") != std::string::npos);
+  CHECK(error_message([&] { scaled_dot_product_attention(q, k, v, {}, 1.5); })
+            .find("expected dropout_p between 0 and 1, found 1.5") != std::string::npos);
   CHECK(error_message([&] { scaled_dot_product_attention(q, ones({1, 2, 5, 3}), v); })
             .find("expected key's last dim to equal query's (4), found key [cpu f32 [1, 2, 5, 3]]") !=
         std::string::npos);
