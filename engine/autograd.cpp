@@ -98,8 +98,11 @@ uint64_t next_sequence_nr() {
 }
 
 void connect(Node& node, std::initializer_list<Tensor> inputs) {
-  for (const Tensor& t : inputs)
-    node.next_edges.push_back(t.defined() && t.requires_grad() ? gradient_edge(t) : Edge{});
+  for (const Tensor& t : inputs) {
+    const bool tracked = t.defined() && t.requires_grad();
+    if (tracked) t.impl().last_read_untracked = false;
+    node.next_edges.push_back(tracked ? gradient_edge(t) : Edge{});
+  }
 }
 
 void set_history(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> outputs) {
@@ -114,6 +117,17 @@ void set_history(const std::shared_ptr<Node>& node, std::initializer_list<Tensor
 }
 
 void mark_untracked(std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs) {
+  // A leaf that requires grad read under no-grad (a module's forward under NoGradGuard) gets
+  // no gradient from that use: Tensor::grad() says so if its .grad is then missing. Being
+  // written in place (an optimizer step, after its reads) is not such a read.
+  if (!GradMode::is_enabled()) {
+    for (const Tensor& t : inputs) {
+      if (!t.defined() || !t.requires_grad() || !t.is_leaf()) continue;
+      bool written = false;
+      for (const Tensor& out : outputs) written |= out.defined() && out.impl_ptr() == t.impl_ptr();
+      t.impl().last_read_untracked = !written;
+    }
+  }
   bool from_graph = false;
   for (const Tensor& t : inputs)
     if (t.defined() && (t.requires_grad() || t.impl().produced_untracked)) from_graph = true;

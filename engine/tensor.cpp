@@ -141,6 +141,11 @@ Tensor Tensor::grad() const {
   if (!is_leaf() && !im.retains_grad)
     return undefined_because(".grad of " + who + " is undefined: it is not a leaf (it was computed by " +
                              "an op), and only leaves get .grad. Call retain_grad() on it before backward.");
+  if (im.last_read_untracked)
+    return undefined_because(".grad of " + who + " is undefined: no gradient has reached it, and the last op "
+                             "that read it ran with grad mode off (under NoGradGuard, e.g. a module's forward in "
+                             "evaluation code), which records no graph for backward to follow. Run the forward "
+                             "whose loss should train it with grad mode on.");
   return undefined_because(".grad of " + who + " is undefined: no gradient has reached it yet (no backward "
                            "has run through it since it was created or its grad was cleared).");
 }

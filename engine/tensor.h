@@ -54,6 +54,7 @@ struct TensorImpl {
   bool is_view = false;          // shares storage with the tensor it was derived from
   bool produced_untracked = false;  // made by detach() or an op under no-grad from grad-requiring inputs
   bool marked_after_untracked = false;  // requires_grad_(true) was called on such a tensor
+  bool last_read_untracked = false;  // a leaf that requires grad, last read by an op under no-grad
   std::shared_ptr<TensorImpl> grad;
   std::shared_ptr<autograd::Node> grad_fn;
   uint32_t output_nr = 0;

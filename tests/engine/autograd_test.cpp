@@ -106,6 +106,35 @@ TEST_CASE("story 8: .grad of a tensor that never received one explains why") {
   CHECK(contains(error_message([&] { fresh.grad().numel(); }), "no gradient has reached it yet"));
 }
 
+TEST_CASE("story 8: a parameter whose module ran under NoGradGuard says so when its .grad is missing") {
+  manual_seed(1);
+  nn::Linear D(nn::LinearOptions(3, 2));
+  D->weight.set_name("D.weight");
+  const Tensor x = randn({4, 3});
+  {
+    NoGradGuard no_grad;  // e.g. a discriminator scored in evaluation code, then its loss backpropagated
+    D(x).sum();
+  }
+  const std::string msg = error_message([&] { D->weight.grad().numel(); });
+  CHECK(contains(msg, "'D.weight'"));
+  CHECK(contains(msg, "the last op that read it ran with grad mode off (under NoGradGuard"));
+  // A forward with grad mode on and its backward give the gradient; once cleared, the
+  // message is the plain one again.
+  D(x).sum().backward();
+  CHECK(D->weight.grad().defined());
+  D->zero_grad();
+  CHECK(contains(error_message([&] { D->weight.grad().numel(); }), "no gradient has reached it yet"));
+  // An optimizer step reads and writes the parameters under no-grad: a write is not a read
+  // that lost the gradient.
+  optim::SGD sgd(D->parameters(), optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.01));
+  D(x).sum().backward();
+  sgd.step();
+  D->zero_grad();
+  const std::string after_step = error_message([&] { D->weight.grad().numel(); });
+  CHECK(contains(after_step, "no gradient has reached it yet"));
+  CHECK(!contains(after_step, "grad mode off"));
+}
+
 TEST_CASE("autograd: shared inputs, retain_grad, grad(), post-accumulate hooks") {
   Tensor x = tensor({1, 2, 3}, kFloat64).requires_grad_();
   Tensor y = x * x;  // used twice below: gradients from both uses add
