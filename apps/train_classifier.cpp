@@ -96,6 +96,7 @@ int main(int argc, char** argv) {
     app::add_common_flags(flags, o, /*has_batch_norm=*/true);
     flags.add("--test-images", &o.test_images, "test images for the final accuracy (the first N)");
     flags.parse(argc, argv);
+    o.run_flags = flags.values_markdown();
     return train(o);
   });
 }

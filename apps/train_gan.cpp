@@ -4,7 +4,6 @@
 // options. Writes DIR/samples_<step>.png (8x8 grid from a fixed z, G in eval mode),
 // DIR/metrics.jsonl, DIR/loss_curve.png, DIR/ckpt/latest.safetensors; with --eval,
 // FID in the feature space of a classifier trained by train_classifier.
-#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -98,9 +97,7 @@ int train(Options& o) {
   auto write_samples = [&](int64_t step) {
     if (!world.rank0()) return;
     const Tensor images = sample(G, fixed_z);
-    char name[64];
-    std::snprintf(name, sizeof name, "/samples_%06lld.png", static_cast<long long>(step));
-    app::save_png(log, world, o.out + name, app::image_grid(images, 8));
+    app::save_samples(log, world, o, step, app::image_grid(images, 8));
   };
   auto evaluate = [&](int64_t step) {
     if (!o.eval || !world.rank0()) return;
@@ -166,6 +163,7 @@ int main(int argc, char** argv) {
     flags.add("--classifier", &o.classifier, "classifier weights from train_classifier (FID features)", "PATH");
     flags.add("--eval-samples", &o.eval_samples, "generated and test images per FID", 2);
     flags.parse(argc, argv);
+    o.run_flags = flags.values_markdown();
     return train(o);
   });
 }

@@ -95,6 +95,7 @@ int train(Options& o) {
 
   app::Logger log("train_joint", o, world, start);
   log.watch(&scaler);
+  log.watch("G", *G), log.watch("D", *D), log.watch("MAE", *M);
   log.say("train_joint: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", MAE " + o.model +
           ", global batch " + std::to_string(o.batch_size) + ", steps " + std::to_string(start + 1) + ".." +
           std::to_string(o.steps) + ", output " + o.out);
@@ -120,9 +121,7 @@ int train(Options& o) {
                                              config.patch_size);
     // Per sample: original, perturbed, masked perturbed, reconstruction.
     const Tensor grid = nd::stack({x, perturbed, masked, recon}, 1).reshape({64, 1, 28, 28});
-    char name[64];
-    std::snprintf(name, sizeof name, "/samples_%06lld.png", static_cast<long long>(step));
-    app::save_png(log, world, o.out + name, app::image_grid(grid, 8));
+    app::save_samples(log, world, o, step, app::image_grid(grid, 8));
   };
 
   for (int64_t step = start + 1; step <= o.steps; ++step) {
@@ -193,6 +192,7 @@ int main(int argc, char** argv) {
     flags.add("--gwidth", &o.gwidth, "perturber width");
     flags.add("--ndf", &o.ndf, "discriminator width");
     flags.parse(argc, argv);
+    o.run_flags = flags.values_markdown();
     return train(o);
   });
 }

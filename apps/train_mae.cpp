@@ -6,7 +6,6 @@
 // --probe: a linear probe (logistic regression trained with Adam on standardised,
 // frozen, mean-pooled encoder features) reports the test accuracy.
 #include <algorithm>
-#include <cstdio>
 #include <random>
 #include <string>
 
@@ -138,9 +137,7 @@ int train(Options& o) {
     if (!world.rank0()) return;
     nd::cpu::empty_cache();  // the training step's cached blocks would only add to this pass's peak
     const Tensor grid = triplets(M, test_set.images.narrow(0, 0, 16).to(device));
-    char name[64];
-    std::snprintf(name, sizeof name, "/samples_%06lld.png", static_cast<long long>(step));
-    app::save_png(log, world, o.out + name, app::image_grid(grid, 6));
+    app::save_samples(log, world, o, step, app::image_grid(grid, 6));
     log.record(step, {{"test_loss", test_loss(M, eval_images, device)}});
   };
 
@@ -192,6 +189,7 @@ int main(int argc, char** argv) {
     flags.add("--probe", &o.probe, "at the end, a linear probe on frozen encoder features (test accuracy)");
     flags.add("--probe-train", &o.probe_train, "training images for the linear probe");
     flags.parse(argc, argv);
+    o.run_flags = flags.values_markdown();
     return train(o);
   });
 }

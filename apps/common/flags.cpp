@@ -59,6 +59,19 @@ std::string Flags::usage() const {
   return out.str();
 }
 
+std::string Flags::values_markdown() const {
+  std::string out = "| flag | value |\n|---|---|\n";
+  for (const Flag& f : flags_) {
+    std::string value;
+    if (f.kind == Kind::Int) value = std::to_string(*static_cast<const int64_t*>(f.target));
+    if (f.kind == Kind::Double) value = format_double(*static_cast<const double*>(f.target));
+    if (f.kind == Kind::String) value = *static_cast<const std::string*>(f.target);
+    if (f.kind == Kind::Bool) value = *static_cast<const bool*>(f.target) ? "yes" : "no";
+    out += "| " + f.name + " | " + value + " |\n";
+  }
+  return out;
+}
+
 void Flags::set(const Flag& flag, const std::string& value) {
   switch (flag.kind) {
     case Kind::Int: {

@@ -34,6 +34,8 @@ class Flags {
   // Whether `name` ("--lr") was given on the command line.
   bool given(const std::string& name) const { return given_.count(name) != 0; }
   std::string usage() const;
+  // Every flag with its current value, as a markdown table (TensorBoard's text tab shows it).
+  std::string values_markdown() const;
   const std::string& program() const { return program_; }
 
  private:

@@ -1,7 +1,5 @@
 #include "common/png.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -10,20 +8,6 @@
 namespace app {
 
 namespace {
-
-void put_u32(std::vector<uint8_t>& out, uint32_t v) {
-  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<uint8_t>(v >> shift));
-}
-
-// A chunk: length, type, data, CRC-32 over type and data.
-void put_chunk(std::vector<uint8_t>& out, const char* type, const std::vector<uint8_t>& data) {
-  put_u32(out, static_cast<uint32_t>(data.size()));
-  const size_t type_at = out.size();
-  out.insert(out.end(), type, type + 4);
-  out.insert(out.end(), data.begin(), data.end());
-  const uLong crc = crc32(0L, out.data() + type_at, static_cast<uInt>(4 + data.size()));
-  put_u32(out, static_cast<uint32_t>(crc));
-}
 
 // 3x5 glyphs, one row per entry, bit 4 = left column.
 struct Glyph {
@@ -91,38 +75,20 @@ std::string short_number(double v) {
 }  // namespace
 
 void write_png(const std::string& path, const Image& image) {
-  ND_CHECK(image.channels == 1 || image.channels == 3, "write_png: channels must be 1 or 3, got ", image.channels);
-  ND_CHECK(image.width > 0 && image.height > 0, "write_png: empty image");
-  std::vector<uint8_t> raw;
-  const size_t row = static_cast<size_t>(image.width) * image.channels;
-  raw.reserve((row + 1) * image.height);
-  for (int y = 0; y < image.height; ++y) {
-    raw.push_back(0);  // filter type None
-    raw.insert(raw.end(), image.pixels.begin() + static_cast<ptrdiff_t>(y * row),
-               image.pixels.begin() + static_cast<ptrdiff_t>((y + 1) * row));
-  }
-  uLongf packed_size = compressBound(static_cast<uLong>(raw.size()));
-  std::vector<uint8_t> packed(packed_size);
-  ND_CHECK(compress2(packed.data(), &packed_size, raw.data(), static_cast<uLong>(raw.size()), 6) == Z_OK,
-           "write_png: zlib compress failed for ", path);
-  packed.resize(packed_size);
-
-  std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-  std::vector<uint8_t> ihdr;
-  put_u32(ihdr, static_cast<uint32_t>(image.width));
-  put_u32(ihdr, static_cast<uint32_t>(image.height));
-  ihdr.insert(ihdr.end(), {8, static_cast<uint8_t>(image.channels == 1 ? 0 : 2), 0, 0, 0});
-  put_chunk(png, "IHDR", ihdr);
-  put_chunk(png, "IDAT", packed);
-  put_chunk(png, "IEND", {});
-
+  const std::string png = nd::encode_png(image_tensor(image));
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
+    out.write(png.data(), static_cast<std::streamsize>(png.size()));
     ND_CHECK(out.good(), "cannot write ", tmp);
   }
   ND_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename ", tmp, " to ", path);
+}
+
+nd::Tensor image_tensor(const Image& image) {
+  nd::Tensor hwc = nd::empty({image.height, image.width, image.channels}, nd::TensorOptions(nd::kUInt8));
+  std::copy(image.pixels.begin(), image.pixels.end(), hwc.data_ptr<uint8_t>());
+  return hwc.permute({2, 0, 1});
 }
 
 Image image_grid(const nd::Tensor& images, int cols, int pad) {

@@ -1,8 +1,7 @@
 #pragma once
-// Images for the apps, with no dependency beyond zlib: an 8-bit gray or RGB canvas, a
-// PNG writer (signature, IHDR, one IDAT of filter-0 scanlines deflated by zlib, IEND,
-// CRCs by zlib's crc32), sample grids from image tensors, and a loss-curve plot with a
-// 3x5 pixel font for its labels. Tests: tests/apps/apps_test.cpp decodes what it writes.
+// Images for the apps: an 8-bit gray or RGB canvas, a PNG writer (nd::encode_png's
+// bytes, written atomically), sample grids from image tensors, and a loss-curve plot
+// with a 3x5 pixel font for its labels. Tests: tests/apps/apps_test.cpp decodes what it writes.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -23,6 +22,8 @@ struct Image {
 
 // Writes `image` as a PNG, atomically (a temp file renamed over `path`). Throws nd::Error.
 void write_png(const std::string& path, const Image& image);
+// The image as a u8 [C, H, W] tensor (encode_png's and SummaryWriter::add_image's layout).
+nd::Tensor image_tensor(const Image& image);
 
 // images [N, 1, H, W] (any device) with values in [-1, 1] -> a gray grid of `cols`
 // columns, `pad` pixels between tiles (background mid-gray).

@@ -33,6 +33,7 @@ void add_common_flags(Flags& flags, CommonOptions& o, bool has_batch_norm) {
             "on the CPU a slower reference");
   flags.add("--amp-dtype", &o.amp_dtype, "--amp's operands: bf16 (default) or f16 (with loss scaling, a GradScaler)",
             "T");
+  flags.add("--no-tensorboard", &o.no_tensorboard, "no TensorBoard event files in DIR (written by default)");
 }
 
 World world() {
@@ -231,6 +232,11 @@ Logger::Logger(std::string program, const CommonOptions& o, const World& world, 
   std::ofstream out(path, std::ios::trunc);
   for (const std::string& line : kept) out << line << "\n";
   ND_CHECK(out.good(), "cannot write ", path);
+  if (o.no_tensorboard) return;
+  // A resumed run adds a new event file next to the first one; TensorBoard merges them.
+  tensorboard_ = std::make_unique<nd::tensorboard::SummaryWriter>(out_);
+  if (!o.run_flags.empty()) tensorboard_->add_text("flags", o.run_flags, start_step);
+  tensorboard_->flush();
 }
 
 void Logger::print_line(const std::string& line, bool permanent) {
@@ -262,6 +268,16 @@ void Logger::write_line(int64_t step, const Values& values, const std::map<std::
   std::ofstream out(out_ + "/metrics.jsonl", std::ios::app);
   out << line.str();
   ND_CHECK(out.good(), "cannot write ", out_, "/metrics.jsonl");
+  if (!tensorboard_) return;
+  for (const auto& [k, v] : values) tensorboard_->add_scalar(k, v, step);
+  for (const auto& [k, v] : text) tensorboard_->add_text(k, v, step);
+  tensorboard_->flush();  // a log line is rare: TensorBoard sees it at once
+}
+
+void Logger::add_image(const std::string& tag, const Image& image, int64_t step) {
+  if (!tensorboard_) return;
+  tensorboard_->add_image(tag, image_tensor(image), step);
+  tensorboard_->flush();
 }
 
 void Logger::step(int64_t step, const Values& losses, const Values& update_norms, const Values& other) {
@@ -297,6 +313,9 @@ void Logger::step(int64_t step, const Values& losses, const Values& update_norms
     values.insert(values.end(), other.begin(), other.end());
     if (scaler_ && scaler_->is_enabled()) values.emplace_back("amp_scale", scaler_->get_scale());
     values.emplace_back("steps_per_s", rate);
+    if (tensorboard_)  // histograms only here: copying every parameter to the host each step would cost
+      for (const auto& [name, module] : watched_)
+        for (const auto& [param, p] : module->named_parameters()) tensorboard_->add_histogram(name + "/" + param, p, step);
     write_line(step, values, {});
     std::fill(window_sums_.begin(), window_sums_.end(), 0.0);
     window_ = 0;
@@ -375,10 +394,13 @@ int64_t load_checkpoint(const CommonOptions& o, nd::TrainState& state, BatchStre
   return state.step;
 }
 
-void save_png(Logger& logger, const World& world, const std::string& path, const Image& image) {
+void save_samples(Logger& logger, const World& world, const CommonOptions& o, int64_t step, const Image& image) {
   if (!world.rank0()) return;
-  write_png(path, image);
-  logger.say("wrote " + path);
+  char name[64];
+  std::snprintf(name, sizeof name, "/samples_%06lld.png", static_cast<long long>(step));
+  write_png(o.out + name, image);
+  logger.say("wrote " + o.out + name);
+  logger.add_image("samples", image, step);
 }
 
 nd::Tensor map_chunks(const nd::Tensor& images, int64_t chunk, nd::Device device,

@@ -2,7 +2,7 @@
 // What every training app shares: the common flags, start-up checks, the rank's view
 // of the world, a stream of this rank's batches that can seek (exact resume), the
 // per-model "norm of the last update" tracker, the logger (progress bar on a terminal,
-// plain lines otherwise, metrics.jsonl, the loss-curve PNG) and checkpoint glue over
+// plain lines otherwise, metrics.jsonl, TensorBoard event files, the loss-curve PNG) and checkpoint glue over
 // save_train_state. Rank 0 writes every file; every rank runs the same collectives.
 // Tests: tests/apps/apps_test.cpp, tests/dist/apps_dist_test.cpp.
 #include <chrono>
@@ -37,14 +37,16 @@ struct CommonOptions {
   bool amp = false;
   std::string amp_dtype;    // --amp-dtype: "bf16" (the default under --amp) or "f16"
   int64_t exit_after = 0;  // stop after this step, checkpoint written (as if killed); 0: off
+  bool no_tensorboard = false;
+  std::string run_flags;    // every flag's value (Flags::values_markdown), TensorBoard's "flags" text
 
   // Whether `step` ends with a checkpoint: every ckpt_every, the last and the exit step.
   bool checkpoint_at(int64_t step) const { return step % ckpt_every == 0 || step == steps || step == exit_after; }
 };
 
 // Adds --device --steps --batch-size --lr --out --resume --seed --data --log-every
-// --sample-every --ckpt-every --exit-after --amp --amp-dtype, and --sync-bn when the app has
-// BatchNorm.
+// --sample-every --ckpt-every --exit-after --amp --amp-dtype --no-tensorboard, and --sync-bn
+// when the app has BatchNorm.
 void add_common_flags(Flags& flags, CommonOptions& options, bool has_batch_norm);
 
 struct World {
@@ -130,6 +132,9 @@ using Values = std::vector<std::pair<std::string, double>>;
 // pseudo-terminal, also when its output goes to a file). record() writes an extra line
 // (eval results). With watch(scaler) on an enabled GradScaler, every line also has its
 // "amp_scale" (a scale that keeps falling means skipped steps).
+// Unless --no-tensorboard, rank 0 also writes TensorBoard event files to DIR: every
+// metrics.jsonl number as a scalar (its text values as text), the flags as text once,
+// sample grids as images, and at log steps the histograms of watched models' parameters.
 class Logger {
  public:
   Logger(std::string program, const CommonOptions& options, const World& world, int64_t start_step);
@@ -139,6 +144,10 @@ class Logger {
   // A line of text for the user (rank 0), not breaking the progress bar.
   void say(const std::string& text);
   void watch(const nd::optim::GradScaler* scaler) { scaler_ = scaler; }
+  // Histograms of the module's parameters ("<name>/<parameter>") at every log step.
+  void watch(const std::string& name, const nd::nn::Module& module) { watched_.emplace_back(name, &module); }
+  // An image for TensorBoard (rank 0; nothing with --no-tensorboard).
+  void add_image(const std::string& tag, const Image& image, int64_t step);
   // Finishes the bar and draws DIR/loss_curve.png from every logged loss.
   void finish();
 
@@ -157,6 +166,8 @@ class Logger {
   std::vector<Series> curves_;
   bool bar_open_ = false;
   const nd::optim::GradScaler* scaler_ = nullptr;
+  std::unique_ptr<nd::tensorboard::SummaryWriter> tensorboard_;  // rank 0, unless --no-tensorboard
+  std::vector<std::pair<std::string, const nd::nn::Module*>> watched_;
 };
 
 // Checkpoints: DIR/ckpt/latest.safetensors, written atomically by rank 0 through
@@ -168,8 +179,9 @@ void save_checkpoint(const CommonOptions& options, const World& world, nd::Train
 // the step to continue from. Throws nd::Error when there is none.
 int64_t load_checkpoint(const CommonOptions& options, nd::TrainState& state, BatchStream& batches);
 
-// Writes a PNG from rank 0 and tells the user.
-void save_png(Logger& logger, const World& world, const std::string& path, const Image& image);
+// Rank 0: writes DIR/samples_<step>.png (six digits), tells the user, and adds the grid
+// to TensorBoard as the image "samples".
+void save_samples(Logger& logger, const World& world, const CommonOptions& options, int64_t step, const Image& image);
 
 // Runs forward passes in chunks under NoGradGuard: fn(images chunk) -> [n, ...].
 nd::Tensor map_chunks(const nd::Tensor& images, int64_t chunk, nd::Device device,

@@ -7,10 +7,12 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -50,6 +52,72 @@ void check_same_models(const fs::path& a, const fs::path& b) {
   CHECK(compared > 0);
 }
 
+// The event files SummaryWriter left in `dir` (not its sub-folders).
+std::vector<fs::path> event_files(const fs::path& dir) {
+  std::vector<fs::path> found;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0) found.push_back(entry.path());
+  return found;
+}
+
+// The number after "key": in a metrics line.
+double metric(const std::string& line, const std::string& key) {
+  const size_t at = line.find("\"" + key + "\":");
+  REQUIRE(at != std::string::npos);
+  return std::stod(line.substr(at + key.size() + 3));
+}
+
+// The event file of a run read back: every metrics.jsonl number of the log steps as a
+// scalar, the flags as text at step 0, the sample grid as an image, and (train_joint) the
+// watched models' parameter histograms at the log steps.
+void check_event_file(const fs::path& out, const std::string& app, const std::vector<std::string>& keys,
+                      std::pair<int, int> sample_size) {
+  const auto files = event_files(out);
+  REQUIRE(files.size() == 1);
+  const auto events = tensorboard::read_events(files[0].string());
+  REQUIRE(events.size() > 1);
+  CHECK(events[0].file_version == "brain.Event:2");
+  std::map<std::pair<std::string, int64_t>, const tensorboard::Summary::Value*> by_tag;
+  for (const auto& e : events)
+    if (e.summary)
+      for (const auto& v : e.summary->value) by_tag[{v.tag, e.step}] = &v;
+  const auto lines = read_lines(out / "metrics.jsonl");
+  for (const std::string& key : keys)
+    for (const auto& [line, step] : {std::pair{lines[0], int64_t{2}}, std::pair{lines[1], int64_t{4}}}) {
+      CAPTURE(key);
+      CAPTURE(step);
+      REQUIRE(by_tag.count({key, step}));
+      REQUIRE(by_tag[{key, step}]->simple_value);
+      CHECK(*by_tag[{key, step}]->simple_value == doctest::Approx(metric(line, key)).epsilon(1e-6));
+    }
+  REQUIRE(by_tag.count({"flags/text_summary", 0}));
+  const auto& flags = by_tag[{"flags/text_summary", 0}]->tensor->string_val;
+  REQUIRE(flags.size() == 1);
+  CHECK(contains(flags[0], "| --steps | 4 |"));
+  CHECK(contains(flags[0], "| --no-tensorboard | no |"));
+  if (sample_size.first) {
+    REQUIRE(by_tag.count({"samples", 4}));
+    const auto& image = *by_tag[{"samples", 4}]->image;
+    CHECK(std::pair{image.width, image.height} == sample_size);
+    CHECK(image.colorspace == 1);
+  }
+  int histograms = 0;
+  for (const auto& [tag_step, v] : by_tag)
+    if (v->histo) {
+      ++histograms;
+      CHECK((tag_step.second == 2 || tag_step.second == 4));
+      CHECK(v->histo->num > 0);
+    }
+  if (app == "train_joint") {
+    for (const char* tag : {"G/", "D/", "MAE/"})
+      CHECK(std::any_of(by_tag.begin(), by_tag.end(), [&](const auto& kv) {
+        return kv.second->histo && kv.first.first.rfind(tag, 0) == 0 && kv.first.second == 2;
+      }));
+  } else {
+    CHECK(histograms == 0);
+  }
+}
+
 // An app's shared tiny settings.
 std::string tiny(const fs::path& out) {
   return "--steps 4 --batch-size 8 --log-every 2 --sample-every 1000 --ckpt-every 2 --out " + out.string();
@@ -65,7 +133,7 @@ TEST_CASE("apps: --help lists the common flags and exits 0") {
     const Run r = run_app(app, "--help");
     CHECK(r.status == 0);
     for (const char* flag : {"--device", "--steps", "--batch-size", "--lr", "--out", "--resume", "--seed", "--data",
-                             "--log-every", "--sample-every", "--ckpt-every", "--amp", "--amp-dtype"})
+                             "--log-every", "--sample-every", "--ckpt-every", "--amp", "--amp-dtype", "--no-tensorboard"})
       CHECK(contains(r.output, flag));
   }
   CHECK(contains(run_app("train_gan", "--help").output, "--sync-bn"));
@@ -168,7 +236,12 @@ TEST_CASE("apps: each app trains a few steps and writes metrics.jsonl, PNGs and 
     if (c.sample_size.first) CHECK(png_size(out / "samples_000004.png") == c.sample_size);
     CHECK(fs::exists(out / "ckpt" / "latest.safetensors"));
     CHECK(load_metadata((out / "ckpt" / "latest.safetensors").string()).at("step") == "4");
+    check_event_file(out, c.app, c.keys, c.sample_size);
   }
+  const fs::path off = temp_dir("no_tensorboard");
+  REQUIRE(run_app("train_mae", tiny(off) + " --no-tensorboard").status == 0);
+  CHECK(fs::exists(off / "metrics.jsonl"));
+  CHECK(event_files(off).empty());
 }
 
 TEST_CASE("apps: --amp trains with bf16 (or f16) operands on the CPU too, close to but not equal to f32") {
