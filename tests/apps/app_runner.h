@@ -1,19 +1,29 @@
 #pragma once
-// What the app tests share (tests/apps/apps_test.cpp, tests/dist/apps_dist_test.cpp):
-// where the built apps are, a scratch folder per test process, running a shell command
-// with its output captured, reading a metrics file's lines, and decoding a PNG's size.
+// What the app tests share (tests/apps/*_test.cpp, tests/dist/apps_dist_test.cpp): where
+// the built apps are, a scratch folder per test process, running a shell command with
+// its output captured, reading a metrics file's lines, decoding a PNG's size, comparing
+// two runs' checkpoints, and for the tests that kill jobs (apps_kill_test.cpp,
+// mpirun_restart_test.cpp): a job in its own session, its processes, killing them all.
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <doctest/doctest.h>
 #include <zlib.h>
+
+#include "harness.h"
 
 namespace nd::testing {
 
@@ -59,6 +69,170 @@ inline std::vector<std::string> read_lines(const fs::path& path) {
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   return lines;
+}
+
+inline std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// True, with doctest's "SKIPPED:" message, when this build or machine cannot run mpirun.
+inline bool mpirun_missing() {
+#ifndef NANODDP_WITH_MPI
+  MESSAGE("SKIPPED: built without MPI");
+  return true;
+#else
+  if (std::system("command -v mpirun > /dev/null 2>&1") == 0) return false;
+  MESSAGE("SKIPPED: no mpirun on PATH");
+  return true;
+#endif
+}
+
+// mpirun's options for the apps in tests: root in a container, more ranks than cores,
+// one OpenMP thread per rank (the CPU conv weight gradient is only run-to-run exact then,
+// see apps_test.cpp; the command sets OMP_NUM_THREADS=1) and a collective timeout that a
+// loaded machine never reaches.
+inline std::string mpirun_test_options() {
+  return "--allow-run-as-root --oversubscribe -x OMP_NUM_THREADS -x NANODDP_COLLECTIVE_TIMEOUT_S=120";
+}
+
+// Every "model.*" tensor of two checkpoints: |a - b| <= tol (1 + |b|). One exception:
+// the key part of an attention in_proj_bias ([E, 2E)). softmax(q . (k + b)) does not
+// depend on b, so its true gradient is 0 and what arrives is rounding noise, which
+// Adam scales up to lr-sized steps that differ with the summation order.
+inline void check_same_models(const fs::path& a, const fs::path& b, double tol) {
+  const TensorDict ta = load(a.string()), tb = load(b.string());
+  int compared = 0;
+  for (const auto& [name, t] : ta) {
+    if (name.rfind("model.", 0) != 0 || name.find("num_batches_tracked") != std::string::npos) continue;
+    REQUIRE(tb.count(name));
+    const std::string key_bias = "attn.in_proj_bias";
+    if (tol > 0 && name.size() > key_bias.size() &&
+        name.compare(name.size() - key_bias.size(), key_bias.size(), key_bias) == 0) {
+      const int64_t E = t.size(0) / 3;
+      for (int64_t part : {int64_t(0), 2 * E}) check_close(t.narrow(0, part, E), tb.at(name).narrow(0, part, E), tol, tol, name);
+    } else {
+      check_close(t, tb.at(name), tol, tol, name);
+    }
+    ++compared;
+  }
+  CHECK(compared > 0);
+}
+
+// A metrics line without its timing ("steps_per_s"), the only value that may differ.
+inline std::string without_timing(const std::string& line) {
+  const size_t at = line.find(",\"steps_per_s\":");
+  if (at == std::string::npos) return line;
+  const size_t end = line.find_first_of(",}", at + 1);
+  return line.substr(0, at) + line.substr(end);
+}
+
+// A run in `parts` (interrupted and resumed) equals the uninterrupted one in `whole`
+// bit for bit: every tensor of the final checkpoints (the models' parameters and
+// buffers, the optimizers' and schedulers' state), and metrics.jsonl holds steps 1..S
+// once each, in order, with the same values.
+inline void check_same_training(const fs::path& whole, const fs::path& parts, int64_t steps) {
+  const fs::path whole_ckpt = whole / "ckpt" / "latest.safetensors", parts_ckpt = parts / "ckpt" / "latest.safetensors";
+  CHECK(load_metadata(parts_ckpt.string()).at("step") == std::to_string(steps));
+  const TensorDict a = load(whole_ckpt.string()), b = load(parts_ckpt.string());
+  CHECK(a.size() == b.size());
+  int models = 0;
+  for (const auto& [name, t] : a) {
+    CAPTURE(name);
+    REQUIRE(b.count(name));
+    CHECK(to_vector(t) == to_vector(b.at(name)));
+    models += name.rfind("model.", 0) == 0;
+  }
+  CHECK(models > 0);
+
+  const auto whole_lines = read_lines(whole / "metrics.jsonl"), lines = read_lines(parts / "metrics.jsonl");
+  REQUIRE(whole_lines.size() == static_cast<size_t>(steps));
+  REQUIRE(lines.size() == whole_lines.size());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    CAPTURE(i);
+    CHECK(lines[i].rfind("{\"step\":" + std::to_string(i + 1) + ",", 0) == 0);
+    CHECK(without_timing(lines[i]) == without_timing(whole_lines[i]));
+  }
+}
+
+// {state, session} of a process from /proc/<pid>/stat; {0, 0} when gone.
+inline std::pair<char, pid_t> proc_state(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t paren = stat.rfind(')');  // the command name may hold spaces
+  if (paren == std::string::npos) return {0, 0};
+  char state = 0;
+  long ppid = 0, pgrp = 0, session = 0;
+  if (std::sscanf(stat.c_str() + paren + 1, " %c %ld %ld %ld", &state, &ppid, &pgrp, &session) != 4) return {0, 0};
+  return {state, static_cast<pid_t>(session)};
+}
+
+// Every live process (zombies excepted) of session `sid`.
+inline std::vector<pid_t> session_members(pid_t sid) {
+  std::vector<pid_t> out;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    const auto [state, session] = proc_state(pid);
+    if (session == sid && state != 'Z' && state != 'X') out.push_back(pid);
+  }
+  return out;
+}
+
+// `command` through sh, in a new session (id = the returned pid, which the command
+// inherits through exec; mpirun's ranks stay in the session although OpenMPI gives each
+// its own process group), stdin from /dev/null, output to `log`.
+inline pid_t start_in_own_session(const std::string& command, const fs::path& log) {
+  const std::string line = "exec " + command;
+  const std::string log_path = log.string();
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    setsid();
+    const int in = open("/dev/null", O_RDONLY), out = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (in < 0 || out < 0) _exit(127);
+    dup2(in, 0), dup2(out, 1), dup2(out, 2);
+    execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// SIGKILLs every live process of session `sid`, its leader first, until none is left
+// (a killed orphan may linger as a zombie only); returns how many it found.
+inline size_t kill_session(pid_t sid) {
+  size_t found = 0;
+  for (int round = 0; round < 500; ++round) {
+    const std::vector<pid_t> alive = session_members(sid);
+    if (round == 0) found = alive.size();
+    if (alive.empty()) return found;
+    for (pid_t pid : alive)
+      if (pid == sid) kill(pid, SIGKILL);
+    for (pid_t pid : alive)
+      if (pid != sid) kill(pid, SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  FAIL("a process of the killed job survived SIGKILL for 10 s");
+  return found;
+}
+
+// What OpenMPI leaves behind when its job dies by SIGKILL, to be removed afterwards:
+// mpirun's session folder (<tmp>/ompi.<host>.<uid>/pid.<mpirun's pid>) and the shared
+// memory segments the live processes of session `sid` have mapped (/dev/shm/...).
+inline std::set<fs::path> mpi_leftovers(pid_t sid) {
+  std::set<fs::path> out;
+  for (const auto& entry : fs::directory_iterator(fs::temp_directory_path()))
+    if (entry.path().filename().string().rfind("ompi.", 0) == 0) out.insert(entry.path() / ("pid." + std::to_string(sid)));
+  for (pid_t pid : session_members(sid)) {
+    std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+    for (std::string line; std::getline(maps, line);)
+      if (const size_t at = line.find("/dev/shm/"); at != std::string::npos) out.insert(line.substr(at));
+  }
+  return out;
 }
 
 // Minimal PNG reader: checks the signature, every chunk's CRC and that the IDAT stream

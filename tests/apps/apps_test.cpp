@@ -29,7 +29,6 @@ Run run_app(const std::string& app, const std::string& args, const std::string& 
   return run_logged(env + " " + (apps_dir() / app).string() + " " + args, temp_dir("logs") / (app + ".log"));
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 int count_lines(const std::string& s) {
   int n = 0;

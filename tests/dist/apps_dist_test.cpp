@@ -24,7 +24,7 @@ extern char** environ;
 
 namespace {
 
-[[maybe_unused]] int rank() { return dist::world()->rank(); }  // unused without MPI (skip())
+int rank() { return dist::world()->rank(); }
 int64_t ranks_to_launch() { return std::max(2, dist::world()->size()); }
 
 
@@ -44,18 +44,15 @@ std::string clean_env() {
 }
 
 // np == 0: the app alone; else under mpirun -np np. One OpenMP thread per process (see
-// tests/apps/apps_test.cpp: the CPU conv weight gradient is only run-to-run exact then).
+// mpirun_test_options()).
 Run launch(int64_t np, const std::string& app, const std::string& args) {
   const fs::path log = temp_dir("logs") / (app + "_" + std::to_string(np) + ".log");
   std::string cmd = clean_env() + " OMP_NUM_THREADS=1 ";
   if (np > 0)
-    cmd += "mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS -x NANODDP_COLLECTIVE_TIMEOUT_S=120 -np " +
-           std::to_string(np) + " ";
+    cmd += "mpirun " + mpirun_test_options() + " -np " + std::to_string(np) + " ";
   cmd += (apps_dir() / app).string() + " " + args;
   return run_logged(cmd, log);
 }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // The number after "key": in a metrics line.
 double value_of(const std::string& line, const std::string& key) {
@@ -64,42 +61,7 @@ double value_of(const std::string& line, const std::string& key) {
   return std::strtod(line.c_str() + at + key.size() + 3, nullptr);
 }
 
-// Every "model.*" tensor of two checkpoints: |a - b| <= tol (1 + |b|). One exception:
-// the key part of an attention in_proj_bias ([E, 2E)). softmax(q . (k + b)) does not
-// depend on b, so its true gradient is 0 and what arrives is rounding noise, which
-// Adam scales up to lr-sized steps that differ with the summation order.
-void check_same_models(const fs::path& a, const fs::path& b, double tol) {
-  const TensorDict ta = load(a.string()), tb = load(b.string());
-  int compared = 0;
-  for (const auto& [name, t] : ta) {
-    if (name.rfind("model.", 0) != 0 || name.find("num_batches_tracked") != std::string::npos) continue;
-    REQUIRE(tb.count(name));
-    const std::string key_bias = "attn.in_proj_bias";
-    if (tol > 0 && name.size() > key_bias.size() &&
-        name.compare(name.size() - key_bias.size(), key_bias.size(), key_bias) == 0) {
-      const int64_t E = t.size(0) / 3;
-      for (int64_t part : {int64_t(0), 2 * E})
-        nd::testing::check_close(t.narrow(0, part, E), tb.at(name).narrow(0, part, E), tol, tol, name);
-    } else {
-      nd::testing::check_close(t, tb.at(name), tol, tol, name);
-    }
-    ++compared;
-  }
-  CHECK(compared > 0);
-}
-
-bool skip() {
-#ifndef NANODDP_WITH_MPI
-  MESSAGE("SKIPPED: built without MPI");
-  return true;
-#else
-  if (std::system("command -v mpirun > /dev/null 2>&1") != 0) {
-    MESSAGE("SKIPPED: no mpirun on PATH");
-    return true;
-  }
-  return rank() != 0;  // only rank 0 launches
-#endif
-}
+bool skip() { return mpirun_missing() || rank() != 0; }  // only rank 0 launches
 
 const std::string kJoint = "--batch-size 8 --log-every 1 --sample-every 1000 --ckpt-every 2 --lr 1e-3";
 

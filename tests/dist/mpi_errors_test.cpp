@@ -27,7 +27,7 @@ namespace {
 bool fault_case(const std::string& name) {
   const char* env = std::getenv("NANODDP_FAULT_TEST");
   if (env && env == name && dist::world()->size() == 2) return true;
-  MESSAGE("SKIPPED: runs under mpirun -np 2 with NANODDP_FAULT_TEST=" + name + " (tests/CMakeLists.txt)");
+  MESSAGE("SKIPPED: runs under mpirun -np 2 with NANODDP_FAULT_TEST=", name, " (tests/CMakeLists.txt)");
   return false;
 }
 
