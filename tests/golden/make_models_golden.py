@@ -148,7 +148,7 @@ class MAE(nn.Module):
         ids_restore = torch.argsort(ids_shuffle, dim=1)
         ids_keep = ids_shuffle[:, :len_keep]
         x_masked = torch.gather(x, 1, ids_keep.unsqueeze(-1).repeat(1, 1, D))
-        mask = torch.ones([N, L], dtype=x.dtype)
+        mask = torch.ones([N, L], dtype=x.dtype, device=x.device)
         mask[:, :len_keep] = 0
         return x_masked, torch.gather(mask, 1, ids_restore), ids_restore
 
