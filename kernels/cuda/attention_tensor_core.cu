@@ -379,12 +379,16 @@ __global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<S> p, int64_t n
     warp_scores<S, D>(wdp, wdo, sv, key_frags, ev_frags);
     __syncwarp();
     const int width = 16 * key_frags;  // columns past it are never read
+    const bool dropout = p.dropout.p != 0.0;
     for (int idx = lane; idx < 16 * width; idx += 32) {
       const int r = idx / width, c = idx % width, row = 16 * warp + r;
       const float prob =
           probability_from_lse(tc_score(p, hd, ws[r * L::ld_f + c], i0 + row, j0 + c, row < rows), slse[row]);
-      const float z = p.dropout_factor(tb.bh, i0 + row, j0 + c);
-      const float ds = prob != 0.0f ? prob * (z * wdp[r * L::ld_f + c] - sdelta[row]) : 0.0f;
+      float ds = 0.0f;
+      if (prob != 0.0f) {  // dS = P (Z dP - D), Z only computed with dropout on
+        const float dp = wdp[r * L::ld_f + c];
+        ds = prob * ((dropout ? dp * p.dropout_factor(tb.bh, i0 + row, j0 + c) : dp) - sdelta[row]);
+      }
       wds[r * L::ld_b + c] = Tc16<S>::round(ds);
     }
     __syncwarp();
