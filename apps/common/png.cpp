@@ -111,48 +111,100 @@ Image image_grid(const nd::Tensor& images, int cols, int pad) {
   return grid;
 }
 
-Image plot_series(const std::vector<Series>& series, int width, int height) {
-  static const uint8_t kColors[][3] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44}, {214, 39, 40},
-                                       {148, 103, 189}, {140, 86, 75},  {227, 119, 194}, {127, 127, 127}};
-  const uint8_t black[3] = {0, 0, 0}, grid_gray[3] = {225, 225, 225};
-  Image img(width, height, 3, 255);
-  double x_min = INFINITY, x_max = -INFINITY, y_min = INFINITY, y_max = -INFINITY;
-  for (const Series& s : series)
-    for (const auto& [x, y] : s.points) {
-      if (!std::isfinite(y)) continue;
-      x_min = std::min(x_min, x), x_max = std::max(x_max, x);
-      y_min = std::min(y_min, y), y_max = std::max(y_max, y);
-    }
-  if (!(x_min <= x_max)) x_min = 0, x_max = 1, y_min = 0, y_max = 1;
-  if (x_max == x_min) x_max = x_min + 1;
-  if (y_max == y_min) y_max = y_min + 1;
-  const int left = 70, right = width - 20, top = 20, bottom = height - 40;
-  auto px = [&](double x) { return left + static_cast<int>(std::lround((x - x_min) / (x_max - x_min) * (right - left))); };
-  auto py = [&](double y) { return bottom - static_cast<int>(std::lround((y - y_min) / (y_max - y_min) * (bottom - top))); };
+std::vector<double> nice_ticks(double lo, double hi, int max_ticks) {
+  ND_CHECK(max_ticks >= 2, "nice_ticks: max_ticks must be at least 2, got ", max_ticks);
+  if (!std::isfinite(lo) || !std::isfinite(hi)) lo = 0, hi = 1;  // an empty plot
+  if (!(lo < hi)) lo -= 0.5, hi = lo + 1;
+  // The smallest step of 1, 2 or 5 x 10^k whose multiples cover [lo, hi] in at most
+  // max_ticks intervals (raw <= base * 10, so 20 always fits for max_ticks >= 2).
+  const double raw = (hi - lo) / max_ticks, base = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = base;
+  for (const double m : {1.0, 2.0, 5.0, 10.0, 20.0}) {
+    step = base * m;
+    if (std::ceil(hi / step - 1e-9) - std::floor(lo / step + 1e-9) <= max_ticks) break;
+  }
+  std::vector<double> ticks;
+  const double first = std::floor(lo / step + 1e-9), last = std::ceil(hi / step - 1e-9);
+  for (double k = first; k <= last; ++k) ticks.push_back(k * step == 0 ? 0.0 : k * step);  // no "-0"
+  return ticks;
+}
 
-  for (int k = 0; k <= 4; ++k) {  // horizontal grid lines with their values
-    const double y = y_min + (y_max - y_min) * k / 4;
+std::vector<double> smooth(const std::vector<double>& values, double weight) {
+  ND_CHECK(weight >= 0 && weight < 1, "smooth: weight must be in [0, 1), got ", weight);
+  std::vector<double> out;
+  double ema = 0, smoothed = NAN;
+  int n = 0;
+  for (const double v : values) {
+    if (std::isfinite(v)) {
+      ema = ema * weight + (1 - weight) * v;
+      ++n;
+      smoothed = ema / (1 - std::pow(weight, n));
+    }
+    out.push_back(smoothed);
+  }
+  return out;
+}
+
+namespace {
+
+// One panel of plot_series in the rectangle [x0, x1) x [y0, y1) of img.
+void plot_panel(Image& img, int x0, int y0, int x1, int y1, const Series& series, const uint8_t* color) {
+  const uint8_t black[3] = {0, 0, 0}, grid_gray[3] = {225, 225, 225};
+  // The raw line in the color mixed 35/65 with white: the smoothed one reads on top of it.
+  uint8_t light[3];
+  for (int c = 0; c < 3; ++c) light[c] = static_cast<uint8_t>(color[c] * 0.35 + 255 * 0.65);
+  std::vector<double> xs, ys;
+  for (const auto& [x, y] : series.points) xs.push_back(x), ys.push_back(y);
+  double x_min = INFINITY, x_max = -INFINITY, y_min = INFINITY, y_max = -INFINITY;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    x_min = std::min(x_min, xs[i]), x_max = std::max(x_max, xs[i]);
+    if (std::isfinite(ys[i])) y_min = std::min(y_min, ys[i]), y_max = std::max(y_max, ys[i]);
+  }
+  const std::vector<double> x_ticks = nice_ticks(x_min, x_max, 6), y_ticks = nice_ticks(y_min, y_max, 4);
+  const double xa = x_ticks.front(), xb = x_ticks.back(), ya = y_ticks.front(), yb = y_ticks.back();
+  const int left = x0 + 64, right = x1 - 16, top = y0 + 26, bottom = y1 - 42;
+  auto px = [&](double x) { return left + static_cast<int>(std::lround((x - xa) / (xb - xa) * (right - left))); };
+  auto py = [&](double y) { return bottom - static_cast<int>(std::lround((y - ya) / (yb - ya) * (bottom - top))); };
+
+  draw_text(img, left, y0 + 8, series.name, black);
+  for (const double y : y_ticks) {
     draw_line(img, left, py(y), right, py(y), grid_gray);
     const std::string label = short_number(y);
     draw_text(img, left - 6 - text_width(label), py(y) - 5, label, black);
   }
+  for (const double x : x_ticks) {
+    draw_line(img, px(x), bottom, px(x), bottom + 4, black);
+    const std::string label = short_number(x);
+    draw_text(img, px(x) - text_width(label) / 2, bottom + 8, label, black);
+  }
+  draw_text(img, (left + right - text_width("step")) / 2, bottom + 24, "step", black);
   draw_line(img, left, top, left, bottom, black);
   draw_line(img, left, bottom, right, bottom, black);
-  draw_text(img, left, bottom + 8, short_number(x_min), black);
-  const std::string x_label = "step " + short_number(x_max);
-  draw_text(img, right - text_width(x_label), bottom + 8, x_label, black);
 
-  for (size_t s = 0; s < series.size(); ++s) {
-    const uint8_t* color = kColors[s % 8];
-    const auto& pts = series[s].points;
-    for (size_t i = 1; i < pts.size(); ++i)
-      if (std::isfinite(pts[i - 1].second) && std::isfinite(pts[i].second))
-        draw_line(img, px(pts[i - 1].first), py(pts[i - 1].second), px(pts[i].first), py(pts[i].second), color);
-    if (pts.size() == 1) draw_line(img, px(pts[0].first), py(pts[0].second), px(pts[0].first) + 1, py(pts[0].second), color);
-    // Legend, top right: a colored bar and the name.
-    const int ly = top + 6 + static_cast<int>(s) * 16, lx = right - 16 - text_width(series[s].name) - 24;
-    for (int t = 0; t < 3; ++t) draw_line(img, lx, ly + 3 + t, lx + 16, ly + 3 + t, color);
-    draw_text(img, lx + 22, ly, series[s].name, black);
+  auto draw_series = [&](const std::vector<double>& values, const uint8_t* rgb) {
+    for (size_t i = 1; i < values.size(); ++i)
+      if (std::isfinite(values[i - 1]) && std::isfinite(values[i]))
+        draw_line(img, px(xs[i - 1]), py(values[i - 1]), px(xs[i]), py(values[i]), rgb);
+    if (values.size() == 1 && std::isfinite(values[0]))
+      draw_line(img, px(xs[0]), py(values[0]), px(xs[0]) + 1, py(values[0]), rgb);
+  };
+  draw_series(ys, light);
+  draw_series(smooth(ys), color);
+}
+
+}  // namespace
+
+Image plot_series(const std::vector<Series>& series, int width, int height) {
+  static const uint8_t kColors[][3] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44}, {214, 39, 40},
+                                       {148, 103, 189}, {140, 86, 75},  {227, 119, 194}, {127, 127, 127}};
+  Image img(width, height, 3, 255);
+  const int n = static_cast<int>(series.size());
+  if (n == 0) return img;
+  const int cols = n <= 2 ? 1 : 2, rows = (n + cols - 1) / cols;
+  for (int s = 0; s < n; ++s) {
+    const int c = s % cols, r = s / cols;
+    plot_panel(img, c * width / cols, r * height / rows, (c + 1) * width / cols, (r + 1) * height / rows, series[s],
+               kColors[s % 8]);
   }
   return img;
 }

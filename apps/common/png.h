@@ -1,7 +1,8 @@
 #pragma once
 // Images for the apps: an 8-bit gray or RGB canvas, a PNG writer (nd::encode_png's
 // bytes, written atomically), sample grids from image tensors, and a loss-curve plot
-// with a 3x5 pixel font for its labels. Tests: tests/apps/apps_test.cpp decodes what it writes.
+// with a 3x5 pixel font for its labels. Tests: tests/apps/apps_test.cpp decodes what it
+// writes; tests/apps/plot_test.cpp checks the plot's ticks, smoothing and panels.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -34,8 +35,22 @@ struct Series {
   std::string name;
   std::vector<std::pair<double, double>> points;
 };
-// A width x height RGB line plot of every series on shared axes, with the y range,
-// the x range and a legend written in a small pixel font.
+// A width x height RGB plot with one panel per series (each model's loss has its own
+// scale): the raw points as a light line, TensorBoard's smoothing (`smooth`, weight 0.6)
+// over them in full color, round tick values on both axes (`nice_ticks`), the series'
+// name as the panel's title and "step" under the x axis, in a small pixel font. One or
+// two series stack; three or four make a 2 x 2 grid; more, 2 columns.
 Image plot_series(const std::vector<Series>& series, int width = 800, int height = 480);
+
+// Tick values for an axis spanning [lo, hi]: multiples of a step of 1, 2 or 5 x 10^k,
+// from the largest multiple <= lo to the smallest >= hi: at most max_ticks intervals
+// (max_ticks >= 2), the axis widened to round ends. lo == hi widens to a unit around it,
+// non-finite bounds (no point) give [0, 1].
+std::vector<double> nice_ticks(double lo, double hi, int max_ticks = 5);
+
+// TensorBoard's scalar smoothing: an exponential moving average of weight w in [0, 1),
+// debiased (divided by 1 - w^n after n values) so the first points are not pulled to
+// zero; non-finite values are skipped (their output is the last smoothed value, or NaN).
+std::vector<double> smooth(const std::vector<double>& values, double weight = 0.6);
 
 }  // namespace app
