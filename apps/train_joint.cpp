@@ -90,7 +90,7 @@ int train(Options& o) {
   nd::TrainState state{{{"G", G.get()}, {"D", D.get()}, {"MAE", M.get()}},
                        {{"G", &opt_g}, {"D", &opt_d}, {"MAE", &opt_m}},
                        {{"MAE", &schedule}},
-                       0, {{"amp", &scaler}}};
+                       0, {{"amp", &scaler}}, {}};
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
 
   app::Logger log("train_joint", o, world, start);
