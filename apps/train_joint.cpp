@@ -91,6 +91,8 @@ int train(Options& o) {
                        {{"G", &opt_g}, {"D", &opt_d}, {"MAE", &opt_m}},
                        {{"MAE", &schedule}},
                        0, {{"amp", &scaler}}, {}};
+  for (auto* reducer : {&g.reducer(), &d.reducer(), &m.reducer()})
+    app::register_comm_hook(*reducer, o, state);  // --comm-hook
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
 
   app::Logger log("train_joint", o, world, start);
