@@ -10,6 +10,10 @@
 // on every rank, so collectives always pair up. `.grad` is a view into its bucket,
 // so there is no copy in or out.
 //
+// A communication hook (register_comm_hook, comm_hooks.h) replaces a bucket's all-reduce:
+// the Reducer calls it where it would launch the all-reduce and copies back the averaged
+// gradients its FutureWork yields, knowing nothing of compression (ddp_comm_hook.cpp).
+//
 // Where we go beyond PyTorch DDP:
 // - Buffers are broadcast once per iteration (at the first forward after a
 //   backward), not before every forward, so calling a module twice before one

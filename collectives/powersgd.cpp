@@ -125,7 +125,7 @@ std::shared_ptr<FutureWork> powerSGD_hook(PowerSGDState* state, GradBucket& buck
     names.push_back(p.name());
   }
   // Error feedback: compress this step's gradient plus what compression lost last step.
-  std::vector<Tensor> fed;  // each gradient after that, to compute this step's loss
+  std::vector<Tensor> fed;  // each gradient with it: this step's error is fed - result
   if (o.use_error_feedback()) {
     for (size_t k = 0; k < grads.size(); ++k) {
       auto it = state->error_dict_.find(names[k]);
@@ -190,7 +190,10 @@ std::shared_ptr<FutureWork> powerSGD_hook(PowerSGDState* state, GradBucket& buck
   if (plain_memory.defined()) first.push_back(pg->allreduce(plain_memory, sum));
   if (p_size > 0) first.push_back(pg->allreduce(p_memory, sum));
   const double W = pg->size();
-  if (first.empty()) return FutureWork::completed(input);  // only empty gradients
+  if (first.empty()) {  // only empty gradients: nothing to reduce
+    if (bucket.is_last()) ++state->iter_;
+    return FutureWork::completed(input);
+  }
   auto finish = [state, pg, sum, W, input, grads, names, fed, plain, plain_memory, compressed, q_memory, first,
                  is_last = bucket.is_last()] {
     NoGradGuard no_grad;
