@@ -1,6 +1,6 @@
 #pragma once
 // What the DDP tests share (tests/dist/ddp_test.cpp, ddp_options_test.cpp,
-// ddp_divergence_test.cpp, comm_hooks_test.cpp, powersgd_test.cpp): this rank and the world
+// ddp_divergence_test.cpp, ddp_comm_hooks_test.cpp, ddp_powersgd_test.cpp): this rank and the world
 // size, the small MLP most cases train, bucket layouts, a cross-rank equality check, every
 // rank's copy of a tensor and their exact average, and the skip for cases that need
 // several ranks.
