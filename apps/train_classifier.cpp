@@ -45,7 +45,8 @@ int train(Options& o) {
   nd::optim::Adam opt(C->parameters(), nd::optim::AdamOptions(o.lr));
 
   app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
-  nd::TrainState state{{{"classifier", C.get()}}, {{"classifier", &opt}}, {}, 0, {{"amp", &scaler}}};
+  nd::TrainState state{{{"classifier", C.get()}}, {{"classifier", &opt}}, {}, 0, {{"amp", &scaler}}, {}};
+  app::register_comm_hook(c.reducer(), o, state);  // --comm-hook
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
 
   app::Logger log("train_classifier", o, world, start);

@@ -79,7 +79,8 @@ int train(Options& o) {
   nd::optim::Adam opt_d(D->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
 
   app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
-  nd::TrainState state{{{"G", G.get()}, {"D", D.get()}}, {{"G", &opt_g}, {"D", &opt_d}}, {}, 0, {{"amp", &scaler}}};
+  nd::TrainState state{{{"G", G.get()}, {"D", D.get()}}, {{"G", &opt_g}, {"D", &opt_d}}, {}, 0, {{"amp", &scaler}}, {}};
+  for (auto* reducer : {&g.reducer(), &d.reducer()}) app::register_comm_hook(*reducer, o, state);  // --comm-hook
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
   nd::Generator sample_gen{static_cast<uint64_t>(o.seed) + 1, 0};
   const Tensor fixed_z = nd::randn({64, o.nz}, {}, &sample_gen).to(device);

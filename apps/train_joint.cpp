@@ -90,7 +90,9 @@ int train(Options& o) {
   nd::TrainState state{{{"G", G.get()}, {"D", D.get()}, {"MAE", M.get()}},
                        {{"G", &opt_g}, {"D", &opt_d}, {"MAE", &opt_m}},
                        {{"MAE", &schedule}},
-                       0, {{"amp", &scaler}}};
+                       0, {{"amp", &scaler}}, {}};
+  for (auto* reducer : {&g.reducer(), &d.reducer(), &m.reducer()})
+    app::register_comm_hook(*reducer, o, state);  // --comm-hook
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
 
   app::Logger log("train_joint", o, world, start);

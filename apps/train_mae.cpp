@@ -123,7 +123,8 @@ int train(Options& o) {
   nd::optim::SequentialLR schedule(opt, {warm, cosine}, {warmup});
 
   app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
-  nd::TrainState state{{{"MAE", M.get()}}, {{"MAE", &opt}}, {{"MAE", &schedule}}, 0, {{"amp", &scaler}}};
+  nd::TrainState state{{{"MAE", M.get()}}, {{"MAE", &opt}}, {{"MAE", &schedule}}, 0, {{"amp", &scaler}}, {}};
+  app::register_comm_hook(m.reducer(), o, state);  // --comm-hook
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
 
   app::Logger log("train_mae", o, world, start);

@@ -8,7 +8,11 @@
 // less sensitive to other load on the machine, the wait at the end of backward
 // (Reducer::last_exposed_wait_ms: communication not yet done when backward finished,
 // plus waiting for a slower rank):  hidden_by_wait = 1 - wait / t_comm.
-// Output (rank 0): a table, then JSON lines {"op","shape","dtype","impl","ms",...} (json_line.h).
+// A second table runs the default buckets with each communication hook (none, bf16, fp16,
+// PowerSGD rank 4 from the first step) and reports the bytes every rank all-reduced per
+// step (ProcessGroup::record().bytes: payload; a ring all-reduce puts about 2 (W - 1) / W
+// times that on each rank's wire), next to the step time and the exposed wait.
+// Output (rank 0): tables, then JSON lines {"op","shape","dtype","impl","ms",...} (json_line.h).
 // Usage: OMP_NUM_THREADS=1 mpirun -np N bench_ddp [steps]
 #include <algorithm>
 #include <chrono>
@@ -88,7 +92,7 @@ int main(int argc, char** argv) {
     for (const auto& names : ddp.reducer().bucket_parameter_names()) {
       int64_t n = 0;
       for (const auto& [pname, p] : model->named_parameters())
-        if (std::find(names.begin(), names.end(), p.name()) != names.end()) n += p.numel();
+        if (std::find(names.begin(), names.end(), pname) != names.end()) n += p.numel();
       flats.push_back(zeros({n}));
     }
     int64_t total = 0;
@@ -137,6 +141,52 @@ int main(int argc, char** argv) {
                          .number("hidden", hidden, "%.3f")
                          .number("exposed_wait_ms", t_wait, "%.3f")
                          .number("hidden_by_wait", hidden_by_wait, "%.3f")
+                         .str());
+    }
+  }
+  if (root)
+    std::printf("\n%-6s %-9s %10s %9s %14s %8s\n", "model", "hook", "ddp_ms", "wait_ms", "bytes/step", "ratio");
+  for (const std::string config : {"tiny", "small"}) {
+    double bytes_none = 0;
+    for (const std::string hook : {"none", "bf16", "fp16", "powersgd"}) {
+      manual_seed(7);
+      models::MAE model(models::MAEConfig::by_name(config));
+      dist::DistributedDataParallel ddp(model, "mae");
+      if (hook == "bf16") ddp.register_comm_hook(nullptr, dist::bf16_compress_hook);
+      if (hook == "fp16") ddp.register_comm_hook(nullptr, dist::fp16_compress_hook);
+      if (hook == "powersgd")
+        ddp.register_comm_hook(std::make_shared<dist::PowerSGDState>(
+                                   dist::PowerSGDOptions().matrix_approximation_rank(4).start_powerSGD_iter(0)),
+                               dist::powerSGD_hook);
+      optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
+      auto ddp_step = [&] {
+        opt.zero_grad();
+        ddp(images).loss.backward();
+        opt.step();
+      };
+      for (int i = 0; i < 3; ++i) ddp_step();
+      const uint64_t bytes_before = ddp.reducer().process_group().record().bytes;
+      std::vector<double> ms, wait;
+      for (int i = 0; i < steps; ++i) {
+        ms.push_back(time_once(ddp_step));
+        wait.push_back(ddp.reducer().last_exposed_wait_ms());
+      }
+      const double bytes = static_cast<double>(ddp.reducer().process_group().record().bytes - bytes_before) / steps;
+      if (hook == "none") bytes_none = bytes;
+      const double t_ddp = slowest_median(ms), t_wait = slowest_median(wait);
+      if (!root) continue;
+      const double ratio = bytes_none > 0 ? bytes / bytes_none : 1.0;
+      std::printf("%-6s %-9s %10.2f %9.2f %14.0f %7.3f\n", config.c_str(), hook.c_str(), t_ddp, t_wait, bytes, ratio);
+      char shape[128];
+      std::snprintf(shape, sizeof shape, "mae_%s b%d x%d ranks, hook %s", config.c_str(), per_rank, W, hook.c_str());
+      json.push_back(bench::JsonLine::row("ddp_comm_hook", shape, "f32", "nanoddp")
+                         .number("ms", t_ddp, "%.3f")
+                         .null("gflops")
+                         .null("gbps")
+                         .text("baseline", "bytes of the same step without a hook")
+                         .number("ratio", ratio, "%.4f")
+                         .number("bytes_per_step", bytes, "%.0f")
+                         .number("exposed_wait_ms", t_wait, "%.3f")
                          .str());
     }
   }

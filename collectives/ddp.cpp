@@ -389,6 +389,7 @@ void Reducer::check_fingerprint() {
 
 void Reducer::launch(size_t b) {
   if (b == 0) check_fingerprint();
+  if (comm_hook_) return launch_hook(b);
   AllreduceOptions opts;
   opts.op = ReduceOp::SUM;
   opts.bucket = static_cast<int64_t>(b);
@@ -441,9 +442,13 @@ void Reducer::finish_iteration() {
   }
   const double W = pg_->size();
   Tensor grad_sum;  // skip_nonfinite_steps: the sum of every averaged gradient, on the device
-  for (Bucket& b : buckets_) {
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const Bucket& b = buckets_[i];
     Tensor grads = b.flat.narrow(0, 0, b.grad_numel);
-    if (W > 1) grads.div_(W);
+    if (comm_hook_)
+      take_hook_result(i);  // averaged by the hook
+    else if (W > 1)
+      grads.div_(W);
     if (options_.skip_nonfinite_steps()) {
       Tensor s = grads.sum().to(kFloat64);
       grad_sum = grad_sum.defined() ? grad_sum + s : s;

@@ -10,6 +10,10 @@
 // on every rank, so collectives always pair up. `.grad` is a view into its bucket,
 // so there is no copy in or out.
 //
+// A communication hook (register_comm_hook, comm_hooks.h) replaces a bucket's all-reduce:
+// the Reducer calls it where it would launch the all-reduce and copies back the averaged
+// gradients its FutureWork yields, knowing nothing of compression (ddp_comm_hook.cpp).
+//
 // Where we go beyond PyTorch DDP:
 // - Buffers are broadcast once per iteration (at the first forward after a
 //   backward), not before every forward, so calling a module twice before one
@@ -35,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/comm_hooks.h"
 #include "collectives/process_group.h"
 #include "engine/nn/module.h"
 
@@ -76,6 +81,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
   // Before each forward: broadcasts buffers from rank 0 once per iteration.
   void prepare_forward();
+  // Each bucket is then reduced by `hook` (comm_hooks.h) where the all-reduce would run;
+  // its value replaces the bucket's averaged gradients. Once per model, before the first
+  // backward (nd::Error otherwise). Called also in a world of one process.
+  void register_comm_hook(CommHook hook);
   // no_sync(): while disabled, backward only accumulates local gradients.
   void set_sync(bool enabled) { sync_ = enabled; }
   bool sync_enabled() const { return sync_; }
@@ -104,7 +113,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     int64_t grad_numel = 0;        // gradient elements (status slots follow in the last bucket)
     Tensor flat;
     size_t pending = 0;
-    std::shared_ptr<Work> work;
+    std::shared_ptr<Work> work;  // with a comm hook: the hook's FutureWork
   };
   Reducer(nn::Module& module, std::string name, const DistributedDataParallelOptions& options);
   void install_hooks();
@@ -117,6 +126,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void begin_iteration();
   void launch_ready_buckets();
   void launch(size_t bucket_index);
+  void launch_hook(size_t bucket_index);   // ddp_comm_hook.cpp
+  void take_hook_result(size_t bucket_index);
   void check_fingerprint();
   void finish_iteration();
   void rebuild_buckets_in_ready_order();
@@ -127,6 +138,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::shared_ptr<ProcessGroup> pg_;       // buckets and buffers, on the parameters' device
   std::shared_ptr<ProcessGroup> control_;  // CPU messages: control_world(), or pg_ when it has one rank
   bool reduce_buckets_ = true;             // false: default group of one process
+  CommHook comm_hook_;
+  std::shared_ptr<ProcessGroup> hook_group_;  // pg_, or a group of one rank where pg_ is not reduced
   std::vector<Tensor> params_;
   std::vector<std::string> param_names_;  // as errors show them ("D.main.5.weight")
   std::vector<std::string> param_paths_;  // the module's keys ("main.5.weight")
@@ -174,6 +187,17 @@ class DistributedDataParallel {
   ModuleHolder& module() { return module_; }
   auto* operator->() { return module_.operator->(); }
   Reducer& reducer() { return *reducer_; }
+  // PyTorch's register_comm_hook(state, hook): hook(state.get(), bucket) reduces every
+  // bucket from now on; DDP keeps `state` alive. ddp.register_comm_hook(powersgd_state,
+  // dist::powerSGD_hook), or with a built-in hook on the model's own group:
+  // ddp.register_comm_hook(nullptr, dist::bf16_compress_hook).
+  template <class State, class Hook>
+  void register_comm_hook(std::shared_ptr<State> state, Hook hook) {
+    reducer_->register_comm_hook([state, hook](GradBucket& bucket) { return hook(state.get(), bucket); });
+  }
+  void register_comm_hook(std::nullptr_t, std::shared_ptr<FutureWork> (*hook)(ProcessGroup*, GradBucket&)) {
+    register_comm_hook(std::shared_ptr<ProcessGroup>(), hook);
+  }
   TensorDict state_dict() const { return module_->state_dict(); }
   nn::LoadStateDictResult load_state_dict(const TensorDict& state, bool strict = true) {
     return module_->load_state_dict(state, strict);

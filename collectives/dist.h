@@ -1,9 +1,11 @@
 #pragma once
 // nd::dist: data parallelism on top of the engine (DESIGN.md "Data parallel").
-// One include for process groups, the watchdog, DistributedDataParallel,
-// DistributedSampler and SyncBatchNorm; <nanoddp.h> includes it.
+// One include for process groups, the watchdog, DistributedDataParallel and its
+// communication hooks, DistributedSampler and SyncBatchNorm; <nanoddp.h> includes it.
+#include "collectives/comm_hooks.h"
 #include "collectives/ddp.h"
 #include "collectives/local_process_group.h"
+#include "collectives/powersgd.h"
 #include "collectives/process_group.h"
 #include "collectives/sampler.h"
 #include "collectives/sync_batch_norm.h"

@@ -7,8 +7,6 @@
 namespace nd::dist {
 
 namespace {
-const Device kHost(kCPU);
-
 // The one rank's contribution copied into `dst`, a write in place like the real backends.
 void copy_into(const char* op, const Tensor& dst, const Tensor& src) {
   NoGradGuard no_grad;
@@ -33,23 +31,23 @@ std::shared_ptr<Work> LocalProcessGroup::done(const char* op, const Tensor& t, i
 }
 
 std::shared_ptr<Work> LocalProcessGroup::allreduce(const Tensor& tensor, const AllreduceOptions& options) {
-  detail::check_tensor("allreduce", tensor, kHost, backend());
+  detail::check_tensor("allreduce", tensor, device_, backend());
   detail::check_reducible("allreduce", tensor);
   ops::bump_version(tensor, "allreduce");
   return done("allreduce", tensor, options.bucket);
 }
 
 std::shared_ptr<Work> LocalProcessGroup::broadcast(const Tensor& tensor, int root) {
-  detail::check_tensor("broadcast", tensor, kHost, backend());
+  detail::check_tensor("broadcast", tensor, device_, backend());
   ND_CHECK(root == 0, "broadcast: root ", root, " is not a rank of a world of size 1");
   ops::bump_version(tensor, "broadcast");
   return done("broadcast", tensor);
 }
 
 std::shared_ptr<Work> LocalProcessGroup::allgather(const std::vector<Tensor>& outputs, const Tensor& input) {
-  detail::check_tensor("allgather", input, kHost, backend());
+  detail::check_tensor("allgather", input, device_, backend());
   detail::check_count("allgather", outputs.size(), 1, "output");
-  detail::check_tensor("allgather", outputs[0], kHost, backend());
+  detail::check_tensor("allgather", outputs[0], device_, backend());
   detail::check_same_dtype("allgather", input, outputs[0], "output");
   ND_CHECK(outputs[0].numel() == input.numel(), "allgather: outputs[0] must hold rank 0's input of ", input.numel(),
            " elements, found ", outputs[0].describe());
@@ -59,10 +57,10 @@ std::shared_ptr<Work> LocalProcessGroup::allgather(const std::vector<Tensor>& ou
 
 std::shared_ptr<Work> LocalProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
                                                         ReduceOp) {
-  detail::check_tensor("reduce_scatter", output, kHost, backend());
+  detail::check_tensor("reduce_scatter", output, device_, backend());
   detail::check_reducible("reduce_scatter", output);
   detail::check_count("reduce_scatter", inputs.size(), 1, "input");
-  detail::check_tensor("reduce_scatter", inputs[0], kHost, backend());
+  detail::check_tensor("reduce_scatter", inputs[0], device_, backend());
   detail::check_same_dtype("reduce_scatter", output, inputs[0], "input");
   ND_CHECK(inputs[0].numel() == output.numel(), "reduce_scatter: inputs[0] must have the output's ",
            output.numel(), " elements, found ", inputs[0].describe());

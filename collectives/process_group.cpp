@@ -63,6 +63,7 @@ void CollectiveRecord::add(const CollectiveInfo& info) {
   hash = hash * kMultiplier + collective_hash(info);
   last[count % kDepth] = info;
   ++count;
+  bytes += static_cast<uint64_t>(info.numel) * element_size(info.dtype);
 }
 
 uint64_t CollectiveRecord::hash_since(const CollectiveRecord& earlier) const {

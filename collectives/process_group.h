@@ -105,6 +105,9 @@ class AsyncWork : public Work {
 struct CollectiveRecord {
   static constexpr size_t kDepth = 4;  // how many of the last collectives are kept
   uint64_t count = 0;  // collectives issued on the group so far
+  // Their payload: element count x element size, summed (what bench_ddp reports per step;
+  // a ring all-reduce puts about 2 (W - 1) / W times this on each rank's wire).
+  uint64_t bytes = 0;
   // Polynomial rolling hash over the issued collectives, in issue order:
   // hash = hash * kMultiplier + collective_hash(info) (mod 2^64), so that the part
   // issued after an earlier snapshot can be isolated (hash_since()).

@@ -20,19 +20,29 @@ TensorDict take(const TensorDict& all, const std::string& prefix) {
 }
 }  // namespace
 
-void save_train_state(const std::string& path, const TrainState& state,
-                      const std::map<std::string, std::string>& metadata, int64_t world_size) {
+TensorDict train_state_dict(const TrainState& state) {
   TensorDict tensors;
   for (const auto& [name, m] : state.modules) put(tensors, "model." + name + ".", m->state_dict());
   for (const auto& [name, o] : state.optimizers) put(tensors, "optim." + name + ".", o->state_dict());
   for (const auto& [name, s] : state.schedulers) put(tensors, "sched." + name + ".", s->state_dict());
   for (const auto& [name, s] : state.scalers) put(tensors, "scaler." + name + ".", s->state_dict());
+  for (const auto& [name, s] : state.stateful) put(tensors, "state." + name + ".", s->state_dict());
+  return tensors;
+}
+
+void save_train_state(const std::string& path, const TensorDict& collected, const TrainState& state,
+                      const std::map<std::string, std::string>& metadata, int64_t world_size) {
   std::map<std::string, std::string> meta = metadata;
   meta["step"] = std::to_string(state.step);
   meta["rng.seed"] = std::to_string(default_generator().seed);
   meta["rng.offset"] = std::to_string(default_generator().offset);
   meta["world_size"] = std::to_string(world_size);
-  save(tensors, path, meta);
+  save(collected, path, meta);
+}
+
+void save_train_state(const std::string& path, const TrainState& state,
+                      const std::map<std::string, std::string>& metadata, int64_t world_size) {
+  save_train_state(path, train_state_dict(state), state, metadata, world_size);
 }
 
 std::map<std::string, std::string> load_train_state(const std::string& path, TrainState& state) {
@@ -55,6 +65,7 @@ std::map<std::string, std::string> load_train_state(const std::string& path, Tra
     s->load_state_dict(require("sched." + name + ".", "scheduler '" + name + "'"));
   for (auto& [name, s] : state.scalers)  // a disabled scaler saves nothing and loads nothing
     if (s->is_enabled()) s->load_state_dict(require("scaler." + name + ".", "GradScaler '" + name + "'"));
+  for (auto& [name, s] : state.stateful) s->load_state_dict(require("state." + name + ".", "state '" + name + "'"));
   state.step = std::stoll(meta.at("step"));
   default_generator() = Generator{std::stoull(meta.at("rng.seed")), std::stoull(meta.at("rng.offset"))};
   return meta;

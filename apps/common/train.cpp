@@ -34,6 +34,9 @@ void add_common_flags(Flags& flags, CommonOptions& o, bool has_batch_norm) {
   flags.add("--amp-dtype", &o.amp_dtype, "--amp's operands: bf16 (default) or f16 (with loss scaling, a GradScaler)",
             "T");
   flags.add("--no-tensorboard", &o.no_tensorboard, "no TensorBoard event files in DIR (written by default)");
+  flags.add("--comm-hook", &o.comm_hook,
+            "DDP gradient communication: none (f32 all-reduce), bf16, fp16, or powersgd (low-rank compression)", "H");
+  flags.add("--powersgd-rank", &o.powersgd_rank, "--comm-hook powersgd: rank of the gradient approximation", 1);
 }
 
 World world() {
@@ -56,6 +59,8 @@ nd::Device setup(const std::string& program, CommonOptions& o, const World& worl
   if (!o.amp_dtype.empty() && o.amp_dtype != "bf16" && o.amp_dtype != "f16")
     throw UsageError{"--amp-dtype: expected bf16 or f16, found '" + o.amp_dtype + "'"};
   if (!o.amp_dtype.empty() && !o.amp) throw UsageError{"--amp-dtype " + o.amp_dtype + " needs --amp"};
+  if (o.comm_hook != "none" && o.comm_hook != "bf16" && o.comm_hook != "fp16" && o.comm_hook != "powersgd")
+    throw UsageError{"--comm-hook: expected none, bf16, fp16 or powersgd, found '" + o.comm_hook + "'"};
   if (o.out.empty()) o.out = "out/" + program;
   if (world.rank0()) {
     std::error_code ec;
@@ -73,6 +78,19 @@ nd::optim::GradScalerOptions grad_scaler_options(const CommonOptions& o) {
 
 nd::dist::DistributedDataParallelOptions ddp_options(nd::Device device) {
   return nd::dist::DistributedDataParallelOptions().process_group(nd::dist::default_group(device));
+}
+
+void register_comm_hook(nd::dist::Reducer& reducer, const CommonOptions& o, nd::TrainState& state) {
+  namespace dist = nd::dist;
+  if (o.comm_hook == "bf16" || o.comm_hook == "fp16") {
+    auto hook = o.comm_hook == "bf16" ? dist::bf16_compress_hook : dist::fp16_compress_hook;
+    reducer.register_comm_hook([hook](dist::GradBucket& bucket) { return hook(nullptr, bucket); });
+  } else if (o.comm_hook == "powersgd") {
+    auto powersgd = std::make_shared<dist::PowerSGDState>(
+        dist::PowerSGDOptions().matrix_approximation_rank(o.powersgd_rank).start_powerSGD_iter(o.steps / 10));
+    reducer.register_comm_hook([powersgd](dist::GradBucket& bucket) { return dist::powerSGD_hook(powersgd.get(), bucket); });
+    state.stateful.push_back({"powersgd." + reducer.name(), powersgd.get()});  // the hook keeps it alive
+  }
 }
 
 int run_main(const std::string& program, const std::function<int()>& body) {
@@ -371,8 +389,9 @@ void Logger::finish() {
 std::string checkpoint_path(const CommonOptions& o) { return o.out + "/ckpt/latest.safetensors"; }
 
 void save_checkpoint(const CommonOptions& o, const World& world, nd::TrainState& state, const BatchStream& batches) {
+  const nd::TensorDict collected = nd::train_state_dict(state);  // every rank: PowerSGD gathers its errors
   if (!world.rank0()) return;
-  nd::save_train_state(checkpoint_path(o), state,
+  nd::save_train_state(checkpoint_path(o), collected, state,
                        {{"batches_consumed", std::to_string(batches.consumed())},
                         {"epoch", std::to_string(batches.epoch())},
                         {"global_batch_size", std::to_string(o.batch_size)},

@@ -39,14 +39,16 @@ struct CommonOptions {
   int64_t exit_after = 0;  // stop after this step, checkpoint written (as if killed); 0: off
   bool no_tensorboard = false;
   std::string run_flags;    // every flag's value (Flags::values_markdown), TensorBoard's "flags" text
+  std::string comm_hook = "none";  // --comm-hook: none, bf16, fp16 or powersgd (DDP communication hook)
+  int64_t powersgd_rank = 1;       // --powersgd-rank: PowerSGD's matrix_approximation_rank
 
   // Whether `step` ends with a checkpoint: every ckpt_every, the last and the exit step.
   bool checkpoint_at(int64_t step) const { return step % ckpt_every == 0 || step == steps || step == exit_after; }
 };
 
 // Adds --device --steps --batch-size --lr --out --resume --seed --data --log-every
-// --sample-every --ckpt-every --exit-after --amp --amp-dtype --no-tensorboard, and --sync-bn
-// when the app has BatchNorm.
+// --sample-every --ckpt-every --exit-after --amp --amp-dtype --no-tensorboard --comm-hook
+// --powersgd-rank, and --sync-bn when the app has BatchNorm.
 void add_common_flags(Flags& flags, CommonOptions& options, bool has_batch_norm);
 
 struct World {
@@ -73,6 +75,11 @@ nd::optim::GradScalerOptions grad_scaler_options(const CommonOptions& options);
 // (nothing to communicate, no NCCL needed). SyncBatchNorm needs no helper:
 // nn::convert_sync_batchnorm(module) takes the same default group from its input's device.
 nd::dist::DistributedDataParallelOptions ddp_options(nd::Device device);
+// --comm-hook on one DDP model, right after wrapping it: bf16 / fp16 compression, or
+// PowerSGD at --powersgd-rank from a tenth of --steps on (PyTorch's advice for
+// start_powerSGD_iter), whose state joins `state` as "powersgd.<model>" so that --resume
+// continues it.
+void register_comm_hook(nd::dist::Reducer& reducer, const CommonOptions& options, nd::TrainState& state);
 
 // Runs body, turning a UsageError into "<program>: <message>" + exit status 2 (printed
 // by rank 0: every rank checks the same command line) and any other error into

@@ -110,6 +110,28 @@ TEST_CASE("apps under mpirun: a run stopped after a checkpoint and resumed equal
   check_same_models(whole / "ckpt" / "latest.safetensors", parts / "ckpt" / "latest.safetensors", 0.0);
 }
 
+TEST_CASE("apps under mpirun: --comm-hook powersgd stopped and resumed equals an uninterrupted run") {
+  // PowerSGD from the first step (a tenth of --steps 4 is 0): the checkpoint must carry every
+  // rank's error feedback and the Q of G, D and the MAE for the resumed run to match.
+  if (skip()) return;
+  const int64_t W = ranks_to_launch();
+  const std::string args = kJoint + " --steps 4 --comm-hook powersgd --powersgd-rank 2 --out ";
+  const fs::path whole = temp_dir("powersgd_whole"), parts = temp_dir("powersgd_parts");
+  REQUIRE(launch(W, "train_joint", args + whole.string()).status == 0);
+  REQUIRE(launch(W, "train_joint", args + parts.string() + " --exit-after 2").status == 0);
+  int64_t errors = 0;
+  for (const auto& [key, t] : load((parts / "ckpt" / "latest.safetensors").string()))
+    if (key.rfind("state.powersgd.D.error.", 0) == 0) {
+      CHECK(t.size(0) == W);  // one row per rank
+      ++errors;
+    }
+  CHECK(errors > 0);
+  const Run r = launch(W, "train_joint", args + parts.string() + " --resume");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  check_same_models(whole / "ckpt" / "latest.safetensors", parts / "ckpt" / "latest.safetensors", 0.0);
+}
+
 TEST_CASE("apps under mpirun: every app runs a few steps and rank 0 writes metrics, PNGs and a checkpoint") {
   if (skip()) return;
   const int64_t W = ranks_to_launch();

@@ -1,8 +1,10 @@
 #pragma once
 // What the DDP tests share (tests/dist/ddp_test.cpp, ddp_options_test.cpp,
-// ddp_divergence_test.cpp): this rank and the world size, the small MLP most cases train,
-// bucket layouts, a cross-rank equality check, and the skip for cases that need several
-// ranks.
+// ddp_divergence_test.cpp, ddp_comm_hooks_test.cpp, ddp_powersgd_test.cpp): this rank and the world
+// size, the small MLP most cases train, bucket layouts, a cross-rank equality check, every
+// rank's copy of a tensor and their exact average, and the skip for cases that need
+// several ranks.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,71 @@ inline bool same_on_every_rank(const std::vector<int64_t>& mine) {
     if (!nd::testing::bitwise_equal(all[r], all[0])) return false;
   return true;
 }
+
+// Every rank's `t` (contiguous), by rank: one all-gather over the world.
+inline std::vector<Tensor> gather_from_ranks(const Tensor& t) {
+  auto w = dist::world();
+  std::vector<Tensor> all;
+  for (int r = 0; r < w->size(); ++r) all.push_back(empty(t.sizes(), t.options()));
+  w->allgather(all, t.contiguous())->wait();
+  return all;
+}
+
+// The exact average over the ranks of `t` (f64, summed in rank order on every rank).
+inline Tensor mean_over_ranks(const Tensor& t) {
+  Tensor sum = zeros(t.sizes(), kFloat64);
+  for (const Tensor& x : gather_from_ranks(t.to(kFloat64))) sum = sum + x;
+  return sum / static_cast<double>(world_size());
+}
+
+// make_mlp() in f64, its weights drawn from `seed`.
+inline nn::Sequential make_mlp64(uint64_t seed) {
+  manual_seed(seed);
+  nn::Sequential m = make_mlp();
+  m->to(kFloat64);
+  return m;
+}
+
+// One step on this rank's own batch of 8 (so that the first layer's gradient has full
+// rank 6): the replica's gradients without DDP (`local`), then the DDP model's (`reduced`).
+struct HookStep {
+  std::vector<std::string> names;
+  std::vector<Tensor> local, reduced;
+};
+template <class Ddp>
+HookStep step_on_own_batch(Ddp& ddp, nn::Sequential& replica, Generator& data) {
+  const Tensor x = randn({8, 6}, kFloat64, &data), y = randn({8, 3}, kFloat64, &data);
+  HookStep step;
+  replica->zero_grad();
+  mse_loss(replica(x), y).backward();
+  for (const Tensor& p : replica->parameters()) step.local.push_back(p.grad().clone());
+  ddp.module()->zero_grad();
+  mse_loss(ddp(x), y).backward();
+  for (const auto& [name, p] : ddp.module()->named_parameters()) {
+    step.names.push_back(name);
+    step.reduced.push_back(p.grad().clone());
+  }
+  return step;
+}
+
+// Checks every reduced gradient against the exact average of the ranks' local ones:
+// |reduced - exact| <= bound(exact, sum_r |local_r| / W) elementwise. Returns the largest
+// |reduced - exact|.
+template <class Bound>
+double check_against_exact(const HookStep& step, Bound bound) {
+  double worst = 0;
+  for (size_t k = 0; k < step.local.size(); ++k) {
+    const Tensor exact = mean_over_ranks(step.local[k]);
+    const Tensor error = (step.reduced[k] - exact).abs();
+    CAPTURE(step.names[k]);
+    CHECK((error - bound(exact, mean_over_ranks(step.local[k].abs()))).max().item() <= 0);
+    worst = std::max(worst, error.max().item());
+  }
+  return worst;
+}
+
+// A bound for results that only rounding separates from the exact average.
+inline Tensor rounding_only(const Tensor& exact, const Tensor& abs_mean) { return (exact.abs() + abs_mean) * 1e-12 + 1e-15; }
 
 // True (after printing SKIPPED) when this process is the only rank.
 inline bool skip_at_one_rank() {

@@ -99,7 +99,7 @@ TEST_CASE("train_state: a file that is not a training checkpoint is a clear erro
   const std::string msg = nd::testing::error_message([&] { load_train_state(path, run.state); });
   CHECK(msg.find("has no 'step' metadata") != std::string::npos);
   Run other(1);
-  save_train_state(path, TrainState{{{"other", other.net.get()}}, {}, {}, 0, {}});
+  save_train_state(path, TrainState{{{"other", other.net.get()}}, {}, {}, 0, {}, {}});
   CHECK(nd::testing::error_message([&] { load_train_state(path, run.state); }).find("holds no model 'net'") !=
         std::string::npos);
   std::filesystem::remove(path);

@@ -1,0 +1,225 @@
+#include "collectives/powersgd.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "engine/autograd.h"
+#include "engine/error.h"
+#include "engine/factories.h"
+#include "engine/ops/index.h"
+
+namespace nd::dist {
+
+PowerSGDState::PowerSGDState(const PowerSGDOptions& options) : options_(options) {
+  ND_CHECK(options_.matrix_approximation_rank() >= 1, "PowerSGDState: expected matrix_approximation_rank >= 1, found ",
+           options_.matrix_approximation_rank());
+  ND_CHECK(options_.start_powerSGD_iter() >= 0, "PowerSGDState: expected start_powerSGD_iter >= 0, found ",
+           options_.start_powerSGD_iter());
+  ND_CHECK(options_.min_compression_rate() >= 0 && options_.orthogonalization_epsilon() >= 0,
+           "PowerSGDState: expected min_compression_rate >= 0 and orthogonalization_epsilon >= 0, found ",
+           options_.min_compression_rate(), " and ", options_.orthogonalization_epsilon());
+}
+
+TensorDict PowerSGDState::state_dict() const {
+  TensorDict out;
+  out["iter"] = full({1}, static_cast<double>(iter_), kInt64);
+  for (const auto& [name, rows] : loaded_errors_) out["error." + name] = rows;  // not used since loaded
+  for (const auto& [name, e] : error_dict_) {
+    const int W = group_->size();
+    const Tensor flat = e.reshape({e.numel()});
+    std::vector<Tensor> rows;
+    for (int r = 0; r < W; ++r) rows.push_back(empty({e.numel()}, e.options()));
+    if (W > 1)
+      group_->allgather(rows, flat)->wait();
+    else
+      rows[0].copy_(flat);
+    out["error." + name] = stack(rows);
+  }
+  for (const auto& [name, q] : q_memory_) out["q." + name] = q;
+  return out;
+}
+
+void PowerSGDState::load_state_dict(const TensorDict& state) {
+  auto it = state.find("iter");
+  ND_CHECK(it != state.end() && it->second.numel() == 1, "PowerSGDState::load_state_dict: expected an 'iter' entry ",
+           "(a state saved by PowerSGDState::state_dict), found ", state.size(), " entries without it");
+  error_dict_.clear();
+  loaded_errors_.clear();
+  q_memory_.clear();
+  iter_ = static_cast<int64_t>(it->second.item());
+  for (const auto& [key, t] : state) {
+    if (key.rfind("error.", 0) == 0)
+      loaded_errors_[key.substr(6)] = t;
+    else if (key.rfind("q.", 0) == 0)
+      q_memory_[key.substr(2)] = t;
+    else
+      ND_CHECK(key == "iter", "PowerSGDState::load_state_dict: unexpected entry '", key,
+               "'; expected 'iter', 'error.<parameter>' and 'q.<parameter>'");
+  }
+}
+
+void PowerSGDState::take_loaded_errors(const std::shared_ptr<ProcessGroup>& group) {
+  group_ = group;
+  for (const auto& [name, rows] : loaded_errors_) {
+    ND_CHECK(rows.dim() == 2 && rows.size(0) == group->size(), "PowerSGDState: the error feedback of '", name,
+             "' was saved by ", rows.dim() == 2 ? rows.size(0) : 0, " rank(s) (", rows.describe(), "), this run has ",
+             group->size(), "; resume PowerSGD with the world size it was saved with");
+    error_dict_[name] = rows.select(0, group->rank()).clone();
+  }
+  loaded_errors_.clear();
+}
+
+namespace {
+
+// FNV-1a: the same on every rank and every run (std::hash promises neither).
+uint64_t name_hash(const std::string& s) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001B3ull;
+  return h;
+}
+
+// Gram-Schmidt on the columns of `matrix` [rows, cols], in place: each column is
+// normalised, c <- c / (|c| + eps), then removed from the columns after it,
+// r <- r - (c . r) c. Worked on the transpose, whose rows (the columns) are contiguous.
+// A zero column (eps = 0) becomes zero instead of NaN, without reading the norm on the host.
+void orthogonalize(const Tensor& matrix, double epsilon) {
+  const int64_t cols = matrix.size(1);
+  const Tensor t = matrix.t().contiguous();
+  for (int64_t i = 0; i < cols; ++i) {
+    const Tensor col = t.narrow(0, i, 1);  // [1, rows]
+    const Tensor norm = col.pow(2).sum().sqrt();
+    const Tensor nonzero = norm.gt(0).to(t.dtype());
+    col.mul_(nonzero / (norm + epsilon + (1.0 - nonzero)));
+    if (i + 1 == cols) break;
+    const Tensor rest = t.narrow(0, i + 1, cols - i - 1);   // [k, rows]
+    rest.sub_(rest.matmul(col.t()) * col);                  // [k, 1] * [1, rows]
+  }
+  matrix.copy_(t.t());
+}
+
+// One gradient that PowerSGD compresses: its matrix view and its slices of P and Q.
+struct Compressed {
+  std::string name;
+  Tensor matrix, p, q;  // [n, m], [n, r], [m, r]
+};
+
+}  // namespace
+
+std::shared_ptr<FutureWork> powerSGD_hook(PowerSGDState* state, GradBucket& bucket) {
+  ND_CHECK(state != nullptr, "powerSGD_hook: expected a PowerSGDState, found none");
+  const PowerSGDOptions& o = state->options_;
+  const std::shared_ptr<ProcessGroup> group = o.process_group() ? o.process_group() : bucket.process_group();
+  ProcessGroup* pg = group.get();
+  if (state->iter_ < o.start_powerSGD_iter()) {
+    if (bucket.is_last()) ++state->iter_;
+    return allreduce_hook(pg, bucket);
+  }
+  NoGradGuard no_grad;
+  state->take_loaded_errors(group);
+  const Tensor input = bucket.buffer();
+  const std::vector<Tensor>& grads = bucket.gradients();
+  std::vector<std::string> names;
+  for (const Tensor& p : bucket.parameters()) {
+    ND_CHECK(!p.name().empty(), "powerSGD_hook: a parameter of bucket ", bucket.index(), " (", p.describe(),
+             ") has no name; PowerSGD keeps its state by parameter name");
+    names.push_back(p.name());
+  }
+  // Error feedback: compress this step's gradient plus what compression lost last step.
+  std::vector<Tensor> fed;  // each gradient with it: this step's error is fed - result
+  if (o.use_error_feedback()) {
+    for (size_t k = 0; k < grads.size(); ++k) {
+      auto it = state->error_dict_.find(names[k]);
+      if (it != state->error_dict_.end()) {
+        ND_CHECK(it->second.numel() == grads[k].numel(), "powerSGD_hook: the error feedback of '", names[k], "' has ",
+                 it->second.numel(), " elements, its gradient ", grads[k].numel(),
+                 "; the PowerSGDState belongs to another model");
+        grads[k].add_(it->second.to(input.device()).view(grads[k].sizes()));
+      }
+      fed.push_back(grads[k].clone());
+    }
+  }
+  // 1-D gradients and matrices compression would not shrink enough travel as they are.
+  std::vector<Tensor> plain;
+  std::vector<Compressed> compressed;
+  int64_t p_size = 0, q_size = 0;
+  for (size_t k = 0; k < grads.size(); ++k) {
+    const Tensor& g = grads[k];
+    if (g.dim() <= 1 || g.numel() == 0) {
+      plain.push_back(g);
+      continue;
+    }
+    const int64_t n = g.size(0), m = g.numel() / n;
+    const int64_t r = std::min({n, m, o.matrix_approximation_rank()});
+    if (static_cast<double>((n + m) * r) * o.min_compression_rate() >= static_cast<double>(n * m)) {
+      plain.push_back(g);
+      continue;
+    }
+    compressed.push_back({names[k], g.view({n, m}), Tensor(), Tensor()});
+    p_size += n * r;
+    q_size += m * r;
+  }
+  const TensorOptions like = input.options();
+  std::vector<Tensor> flat_plain;
+  for (const Tensor& g : plain) flat_plain.push_back(g.reshape({g.numel()}));
+  const Tensor plain_memory = plain.empty() ? Tensor() : cat(flat_plain);
+  const Tensor p_memory = empty({p_size}, like), q_memory = empty({q_size}, like);
+  int64_t p_at = 0, q_at = 0;
+  for (Compressed& c : compressed) {
+    const int64_t n = c.matrix.size(0), m = c.matrix.size(1);
+    const int64_t r = std::min({n, m, o.matrix_approximation_rank()});
+    c.p = p_memory.narrow(0, p_at, n * r).view({n, r});
+    c.q = q_memory.narrow(0, q_at, m * r).view({m, r});
+    p_at += n * r;
+    q_at += m * r;
+    auto it = state->q_memory_.find(c.name);
+    if (o.warm_start() && it != state->q_memory_.end() && it->second.numel() == m * r) {
+      c.q.copy_(it->second.view({m, r}));
+    } else {
+      // Drawn on the CPU in f64 so that every rank and device type gets the same Q.
+      Generator gen{o.random_seed() ^ name_hash(c.name), static_cast<uint64_t>(state->iter_) << 32};
+      c.q.copy_(randn({m, r}, kFloat64, &gen));
+    }
+    orthogonalize(c.q, o.orthogonalization_epsilon());
+    c.p.copy_(c.matrix.matmul(c.q));
+  }
+  // Both all-reduces start now, while backward goes on; P is not divided by W (it is
+  // orthogonalised next).
+  AllreduceOptions sum;
+  sum.bucket = static_cast<int64_t>(bucket.index());
+  std::vector<std::shared_ptr<Work>> first;
+  if (plain_memory.defined()) first.push_back(pg->allreduce(plain_memory, sum));
+  if (p_size > 0) first.push_back(pg->allreduce(p_memory, sum));
+  const double W = pg->size();
+  if (first.empty()) {  // only empty gradients: nothing to reduce
+    if (bucket.is_last()) ++state->iter_;
+    return FutureWork::completed(input);
+  }
+  auto finish = [state, pg, sum, W, input, grads, names, fed, plain, plain_memory, compressed, q_memory, first,
+                 is_last = bucket.is_last()] {
+    NoGradGuard no_grad;
+    for (const auto& w : first) w->wait();
+    int64_t at = 0;
+    for (const Tensor& g : plain) {
+      g.copy_(plain_memory.narrow(0, at, g.numel()).view(g.sizes()).div(W));
+      at += g.numel();
+    }
+    if (!compressed.empty()) {
+      for (const Compressed& c : compressed) {
+        orthogonalize(c.p, state->options_.orthogonalization_epsilon());
+        c.q.copy_(c.matrix.t().matmul(c.p));
+      }
+      pg->allreduce(q_memory, sum)->wait();
+      q_memory.div_(W);
+      for (const Compressed& c : compressed) {
+        c.matrix.copy_(c.p.matmul(c.q.t()));
+        if (state->options_.warm_start()) state->q_memory_[c.name] = c.q.clone();
+      }
+    }
+    for (size_t k = 0; k < fed.size(); ++k) state->error_dict_[names[k]] = fed[k] - grads[k];
+    if (is_last) ++state->iter_;
+    return input;
+  };
+  return FutureWork::then(first.back(), finish);
+}
+
+}  // namespace nd::dist

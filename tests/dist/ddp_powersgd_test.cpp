@@ -1,0 +1,152 @@
+// PowerSGD (collectives/powersgd.h), run at 1, 2 and 4 ranks on the f64 MLP (weights
+// [16, 6] and [3, 16], biases): full rank reproduces the exact average, plain all-reduce
+// before start_powerSGD_iter and for matrices too small to compress, error feedback's
+// identity (reduced + new error = gradient + old error), and a save / load through the
+// TrainState that continues as an uninterrupted run.
+#include <filesystem>
+
+#include "collectives/ddp.h"
+#include "collectives/powersgd.h"
+#include "dist/ddp_test_util.h"
+#include "harness.h"
+
+using namespace nd;
+using dist::DistributedDataParallel;
+using dist::PowerSGDOptions;
+using dist::PowerSGDState;
+using namespace nd::testing::ddp;
+
+namespace {
+
+size_t count_keys(const TensorDict& state, const std::string& prefix) {
+  size_t n = 0;
+  for (const auto& [key, t] : state) n += key.rfind(prefix, 0) == 0;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("powerSGD: at full rank it equals the exact average") {
+  // r = 16 >= every dimension: P's orthonormal columns span the summed gradient's column
+  // space, so P P^T M = M; min_compression_rate 0 makes both weights take the compressed path.
+  nn::Sequential replica = make_mlp64(20), model = make_mlp64(20);
+  DistributedDataParallel ddp(model, "mlp");
+  auto state = std::make_shared<PowerSGDState>(
+      PowerSGDOptions().matrix_approximation_rank(16).start_powerSGD_iter(0).min_compression_rate(0));
+  ddp.register_comm_hook(state, dist::powerSGD_hook);
+  Generator data{400 + static_cast<uint64_t>(rank()), 0};
+  for (int step = 0; step < 3; ++step) {
+    CAPTURE(step);
+    check_against_exact(step_on_own_batch(ddp, replica, data), [](const Tensor& exact, const Tensor& abs_mean) {
+      return (exact.abs() + abs_mean) * 1e-9 + 1e-13;
+    });
+  }
+  const TensorDict saved = state->state_dict();
+  CHECK(count_keys(saved, "q.") == 2);  // both weights were compressed
+  CHECK(saved.at("q.mlp.0.weight").sizes() == Shape{6, 6});
+  CHECK(saved.at("q.mlp.2.weight").sizes() == Shape{16, 3});
+}
+
+TEST_CASE("powerSGD: plain all-reduce before start_powerSGD_iter and for matrices compression would not shrink") {
+  for (int64_t rank_r : {1, 4}) {
+    // Rank 1: (16 + 6) * 1 * 2 < 96 and (3 + 16) * 1 * 2 < 48, both weights compress.
+    // Rank 4 (min(n, m, 4)): 176 >= 96 and 114 >= 48 at the default min_compression_rate 2: neither does.
+    CAPTURE(rank_r);
+    nn::Sequential replica = make_mlp64(21), model = make_mlp64(21);
+    DistributedDataParallel ddp(model, "mlp");
+    auto state = std::make_shared<PowerSGDState>(
+        PowerSGDOptions().matrix_approximation_rank(rank_r).start_powerSGD_iter(2));
+    ddp.register_comm_hook(state, dist::powerSGD_hook);
+    Generator data{500 + static_cast<uint64_t>(rank()), 0};
+    for (int step = 0; step < 4; ++step) {
+      CAPTURE(step);
+      const HookStep s = step_on_own_batch(ddp, replica, data);
+      CHECK(state->iter() == step + 1);
+      const TensorDict saved = state->state_dict();
+      if (step < 2 || rank_r == 4) {
+        check_against_exact(s, rounding_only);
+        CHECK(count_keys(saved, "q.") == 0);
+      } else {
+        // A rank-1 approximation of a rank-6 gradient is far from it.
+        CHECK(check_against_exact(s, [](const Tensor& exact, const Tensor&) { return exact.abs() * 0 + 1e9; }) > 1e-3);
+        CHECK(count_keys(saved, "q.") == 2);
+      }
+      // Error feedback starts with compression (biases included: their error is local - average).
+      CHECK(count_keys(saved, "error.") == (step < 2 ? 0u : 4u));
+    }
+  }
+}
+
+TEST_CASE("powerSGD: error feedback keeps what compression lost: reduced + new error = gradient + old error") {
+  nn::Sequential replica = make_mlp64(22), model = make_mlp64(22);
+  DistributedDataParallel ddp(model, "mlp");
+  auto state = std::make_shared<PowerSGDState>(PowerSGDOptions().start_powerSGD_iter(0));
+  ddp.register_comm_hook(state, dist::powerSGD_hook);
+  Generator data{600 + static_cast<uint64_t>(rank()), 0};
+  // This rank's row of each saved error ([world size, numel]), shaped as the parameter.
+  auto errors = [&] {
+    const TensorDict saved = state->state_dict();
+    std::vector<Tensor> out;
+    for (const auto& [name, p] : model->named_parameters()) {
+      auto it = saved.find("error.mlp." + name);
+      out.push_back(it == saved.end() ? zeros(p.sizes(), kFloat64) : it->second.select(0, rank()).view(p.sizes()));
+    }
+    return out;
+  };
+  for (int step = 0; step < 3; ++step) {
+    CAPTURE(step);
+    const std::vector<Tensor> before = errors();
+    const HookStep s = step_on_own_batch(ddp, replica, data);
+    const std::vector<Tensor> after = errors();
+    for (size_t k = 0; k < s.local.size(); ++k) {
+      CAPTURE(s.names[k]);
+      const Tensor input = s.local[k] + before[k];
+      nd::testing::check_close(s.reduced[k] + after[k], input, 1e-13, 1e-12, s.names[k]);
+    }
+    CHECK(after[0].abs().max().item() > 1e-6);  // the rank-1 first weight did lose something
+  }
+}
+
+TEST_CASE("powerSGD: its state saved in the TrainState and loaded into a fresh model continues the run exactly") {
+  const auto options = PowerSGDOptions().start_powerSGD_iter(1);  // compression from the second step
+  const std::string path = (std::filesystem::temp_directory_path() / "nanoddp_powersgd_resume.safetensors").string();
+  // Trains `steps` of the run from `first` on, after loading `path` when first > 0; saves
+  // to `path` after `save_after` steps when that is positive. Returns the parameters.
+  auto run = [&](int first, int steps, int save_after) {
+    nn::Sequential model = make_mlp64(23);
+    DistributedDataParallel ddp(model, "mlp");
+    auto state = std::make_shared<PowerSGDState>(options);
+    ddp.register_comm_hook(state, dist::powerSGD_hook);
+    optim::Adam opt(model->parameters(), optim::AdamOptions(0.01));
+    TrainState train{{{"mlp", model.get()}}, {{"mlp", &opt}}, {}, 0, {}, {{"powersgd", state.get()}}};
+    if (first > 0) {
+      load_train_state(path, train);
+      CHECK(train.step == first);
+      CHECK(state->iter() == first);
+    }
+    Generator data{700 + static_cast<uint64_t>(rank()), 0};
+    for (int step = 0; step < first + steps; ++step) {
+      const Tensor x = randn({8, 6}, kFloat64, &data), y = randn({8, 3}, kFloat64, &data);
+      if (step < first) continue;  // the batches the saved run consumed
+      opt.zero_grad();
+      mse_loss(ddp(x), y).backward();
+      opt.step();
+      train.step = step + 1;
+      if (train.step == save_after) {
+        const TensorDict collected = train_state_dict(train);  // every rank: PowerSGD gathers its errors
+        if (rank() == 0) save_train_state(path, collected, train, {}, world_size());
+        dist::world()->barrier()->wait();
+      }
+    }
+    std::vector<Tensor> params;
+    for (const Tensor& p : model->parameters()) params.push_back(p.detach().clone());
+    return params;
+  };
+  const std::vector<Tensor> uninterrupted = run(0, 5, 0);
+  run(0, 2, 2);
+  const std::vector<Tensor> resumed = run(2, 3, 0);
+  REQUIRE(resumed.size() == uninterrupted.size());
+  for (size_t k = 0; k < resumed.size(); ++k) nd::testing::check_close(resumed[k], uninterrupted[k], 1e-13, 0, "param");
+  dist::world()->barrier()->wait();
+  if (rank() == 0) std::filesystem::remove(path);
+}
