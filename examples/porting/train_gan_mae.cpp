@@ -99,7 +99,8 @@ int train(const Args& args) {
                        {{"G", &opt_g}, {"D", &opt_d}, {"MAE", &opt_m}},
                        {{"MAE", &sched_m}},
                        /*step=*/0,
-                       {{"amp", &scaler}}};
+                       {{"amp", &scaler}},
+                       /*stateful=*/{}};
   if (args.resume) nd::load_train_state(ckpt_path, state);  // each tensor onto its parameter's device
   const int64_t start = state.step;
 
