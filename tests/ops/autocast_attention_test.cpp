@@ -251,5 +251,27 @@ TEST_CASE("autocast attention: bad inputs are still errors naming what was expec
   const Tensor q = testing::random_input({1, 1, 3, 4}, 1).to(kFloat32);
   const Tensor f64_mask = testing::random_input({3, 3}, 2);
   CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, q, q, f64_mask), doctest::Contains("attn_mask"), Error);
-  CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, q, q, {}, 0.1), doctest::Contains("dropout_p == 0"), Error);
+  CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, q, q, {}, 1.5),
+                       doctest::Contains("expected dropout_p between 0 and 1, found 1.5"), Error);
+}
+
+TEST_CASE("autocast attention: dropout drops the weights the f32 path drops for the same seed") {
+  // The CPU autocast path is the f32 kernel on bf16-rounded operands with its output rounded
+  // (top of this file): with equal generator states both drop the same weights, so the
+  // results agree to the output's rounding.
+  const Tensor q = testing::random_input({2, 2, 5, 8}, 4).to(kFloat32);
+  const Tensor k = testing::random_input({2, 2, 7, 8}, 5).to(kFloat32);
+  manual_seed(9);
+  Tensor amp_out;
+  {
+    AutocastGuard amp(kCPU);
+    amp_out = scaled_dot_product_attention(q, k, k, {}, 0.5);
+  }
+  manual_seed(9);
+  const Tensor kb = k.to(kBFloat16).to(kFloat32);
+  const Tensor ref = scaled_dot_product_attention(q.to(kBFloat16).to(kFloat32), kb, kb, {}, 0.5);
+  testing::check_close(amp_out, ref.to(kBFloat16).to(kFloat32), 1e-6, 0, "autocast dropout");
+  manual_seed(10);  // another draw drops other weights
+  CHECK(testing::to_vector(scaled_dot_product_attention(q.to(kBFloat16).to(kFloat32), kb, kb, {}, 0.5)) !=
+        testing::to_vector(ref));
 }
