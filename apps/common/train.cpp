@@ -14,6 +14,7 @@ namespace app {
 namespace fs = std::filesystem;
 
 void add_common_flags(Flags& flags, CommonOptions& o, bool has_batch_norm) {
+  o.flags = &flags;
   flags.add("--device", &o.device, "cpu or cuda (cuda:N)", "D");
   flags.add("--steps", &o.steps, "training steps (optimizer updates); 0 with --resume only evaluates", 0);
   flags.add("--batch-size", &o.batch_size, "global batch, split evenly over the ranks");
@@ -61,6 +62,8 @@ nd::Device setup(const std::string& program, CommonOptions& o, const World& worl
   if (!o.amp_dtype.empty() && !o.amp) throw UsageError{"--amp-dtype " + o.amp_dtype + " needs --amp"};
   if (o.comm_hook != "none" && o.comm_hook != "bf16" && o.comm_hook != "fp16" && o.comm_hook != "powersgd")
     throw UsageError{"--comm-hook: expected none, bf16, fp16 or powersgd, found '" + o.comm_hook + "'"};
+  if (o.flags && o.flags->given("--powersgd-rank") && o.comm_hook != "powersgd")
+    throw UsageError{"--powersgd-rank " + std::to_string(o.powersgd_rank) + " needs --comm-hook powersgd"};
   if (o.out.empty()) o.out = "out/" + program;
   if (world.rank0()) {
     std::error_code ec;

@@ -41,6 +41,7 @@ struct CommonOptions {
   std::string run_flags;    // every flag's value (Flags::values_markdown), TensorBoard's "flags" text
   std::string comm_hook = "none";  // --comm-hook: none, bf16, fp16 or powersgd (DDP communication hook)
   int64_t powersgd_rank = 1;       // --powersgd-rank: PowerSGD's matrix_approximation_rank
+  const Flags* flags = nullptr;    // set by add_common_flags: setup() asks which flags were given
 
   // Whether `step` ends with a checkpoint: every ckpt_every, the last and the exit step.
   bool checkpoint_at(int64_t step) const { return step % ckpt_every == 0 || step == steps || step == exit_after; }

@@ -160,6 +160,10 @@ TEST_CASE("apps: bad flags are one line and exit status 2") {
   const Run alone = run_app("train_mae", "--amp-dtype f16 --steps 1");
   CHECK(alone.status == 2);
   CHECK(contains(alone.output, "--amp-dtype f16 needs --amp"));
+  const Run rank = run_app("train_gan", "--powersgd-rank 4 --comm-hook bf16 --steps 1");
+  CHECK(rank.status == 2);
+  CHECK(count_lines(rank.output) == 1);
+  CHECK(contains(rank.output, "--powersgd-rank 4 needs --comm-hook powersgd"));
 }
 
 TEST_CASE("apps: --device cuda without a GPU is one clear line and a non-zero exit") {
