@@ -4,6 +4,7 @@
 // mpirun -np 2 (tests/CMakeLists.txt registers each and checks mpirun's output and exit):
 // what OpenMPI 4.1 does when ranks disagree on a collective or a rank dies, and that the
 // job then ends with a message naming the collective or the rank, within seconds.
+#include "dist/fault_case.h"
 #include "harness.h"
 
 #include <mpi.h>
@@ -19,17 +20,10 @@
 using namespace nd;
 using namespace std::chrono_literals;
 using nd::testing::error_message;
+using nd::testing::fault_case;
 
 namespace {
 
-// True in the run of fault case `name` (NANODDP_FAULT_TEST=name, mpirun -np 2); otherwise
-// reports the case skipped.
-bool fault_case(const std::string& name) {
-  const char* env = std::getenv("NANODDP_FAULT_TEST");
-  if (env && env == name && dist::world()->size() == 2) return true;
-  MESSAGE("SKIPPED: runs under mpirun -np 2 with NANODDP_FAULT_TEST=", name, " (tests/CMakeLists.txt)");
-  return false;
-}
 
 // Fault cases end the job from elsewhere (a watchdog, mpirun): a rank that gets here waits for that.
 void wait_for_the_job_to_end() {

@@ -3,6 +3,7 @@
 // Work and a capturing handler; the two fault cases (a rank that never joins, a rank
 // killed before a collective) run only under mpirun when NANODDP_FAULT_TEST names
 // them (tests/CMakeLists.txt registers them and checks mpirun's exit and output).
+#include "dist/fault_case.h"
 #include "harness.h"
 
 #include <atomic>
@@ -32,11 +33,6 @@ dist::CollectiveInfo info(const char* op, uint64_t sequence, int64_t numel, int6
   i.numel = numel;
   i.bucket = bucket;
   return i;
-}
-
-bool fault_test_is(const char* name) {
-  const char* env = std::getenv("NANODDP_FAULT_TEST");
-  return env && std::string(env) == name;
 }
 
 }  // namespace
@@ -126,10 +122,7 @@ TEST_CASE("timeout: default 5 minutes, NANODDP_COLLECTIVE_TIMEOUT_S, per group")
 
 TEST_CASE("fault: a collective that rank 1 never joins aborts the job") {
   auto w = dist::world();
-  if (!fault_test_is("stuck") || w->size() < 2) {
-    MESSAGE("SKIPPED: runs under mpirun -np 2 with NANODDP_FAULT_TEST=stuck (registered in tests/CMakeLists.txt)");
-    return;
-  }
+  if (!nd::testing::fault_case("stuck")) return;
   w->set_timeout(2s);
   if (w->rank() == 1) {
     std::this_thread::sleep_for(60s);  // never joins; the watchdog on rank 0 ends the job first
@@ -142,10 +135,7 @@ TEST_CASE("fault: a collective that rank 1 never joins aborts the job") {
 
 TEST_CASE("fault: a DDP backward rank 1 never joins names the model in the watchdog's message") {
   auto w = dist::world();
-  if (!fault_test_is("stuck_ddp") || w->size() < 2) {
-    MESSAGE("SKIPPED: runs under mpirun -np 2 with NANODDP_FAULT_TEST=stuck_ddp (registered in tests/CMakeLists.txt)");
-    return;
-  }
+  if (!nd::testing::fault_case("stuck_ddp")) return;
   manual_seed(1);
   nn::Sequential model(nn::Linear(nn::LinearOptions(4, 3)));
   dist::DistributedDataParallel ddp(model, "D");  // every rank: the layout check and broadcast
@@ -159,10 +149,7 @@ TEST_CASE("fault: a DDP backward rank 1 never joins names the model in the watch
 
 TEST_CASE("fault: a rank killed before a collective ends the job") {
   auto w = dist::world();
-  if (!fault_test_is("killed") || w->size() < 2) {
-    MESSAGE("SKIPPED: runs under mpirun -np 2 with NANODDP_FAULT_TEST=killed (registered in tests/CMakeLists.txt)");
-    return;
-  }
+  if (!nd::testing::fault_case("killed")) return;
   w->set_timeout(30s);  // mpirun tears the job down long before
   w->barrier()->wait();
   if (w->rank() == 1) std::_Exit(3);
