@@ -1,8 +1,6 @@
 #include "engine/nn/attention.h"
 
 #include <cmath>
-#include <limits>
-#include <vector>
 
 #include "engine/error.h"
 #include "engine/factories.h"
@@ -40,14 +38,11 @@ void MultiheadAttentionImpl::reset_parameters() {
 namespace {
 
 // A PyTorch MHA mask as an additive one in `like`'s dtype and device: bool true (blocked)
-// -> -inf, false -> 0 (converted on the host, once per forward); floating masks converted.
+// -> log(0) = -inf, false -> log(1) = 0, on the device; floating masks converted.
 Tensor additive_mask(const Tensor& mask, const Tensor& like) {
-  if (mask.dtype() != kBool) return mask.to(like.dtype()).to(like.device());
-  const Tensor blocked = mask.contiguous().cpu();
-  std::vector<double> values(static_cast<size_t>(blocked.numel()));
-  for (size_t i = 0; i < values.size(); ++i)
-    values[i] = blocked.data_ptr<bool>()[i] ? -std::numeric_limits<double>::infinity() : 0.0;
-  return tensor(values, TensorOptions(like.dtype())).reshape(blocked.sizes()).to(like.device());
+  const Tensor m = mask.to(like.device());
+  if (m.dtype() != kBool) return m.to(like.dtype());
+  return log(eq(m, zeros_like(m)).to(like.dtype()));
 }
 
 // PyTorch's causal mask for L queries and S keys: key j blocked for query i when j > i.
