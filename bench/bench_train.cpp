@@ -31,8 +31,12 @@
 // --batch N: N images per step instead of the apps' batch; a small batch (1, 2) makes the
 // step mostly per-op host work (dispatch, autograd, allocation), which on a GPU is what
 // the kernels of a small model wait behind.
-// Usage: bench_train [--steps N] [--warmup N] [--threads N] [--gemm N]
-//                    [--device cpu|cuda|all] [--model dcgan|mae|all] [--amp f32|bf16|f16] [--batch N]
+// --anomaly on: the step under autograd::DetectAnomalyGuard (engine/anomaly_mode.h), impl
+// "nanoddp+anomaly": every op records its call site and checks its outputs for NaN/inf,
+// every backward node its gradients. Its cost, and the cost of the switch when off, are in
+// bench/RESULTS.md ("Anomaly mode").
+// Usage: bench_train [--steps N] [--warmup N] [--threads N] [--gemm N] [--device cpu|cuda|all]
+//                    [--model dcgan|mae|all] [--amp f32|bf16|f16] [--batch N] [--anomaly off|on]
 // GCC 12 false positives inside Eigen's AVX-512 code (see kernels/cpu/matmul.cpp).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -65,6 +69,7 @@ struct Options {
   std::string device = "all", model = "all";
   std::string amp = "f32";  // f32 (off), bf16 or f16
   int64_t batch = 0;        // images per step; 0: the app's default (DCGAN 64, MAE 128)
+  bool anomaly = false;     // --anomaly on: steps under DetectAnomalyGuard
 };
 
 // The step's precision: --amp's AutocastGuard and, for f16, the GradScaler's options.
@@ -350,10 +355,16 @@ void bench_device(nd::Device device, const Options& o, std::vector<Row>& out) {
     try {
       const Workload w = m->build(device, Precision(o.amp), batch(m));
       Row r;
-      r.op = "train_step", r.shape = m->shape(batch(m)), r.impl = "nanoddp", r.model = m->name, r.device = device.str();
+      r.op = "train_step", r.shape = m->shape(batch(m)), r.model = m->name, r.device = device.str();
+      r.impl = o.anomaly ? "nanoddp+anomaly" : "nanoddp";
       r.dtype = o.amp;
       r.images = w.images, r.flops = w.flops;
-      time_steps(w.step, device, o.warmup, o.steps, r);
+      auto step = [&] {
+        if (!o.anomaly) return w.step();
+        const nd::autograd::DetectAnomalyGuard anomaly;
+        w.step();
+      };
+      time_steps(step, device, o.warmup, o.steps, r);
       if (!base.empty()) r.baseline = base.front().impl, r.ratio = r.gflops / base.front().gflops;
       out.push_back(r);
     } catch (const nd::Error& e) {
@@ -366,7 +377,7 @@ void bench_device(nd::Device device, const Options& o, std::vector<Row>& out) {
 int usage(const char* why, int status = 2) {
   std::fprintf(status == 0 ? stdout : stderr,
                "bench_train: %s\nusage: bench_train [--steps N] [--warmup N] [--threads N] [--gemm N] "
-               "[--device cpu|cuda|all] [--model dcgan|mae|all] [--amp f32|bf16|f16] [--batch N]\n",
+               "[--device cpu|cuda|all] [--model dcgan|mae|all] [--amp f32|bf16|f16] [--batch N] [--anomaly off|on]\n",
                why);
   return status;
 }
@@ -389,6 +400,8 @@ int main(int argc, char** argv) {
     else if (flag == "--model") o.model = value;
     else if (flag == "--amp") o.amp = value;
     else if (flag == "--batch") o.batch = number;
+    else if (flag == "--anomaly" && (value == "on" || value == "off")) o.anomaly = value == "on";
+    else if (flag == "--anomaly") return usage("--anomaly expects on or off");
     else return usage(("unknown flag " + flag).c_str());
   }
   if (o.steps < 1 || o.warmup < 0 || o.threads < 0 || o.gemm < 1 || o.batch < 0)

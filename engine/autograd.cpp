@@ -98,10 +98,13 @@ uint64_t next_sequence_nr() {
 }
 
 void connect(Node& node, std::initializer_list<Tensor> inputs) {
+  const bool anomaly = is_anomaly_enabled();
+  if (anomaly && !node.anomaly) node.anomaly = std::make_unique<AnomalyMetadata>();
   for (const Tensor& t : inputs) {
     const bool tracked = t.defined() && t.requires_grad();
     if (tracked) t.impl().last_read_untracked = false;
     node.next_edges.push_back(tracked ? gradient_edge(t) : Edge{});
+    if (anomaly) node.anomaly->inputs.push_back(t.defined() ? t.describe() : "(none)");
   }
 }
 
@@ -114,6 +117,7 @@ void set_history(const std::shared_ptr<Node>& node, std::initializer_list<Tensor
     im.requires_grad = true;
     node->input_meta.push_back({im.shape, im.dtype, im.storage->device()});
   }
+  if (is_anomaly_enabled()) record_anomaly_metadata(*node, outputs);
 }
 
 void mark_untracked(std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs) {
@@ -201,6 +205,7 @@ void run_backward(const std::vector<Edge>& root_edges, const std::vector<Tensor>
     accumulate(buf, root_edges[i].input_nr, root_grads[i]);
   }
   std::priority_queue<Node*, std::vector<Node*>, ReadyOrder> ready;
+  const bool anomaly = is_anomaly_enabled();  // read once: the whole pass checks or none of it
   for (auto& [n, buf] : buffers)
     if (deps[n] == 0) ready.push(n);
 
@@ -241,8 +246,17 @@ void run_backward(const std::vector<Edge>& root_edges, const std::vector<Tensor>
       }
     }
     std::vector<Tensor> outputs;
-    const bool added_into = into && node->apply_into(inputs, *into);
-    if (!added_into) outputs = node->apply(std::move(inputs));
+    bool added_into = false;
+    auto run_node = [&] {
+      added_into = into && node->apply_into(inputs, *into);
+      if (!added_into) outputs = node->apply(std::move(inputs));
+    };
+    if (!anomaly) {
+      run_node();
+    } else {
+      detail::run_with_call_site(*node, run_node);
+      detail::check_gradients(*node, added_into ? std::vector<Tensor>{*into} : outputs, seen);
+    }
     if (!retain_graph) {
       node->release_saved_tensors();
       node->released = true;

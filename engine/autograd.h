@@ -15,8 +15,10 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
+#include "engine/anomaly_mode.h"
 #include "engine/tensor.h"
 
 namespace nd {
@@ -81,6 +83,8 @@ class Node {
   bool released = false;     // saved tensors were freed by an earlier backward
   // Non-leaf outputs that asked for retain_grad(): (output slot, tensor).
   std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retained_grads;
+  // Set only when the node was recorded in anomaly mode (engine/anomaly_mode.h).
+  std::unique_ptr<AnomalyMetadata> anomaly;
 };
 
 // A tensor saved for backward. Unpacking checks that it was not freed by an
@@ -157,6 +161,12 @@ uint64_t next_sequence_nr();
 void connect(Node& node, std::initializer_list<Tensor> inputs);
 void set_history(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> outputs);
 void mark_untracked(std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs);
+// Anomaly mode (engine/anomaly_mode.cpp): fills node.anomaly when an op is recorded; runs
+// a node, adding its forward call site to an nd::Error it throws; throws when a gradient
+// it returned holds NaN or inf, naming the first non-finite forward output in `graph`.
+void record_anomaly_metadata(Node& node, std::initializer_list<Tensor> outputs);
+void run_with_call_site(const Node& node, const std::function<void()>& run);
+void check_gradients(const Node& node, const std::vector<Tensor>& grads, const std::unordered_set<Node*>& graph);
 }  // namespace detail
 
 template <class NodeT, class Init>

@@ -222,7 +222,7 @@ const Tensor& binary_inplace(const char* name, BinaryOp op, const Tensor& self, 
 }  // namespace
 
 // ---- functional forms ----
-Tensor add(const Tensor& a, const Tensor& b, double alpha) {
+Tensor add(const Tensor& a, const Tensor& b, double alpha, autograd::CallSite) {
   Tensor out = binary_forward("add", BinaryOp::add, a, b, alpha);
   autograd::record<AddBackward>({a, b}, {out}, [&](AddBackward& n) {
     n.alpha = alpha;
@@ -232,7 +232,7 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) {
   return out;
 }
 
-Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
+Tensor sub(const Tensor& a, const Tensor& b, double alpha, autograd::CallSite) {
   Tensor out = binary_forward("sub", BinaryOp::sub, a, b, alpha);
   autograd::record<AddBackward>({a, b}, {out}, [&](AddBackward& n) {
     n.alpha = -alpha;
@@ -243,7 +243,7 @@ Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
   return out;
 }
 
-Tensor mul(const Tensor& a, const Tensor& b) {
+Tensor mul(const Tensor& a, const Tensor& b, autograd::CallSite) {
   Tensor out = binary_forward("mul", BinaryOp::mul, a, b);
   autograd::record<MulBackward>({a, b}, {out}, [&](MulBackward& n) {
     n.a = autograd::SavedTensor(a);
@@ -252,7 +252,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor div(const Tensor& a, const Tensor& b) {
+Tensor div(const Tensor& a, const Tensor& b, autograd::CallSite) {
   Tensor out = binary_forward("div", BinaryOp::div, a, b);
   autograd::record<DivBackward>({a, b}, {out}, [&](DivBackward& n) {
     n.a = autograd::SavedTensor(a);
@@ -261,7 +261,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor pow(const Tensor& a, const Tensor& exponent) {
+Tensor pow(const Tensor& a, const Tensor& exponent, autograd::CallSite) {
   Tensor out = binary_forward("pow", BinaryOp::pow, a, exponent);
   autograd::record<PowBackward>({a, exponent}, {out}, [&](PowBackward& n) {
     n.a = autograd::SavedTensor(a);
@@ -270,7 +270,7 @@ Tensor pow(const Tensor& a, const Tensor& exponent) {
   });
   return out;
 }
-Tensor maximum(const Tensor& a, const Tensor& b) {
+Tensor maximum(const Tensor& a, const Tensor& b, autograd::CallSite) {
   Tensor out = binary_forward("maximum", BinaryOp::maximum, a, b);
   autograd::record<ExtremumBackward>({a, b}, {out}, [&](ExtremumBackward& n) {
     n.a = autograd::SavedTensor(a);
@@ -279,7 +279,7 @@ Tensor maximum(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor minimum(const Tensor& a, const Tensor& b) {
+Tensor minimum(const Tensor& a, const Tensor& b, autograd::CallSite) {
   Tensor out = binary_forward("minimum", BinaryOp::minimum, a, b);
   autograd::record<ExtremumBackward>({a, b}, {out}, [&](ExtremumBackward& n) {
     n.a = autograd::SavedTensor(a);
@@ -289,30 +289,32 @@ Tensor minimum(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor neg(const Tensor& x) { return unary_forward("neg", "NegBackward", UnaryOp::neg, x); }
-Tensor exp(const Tensor& x) { return unary_forward("exp", "ExpBackward", UnaryOp::exp, x); }
-Tensor log(const Tensor& x) { return unary_forward("log", "LogBackward", UnaryOp::log, x); }
-Tensor sqrt(const Tensor& x) { return unary_forward("sqrt", "SqrtBackward", UnaryOp::sqrt, x); }
-Tensor rsqrt(const Tensor& x) { return unary_forward("rsqrt", "RsqrtBackward", UnaryOp::rsqrt, x); }
-Tensor abs(const Tensor& x) { return unary_forward("abs", "AbsBackward", UnaryOp::abs, x); }
-Tensor clamp(const Tensor& x, const Tensor& min, const Tensor& max) {
+Tensor neg(const Tensor& x, autograd::CallSite) { return unary_forward("neg", "NegBackward", UnaryOp::neg, x); }
+Tensor exp(const Tensor& x, autograd::CallSite) { return unary_forward("exp", "ExpBackward", UnaryOp::exp, x); }
+Tensor log(const Tensor& x, autograd::CallSite) { return unary_forward("log", "LogBackward", UnaryOp::log, x); }
+Tensor sqrt(const Tensor& x, autograd::CallSite) { return unary_forward("sqrt", "SqrtBackward", UnaryOp::sqrt, x); }
+Tensor rsqrt(const Tensor& x, autograd::CallSite) { return unary_forward("rsqrt", "RsqrtBackward", UnaryOp::rsqrt, x); }
+Tensor abs(const Tensor& x, autograd::CallSite) { return unary_forward("abs", "AbsBackward", UnaryOp::abs, x); }
+Tensor clamp(const Tensor& x, const Tensor& min, const Tensor& max, autograd::CallSite) {
   ND_CHECK(min.defined() || max.defined(), "clamp: expected at least one of min and max, found neither");
   const Tensor lower = min.defined() ? maximum(x, min) : x;
   return max.defined() ? minimum(lower, max) : lower;
 }
-Tensor sign(const Tensor& x) { return unary_forward("sign", "SignBackward", UnaryOp::sign, x); }
-Tensor tanh(const Tensor& x) { return unary_forward("tanh", "TanhBackward", UnaryOp::tanh, x); }
-Tensor sigmoid(const Tensor& x) { return unary_forward("sigmoid", "SigmoidBackward", UnaryOp::sigmoid, x); }
-Tensor relu(const Tensor& x) { return unary_forward("relu", "ReluBackward", UnaryOp::relu, x); }
-Tensor leaky_relu(const Tensor& x, double negative_slope) {
+Tensor sign(const Tensor& x, autograd::CallSite) { return unary_forward("sign", "SignBackward", UnaryOp::sign, x); }
+Tensor tanh(const Tensor& x, autograd::CallSite) { return unary_forward("tanh", "TanhBackward", UnaryOp::tanh, x); }
+Tensor sigmoid(const Tensor& x, autograd::CallSite) {
+  return unary_forward("sigmoid", "SigmoidBackward", UnaryOp::sigmoid, x);
+}
+Tensor relu(const Tensor& x, autograd::CallSite) { return unary_forward("relu", "ReluBackward", UnaryOp::relu, x); }
+Tensor leaky_relu(const Tensor& x, double negative_slope, autograd::CallSite) {
   return unary_forward("leaky_relu", "LeakyReluBackward", UnaryOp::leaky_relu, x, {negative_slope, 0});
 }
-Tensor gelu(const Tensor& x, const std::string& approximate) {
+Tensor gelu(const Tensor& x, const std::string& approximate, autograd::CallSite) {
   ND_CHECK(approximate == "none" || approximate == "tanh", "gelu: approximate must be 'none' or 'tanh', found '",
            approximate, "'");
   return unary_forward("gelu", "GeluBackward", approximate == "none" ? UnaryOp::gelu : UnaryOp::gelu_tanh, x);
 }
-Tensor clamp(const Tensor& x, double min, double max) {
+Tensor clamp(const Tensor& x, double min, double max, autograd::CallSite) {
   ND_CHECK(min <= max, "clamp: expected min <= max, found min=", min, ", max=", max);
   return unary_forward("clamp", "ClampBackward", UnaryOp::clamp, x, {min, max});
 }

@@ -123,7 +123,7 @@ const Tensor& scalar_inplace(const char* name, BinaryOp op, const Tensor& self, 
 
 // A number as the exponent: a^2 is the product a * a (exact, no libm pow per element:
 // the MAE's squared error), other exponents the pow kernel with the number by value.
-Tensor pow(const Tensor& a, double exponent) {
+Tensor pow(const Tensor& a, double exponent, autograd::CallSite) {
   Tensor out;
   if (exponent == 2) {
     NoGradGuard no_history;  // the product's own node would be a second, redundant one

@@ -162,7 +162,7 @@ struct CrossEntropyBackward : autograd::Node {
 
 }  // namespace
 
-Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction, autograd::CallSite) {
   const char* op = "mse_loss";
   ops::check_same_device_dtype(op, {input, target});
   check_same_shape(op, input, target);
@@ -185,7 +185,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 }
 
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, const Tensor& weight,
-                                        const Tensor& pos_weight, Reduction reduction) {
+                                        const Tensor& pos_weight, Reduction reduction, autograd::CallSite) {
   const char* op = "binary_cross_entropy_with_logits";
   ops::check_same_device_dtype(op, {input, target, weight, pos_weight});
   check_same_shape(op, input, target);
@@ -262,7 +262,7 @@ Tensor cross_entropy_with_probabilities(const char* op, const Tensor& input, con
 }  // namespace
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight, Reduction reduction,
-                     int64_t ignore_index, double label_smoothing) {
+                     int64_t ignore_index, double label_smoothing, autograd::CallSite) {
   const char* op = "cross_entropy";
   ops::check_same_device_dtype(op, {input, weight});
   ND_CHECK(input.dim() >= 1, op, ": expected input of at least 1 dim ([C], [N, C] or [N, C, d1, ...]), found ",

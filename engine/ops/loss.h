@@ -3,6 +3,7 @@
 // torch::binary_cross_entropy_with_logits, torch::cross_entropy_loss / F::cross_entropy).
 // Backward nodes: MseLossBackward, BinaryCrossEntropyWithLogitsBackward and a fused
 // CrossEntropyBackward (log_softmax + nll_loss in one node, saving the rows' logsumexp).
+#include "engine/anomaly_mode.h"
 #include "engine/tensor.h"
 
 namespace nd {
@@ -11,14 +12,16 @@ namespace nd {
 enum class Reduction { None, Mean, Sum };
 
 // l = (input - target)^2.  requires: target of input's shape and dtype.
-Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean,
+                autograd::CallSite = {});
 
 // l = weight * [(1 - t) x + lw * log(1 + exp(-x))], lw = 1 + (pos_weight - 1) t, computed
 // without overflow. requires: target of input's shape; weight broadcastable to input;
 // pos_weight of shape [input.size(-1)] (or one element). No gradient flows to weight or
 // pos_weight (they must not require grad).
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, const Tensor& weight = {},
-                                        const Tensor& pos_weight = {}, Reduction reduction = Reduction::Mean);
+                                        const Tensor& pos_weight = {}, Reduction reduction = Reduction::Mean,
+                                        autograd::CallSite = {});
 
 // input [N, C], [C] or [N, C, d1, ...] logits; target int64 class indices [N], [] or
 // [N, d1, ...]. Per sample, with eps = label_smoothing and w = weight (ones if undefined):
@@ -30,6 +33,6 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
 // number of samples; ignore_index is an error; the target gets a gradient too.
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight = {},
                      Reduction reduction = Reduction::Mean, int64_t ignore_index = -100,
-                     double label_smoothing = 0.0);
+                     double label_smoothing = 0.0, autograd::CallSite = {});
 
 }  // namespace nd

@@ -180,7 +180,7 @@ struct BmmBackward : autograd::Node {
 
 }  // namespace
 
-Tensor mm(const Tensor& mat1, const Tensor& mat2) {
+Tensor mm(const Tensor& mat1, const Tensor& mat2, autograd::CallSite) {
   check_mm_operands("mm", mat1, mat2);
   Tensor out = empty({mat1.size(0), mat2.size(1)}, mat1.options());
   run_gemm("mm", mat1, mat2, 1, out);
@@ -188,7 +188,7 @@ Tensor mm(const Tensor& mat1, const Tensor& mat2) {
   return out;
 }
 
-Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2) {
+Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2, autograd::CallSite) {
   check_mm_operands("addmm", mat1, mat2);
   ops::check_same_device_dtype("addmm", {mat1, input});
   const Shape out_shape{mat1.size(0), mat2.size(1)};
@@ -205,7 +205,7 @@ Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2) {
   return out;
 }
 
-Tensor bmm(const Tensor& batch1, const Tensor& batch2) {
+Tensor bmm(const Tensor& batch1, const Tensor& batch2, autograd::CallSite) {
   ops::check_dim("bmm", batch1, 3, "batch1 [B, n, m]");
   ops::check_dim("bmm", batch2, 3, "batch2 [B, m, p]");
   ops::check_same_device_dtype("bmm", {batch1, batch2});
@@ -226,7 +226,7 @@ Tensor bmm(const Tensor& batch1, const Tensor& batch2) {
   return out;
 }
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a, const Tensor& b, autograd::CallSite) {
   ND_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both arguments need at least 1 dimension, found ", a.describe(),
            " and ", b.describe());
   ops::check_same_device_dtype("matmul", {a, b});

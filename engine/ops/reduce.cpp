@@ -203,18 +203,18 @@ Tensor sum_impl(const char* op, const Tensor& x, const Shape& dims, bool keepdim
 
 }  // namespace
 
-Tensor sum(const Tensor& x) { return sum_impl("sum", x, {}, false, false); }
-Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
+Tensor sum(const Tensor& x, autograd::CallSite) { return sum_impl("sum", x, {}, false, false); }
+Tensor sum(const Tensor& x, const Shape& dims, bool keepdim, autograd::CallSite) {
   ND_CHECK(!dims.empty() || x.dim() == 0, "sum: expected at least one dim; use sum(x) to reduce everything");
   return sum_impl("sum", x, dims, keepdim, false);
 }
-Tensor mean(const Tensor& x) { return sum_impl("mean", x, {}, false, true); }
-Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
+Tensor mean(const Tensor& x, autograd::CallSite) { return sum_impl("mean", x, {}, false, true); }
+Tensor mean(const Tensor& x, const Shape& dims, bool keepdim, autograd::CallSite) {
   ND_CHECK(!dims.empty() || x.dim() == 0, "mean: expected at least one dim; use mean(x) to reduce everything");
   return sum_impl("mean", x, dims, keepdim, true);
 }
 
-Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim) {
+Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim, autograd::CallSite) {
   Rows r = to_rows("var", x, dims, keepdim);
   ND_CHECK(r.R - correction > 0, "var: ", r.R, " element(s) per reduction with correction ", correction,
            " leaves no degrees of freedom (input ", x.describe(), ")");
@@ -279,21 +279,25 @@ std::tuple<Tensor, Tensor> max_impl(const char* op, const Tensor& x, const Shape
 }
 }  // namespace
 
-Tensor max(const Tensor& x) { return std::get<0>(max_impl("max", x, {}, false, /*split_ties=*/true)); }
-std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
+Tensor max(const Tensor& x, autograd::CallSite) {
+  return std::get<0>(max_impl("max", x, {}, false, /*split_ties=*/true));
+}
+std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim, autograd::CallSite) {
   return max_impl("max", x, {wrap_dim(dim, x.dim(), "max")}, keepdim);
 }
-Tensor amax(const Tensor& x, const Shape& dims, bool keepdim) {
+Tensor amax(const Tensor& x, const Shape& dims, bool keepdim, autograd::CallSite) {
   return std::get<0>(max_impl("amax", x, dims, keepdim, /*split_ties=*/true));
 }
 // The minima are the maxima of -x (exact: negation only flips the sign bit, NaN stays the
 // extreme): values, first indices and the split of ties all carry over.
-Tensor min(const Tensor& x) { return neg(max(neg(x))); }
-std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim) {
+Tensor min(const Tensor& x, autograd::CallSite) { return neg(max(neg(x))); }
+std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim, autograd::CallSite) {
   auto [values, indices] = max(neg(x), dim, keepdim);
   return {neg(values), indices};
 }
-Tensor amin(const Tensor& x, const Shape& dims, bool keepdim) { return neg(amax(neg(x), dims, keepdim)); }
+Tensor amin(const Tensor& x, const Shape& dims, bool keepdim, autograd::CallSite) {
+  return neg(amax(neg(x), dims, keepdim));
+}
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   NoGradGuard no_grad;
   return std::get<1>(max_impl("argmax", x, {wrap_dim(dim, x.dim(), "argmax")}, keepdim));

@@ -114,8 +114,8 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, Kind kind) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, Kind::Softmax); }
-Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, Kind::LogSoftmax); }
+Tensor softmax(const Tensor& x, int64_t dim, autograd::CallSite) { return softmax_impl(x, dim, Kind::Softmax); }
+Tensor log_softmax(const Tensor& x, int64_t dim, autograd::CallSite) { return softmax_impl(x, dim, Kind::LogSoftmax); }
 
 Tensor Tensor::softmax(int64_t dim) const { return nd::softmax(*this, dim); }
 Tensor Tensor::log_softmax(int64_t dim) const { return nd::log_softmax(*this, dim); }
