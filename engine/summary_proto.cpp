@@ -282,6 +282,11 @@ std::string serialize(const Event& event) {
     for (const Summary::Value& v : event.summary->value) put_bytes(summary, 1, serialize(v));
     put_bytes(out, 5, summary);
   }
+  if (event.session_log) {
+    std::string log;
+    if (event.session_log->status != SessionLog::STATUS_UNSPECIFIED) put_int(log, 1, event.session_log->status);
+    put_bytes(out, 7, log);
+  }
   return out;
 }
 
@@ -291,6 +296,14 @@ Event parse_event(std::string_view bytes) {
     if (field == 1) return r.expect(kFixed64, "wall_time"), event.wall_time = r.f64(), true;
     if (field == 2) return r.expect(kVarint, "step"), event.step = static_cast<int64_t>(r.varint()), true;
     if (field == 3) return r.expect(kBytes, "file_version"), event.file_version = r.bytes(), true;
+    if (field == 7) {
+      r.expect(kBytes, "session_log");
+      SessionLog& log = event.session_log.emplace();
+      for_each_field(r.bytes(), "SessionLog", [&](int log_field, WireReader& v) {
+        return log_field == 1 && (v.expect(kVarint, "status"), log.status = static_cast<int>(v.varint()), true);
+      });
+      return true;
+    }
     if (field != 5) return false;
     r.expect(kBytes, "summary");
     Summary& summary = event.summary.emplace();

@@ -46,13 +46,21 @@ struct Summary {
   std::vector<Value> value;  // 1
 };
 
+// A START at event step N says the run (re)started at N: TensorBoard's loader then drops
+// every event it has read with step >= N (what SummaryWriter's purge_step writes).
+struct SessionLog {
+  enum SessionStatus { STATUS_UNSPECIFIED = 0, START = 1, STOP = 2, CHECKPOINT = 3 };
+  int status = STATUS_UNSPECIFIED;  // 1
+};
+
 struct Event {
   double wall_time = 0;  // 1: seconds since the epoch
   int64_t step = 0;      // 2
-  // The oneof `what`: the first event of a file has file_version "brain.Event:2",
-  // the others a summary.
-  std::string file_version;        // 3
-  std::optional<Summary> summary;  // 5
+  // The oneof `what`: the first event of a file has file_version "brain.Event:2", the
+  // others a summary (or, for purge_step, another file_version and a session_log).
+  std::string file_version;               // 3
+  std::optional<Summary> summary;         // 5
+  std::optional<SessionLog> session_log;  // 7
 };
 
 // Protobuf wire format of an Event, and back. parse_event throws nd::Error on bytes

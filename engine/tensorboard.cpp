@@ -86,6 +86,18 @@ SummaryWriter::SummaryWriter(std::string log_dir, SummaryWriterOptions options)
   ND_CHECK(options.max_queue >= 1 && options.flush_secs > 0,
            "SummaryWriter: expected max_queue >= 1 and flush_secs > 0, got ", options.max_queue, " and ",
            options.flush_secs);
+  if (!options.purge_step) return;
+  ND_CHECK(*options.purge_step >= 0, "SummaryWriter: expected purge_step >= 0, got ", *options.purge_step);
+  Event version;
+  version.wall_time = now();
+  version.step = *options.purge_step;
+  version.file_version = "brain.Event:2";
+  Event start = version;
+  start.file_version.clear();
+  start.session_log = SessionLog{SessionLog::START};
+  writer_->add_event(version);
+  writer_->add_event(start);
+  writer_->flush();  // a run killed again soon after still hides the stale steps
 }
 
 SummaryWriter::~SummaryWriter() {

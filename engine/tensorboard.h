@@ -19,6 +19,9 @@ namespace nd::tensorboard {
 struct SummaryWriterOptions {
   int64_t max_queue = 10;   // events held in memory before they are flushed to disk
   double flush_secs = 120;  // and at the latest this long after the last flush
+  // A run resumed from a checkpoint at step N passes N (PyTorch's purge_step): TensorBoard
+  // then hides the events with step >= N that the earlier run wrote to the same log_dir.
+  std::optional<int64_t> purge_step{};
 };
 
 // The histogram TensorBoard's C++ writer (tsl/lib/histogram) would make of `values`
@@ -34,7 +37,11 @@ HistogramProto make_histogram(const Tensor& values);
 class SummaryWriter {
  public:
   // log_dir empty: runs/<Mon DD_HH-MM-SS>_<hostname>, PyTorch's default. Creates the folder
-  // and its event file (events.out.tfevents.<time>.<host>.<pid>.<n>) at once.
+  // and its event file (events.out.tfevents.<time>.<host>.<pid>.<n>) at once. With
+  // purge_step N, the file starts as torch.utils.tensorboard's does: after the file_version
+  // event, a second one at step N and a SessionLog START at step N (written at once), which
+  // TensorBoard's loader takes as "restarted at N" and drops what it read with step >= N.
+  // add_scalars' sub-folders get no purge event (nor do PyTorch's).
   explicit SummaryWriter(std::string log_dir = "", SummaryWriterOptions options = {});
   ~SummaryWriter();
   SummaryWriter(const SummaryWriter&) = delete;

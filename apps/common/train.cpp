@@ -254,8 +254,12 @@ Logger::Logger(std::string program, const CommonOptions& o, const World& world, 
   for (const std::string& line : kept) out << line << "\n";
   ND_CHECK(out.good(), "cannot write ", path);
   if (o.no_tensorboard) return;
-  // A resumed run adds a new event file next to the first one; TensorBoard merges them.
-  tensorboard_ = std::make_unique<nd::tensorboard::SummaryWriter>(out_);
+  // A resumed run adds a new event file next to the first one; TensorBoard merges them, and
+  // purge_step (the first step this run takes) hides what a killed run logged after the
+  // checkpoint, as metrics.jsonl's lines after start_step were dropped above.
+  nd::tensorboard::SummaryWriterOptions options;
+  if (o.resume) options.purge_step = start_step + 1;
+  tensorboard_ = std::make_unique<nd::tensorboard::SummaryWriter>(out_, options);
   if (!o.run_flags.empty()) tensorboard_->add_text("flags", o.run_flags, start_step);
   tensorboard_->flush();
 }

@@ -328,6 +328,16 @@ TEST_CASE("apps: --resume after an interruption equals an uninterrupted run, bit
     const auto lines = read_lines(parts / "metrics.jsonl");
     REQUIRE(lines.size() >= 5);
     for (int s = 1; s <= 5; ++s) CHECK(contains(lines[s - 1], "{\"step\":" + std::to_string(s) + ","));
+    // The resumed run's event file hides steps >= 4 (its first) of the interrupted one's.
+    int purges = 0;
+    for (const fs::path& file : event_files(parts)) {
+      const auto events = tensorboard::read_events(file.string());
+      if (events.size() < 3 || !events[2].session_log) continue;
+      ++purges;
+      CHECK(events[2].step == 4);
+      CHECK(events[2].session_log->status == tensorboard::SessionLog::START);
+    }
+    CHECK(purges == 1);
   }
   const Run r = run_app("train_gan", "--steps 2 --resume --out " + temp_dir("no_ckpt").string());
   CHECK(r.status == 1);
