@@ -72,7 +72,7 @@ TEST_CASE("anomaly mode off (the default): no check, the NaN reaches the generat
   CHECK(nan);  // inf from LogBackward times sigmoid's 0 derivative
 }
 
-TEST_CASE("anomaly mode: the error names the node, the tensor and the line; forward outputs were finite") {
+TEST_CASE("anomaly mode: the error names the node, the tensor and the line, and that forward outputs were finite") {
   autograd::DetectAnomalyGuard anomaly;
   const Tensor x = tensor({1.0, 0.0, 4.0}).requires_grad_().set_name("x");
   const int line = __LINE__ + 1;
@@ -101,7 +101,7 @@ TEST_CASE("anomaly mode: the first non-finite forward op is reported beside the 
   CHECK(contains(msg, "made inf in output 0 [cpu f32 [1]]"));
 }
 
-TEST_CASE("anomaly mode: NaN is named nan; operators and Tensor methods report the enclosing call site") {
+TEST_CASE("anomaly mode: NaN is named nan, operators and Tensor methods report the enclosing call site") {
   autograd::DetectAnomalyGuard anomaly;
   const Tensor x = tensor({0.0, 1.0}).requires_grad_().set_name("x");
   const Tensor zero = zeros({2});

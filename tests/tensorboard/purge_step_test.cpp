@@ -70,7 +70,7 @@ TEST_CASE("tensorboard purge_step: the file starts with file_version and Session
   CHECK(read_events(plain.file_path()).size() == 1);
 }
 
-TEST_CASE("tensorboard purge_step: SessionLog round-trips every status; a negative step is an error") {
+TEST_CASE("tensorboard purge_step: SessionLog round-trips every status and a negative step is an error") {
   for (int status : {SessionLog::STATUS_UNSPECIFIED, SessionLog::START, SessionLog::STOP, SessionLog::CHECKPOINT}) {
     Event e;
     e.step = 7;
