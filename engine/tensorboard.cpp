@@ -78,16 +78,26 @@ HistogramProto make_histogram(const Tensor& values) {
   return h;
 }
 
-SummaryWriter::SummaryWriter(std::string log_dir, SummaryWriterOptions options)
-    : log_dir_(log_dir.empty() ? default_log_dir() : std::move(log_dir)),
-      options_(options),
-      writer_(std::make_unique<EventFileWriter>(log_dir_)),
-      last_flush_(std::chrono::steady_clock::now()) {
+namespace {
+
+// Checked before the event file is created, so a bad option leaves no empty file behind.
+const SummaryWriterOptions& checked(const SummaryWriterOptions& options) {
   ND_CHECK(options.max_queue >= 1 && options.flush_secs > 0,
            "SummaryWriter: expected max_queue >= 1 and flush_secs > 0, got ", options.max_queue, " and ",
            options.flush_secs);
+  ND_CHECK(!options.purge_step || *options.purge_step >= 0, "SummaryWriter: expected purge_step >= 0, got ",
+           options.purge_step.value_or(0));
+  return options;
+}
+
+}  // namespace
+
+SummaryWriter::SummaryWriter(std::string log_dir, SummaryWriterOptions options)
+    : log_dir_(log_dir.empty() ? default_log_dir() : std::move(log_dir)),
+      options_(checked(options)),
+      writer_(std::make_unique<EventFileWriter>(log_dir_)),
+      last_flush_(std::chrono::steady_clock::now()) {
   if (!options.purge_step) return;
-  ND_CHECK(*options.purge_step >= 0, "SummaryWriter: expected purge_step >= 0, got ", *options.purge_step);
   Event version;
   version.wall_time = now();
   version.step = *options.purge_step;

@@ -83,6 +83,7 @@ TEST_CASE("tensorboard purge_step: SessionLog round-trips every status and a neg
   const TempDir dir("negative");
   CHECK(error_message([&] { SummaryWriter w(dir.path.string(), purge_at(-1)); }) ==
         "SummaryWriter: expected purge_step >= 0, got -1");
+  CHECK(std::filesystem::is_empty(dir.path));  // checked before the event file is created
 }
 
 TEST_CASE("tensorboard purge_step: Python's EventAccumulator hides the killed run's steps >= purge_step") {
