@@ -147,8 +147,7 @@ __global__ void misaligned_cp_async(const float* in, float* out) {
   out[threadIdx.x] = buf[4 * threadIdx.x];
 }
 __global__ void misaligned_float4(const float* in, float* out) {
-  const float4 v = reinterpret_cast<const float4*>(in + (threadIdx.x == 3 ? 1 : 0))[threadIdx.x];
-  out[threadIdx.x] = v.x + v.y + v.z + v.w;
+  reinterpret_cast<float4*>(out)[threadIdx.x] = reinterpret_cast<const float4*>(in + (threadIdx.x == 3 ? 1 : 0))[threadIdx.x];
 }
 __global__ void mma_partial_warp(float* out) {
   const uint32_t a[4] = {}, b[2] = {};
