@@ -25,14 +25,17 @@
 // - partial warps: a block size that is not a multiple of 32 has a last warp of fewer
 //   lanes; a warp collective there must name exactly those lanes in its mask.
 // - atomics are serialised by one mutex (exact, not fast).
+// - the warp-level PTX of kernels/cuda/warp_mma.cuh (mma.sync m16n8k16, ldmatrix, cp.async)
+//   through emu_ptx.h: the 32 lanes' registers gathered (emu_warp_gather) and the PTX ISA's
+//   lane maps applied; cp.async copies land at the matching wait, poison before it.
 // What is NOT emulated: timing, occupancy, registers and the static shared memory limit;
 // warp-level scheduling
 // (lanes are threads, not lockstep: code that relies on implicit warp synchrony without
 // __syncwarp is a race here, as it is on Volta and newer); the mask argument of the *_sync
 // intrinsics beyond "the lanes that exist" (a divergent collective over part of a warp
 // aborts as a divergent barrier); cub and cuBLAS beyond the calls the stand-ins in this folder
-// implement (cub/device/device_radix_sort.cuh, cublas_v2.h), cooperative groups, raw PTX (asm, mma.sync,
-// ldmatrix, cp.async), textures; streams (everything runs synchronously at the launch);
+// implement (cub/device/device_radix_sort.cuh, cublas_v2.h), cooperative groups, inline PTX (asm)
+// other than warp_mma.cuh's functions, the register file, textures; streams (everything runs synchronously at the launch);
 // device math (__expf is expf, the device's libm ulps are the host's; FMA contraction is
 // the host compiler's); Linux only (futexes).
 #include <algorithm>
