@@ -25,14 +25,17 @@
 // - partial warps: a block size that is not a multiple of 32 has a last warp of fewer
 //   lanes; a warp collective there must name exactly those lanes in its mask.
 // - atomics are serialised by one mutex (exact, not fast).
+// - the warp-level PTX of kernels/cuda/warp_mma.cuh (mma.sync m16n8k16, ldmatrix, cp.async)
+//   through emu_ptx.h: the 32 lanes' registers gathered (emu_warp_gather) and the PTX ISA's
+//   lane maps applied; cp.async copies land at the matching wait, poison before it.
 // What is NOT emulated: timing, occupancy, registers and the static shared memory limit;
 // warp-level scheduling
 // (lanes are threads, not lockstep: code that relies on implicit warp synchrony without
 // __syncwarp is a race here, as it is on Volta and newer); the mask argument of the *_sync
 // intrinsics beyond "the lanes that exist" (a divergent collective over part of a warp
 // aborts as a divergent barrier); cub and cuBLAS beyond the calls the stand-ins in this folder
-// implement (cub/device/device_radix_sort.cuh, cublas_v2.h), cooperative groups, raw PTX (asm, mma.sync,
-// ldmatrix, cp.async), textures; streams (everything runs synchronously at the launch);
+// implement (cub/device/device_radix_sort.cuh, cublas_v2.h), cooperative groups, inline PTX (asm)
+// other than warp_mma.cuh's functions, the register file, textures; streams (everything runs synchronously at the launch);
 // device math (__expf is expf, the device's libm ulps are the host's; FMA contraction is
 // the host compiler's); Linux only (futexes).
 #include <algorithm>
@@ -114,7 +117,10 @@ class EmuBarrier {
 
 inline EmuBarrier* emu_block_barrier = nullptr;
 inline std::vector<std::unique_ptr<EmuBarrier>> emu_warp_barriers;
-inline std::vector<std::vector<uint64_t>> emu_warp_exchange;  // [warp][lane]: shuffle values
+// [warp][lane * kEmuExchangeWords + i]: what each lane publishes to a warp collective (a
+// shuffle one word, an mma.sync its fragments: emu_ptx.h).
+constexpr int kEmuExchangeWords = 8;
+inline std::vector<std::vector<uint64_t>> emu_warp_exchange;
 inline long emu_blocks_run = 0;  // blocks run since the program started (tests check > 0)
 inline long emu_launches = 0;    // launches since the program started
 
@@ -205,9 +211,9 @@ EMU_UNCHECKED T emu_exchange(unsigned mask, T v, int src, const char* call) {
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
   emu_warp_sync(call);  // everyone has read the previous exchange
-  emu_warp_exchange[w][lane] = bits;
+  emu_warp_exchange[w][lane * kEmuExchangeWords] = bits;
   emu_warp_sync(call);  // everyone has written
-  const uint64_t got = emu_warp_exchange[w][src];
+  const uint64_t got = emu_warp_exchange[w][src * kEmuExchangeWords];
   T r;
   std::memcpy(&r, &got, sizeof(T));
   return r;
@@ -236,12 +242,29 @@ EMU_UNCHECKED inline unsigned __ballot_sync(unsigned mask, int pred) {
   emu_check_mask(mask, "__ballot_sync");
   const int w = emu_warp(), lane = emu_lane();
   emu_warp_sync("__ballot_sync");
-  emu_warp_exchange[w][lane] = pred != 0;
+  emu_warp_exchange[w][lane * kEmuExchangeWords] = pred != 0;
   emu_warp_sync("__ballot_sync");
   unsigned r = 0;
-  for (int l = 0; l < 32; ++l) r |= unsigned((mask >> l & 1) && emu_warp_exchange[w][l] != 0) << l;
+  for (int l = 0; l < 32; ++l) r |= unsigned((mask >> l & 1) && emu_warp_exchange[w][l * kEmuExchangeWords] != 0) << l;
   return r;
 }
+// Warp gather (the warp-level matrix instructions, emu_ptx.h): every lane of a FULL warp
+// publishes `n` words; returns the warp's table, lane l's words at [l * kEmuExchangeWords].
+// Valid until this lane's next warp collective (which first waits for every lane to arrive).
+EMU_UNCHECKED inline const uint64_t* emu_warp_gather(const uint64_t* mine, int n, const char* call) {
+  if (emu_warp_lanes() != 0xffffffffu) {
+    std::fprintf(stderr, "EMU: %s: warp %d of block (%u,%u,%u) has %d lanes; the instruction needs all 32\n", call,
+                 emu_warp(), blockIdx.x, blockIdx.y, blockIdx.z, __builtin_popcount(emu_warp_lanes()));
+    emu_die("aborting");
+  }
+  const int w = emu_warp(), lane = emu_lane();
+  emu_warp_sync(call);  // everyone has read the previous exchange
+  std::memcpy(&emu_warp_exchange[w][size_t(lane) * kEmuExchangeWords], mine, sizeof(uint64_t) * size_t(n));
+  emu_warp_sync(call);  // everyone has written
+  return emu_warp_exchange[w].data();
+}
+// Called when a kernel thread returns, if set (emu_ptx.h: no cp.async left in flight).
+inline thread_local void (*emu_thread_exit_check)() = nullptr;
 inline int __any_sync(unsigned m, int p) { return __ballot_sync(m, p) != 0; }
 inline int __all_sync(unsigned m, int p) { return __ballot_sync(m, p) == 0xffffffffu; }
 
@@ -374,12 +397,13 @@ void emu_launch_impl(dim3 grid, dim3 block, size_t smem, const char* name, F&& k
         emu_warp_barriers.clear();
         for (int w = 0; w < warps; ++w)
           emu_warp_barriers.push_back(std::make_unique<EmuBarrier>(int(std::min<long>(32, threads - 32 * w)), "warp"));
-        emu_warp_exchange.assign(warps, std::vector<uint64_t>(32));
+        emu_warp_exchange.assign(warps, std::vector<uint64_t>(32 * kEmuExchangeWords));
         auto job = [&](int t) {
           threadIdx = dim3(unsigned(t % block.x), unsigned((t / block.x) % block.y), unsigned(t / (block.x * block.y)));
           blockIdx = dim3(bx, by, bz);
           emu_san::enter_thread(t);
           kernel();
+          if (emu_thread_exit_check != nullptr) emu_thread_exit_check();
           emu_san::leave_thread();
         };
         emu_team.run(int(threads), job);
