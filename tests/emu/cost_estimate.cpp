@@ -50,6 +50,18 @@ std::map<std::string, Resources> read_resources(const std::string& path) {
   return table;
 }
 
+const Resources* find_resources(const std::map<std::string, Resources>& table, const std::string& kernel) {
+  if (const auto it = table.find(kernel); it != table.end()) return &it->second;
+  if (kernel.empty() || kernel.back() != '>') return nullptr;
+  const std::string prefix = kernel.substr(0, kernel.size() - 1) + ", ";
+  const Resources* found = nullptr;
+  for (auto it = table.lower_bound(prefix); it != table.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+    if (found != nullptr) return nullptr;  // ambiguous
+    found = &it->second;
+  }
+  return found;
+}
+
 int blocks_per_sm(int registers, int64_t shared_bytes, int64_t threads) {
   const int64_t warps = (threads + 31) / 32;
   const int64_t per_warp = round_up(int64_t(registers) * 32, 256);

@@ -54,6 +54,11 @@ struct Estimate {
   int64_t waves = 0;
   std::string bound;      // the largest term: "dram", "l2", "shared", "mma", "barrier" or "launch"
 };
+// The row of `kernel`: its exact name, else the one row that adds template arguments to it
+// (GCC's name leaves out defaulted ones: `delta_kernel<BFloat16>` is `delta_kernel<BFloat16,
+// float>` in the table); nullptr when there is none.
+const Resources* find_resources(const std::map<std::string, Resources>& table, const std::string& kernel);
+
 // resources: nullptr when the kernel has no row (then waves assume one block per SM).
 Estimate estimate(const LaunchCounts& c, const Resources* resources);
 

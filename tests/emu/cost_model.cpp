@@ -40,7 +40,17 @@ struct Row {
   std::string anchor;           // what the anchor is, with its source
   double anchor_tflops = 0, anchor_gbps = 0;
   std::function<void()> run;
+  // The row stands for `replicate` copies of what run() launches (see attention_row).
+  int64_t replicate = 1;
 };
+
+// k copies of a launch's blocks: every count k times, the launch itself once.
+emu_cost::LaunchCounts replicated(emu_cost::LaunchCounts c, int64_t k) {
+  for (int64_t* v : {&c.blocks, &c.read_sectors, &c.write_sectors, &c.unique_read_sectors, &c.unique_write_sectors,
+                     &c.global_requests, &c.shared_requests, &c.shared_wavefronts, &c.barriers, &c.mma_flops})
+    *v *= k;
+  return c;
+}
 
 template <class T>
 std::vector<T> filled(size_t n, float scale = 1.0f) {
@@ -52,14 +62,20 @@ std::vector<T> filled(size_t n, float scale = 1.0f) {
 constexpr double kCopyGbps = 4300;  // H200 device-to-device copy, read + write (KINDS.md, 2026-10-28)
 constexpr double kFlashAttention2Tflops = 0.35 * 989;  // FlashAttention-2 forward on H100: ~35% of bf16 peak
 
-Row attention_row(int64_t BH, int64_t S, int64_t D, bool backward) {
+// Emulates BH = 2 (batch x heads) and stands for BH = 2 x replicate: without a mask, causality
+// or dropout every (b, h) runs the same instructions on its own slices of q, k, v, out and
+// lse (whole sectors apart: S x D x 2 bytes and S x 4 bytes are multiples of 32), so each
+// count for 2 x replicate heads is exactly replicate times the count for 2.
+Row attention_row(int64_t S, int64_t D, bool backward, int64_t replicate) {
+  const int64_t BH = 2;
   Row r;
   r.op = backward ? "attention_fwd_bwd" : "attention_fwd";
-  r.shape = "BH=" + std::to_string(BH) + " S=" + std::to_string(S) + " D=" + std::to_string(D);
+  r.shape = "BH=" + std::to_string(BH * replicate) + " S=" + std::to_string(S) + " D=" + std::to_string(D);
   r.dtype = "bf16";
-  const double fwd = 4.0 * double(BH) * double(S) * double(S) * double(D);
+  r.replicate = replicate;
+  const double fwd = 4.0 * double(BH * replicate) * double(S) * double(S) * double(D);
   r.flops = backward ? 3.5 * fwd : fwd;  // bench_kernels: backward = 2.5 x forward
-  r.bytes = double(BH * S * D) * 2 * (backward ? 8 : 4);
+  r.bytes = double(BH * replicate * S * D) * 2 * (backward ? 8 : 4);
   if (!backward) r.anchor = "FlashAttention-2 fwd, H100: ~35% of 989 TFLOP/s", r.anchor_tflops = kFlashAttention2Tflops;
   r.run = [=] {
     const size_t n = size_t(BH * S * D);
@@ -146,14 +162,14 @@ std::vector<Row> rows() {
           adamw_row(4, 1 << 16),
           batch_norm_row(16, 64, 256),
           conv_row(2, 64, 128, 14, 4, 2, 1),  // DCGAN D.main.2 at batch 2
-          attention_row(2, 256, 64, false),
-          attention_row(2, 256, 128, false),
-          attention_row(2, 256, 64, true)};
+          attention_row(256, 64, false, 1),
+          attention_row(256, 64, false, 32),
+          attention_row(256, 128, false, 32),
+          attention_row(256, 64, true, 32)};
 }
 
 std::string grid_text(const emu_cost::LaunchCounts& c) {
-  return std::to_string(c.grid[0]) + "x" + std::to_string(c.grid[1]) + "x" + std::to_string(c.grid[2]) + " @" +
-         std::to_string(c.threads_per_block);
+  return std::to_string(c.blocks) + " @" + std::to_string(c.threads_per_block);
 }
 
 }  // namespace
@@ -172,7 +188,7 @@ int main(int argc, char** argv) {
   try {
     const auto resources = emu_cost::read_resources(resources_path);
     std::vector<std::string> summary, json;
-    std::printf("%-36s %-14s %4s %9s %9s %9s %8s %8s %8s %8s %8s %-7s %9s\n", "kernel", "grid", "occ", "L2 MB",
+    std::printf("%-36s %-11s %4s %9s %9s %9s %8s %8s %8s %8s %8s %-7s %9s\n", "kernel", "grid", "occ", "L2 MB",
                 "DRAM MB", "wavefr.", "conflict", "MFLOP", "barriers", "waves", "us", "bound", "emu s");
     for (Row& row : rows()) {
       if (!only.empty() && (row.op + " " + row.shape).find(only) == std::string::npos) continue;
@@ -184,15 +200,16 @@ int main(int argc, char** argv) {
       emu_cost::set_enabled(false);
       double total_s = 0, l2_bytes = 0, dram_bytes = 0;
       std::string bounds;
-      std::printf("-- %s %s %s\n", row.op.c_str(), row.shape.c_str(), row.dtype.c_str());
-      for (const auto& c : emu_cost::launches()) {
-        const auto it = resources.find(c.kernel);
-        const auto e = emu_cost::estimate(c, it == resources.end() ? nullptr : &it->second);
+      std::printf("-- %s %s %s%s\n", row.op.c_str(), row.shape.c_str(), row.dtype.c_str(),
+                  row.replicate > 1 ? (" (emulated 1/" + std::to_string(row.replicate) + " of it)").c_str() : "");
+      for (const auto& emulated : emu_cost::launches()) {
+        const auto c = replicated(emulated, row.replicate);
+        const auto e = emu_cost::estimate(c, emu_cost::find_resources(resources, c.kernel));
         total_s += e.total_s;
         l2_bytes += double(c.read_sectors + c.write_sectors) * 32;
         dram_bytes += double(c.unique_read_sectors + c.unique_write_sectors) * 32;
         if (bounds.find(e.bound) == std::string::npos) bounds += (bounds.empty() ? "" : "+") + e.bound;
-        std::printf("%-36.36s %-14s %4s %9.3f %9.3f %9lld %8.2f %8.1f %8lld %8lld %8.2f %-7s\n", c.kernel.c_str(),
+        std::printf("%-36.36s %-11s %4s %9.3f %9.3f %9lld %8.2f %8.1f %8lld %8lld %8.2f %-7s\n", c.kernel.c_str(),
                     grid_text(c).c_str(), e.blocks_per_sm ? std::to_string(e.blocks_per_sm).c_str() : "?",
                     double(c.read_sectors + c.write_sectors) * 32 / 1e6,
                     double(c.unique_read_sectors + c.unique_write_sectors) * 32 / 1e6,
@@ -214,6 +231,7 @@ int main(int argc, char** argv) {
       summary.push_back(line);
       std::printf("   row: %zu launches, %.2f us estimated, %.3f TFLOP/s, %.0f GB/s (L2 %.2f MB, DRAM %.2f MB); emulated in %.0f s\n",
                   emu_cost::launches().size(), total_s * 1e6, tflops, gbps, l2_bytes / 1e6, dram_bytes / 1e6, emu_s);
+      std::fflush(stdout);
       json.push_back(nd::bench::JsonLine::row(row.op, row.shape, row.dtype, "model")
                          .number("ms", total_s * 1e3, "%.5f")
                          .positive_or_null("gflops", row.flops / total_s / 1e9, "%.1f")

@@ -195,6 +195,7 @@ const char* table_name(const char* pretty_function) {
       {"short int", "short"}, {"{anonymous}::", ""}, {"nd::kernels::cuda::", ""}, {"nd::kernels::", ""}, {"nd::", ""}};
   for (const auto& [from, to] : renames)
     for (size_t p; (p = s.find(from)) != std::string::npos;) s.replace(p, std::strlen(from), to);
+  for (size_t p; (p = s.find("> >")) != std::string::npos;) s.replace(p, 3, ">>");
   return strdup(s.c_str());  // once per instantiation (a function-local static keeps it)
 }
 

@@ -157,6 +157,12 @@ TEST_CASE("the resources table: read from bench/kernel_resources.md, a bad file 
   REQUIRE(table.count("tc_dk_dv_kernel<BFloat16, 128>") == 1);
   CHECK(table.at("tc_dk_dv_kernel<BFloat16, 128>").registers == 252);
   CHECK(table.at("forward_kernel<float, 64>").static_shared == 20992);
+  // GCC leaves out defaulted template arguments; the one row that adds them is the kernel's.
+  const auto* delta = emu_cost::find_resources(table, "delta_kernel<BFloat16>");
+  REQUIRE(delta != nullptr);
+  CHECK(delta->registers == table.at("delta_kernel<BFloat16, float>").registers);
+  CHECK(emu_cost::find_resources(table, "tc_forward_kernel<BFloat16>") == nullptr);  // three rows: ambiguous
+  CHECK(emu_cost::find_resources(table, "no_such_kernel<float>") == nullptr);
   CHECK_THROWS_WITH_AS(emu_cost::read_resources("/nonexistent/kernel_resources.md"),
                        doctest::Contains("cannot read /nonexistent/kernel_resources.md"), nd::Error);
   const std::string path = "emu_cost_test_bad_table.md";
