@@ -1,7 +1,10 @@
 // emu_rewrite IN OUT: rewrites a kernels/cuda .cu or .cuh file into C++ the emulator
 // (tests/emu/include) compiles with g++. Three rewrites, nothing else changes:
 //   kern<T, D><<<grid, block, smem, stream>>>(a, b);
-//     -> emu_launch(grid, block, smem, stream, "kern<T, D>", [&] { kern<T, D>(a, b); });
+//     -> emu_launch(grid, block, smem, stream, emu_cost::kernel<&kern<T, D>>("kern<T, D>"),
+//                   [&] { kern<T, D>(a, b); });
+//      (the sanitizer's reports name the kernel as written; emu_cost.h, the cost model, learns
+//      the instantiation from the function's address as a template argument)
 //   extern __shared__ __align__(16) unsigned char smem[];
 //     -> unsigned char* smem = reinterpret_cast<unsigned char*>(emu_dynamic_shared(16));
 //   __shared__ __align__(32) float tile[16][17];   (at the start of a line)
@@ -77,7 +80,8 @@ std::string rewrite_launches(const std::string& in, const std::string& src) {
     std::string name = src.substr(start, open - start);
     name = std::regex_replace(name, std::regex(R"(\s+)"), " ");
     while (!name.empty() && name.back() == ' ') name.pop_back();
-    out += "emu_launch(" + src.substr(open + 3, close - open - 3) + ", \"" + name + "\", [&] { " + src.substr(start, open - start) +
+    out += "emu_launch(" + src.substr(open + 3, close - open - 3) + ", emu_cost::kernel<&" + name + ">(\"" + name +
+           "\"), [&] { " + src.substr(start, open - start) +
            src.substr(p, q + 1 - p) + "; })";
     pos = q + 1;
   }

@@ -119,6 +119,7 @@ struct Launch {
   std::vector<Tracked*> snapshot;  // tracked allocations by base, fixed during the launch
   long snapshot_version = -1;
   long checked = 0;
+  bool counting = false;  // the cost model (emu_cost.h) counts this launch's accesses
 };
 Launch L;
 unsigned char* arena = nullptr;
@@ -390,8 +391,15 @@ inline void on_access(const void* p, size_t n, Kind kind) {
   if (t == nullptr) return;
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   if (a - stack_lo < stack_hi - stack_lo) return;  // this thread's locals
+  const bool shared = a - reinterpret_cast<uintptr_t>(arena) < kArenaBytes;
+  // The cost model counts shared memory and device memory (tracked allocations), not the
+  // emulator's own state (blockDim, threadIdx) nor the launching thread's stack (arguments).
+  if (L.counting && !emu_cost::quiet() && (shared || find_tracked(a) != nullptr))
+    emu_cost::access(t->tid, shared, shared ? a - reinterpret_cast<uintptr_t>(arena) : a, n, kind != kWrite,
+                     kind != kRead);
+  if (!checks_on()) return;
   ++t->checked;
-  if (a - reinterpret_cast<uintptr_t>(arena) < kArenaBytes) {
+  if (shared) {
     shared_access(*t, a - reinterpret_cast<uintptr_t>(arena), n, kind);
     return;
   }
@@ -436,12 +444,14 @@ void begin_launch(const char* kernel, unsigned gx, unsigned gy, unsigned gz, uns
   L.threads = int(bx * by * bz);
   L.dynamic_bytes = dynamic_smem;
   L.launch_id = (L.launch_id + 1) & 0xfffff;
+  L.counting = emu_cost::enabled();
+  if (L.counting) emu_cost::begin_launch(gx, gy, gz, bx, by, bz, dynamic_smem);
   if (L.launch_id == 0) L.launch_id = 1;
   while (int(L.states.size()) < L.threads) {
     L.states.push_back(std::make_unique<ThreadState>());
     L.states.back()->tid = int(L.states.size()) - 1;
   }
-  if (checks_on()) rebuild_snapshot();
+  if (checks_on() || L.counting) rebuild_snapshot();
 }
 
 void begin_block(unsigned x, unsigned y, unsigned z) {
@@ -455,10 +465,15 @@ void begin_block(unsigned x, unsigned y, unsigned z) {
 }
 
 void end_block() {
+  if (L.counting) emu_cost::end_epoch();
   if (checks_on()) check_epoch();
 }
 
-void end_launch() { L.kernel = ""; }
+void end_launch() {
+  if (L.counting) emu_cost::end_launch();
+  L.counting = false;
+  L.kernel = "";
+}
 
 void enter_thread(int tid) {
   if (stack_hi == 0) {
@@ -474,13 +489,24 @@ void enter_thread(int tid) {
   }
   ThreadState& t = *L.states[tid];
   t.warp_epoch = 0;
-  current = checks_on() ? &t : nullptr;
+  current = checks_on() || L.counting ? &t : nullptr;
 }
 
 void leave_thread() { current = nullptr; }
 
 void block_barrier_opens() {
+  if (L.counting) emu_cost::barrier(), emu_cost::end_epoch();
   if (checks_on()) check_epoch();
+}
+
+Untracked::Untracked() : nested(in_registry) { in_registry = true; }
+Untracked::~Untracked() { in_registry = nested; }
+
+bool shared_offset(const void* p, uintptr_t* offset) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p) - reinterpret_cast<uintptr_t>(arena);
+  if (arena == nullptr || a >= kArenaBytes) return false;
+  *offset = a;
+  return true;
 }
 
 void warp_synced() {

@@ -394,10 +394,13 @@ void emu_launch_impl(dim3 grid, dim3 block, size_t smem, const char* name, F&& k
         emu_san::begin_block(bx, by, bz);
         EmuBarrier block_barrier(int(threads), "block", true);
         emu_block_barrier = &block_barrier;
-        emu_warp_barriers.clear();
-        for (int w = 0; w < warps; ++w)
-          emu_warp_barriers.push_back(std::make_unique<EmuBarrier>(int(std::min<long>(32, threads - 32 * w)), "warp"));
-        emu_warp_exchange.assign(warps, std::vector<uint64_t>(32 * kEmuExchangeWords));
+        {
+          emu_san::Untracked untracked;  // the emulator's tables, not device memory
+          emu_warp_barriers.clear();
+          for (int w = 0; w < warps; ++w)
+            emu_warp_barriers.push_back(std::make_unique<EmuBarrier>(int(std::min<long>(32, threads - 32 * w)), "warp"));
+          emu_warp_exchange.assign(warps, std::vector<uint64_t>(32 * kEmuExchangeWords));
+        }
         auto job = [&](int t) {
           threadIdx = dim3(unsigned(t % block.x), unsigned((t / block.x) % block.y), unsigned(t / (block.x * block.y)));
           blockIdx = dim3(bx, by, bz);

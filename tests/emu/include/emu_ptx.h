@@ -41,10 +41,8 @@
 #include "cuda_bf16.h"
 #include "cuda_fp16.h"
 #include "emu_core.h"
+#include "emu_cost.h"
 
-// The cost model (tests/emu/emu_cost.*) may define this to count tensor-core work; weak, so
-// that without it nothing is counted.
-__attribute__((weak)) void emu_cost_count_mma(int64_t flops);
 // The sanitizer's entry points (emu_sanitizer.cpp): a cp.async's copy reported as the
 // instrumented code's accesses would be.
 extern "C" void __tsan_read_range(void* p, unsigned long n);
@@ -52,10 +50,9 @@ extern "C" void __tsan_write_range(void* p, unsigned long n);
 
 namespace emu_ptx {
 
-// One warp executed one mma.sync m16n8k16 (called once per warp, by lane 0).
-inline void mma_executed(int64_t flops) {
-  if (emu_cost_count_mma != nullptr) emu_cost_count_mma(flops);
-}
+// One warp executed one mma.sync m16n8k16 (called once per warp, by lane 0): the cost model
+// counts its tensor-core work.
+inline void mma_executed(int64_t flops) { emu_cost::count_mma(flops); }
 
 template <class T>
 float from_bits(uint32_t bits) {

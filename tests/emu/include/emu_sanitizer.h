@@ -27,6 +27,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "emu_cost.h"
+
 #define EMU_UNCHECKED __attribute__((no_sanitize("thread")))
 
 namespace emu_san {
@@ -58,5 +60,16 @@ void untrack(const void* p);
 void host_wrote(const void* p, size_t n);  // a host copy or memset into tracked memory
 bool enabled();                            // NANODDP_EMU_SANITIZE=0 turns the checks off
 long accesses_checked();                   // accesses checked since the start (tests check > 0)
+// True when p is in the shared-memory arena; then *offset is its offset there (the cost model).
+bool shared_offset(const void* p, uintptr_t* offset);
+// While one lives, this thread's heap allocations are not tracked: the emulator's own
+// per-block tables (warp barriers, shuffle slots) are not device memory to check or count.
+struct Untracked {
+  Untracked();
+  ~Untracked();
+  Untracked(const Untracked&) = delete;
+  Untracked& operator=(const Untracked&) = delete;
+  const bool nested;
+};
 
 }  // namespace emu_san

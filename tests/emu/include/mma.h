@@ -10,6 +10,8 @@
 // often gives wrong values). mma_sync accumulates in float with fma, k in order (the
 // hardware's order within a 16-deep step is unspecified). precision::tf32 fragments keep
 // the full f32 value (TF32 rounding is not emulated).
+// Cost model (emu_cost.h): lane 0 counts each load or store once as a tile and each mma_sync
+// as 2 M N K flops; the lanes' own copies of the tile are not counted (emu_cost::Quiet).
 #include <type_traits>
 
 #include "cuda_bf16.h"
@@ -55,6 +57,10 @@ void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const P* p, unsigned ldm)
   emu_warp_sync("wmma::load_matrix_sync");
   emu_wmma_check(p, ldm, sizeof(P), "wmma::load_matrix_sync");
   using F = fragment<Use, M, N, K, T, L>;
+  constexpr bool rows = std::is_same_v<L, row_major>;
+  if (emu_lane() == 0)
+    emu_cost::count_tile(p, rows ? F::R : F::C, int((rows ? F::C : F::R) * sizeof(P)), ldm * sizeof(P), false);
+  emu_cost::Quiet quiet;
   for (int r = 0; r < F::R; ++r)
     for (int c = 0; c < F::C; ++c)
       f.x[r * F::C + c] = std::is_same_v<L, row_major> ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r];
@@ -64,6 +70,10 @@ template <int M, int N, int K, class T>
 void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* p, unsigned ldm, layout_t layout) {
   emu_warp_sync("wmma::load_matrix_sync(accumulator)");
   emu_wmma_check(p, ldm, sizeof(T), "wmma::load_matrix_sync(accumulator)");
+  if (emu_lane() == 0)
+    emu_cost::count_tile(p, layout == mem_row_major ? M : N, int((layout == mem_row_major ? N : M) * sizeof(T)),
+                         ldm * sizeof(T), false);
+  emu_cost::Quiet quiet;
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < N; ++c)
       f.x[r * N + c] = layout == mem_row_major ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r];
@@ -74,6 +84,9 @@ void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, unsigne
   emu_warp_sync("wmma::store_matrix_sync");
   emu_wmma_check(p, ldm, sizeof(T), "wmma::store_matrix_sync");
   if (emu_lane() != 0) return;
+  emu_cost::count_tile(p, layout == mem_row_major ? M : N, int((layout == mem_row_major ? N : M) * sizeof(T)),
+                       ldm * sizeof(T), true);
+  emu_cost::Quiet quiet;
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < N; ++c)
       (layout == mem_row_major ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r]) = f.x[r * N + c];
@@ -87,6 +100,7 @@ template <int M, int N, int K, class TA, class LA, class LB, class TC>
 void mma_sync(fragment<accumulator, M, N, K, TC>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
               const fragment<matrix_b, M, N, K, TA, LB>& b, const fragment<accumulator, M, N, K, TC>& c) {
   emu_warp_sync("wmma::mma_sync");
+  if (emu_lane() == 0) emu_cost::count_mma(int64_t(2) * M * N * K);
   TC out[M * N];
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j) {

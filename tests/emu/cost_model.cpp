@@ -1,0 +1,258 @@
+// nanoddp_emu_cost_model: the cost model's estimates (include/emu_cost.h, cost_estimate.h) for
+// the library's CUDA kernels on rows like bench_kernels', with no GPU: each row's launchers
+// run in the emulator with counting on, every launch's counts become an H200 time, and the
+// row's time is the sum over its launches. Prints a table per launch and per row, and JSON
+// lines (bench/json_line.h's fields; "ms" is the ESTIMATE, impl "model").
+//
+//   build/tests/emu/nanoddp_emu_cost_model [--only SUBSTRING] [--resources PATH]
+//
+// The emulator runs one OS thread per CUDA thread, so the shapes are small (seconds per row
+// on two cores), not bench_kernels' model-sized ones: an estimate is for the shape printed.
+// Anchors (published or measured elsewhere, never in this run) stand beside the estimates;
+// tests/emu/README.md ("The cost model") gives the rates, their sources and what is ignored.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench/json_line.h"
+#include "cost_estimate.h"
+#include "cuda_runtime.h"
+#include "emu_cost.h"
+#include "engine/error.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/batch_norm.h"
+#include "kernels/cuda/conv.h"
+#include "kernels/cuda/copy.h"
+#include "kernels/cuda/optim.h"
+
+namespace {
+
+using namespace nd::kernels;
+using nd::BFloat16;
+
+struct Row {
+  std::string op, shape, dtype;
+  double flops = 0, bytes = 0;  // the op's arithmetic and its minimal memory traffic (as bench_kernels counts)
+  std::string anchor;           // what the anchor is, with its source
+  double anchor_tflops = 0, anchor_gbps = 0;
+  std::function<void()> run;
+  // The row stands for `replicate` copies of what run() launches (see attention_row).
+  int64_t replicate = 1;
+};
+
+// k copies of a launch's blocks: every count k times, the launch itself once.
+emu_cost::LaunchCounts replicated(emu_cost::LaunchCounts c, int64_t k) {
+  for (int64_t* v : {&c.blocks, &c.read_sectors, &c.write_sectors, &c.unique_read_sectors, &c.unique_write_sectors,
+                     &c.global_requests, &c.shared_requests, &c.shared_wavefronts, &c.barriers, &c.mma_flops})
+    *v *= k;
+  return c;
+}
+
+template <class T>
+std::vector<T> filled(size_t n, float scale = 1.0f) {
+  std::vector<T> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = T(scale * float(int(i * 2654435761u % 2001) - 1000) / 1000.0f);
+  return v;
+}
+
+constexpr double kCopyGbps = 4300;  // H200 device-to-device copy, read + write (KINDS.md, 2026-10-28)
+constexpr double kFlashAttention2Tflops = 0.35 * 989;  // FlashAttention-2 forward on H100: ~35% of bf16 peak
+
+// Emulates BH = 2 (batch x heads) and stands for BH = 2 x replicate: without a mask, causality
+// or dropout every (b, h) runs the same instructions on its own slices of q, k, v, out and
+// lse (whole sectors apart: S x D x 2 bytes and S x 4 bytes are multiples of 32), so each
+// count for 2 x replicate heads is exactly replicate times the count for 2.
+Row attention_row(int64_t S, int64_t D, bool backward, int64_t replicate) {
+  const int64_t BH = 2;
+  Row r;
+  r.op = backward ? "attention_fwd_bwd" : "attention_fwd";
+  r.shape = "BH=" + std::to_string(BH * replicate) + " S=" + std::to_string(S) + " D=" + std::to_string(D);
+  r.dtype = "bf16";
+  r.replicate = replicate;
+  const double fwd = 4.0 * double(BH * replicate) * double(S) * double(S) * double(D);
+  r.flops = backward ? 3.5 * fwd : fwd;  // bench_kernels: backward = 2.5 x forward
+  r.bytes = double(BH * replicate * S * D) * 2 * (backward ? 8 : 4);
+  if (!backward) r.anchor = "FlashAttention-2 fwd, H100: ~35% of 989 TFLOP/s", r.anchor_tflops = kFlashAttention2Tflops;
+  r.run = [=] {
+    const size_t n = size_t(BH * S * D);
+    auto q = filled<BFloat16>(n), k = filled<BFloat16>(n, 0.5f), v = filled<BFloat16>(n, 2.0f), out = q, dout = v;
+    auto dq = q, dk = k, dv = v;
+    std::vector<float> lse(size_t(BH * S));
+    const double scale = 1.0 / std::sqrt(double(D));
+    cuda::scaled_dot_product_attention_forward(q.data(), k.data(), v.data(), {}, 1, BH, S, S, D, D, false, scale, {},
+                                               out.data(), lse.data(), nullptr);
+    if (backward)
+      cuda::scaled_dot_product_attention_backward(dout.data(), q.data(), k.data(), v.data(), {}, out.data(),
+                                                  lse.data(), 1, BH, S, S, D, D, false, scale, {}, dq.data(),
+                                                  dk.data(), dv.data(), nullptr);
+  };
+  return r;
+}
+
+Row conv_row(int64_t N, int64_t C_in, int64_t C_out, int64_t HW, int64_t k, int64_t stride, int64_t pad) {
+  cpu::Conv2dShape s;
+  s.N = N, s.C_in = C_in, s.H = s.W = HW, s.C_out = C_out, s.kH = s.kW = k;
+  s.stride = {stride, stride}, s.padding = {pad, pad};
+  Row r;
+  r.op = "conv2d_fwd";
+  r.shape = "N=" + std::to_string(N) + " " + std::to_string(C_in) + "x" + std::to_string(HW) + "^2->" +
+            std::to_string(C_out) + " k" + std::to_string(k) + "s" + std::to_string(stride);
+  r.dtype = "bf16";  // f32 tensors, bf16 operands on the tensor cores (autocast's conv)
+  r.flops = 2.0 * double(N * C_out * s.out_h() * s.out_w() * C_in * k * k);
+  r.bytes = 4.0 * double(N * C_in * HW * HW + C_out * C_in * k * k + N * C_out * s.out_h() * s.out_w());
+  r.anchor = "none published for this shape: bench_kernels' cuDNN row on the GPU";
+  r.run = [=] {
+    auto x = filled<float>(size_t(N * C_in * HW * HW)), w = filled<float>(size_t(C_out * C_in * k * k), 0.1f);
+    std::vector<float> y(size_t(N * C_out * s.out_h() * s.out_w()));
+    cuda::conv2d_forward<float>(s, x.data(), w.data(), nullptr, y.data(), nullptr, cuda::ConvOperands::kBf16);
+  };
+  return r;
+}
+
+Row copy_row(int64_t n) {
+  Row r{"copy", "n=" + std::to_string(n), "f32", 0, 8.0 * double(n), "H200 device-to-device copy, measured", 0,
+        kCopyGbps, {}};
+  r.run = [=] {
+    auto src = filled<float>(size_t(n));
+    std::vector<float> dst(static_cast<size_t>(n));
+    const int64_t shape[] = {n}, strides[] = {1};
+    cuda::copy_strided<float, float>(1, shape, src.data(), strides, dst.data(), strides, nullptr);
+  };
+  return r;
+}
+
+Row batch_norm_row(int64_t N, int64_t C, int64_t S) {
+  Row r{"batch_norm_fwd", "N=" + std::to_string(N) + " C=" + std::to_string(C) + " S=" + std::to_string(S), "f32", 0,
+        8.0 * double(N * C * S), "copy bandwidth (reads x, writes y)", 0, kCopyGbps, {}};
+  r.run = [=] {
+    auto x = filled<float>(size_t(N * C * S)), weight = filled<float>(size_t(C)), bias = filled<float>(size_t(C));
+    const auto c = static_cast<size_t>(C);
+    std::vector<float> y(x.size()), mean(c), invstd(c), rm(c, 0.0f), rv(c, 1.0f);
+    cuda::batch_norm_forward_training<float>(x.data(), weight.data(), bias.data(), rm.data(), rv.data(), N, C, S, 0.1,
+                                             1e-5, y.data(), mean.data(), invstd.data(), nullptr);
+  };
+  return r;
+}
+
+Row adamw_row(int tensors, int64_t each) {
+  const double n = double(tensors) * double(each);
+  Row r{"adamw", std::to_string(tensors) + " x " + std::to_string(each), "f32", 0, 4.0 * n * 7,
+        "copy bandwidth (reads p g m v, writes p m v)", 0, kCopyGbps, {}};
+  r.run = [=] {
+    std::vector<std::vector<float>> p, g, m, v;
+    for (int t = 0; t < tensors; ++t) {
+      p.push_back(filled<float>(size_t(each))), g.push_back(filled<float>(size_t(each), 0.01f));
+      m.push_back(std::vector<float>(static_cast<size_t>(each))), v.push_back(m.back());
+    }
+    std::vector<cpu::AdamTensor<float>> list;
+    for (int t = 0; t < tensors; ++t) list.push_back({each, p[t].data(), g[t].data(), m[t].data(), v[t].data(), nullptr, 1});
+    cpu::AdamParams hp;
+    hp.lr = 1e-3, hp.weight_decay = 0.01, hp.decoupled_weight_decay = true;
+    cuda::adam_step<float>(0, list, hp, nullptr);
+  };
+  return r;
+}
+
+std::vector<Row> rows() {
+  return {copy_row(1 << 21),
+          adamw_row(4, 1 << 16),
+          batch_norm_row(16, 64, 256),
+          conv_row(2, 64, 128, 14, 4, 2, 1),  // DCGAN D.main.2 at batch 2
+          attention_row(256, 64, false, 1),
+          attention_row(256, 64, false, 32),
+          attention_row(256, 128, false, 32),
+          attention_row(256, 64, true, 32)};
+}
+
+std::string grid_text(const emu_cost::LaunchCounts& c) {
+  return std::to_string(c.blocks) + " @" + std::to_string(c.threads_per_block);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  emu_rt::check_pointers = false;  // host memory stands in for device memory, as in the per-kernel tests
+  std::string only, resources_path = NANODDP_SOURCE_DIR "/bench/kernel_resources.md";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if ((a == "--only" || a == "--resources") && i + 1 < argc) (a == "--only" ? only : resources_path) = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: nanoddp_emu_cost_model [--only SUBSTRING] [--resources PATH]\n");
+      return 2;
+    }
+  }
+  try {
+    const auto resources = emu_cost::read_resources(resources_path);
+    std::vector<std::string> summary, json;
+    std::printf("%-36s %-11s %4s %9s %9s %9s %8s %8s %8s %8s %8s %-7s %9s\n", "kernel", "grid", "occ", "L2 MB",
+                "DRAM MB", "wavefr.", "conflict", "MFLOP", "barriers", "waves", "us", "bound", "emu s");
+    for (Row& row : rows()) {
+      if (!only.empty() && (row.op + " " + row.shape).find(only) == std::string::npos) continue;
+      emu_cost::clear();
+      emu_cost::set_enabled(true);
+      const auto t0 = std::chrono::steady_clock::now();
+      row.run();
+      const double emu_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      emu_cost::set_enabled(false);
+      double total_s = 0, l2_bytes = 0, dram_bytes = 0;
+      std::string bounds;
+      std::printf("-- %s %s %s%s\n", row.op.c_str(), row.shape.c_str(), row.dtype.c_str(),
+                  row.replicate > 1 ? (" (emulated 1/" + std::to_string(row.replicate) + " of it)").c_str() : "");
+      for (const auto& emulated : emu_cost::launches()) {
+        const auto c = replicated(emulated, row.replicate);
+        const auto e = emu_cost::estimate(c, emu_cost::find_resources(resources, c.kernel));
+        total_s += e.total_s;
+        l2_bytes += double(c.read_sectors + c.write_sectors) * 32;
+        dram_bytes += double(c.unique_read_sectors + c.unique_write_sectors) * 32;
+        if (bounds.find(e.bound) == std::string::npos) bounds += (bounds.empty() ? "" : "+") + e.bound;
+        std::printf("%-36.36s %-11s %4s %9.3f %9.3f %9lld %8.2f %8.1f %8lld %8lld %8.2f %-7s\n", c.kernel.c_str(),
+                    grid_text(c).c_str(), e.blocks_per_sm ? std::to_string(e.blocks_per_sm).c_str() : "?",
+                    double(c.read_sectors + c.write_sectors) * 32 / 1e6,
+                    double(c.unique_read_sectors + c.unique_write_sectors) * 32 / 1e6,
+                    static_cast<long long>(c.shared_wavefronts),
+                    c.shared_requests ? double(c.shared_wavefronts) / double(c.shared_requests) : 0.0,
+                    double(c.mma_flops) / 1e6, static_cast<long long>(c.barriers), static_cast<long long>(e.waves),
+                    e.total_s * 1e6, e.bound.c_str());
+      }
+      const double tflops = row.flops / total_s / 1e12, gbps = row.bytes / total_s / 1e9;
+      char line[400];
+      std::snprintf(line, sizeof line, "| %s | %s | %s | %zu | %.2f | %s | %s | %s | %s | %.0f |", row.op.c_str(),
+                    row.shape.c_str(), row.dtype.c_str(), emu_cost::launches().size(), total_s * 1e6,
+                    row.flops > 0 ? std::to_string(int(tflops + 0.5)).c_str() : "-",
+                    std::to_string(int(gbps + 0.5)).c_str(), bounds.c_str(),
+                    row.anchor_tflops > 0 ? (std::to_string(int(row.anchor_tflops)) + " TFLOP/s").c_str()
+                    : row.anchor_gbps > 0 ? (std::to_string(int(row.anchor_gbps)) + " GB/s").c_str()
+                                          : "-",
+                    emu_s);
+      summary.push_back(line);
+      std::printf("   row: %zu launches, %.2f us estimated, %.3f TFLOP/s, %.0f GB/s (L2 %.2f MB, DRAM %.2f MB); emulated in %.0f s\n",
+                  emu_cost::launches().size(), total_s * 1e6, tflops, gbps, l2_bytes / 1e6, dram_bytes / 1e6, emu_s);
+      std::fflush(stdout);
+      json.push_back(nd::bench::JsonLine::row(row.op, row.shape, row.dtype, "model")
+                         .number("ms", total_s * 1e3, "%.5f")
+                         .positive_or_null("gflops", row.flops / total_s / 1e9, "%.1f")
+                         .number("gbps", gbps, "%.1f")
+                         .null("baseline")
+                         .null("ratio")
+                         .integer("launches", int64_t(emu_cost::launches().size()))
+                         .text("bound", bounds)
+                         .positive_or_null("anchor_gflops", row.anchor_tflops * 1e3, "%.0f")
+                         .positive_or_null("anchor_gbps", row.anchor_gbps, "%.0f")
+                         .text("anchor", row.anchor)
+                         .str());
+    }
+    std::printf("\n| op | shape | dtype | launches | estimated us | TFLOP/s | GB/s | bound | anchor | emulated s |\n");
+    std::printf("|----|-------|-------|---------:|-------------:|--------:|-----:|-------|--------|-----------:|\n");
+    for (const auto& s : summary) std::printf("%s\n", s.c_str());
+    std::printf("\n");
+    for (const auto& j : json) std::printf("%s\n", j.c_str());
+  } catch (const nd::Error& e) {
+    std::fprintf(stderr, "nanoddp_emu_cost_model: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,174 @@
+// The cost model's counters (include/emu_cost.h) on tiny kernels with hand-computed answers
+// (cost_kernels.cu says why each count is what it is), its occupancy arithmetic against rows
+// of bench/kernel_resources.md (ptxas's numbers and the occupancy calculator's verdicts
+// committed there), the estimate against closed forms, and the table reader's errors.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <new>
+#include <string>
+
+#include "cost_estimate.h"
+#include "emu_cost.h"
+#include "engine/error.h"
+
+namespace cost_kernels {
+void launch_coalesced_copy(const float* in, float* out, int n);
+void launch_strided_shared(float* out, int stride);
+void launch_broadcast_read(float* out);
+void launch_three_barriers(float* out, int blocks);
+void launch_wmma_tile(float* out, int ldm);
+}  // namespace cost_kernels
+
+namespace {
+
+using namespace cost_kernels;
+
+// Device memory for the tests: 128-byte aligned (as cudaMalloc's 256), so that sector counts
+// do not depend on where the heap put a vector. Tracked by emu_stubs.cpp's operator new.
+struct Buffer {
+  explicit Buffer(size_t n) : p(static_cast<float*>(::operator new(n * sizeof(float), std::align_val_t(128)))) {
+    for (size_t i = 0; i < n; ++i) p[i] = float(i);
+  }
+  ~Buffer() { ::operator delete(p, std::align_val_t(128)); }
+  float* p;
+};
+
+// Counts of the one launch `run` makes.
+template <class F>
+emu_cost::LaunchCounts count(F&& run) {
+  emu_cost::set_enabled(true);
+  emu_cost::clear();
+  run();
+  emu_cost::set_enabled(false);
+  REQUIRE(emu_cost::launches().size() == 1);
+  return emu_cost::launches()[0];
+}
+
+}  // namespace
+
+TEST_CASE("coalesced copy: n floats read and written are n * 4 bytes each way, in 32-byte sectors") {
+  const int n = 1024;
+  Buffer in(n), out(n);
+  const auto c = count([&] { launch_coalesced_copy(in.p, out.p, n); });
+  CHECK(c.kernel == "cost_kernels::coalesced_copy");
+  CHECK(c.blocks == 4);
+  CHECK(c.threads_per_block == 256);
+  CHECK(c.read_sectors * 32 == n * 4);
+  CHECK(c.write_sectors * 32 == n * 4);
+  CHECK(c.unique_read_sectors == c.read_sectors);
+  CHECK(c.unique_write_sectors == c.write_sectors);
+  CHECK(c.global_requests == 2 * n / 32);  // one read and one write instruction per warp
+  CHECK(c.shared_requests == 0);
+  CHECK(c.barriers == 0);
+  CHECK(c.mma_flops == 0);
+}
+
+TEST_CASE("shared memory: wavefronts are the most distinct words in one bank") {
+  Buffer out(32);
+  for (const auto& [stride, wavefronts] : {std::pair{1, 1}, {2, 2}, {3, 1}, {32, 32}}) {
+    CAPTURE(stride);
+    const auto c = count([&] { launch_strided_shared(out.p, stride); });
+    CHECK(c.shared_requests == 2);  // the write and the read
+    CHECK(c.shared_wavefronts == 2 * wavefronts);
+    CHECK(c.write_sectors == 4);
+    CHECK(c.barriers == 1);
+  }
+}
+
+TEST_CASE("shared memory: one word read by a whole warp is a broadcast, one wavefront") {
+  Buffer out(32);
+  const auto c = count([&] { launch_broadcast_read(out.p); });
+  CHECK(c.shared_requests == 2);  // lane 0's write, the warp's read
+  CHECK(c.shared_wavefronts == 2);
+}
+
+TEST_CASE("barriers are counted per block") {
+  Buffer out(5 * 64);
+  const auto c = count([&] { launch_three_barriers(out.p, 5); });
+  CHECK(c.blocks == 5);
+  CHECK(c.barriers == 15);
+  CHECK(c.write_sectors == 5 * 64 * 4 / 32);
+}
+
+TEST_CASE("WMMA: 2 M N K flops per mma_sync, tiles counted once per warp, by ldmatrix's phases") {
+  Buffer out(256);
+  for (const auto& [ldm, tile_wavefronts] : {std::pair{16, 8}, {24, 4}}) {
+    CAPTURE(ldm);
+    const auto c = count([&] { launch_wmma_tile(out.p, ldm); });
+    CHECK(c.kernel == "cost_kernels::wmma_tile<" + std::to_string(ldm) + ">");
+    CHECK(c.mma_flops == 2 * 16 * 16 * 16);
+    const int fill_stores = ldm / 2;  // 16 * ldm bf16, 32 per warp store, 1 wavefront each
+    CHECK(c.shared_requests == fill_stores + 2);
+    CHECK(c.shared_wavefronts == fill_stores + 2 * tile_wavefronts);
+    CHECK(c.write_sectors == 16 * 16 * 4 / 32);  // the f32 accumulator, contiguous
+    CHECK(c.read_sectors == 0);
+  }
+}
+
+TEST_CASE("counting is off unless asked for") {
+  Buffer out(32);
+  emu_cost::clear();
+  launch_broadcast_read(out.p);
+  CHECK(emu_cost::launches().empty());
+}
+
+TEST_CASE("occupancy: the calculator's blocks per SM, as bench/kernel_resources.md gives them") {
+  // Rows of the committed table: (registers, static shared, block) -> blocks per SM.
+  CHECK(emu_cost::blocks_per_sm(32, 0, 128) == 16);     // delta_kernel<double, double>: registers, warps
+  CHECK(emu_cost::blocks_per_sm(252, 0, 128) == 2);     // 252 registers: 8064 per warp, 4 warps
+  CHECK(emu_cost::blocks_per_sm(64, 6144, 256) == 4);   // 64 registers x 8 warps: half the file
+  CHECK(emu_cost::blocks_per_sm(24, 0, 256) == 8);      // warps: 64 / 8
+  CHECK(emu_cost::blocks_per_sm(16, 100 * 1024, 64) == 2);  // shared: 228 KiB / (100 + 1) KiB
+  CHECK(emu_cost::blocks_per_sm(16, 0, 32) == 32);      // the 32-block limit
+  CHECK(emu_cost::blocks_per_sm(255, 0, 1024) == 0);    // does not fit
+}
+
+TEST_CASE("estimate: each term is its count over its rate, the largest wins, plus the launch") {
+  using R = emu_cost::H200;
+  emu_cost::LaunchCounts c;
+  c.blocks = 264;  // two blocks on every SM
+  c.threads_per_block = 256;
+  c.read_sectors = c.unique_read_sectors = int64_t(1) << 25;  // 1 GiB
+  c.barriers = 264 * 10;
+  const emu_cost::Resources r{32, 0};
+  const auto e = emu_cost::estimate(c, &r);
+  CHECK(e.bound == "dram");
+  CHECK(e.dram_s == doctest::Approx(double(int64_t(1) << 30) / R::kDramBytesPerS));
+  CHECK(e.l2_s == doctest::Approx(double(int64_t(1) << 30) / R::kL2BytesPerS));
+  CHECK(e.blocks_per_sm == 8);
+  CHECK(e.waves == 1);
+  CHECK(e.barrier_s == doctest::Approx(10 * R::kBarrierCycles / R::kClockHz));
+  CHECK(e.total_s == doctest::Approx(e.dram_s + R::kLaunchS));
+  // 133 blocks: the busiest SM runs 2 of them, so per-SM terms count 2/133 of the work.
+  c = {};
+  c.blocks = 133;
+  c.mma_flops = 133 * int64_t(1) << 30;
+  const auto q = emu_cost::estimate(c, nullptr);
+  CHECK(q.bound == "mma");
+  CHECK(q.mma_s == doctest::Approx(2.0 * double(int64_t(1) << 30) / (R::kMmaSyncFlopsPerS / R::kSms)));
+  CHECK(q.blocks_per_sm == 0);
+  CHECK(q.waves == 2);
+}
+
+TEST_CASE("the resources table: read from bench/kernel_resources.md, a bad file is an nd::Error naming it") {
+  const auto table = emu_cost::read_resources(NANODDP_SOURCE_DIR "/bench/kernel_resources.md");
+  REQUIRE(table.count("tc_dk_dv_kernel<BFloat16, 128>") == 1);
+  CHECK(table.at("tc_dk_dv_kernel<BFloat16, 128>").registers == 252);
+  CHECK(table.at("forward_kernel<float, 64>").static_shared == 20992);
+  // GCC leaves out defaulted template arguments; the one row that adds them is the kernel's.
+  const auto* delta = emu_cost::find_resources(table, "delta_kernel<BFloat16>");
+  REQUIRE(delta != nullptr);
+  CHECK(delta->registers == table.at("delta_kernel<BFloat16, float>").registers);
+  CHECK(emu_cost::find_resources(table, "tc_forward_kernel<BFloat16>") == nullptr);  // three rows: ambiguous
+  CHECK(emu_cost::find_resources(table, "no_such_kernel<float>") == nullptr);
+  CHECK_THROWS_WITH_AS(emu_cost::read_resources("/nonexistent/kernel_resources.md"),
+                       doctest::Contains("cannot read /nonexistent/kernel_resources.md"), nd::Error);
+  const std::string path = "emu_cost_test_bad_table.md";
+  std::ofstream(path) << "## Kernels\n\n| `k<float>` | x.cu | many | 0/0 | 0 | 0 |\n";
+  CHECK_THROWS_WITH_AS(emu_cost::read_resources(path), doctest::Contains("expected numbers for registers"), nd::Error);
+  std::ofstream(path) << "# nothing here\n";
+  CHECK_THROWS_WITH_AS(emu_cost::read_resources(path), doctest::Contains("has no '## Kernels' table rows"), nd::Error);
+  std::remove(path.c_str());
+}
