@@ -52,9 +52,25 @@ emu_cost::LaunchCounts replicated(emu_cost::LaunchCounts c, int64_t k) {
   return c;
 }
 
+// Device memory for the rows: 256-byte aligned as cudaMalloc's, so that sector counts do not
+// depend on where the heap put a buffer (std::vector's 16 bytes moved them by a few percent).
 template <class T>
-std::vector<T> filled(size_t n, float scale = 1.0f) {
-  std::vector<T> v(n);
+struct DeviceAllocator {
+  using value_type = T;
+  DeviceAllocator() = default;
+  template <class U>
+  DeviceAllocator(const DeviceAllocator<U>&) {}  // NOLINT: implicit, as allocators convert
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(256))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(256)); }
+  template <class U>
+  bool operator==(const DeviceAllocator<U>&) const { return true; }
+};
+template <class T>
+using DeviceVector = std::vector<T, DeviceAllocator<T>>;
+
+template <class T>
+DeviceVector<T> filled(size_t n, float scale = 1.0f) {
+  DeviceVector<T> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = T(scale * float(int(i * 2654435761u % 2001) - 1000) / 1000.0f);
   return v;
 }
@@ -81,7 +97,7 @@ Row attention_row(int64_t S, int64_t D, bool backward, int64_t replicate) {
     const size_t n = size_t(BH * S * D);
     auto q = filled<BFloat16>(n), k = filled<BFloat16>(n, 0.5f), v = filled<BFloat16>(n, 2.0f), out = q, dout = v;
     auto dq = q, dk = k, dv = v;
-    std::vector<float> lse(size_t(BH * S));
+    DeviceVector<float> lse(size_t(BH * S));
     const double scale = 1.0 / std::sqrt(double(D));
     cuda::scaled_dot_product_attention_forward(q.data(), k.data(), v.data(), {}, 1, BH, S, S, D, D, false, scale, {},
                                                out.data(), lse.data(), nullptr);
@@ -107,7 +123,7 @@ Row conv_row(int64_t N, int64_t C_in, int64_t C_out, int64_t HW, int64_t k, int6
   r.anchor = "none published for this shape: bench_kernels' cuDNN row on the GPU";
   r.run = [=] {
     auto x = filled<float>(size_t(N * C_in * HW * HW)), w = filled<float>(size_t(C_out * C_in * k * k), 0.1f);
-    std::vector<float> y(size_t(N * C_out * s.out_h() * s.out_w()));
+    DeviceVector<float> y(size_t(N * C_out * s.out_h() * s.out_w()));
     cuda::conv2d_forward<float>(s, x.data(), w.data(), nullptr, y.data(), nullptr, cuda::ConvOperands::kBf16);
   };
   return r;
@@ -118,7 +134,7 @@ Row copy_row(int64_t n) {
         kCopyGbps, {}};
   r.run = [=] {
     auto src = filled<float>(size_t(n));
-    std::vector<float> dst(static_cast<size_t>(n));
+    DeviceVector<float> dst(static_cast<size_t>(n));
     const int64_t shape[] = {n}, strides[] = {1};
     cuda::copy_strided<float, float>(1, shape, src.data(), strides, dst.data(), strides, nullptr);
   };
@@ -131,7 +147,7 @@ Row batch_norm_row(int64_t N, int64_t C, int64_t S) {
   r.run = [=] {
     auto x = filled<float>(size_t(N * C * S)), weight = filled<float>(size_t(C)), bias = filled<float>(size_t(C));
     const auto c = static_cast<size_t>(C);
-    std::vector<float> y(x.size()), mean(c), invstd(c), rm(c, 0.0f), rv(c, 1.0f);
+    DeviceVector<float> y(x.size()), mean(c), invstd(c), rm(c, 0.0f), rv(c, 1.0f);
     cuda::batch_norm_forward_training<float>(x.data(), weight.data(), bias.data(), rm.data(), rv.data(), N, C, S, 0.1,
                                              1e-5, y.data(), mean.data(), invstd.data(), nullptr);
   };
@@ -143,10 +159,10 @@ Row adamw_row(int tensors, int64_t each) {
   Row r{"adamw", std::to_string(tensors) + " x " + std::to_string(each), "f32", 0, 4.0 * n * 7,
         "copy bandwidth (reads p g m v, writes p m v)", 0, kCopyGbps, {}};
   r.run = [=] {
-    std::vector<std::vector<float>> p, g, m, v;
+    std::vector<DeviceVector<float>> p, g, m, v;
     for (int t = 0; t < tensors; ++t) {
       p.push_back(filled<float>(size_t(each))), g.push_back(filled<float>(size_t(each), 0.01f));
-      m.push_back(std::vector<float>(static_cast<size_t>(each))), v.push_back(m.back());
+      m.push_back(DeviceVector<float>(static_cast<size_t>(each))), v.push_back(m.back());
     }
     std::vector<cpu::AdamTensor<float>> list;
     for (int t = 0; t < tensors; ++t) list.push_back({each, p[t].data(), g[t].data(), m[t].data(), v[t].data(), nullptr, 1});
