@@ -1,0 +1,122 @@
+#pragma once
+// ZeroRedundancyOptimizer: PyTorch's torch.distributed.optim.ZeroRedundancyOptimizer, the
+// optimizer-state sharding of ZeRO stage 1 (Rajbhandari et al. 2020).
+//
+// Why it looks like this:
+// - It wraps an elementwise optimizer (SGD, Adam, AdamW): each element's update reads only
+//   that element's parameter, gradient and state. So the parameters of all groups are seen
+//   as one flat vector of N elements, and rank r owns the contiguous elements
+//   [r N / W, (r + 1) N / W): shards balanced to one element, whatever the parameter sizes.
+//   A parameter may be split between ranks. Each rank builds the wrapped optimizer over
+//   1-D views of the elements it owns (views into the parameters themselves: its step
+//   writes them in place), so its state holds ~N / W elements per buffer, and stepping a
+//   slice is exactly stepping that slice of the whole.
+// - step(): every rank still holds the full averaged gradient (DDP's all-reduce, unchanged),
+//   steps its own elements, then one all-gather brings every rank the updated elements of
+//   the others, so every rank ends the step with the same full parameters. The all-gather
+//   carries the parameter bytes once: step traffic is DDP's all-reduce plus one all-gather
+//   (1.5x plain DDP); the reduce-scatter of ZeRO stage 2, which would bring it back to 1x,
+//   is not done (collectives/README.md).
+// - It is an optim::Optimizer whose param_groups() hold the full parameters, so zero_grad,
+//   LR schedulers (lr is copied into the wrapped optimizer at each step), GradScaler (which
+//   unscales and checks the full gradients, equal on every rank) and TrainState take it as
+//   they take the optimizer it wraps.
+// - Checkpoints: state_dict() consolidates, on every rank (a collective: all ranks call it),
+//   the full per-parameter state in exactly the wrapped optimizer's unsharded layout
+//   ("state.<k>.exp_avg" of parameter k's shape); load_state_dict() takes such a dict, from a
+//   ZeRO run at any world size or from a plain optimizer, and keeps this rank's slice. So a
+//   run saved at N ranks resumes at M (1 included), with or without ZeRO.
+// Tests: tests/dist/zero_test.cpp (1, 2 and 4 ranks).
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/process_group.h"
+#include "engine/nn/module.h"  // ND_ARG
+#include "engine/optim/optimizer.h"
+
+namespace nd::dist {
+
+struct ZeroRedundancyOptimizerOptions {
+  ZeroRedundancyOptimizerOptions() = default;
+  // Default: dist::default_group(device) of the parameters (world() for the CPU,
+  // nccl_world() for a GPU; none for a GPU alone: nothing to gather).
+  ND_ARG(std::shared_ptr<ProcessGroup>, process_group) = nullptr;
+};
+
+class ZeroRedundancyOptimizer : public optim::Optimizer {
+ public:
+  // PyTorch's optimizer_class: builds the wrapped optimizer over this rank's shards, one
+  // group per group given here (with that group's options).
+  using OptimizerClass = std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::OptimizerParamGroup>,
+                                                                         const optim::OptimizerOptions& defaults)>;
+  // optimizer_class<optim::AdamW>(), for an optimizer constructed as O(groups, const O::Options&)
+  // where the defaults given to the ZeroRedundancyOptimizer are of the options type O takes.
+  template <class O, class Options>
+  static OptimizerClass optimizer_class() {
+    return [](std::vector<optim::OptimizerParamGroup> groups, const optim::OptimizerOptions& defaults) {
+      return std::unique_ptr<optim::Optimizer>(std::make_unique<O>(std::move(groups), static_cast<const Options&>(defaults)));
+    };
+  }
+  // ZeroRedundancyOptimizer::make<optim::Adam>(G->parameters(), optim::AdamOptions(2e-4)): the
+  // wrapped class and its options, as PyTorch's ZeroRedundancyOptimizer(params, optimizer_class=Adam, lr=2e-4).
+  template <class O, class Options>
+  static std::unique_ptr<ZeroRedundancyOptimizer> make(std::vector<Tensor> params, const Options& defaults,
+                                                       const ZeroRedundancyOptimizerOptions& options = {}) {
+    return std::make_unique<ZeroRedundancyOptimizer>(
+        std::vector<optim::OptimizerParamGroup>{optim::OptimizerParamGroup(std::move(params))},
+        optimizer_class<O, Options>(), defaults, options);
+  }
+
+  // Every rank must pass the same parameters (count and elements; an nd::Error names the
+  // ranks that differ), of one dtype on one device. The wrapped optimizer must be
+  // elementwise: SGD, Adam or AdamW (another is an nd::Error naming it).
+  ZeroRedundancyOptimizer(std::vector<optim::OptimizerParamGroup> groups, OptimizerClass optimizer_class,
+                          const optim::OptimizerOptions& defaults, const ZeroRedundancyOptimizerOptions& options = {});
+
+  // Steps this rank's shard, then all-gathers the updated parameters (every rank calls it).
+  void step() override;
+  // The unsharded state (a collective: every rank calls it and gets the whole dict).
+  TensorDict state_dict() const override;
+  // An unsharded state (from state_dict() at any world size, or from the wrapped optimizer
+  // alone); this rank keeps its slice.
+  void load_state_dict(const TensorDict& state) override;
+
+  // The wrapped optimizer over this rank's shards, and the bytes of its state buffers
+  // (the memory ZeRO saves: ~1/W of the unsharded optimizer's).
+  const optim::Optimizer& local_optimizer() const { return *local_; }
+  int64_t local_state_bytes() const;
+  // This rank's elements of the flat parameter vector: [begin, end).
+  std::pair<int64_t, int64_t> owned_range() const { return {bounds_[rank_], bounds_[rank_ + 1]}; }
+  int world_size() const { return world_size_; }
+
+ protected:
+  // One group's step: hands this rank's slices of the gradients to the wrapped optimizer.
+  void update(const optim::OptimizerOptions& options, std::vector<ParamUpdate>& params) override;
+
+ private:
+  struct Shard {
+    size_t group = 0;
+    int64_t param_offset = 0;  // the parameter's first element in the flat vector
+    int64_t begin = 0, end = 0;  // the elements of the parameter this rank owns (parameter-relative)
+    int64_t local_index = -1;  // in the wrapped optimizer's numbering; -1 when it owns none
+    Tensor local;              // 1-D view of the owned elements (undefined when none)
+  };
+  void check_same_on_every_rank() const;
+  void gather_parameters();
+  // Allgathers, over the flat vector, the values `mine` (this rank's owned elements in flat
+  // order) into a tensor of N elements.
+  Tensor gather_flat(const Tensor& mine) const;
+
+  std::shared_ptr<ProcessGroup> pg_;  // null: a GPU alone
+  int rank_ = 0, world_size_ = 1;
+  std::vector<Tensor> params_;  // every group's, in order (the numbering of state_dict keys)
+  std::vector<Shard> shards_;   // per parameter
+  std::map<const TensorImpl*, size_t> index_of_;  // parameter -> its index in params_
+  std::vector<int64_t> bounds_; // rank r owns flat elements [bounds_[r], bounds_[r + 1])
+  std::unique_ptr<optim::Optimizer> local_;
+};
+
+}  // namespace nd::dist
