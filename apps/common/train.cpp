@@ -38,6 +38,8 @@ void add_common_flags(Flags& flags, CommonOptions& o, bool has_batch_norm) {
   flags.add("--comm-hook", &o.comm_hook,
             "DDP gradient communication: none (f32 all-reduce), bf16, fp16, or powersgd (low-rank compression)", "H");
   flags.add("--powersgd-rank", &o.powersgd_rank, "--comm-hook powersgd: rank of the gradient approximation", 1);
+  flags.add("--zero", &o.zero,
+            "ZeRO: shard each optimizer's state over the ranks (ZeroRedundancyOptimizer); the same training");
 }
 
 World world() {
