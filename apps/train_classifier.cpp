@@ -42,7 +42,7 @@ int train(Options& o) {
   if (o.sync_bn) nd::nn::convert_sync_batchnorm(C.ptr());
   C->to(device);
   nd::dist::DistributedDataParallel c(C, "classifier", app::ddp_options(device));
-  auto opt = app::make_optimizer<nd::optim::Adam>(o, C->parameters(), nd::optim::AdamOptions(o.lr));  // --zero
+  auto opt = app::make_optimizer<nd::optim::Adam>(o, c.reducer(), nd::optim::AdamOptions(o.lr));  // --zero
 
   app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
   nd::TrainState state{{{"classifier", C.get()}}, {{"classifier", opt.get()}}, {}, 0, {{"amp", &scaler}}, {}};

@@ -75,9 +75,9 @@ int train(Options& o) {
   D->to(device);
   nd::dist::DistributedDataParallel g(G, "G", app::ddp_options(device));
   nd::dist::DistributedDataParallel d(D, "D", app::ddp_options(device));
-  // --zero: each wrapped in a ZeroRedundancyOptimizer (optimizer state sharded over the ranks).
-  auto opt_g = app::make_optimizer<nd::optim::Adam>(o, G->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
-  auto opt_d = app::make_optimizer<nd::optim::Adam>(o, D->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
+  // --zero: each a ZeroRedundancyOptimizer over its DDP model (ZeRO stage 2: sharded state and gradients).
+  auto opt_g = app::make_optimizer<nd::optim::Adam>(o, g.reducer(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
+  auto opt_d = app::make_optimizer<nd::optim::Adam>(o, d.reducer(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
 
   app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
   nd::TrainState state{{{"G", G.get()}, {"D", D.get()}}, {{"G", opt_g.get()}, {"D", opt_d.get()}}, {}, 0, {{"amp", &scaler}}, {}};

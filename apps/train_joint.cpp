@@ -76,12 +76,12 @@ int train(Options& o) {
   nd::dist::DistributedDataParallel g(G, "G", app::ddp_options(device));
   nd::dist::DistributedDataParallel d(D, "D", app::ddp_options(device));
   nd::dist::DistributedDataParallel m(M, "MAE", app::ddp_options(device));
-  // --zero: each wrapped in a ZeroRedundancyOptimizer (optimizer state sharded over the ranks).
-  auto opt_g = app::make_optimizer<nd::optim::Adam>(o, G->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
-  auto opt_d = app::make_optimizer<nd::optim::Adam>(o, D->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
+  // --zero: each a ZeroRedundancyOptimizer over its DDP model (ZeRO stage 2: sharded state and gradients).
+  auto opt_g = app::make_optimizer<nd::optim::Adam>(o, g.reducer(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
+  auto opt_d = app::make_optimizer<nd::optim::Adam>(o, d.reducer(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
   nd::optim::AdamWOptions adamw(o.lr_mae);
   adamw.betas({0.9, 0.95}).weight_decay(0.05);
-  auto opt_m = app::make_optimizer<nd::optim::AdamW>(o, M->parameters(), adamw);
+  auto opt_m = app::make_optimizer<nd::optim::AdamW>(o, m.reducer(), adamw);
   const int64_t warmup = std::max<int64_t>(1, o.steps / 20);
   auto warm = std::make_shared<nd::optim::LinearLR>(*opt_m, 0.01, 1.0, warmup);
   auto cosine = std::make_shared<nd::optim::CosineAnnealingLR>(*opt_m, std::max<int64_t>(1, o.steps - warmup));

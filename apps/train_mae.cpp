@@ -116,7 +116,7 @@ int train(Options& o) {
   nd::dist::DistributedDataParallel m(M, "MAE", app::ddp_options(device));
   nd::optim::AdamWOptions adamw(o.lr);
   adamw.betas({0.9, 0.95}).weight_decay(0.05);
-  auto opt = app::make_optimizer<nd::optim::AdamW>(o, M->parameters(), adamw);  // --zero
+  auto opt = app::make_optimizer<nd::optim::AdamW>(o, m.reducer(), adamw);  // --zero
   const int64_t warmup = std::max<int64_t>(1, o.warmup ? o.warmup : o.steps / 20);
   auto warm = std::make_shared<nd::optim::LinearLR>(*opt, 0.01, 1.0, warmup);
   auto cosine = std::make_shared<nd::optim::CosineAnnealingLR>(*opt, std::max<int64_t>(1, o.steps - warmup));

@@ -148,6 +148,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     if (params_[i].impl().grad) old_grads[i] = params_[i].grad().clone();
 
   buckets_.clear();
+  ++layout_version_;
   bucket_of_.assign(params_.size(), 0);
   slots_.assign(params_.size(), Tensor());
   const double mib = 1024.0 * 1024.0;
@@ -212,14 +213,16 @@ void Reducer::prepare_forward() {
   if (active_) {
     // The last backward was abandoned by an exception before its end: finish what it
     // launched, so this rank's collectives stay in order, and start afresh.
-    for (Bucket& b : buckets_)
-      if (b.work) {
-        try {
-          b.work->wait();
-        } catch (const Error&) {
-        }
-        b.work.reset();
+    auto finish = [](std::shared_ptr<Work>& work) {
+      if (!work) return;
+      try {
+        work->wait();
+      } catch (const Error&) {
       }
+      work.reset();
+    };
+    for (Bucket& b : buckets_) finish(b.work);
+    finish(status_work_);
     fingerprint_work_.reset();
     active_ = false;
   }
@@ -257,6 +260,11 @@ void Reducer::begin_iteration() {
   }
   next_bucket_ = 0;
   launched_during_backward_ = 0;
+  // ZeRO stage 2 from the second iteration on: the first one's gradients must survive the
+  // bucket rebuild whole (ddp_zero.cpp).
+  sharded_iteration_ = shard_gradients_ && rebuilt_ && reduce_buckets_ && pg_->size() > 1;
+  status_work_.reset();
+  local_sum_ = Tensor();
   // Fingerprint: which model, which iteration, which layout (a), and what the data
   // group issued since the previous check (b). MAX over [a, b, -a, -b] gives every rank
   // the maximum and minus the minimum: the same verdict everywhere, equal iff max == min.
@@ -400,6 +408,7 @@ void Reducer::launch(size_t b) {
     buckets_[b].work = done;
     return;
   }
+  if (sharded_iteration_) return launch_sharded(b);
   CollectivePurpose purpose("bucket " + std::to_string(b) + " of DDP model '" + name_ + "'");
   buckets_[b].work = pg_->allreduce(buckets_[b].flat, opts);
 }
@@ -435,21 +444,27 @@ void Reducer::finish_iteration() {
     while (next_bucket_ < buckets_.size()) launch(next_bucket_++);
     const auto t0 = std::chrono::steady_clock::now();
     for (Bucket& b : buckets_) b.work->wait();
+    if (status_work_) status_work_->wait();
     exposed_wait_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   } catch (...) {
     active_ = false;
     throw;
   }
   const double W = pg_->size();
+  // ZeRO stage 2: slot P already holds the all-reduced sum of every rank's gradients.
+  const bool sharded_nonfinite =
+      sharded_iteration_ && !std::isfinite(status.narrow(0, static_cast<int64_t>(P), 1).to(kFloat64).cpu().item());
   Tensor grad_sum;  // skip_nonfinite_steps: the sum of every averaged gradient, on the device
   for (size_t i = 0; i < buckets_.size(); ++i) {
     const Bucket& b = buckets_[i];
     Tensor grads = b.flat.narrow(0, 0, b.grad_numel);
     if (comm_hook_)
       take_hook_result(i);  // averaged by the hook
+    else if (sharded_iteration_)
+      take_sharded_result(i, sharded_nonfinite);
     else if (W > 1)
       grads.div_(W);
-    if (options_.skip_nonfinite_steps()) {
+    if (options_.skip_nonfinite_steps() && !sharded_iteration_) {
       Tensor s = grads.sum().to(kFloat64);
       grad_sum = grad_sum.defined() ? grad_sum + s : s;
     }

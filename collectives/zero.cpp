@@ -33,45 +33,29 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<optim::OptimizerPar
                                                  OptimizerClass optimizer_class,
                                                  const optim::OptimizerOptions& defaults,
                                                  const ZeroRedundancyOptimizerOptions& options)
-    : Optimizer(kName, std::move(groups), defaults), params_(all_params(param_groups())) {
+    : Optimizer(kName, std::move(groups), defaults),
+      optimizer_class_(std::move(optimizer_class)),
+      local_defaults_(defaults.clone()),
+      params_(all_params(param_groups())) {
   ND_CHECK(!params_.empty(), kName, ": expected parameters to shard, found none");
   for (const Tensor& p : params_)
     ND_CHECK(p.dtype() == params_[0].dtype() && p.device() == params_[0].device(), kName,
              ": expected parameters of one dtype on one device (they are sharded as one flat vector), found ",
              params_[0].describe(), " and ", p.describe());
-  pg_ = options.process_group() ? options.process_group() : default_group(params_[0].device());
+  for (size_t k = 0; k < params_.size(); ++k) index_of_[params_[k].impl_ptr().get()] = k;
+  if (options.ddp()) {
+    ddp_ = options.ddp()->shared_from_this();
+    pg_ = ddp_->process_group_ptr();
+  } else {
+    pg_ = options.process_group() ? options.process_group() : default_group(params_[0].device());
+  }
   if (pg_) rank_ = pg_->rank(), world_size_ = pg_->size();
   check_same_on_every_rank();
-
-  // Rank r owns flat elements [r N / W, (r + 1) N / W).
-  int64_t N = 0;
-  for (const Tensor& p : params_) N += p.numel();
-  for (int r = 0; r <= world_size_; ++r) bounds_.push_back(N * r / world_size_);
-  const auto [mine_begin, mine_end] = owned_range();
-  std::vector<optim::OptimizerParamGroup> local_groups;
-  int64_t offset = 0, local_count = 0;
-  for (size_t g = 0; g < param_groups().size(); ++g) {
-    std::vector<Tensor> views;
-    for (const Tensor& p : param_groups()[g].params()) {
-      Shard s;
-      s.group = g;
-      s.param_offset = offset;
-      s.begin = std::clamp(mine_begin - offset, int64_t{0}, p.numel());
-      s.end = std::clamp(mine_end - offset, int64_t{0}, p.numel());
-      if (s.end > s.begin) {
-        // A leaf view of the owned elements: the wrapped optimizer's step writes the
-        // parameter in place and bumps its version counter.
-        s.local = p.detach().view({p.numel()}).narrow(0, s.begin, s.end - s.begin);
-        s.local_index = local_count++;
-        views.push_back(s.local);
-      }
-      index_of_[p.impl_ptr().get()] = shards_.size();
-      shards_.push_back(s);
-      offset += p.numel();
-    }
-    local_groups.emplace_back(std::move(views), param_groups()[g].options());
+  if (ddp_) {
+    check_same_as_ddp();
+    ddp_->shard_gradients();
   }
-  local_ = optimizer_class(std::move(local_groups), defaults);
+  partition();
   const std::set<std::string> elementwise{"SGD", "Adam", "AdamW"};
   ND_CHECK(elementwise.count(local_->name()), kName, ": expected an elementwise optimizer class (SGD, Adam or AdamW: "
            "stepping a shard of the elements must equal stepping them all), found '", local_->name(), "'");
@@ -96,6 +80,85 @@ void ZeroRedundancyOptimizer::check_same_on_every_rank() const {
   }
 }
 
+// ZeRO stage 2 steps exactly the gradients DDP reduce-scatters: the same set of tensors.
+void ZeroRedundancyOptimizer::check_same_as_ddp() const {
+  std::set<const TensorImpl*> in_ddp;
+  for (const Tensor& p : ddp_->parameters()) {
+    in_ddp.insert(p.impl_ptr().get());
+    ND_CHECK(index_of_.count(p.impl_ptr().get()), kName, ": DDP model '", ddp_->name(), "' reduces parameter '",
+             p.name(), "' but the optimizer does not hold it; with options.ddp (ZeRO stage 2) the optimizer must "
+             "hold exactly the model's parameters that require grad");
+  }
+  for (const Tensor& p : params_)
+    ND_CHECK(in_ddp.count(p.impl_ptr().get()), kName, ": the optimizer holds ", p.describe(),
+             ", which DDP model '", ddp_->name(), "' does not reduce; with options.ddp (ZeRO stage 2) the optimizer "
+             "must hold exactly the model's parameters that require grad");
+}
+
+void ZeroRedundancyOptimizer::partition() {
+  segments_.assign(world_size_, {});
+  if (ddp_) {  // rank r owns chunk r of every bucket
+    layout_version_ = ddp_->layout_version();
+    const auto layout = ddp_->bucket_layout();
+    for (int r = 0; r < world_size_; ++r)
+      for (size_t b = 0; b < layout.size(); ++b) {
+        const int64_t n = layout[b].numel, chunk_begin = n * r / world_size_, chunk_end = n * (r + 1) / world_size_;
+        for (size_t j = 0; j < layout[b].params.size(); ++j) {
+          const Tensor& p = ddp_->parameters()[layout[b].params[j]];
+          const int64_t at = layout[b].offsets[j];
+          const int64_t begin = std::max(chunk_begin, at), end = std::min(chunk_end, at + p.numel());
+          if (end > begin) segments_[r].push_back({index_of_.at(p.impl_ptr().get()), begin - at, end - at});
+        }
+      }
+  } else {  // rank r owns elements [r N / W, (r + 1) N / W) of the parameters laid end to end
+    int64_t N = 0;
+    for (const Tensor& p : params_) N += p.numel();
+    for (int r = 0; r < world_size_; ++r) {
+      const int64_t mine_begin = N * r / world_size_, mine_end = N * (r + 1) / world_size_;
+      int64_t offset = 0;
+      for (size_t k = 0; k < params_.size(); ++k) {
+        const int64_t begin = std::clamp(mine_begin - offset, int64_t{0}, params_[k].numel());
+        const int64_t end = std::clamp(mine_end - offset, int64_t{0}, params_[k].numel());
+        if (end > begin) segments_[r].push_back({k, begin, end});
+        offset += params_[k].numel();
+      }
+    }
+  }
+  shards_.assign(params_.size(), Shard());
+  for (const Segment& s : segments_[rank_]) shards_[s.param].begin = s.begin, shards_[s.param].end = s.end;
+  std::vector<optim::OptimizerParamGroup> local_groups;
+  int64_t local_count = 0;
+  size_t k = 0;
+  for (size_t g = 0; g < param_groups().size(); ++g) {
+    std::vector<Tensor> views;
+    for (const Tensor& p : param_groups()[g].params()) {
+      Shard& s = shards_[k++];
+      s.group = g;
+      if (s.end == s.begin) continue;
+      // A leaf view of the owned elements: the wrapped optimizer's step writes the
+      // parameter in place and bumps its version counter.
+      s.local = p.detach().view({p.numel()}).narrow(0, s.begin, s.end - s.begin);
+      s.local_index = local_count++;
+      views.push_back(s.local);
+    }
+    local_groups.emplace_back(std::move(views), param_groups()[g].options());
+  }
+  local_ = optimizer_class_(std::move(local_groups), *local_defaults_);
+}
+
+void ZeroRedundancyOptimizer::repartition() {
+  // Every rank sees the same layout change at the same step: the collectives pair up.
+  const TensorDict state = stepped_ ? state_dict() : TensorDict();
+  partition();
+  if (stepped_) load_state_dict(state);
+}
+
+int64_t ZeroRedundancyOptimizer::owned_numel() const {
+  int64_t n = 0;
+  for (const Segment& s : segments_[rank_]) n += s.end - s.begin;
+  return n;
+}
+
 void ZeroRedundancyOptimizer::update(const optim::OptimizerOptions& options, std::vector<ParamUpdate>& params) {
   if (params.empty()) return;
   NoGradGuard no_grad;
@@ -115,44 +178,51 @@ void ZeroRedundancyOptimizer::update(const optim::OptimizerOptions& options, std
 }
 
 void ZeroRedundancyOptimizer::step() {
+  if (ddp_ && ddp_->layout_version() != layout_version_) repartition();
   Optimizer::step();
+  stepped_ = true;
   gather_parameters();
 }
 
-Tensor ZeroRedundancyOptimizer::gather_flat(const Tensor& mine) const {
-  Tensor flat = empty({bounds_.back()}, mine.options());
-  if (world_size_ == 1) {
-    copy_data(flat, mine);
-    return flat;
+void ZeroRedundancyOptimizer::gather(const Tensor& mine,
+                                     const std::function<void(const Segment&, const Tensor&)>& put) const {
+  std::vector<int64_t> starts{0};
+  for (const auto& part : segments_) {
+    int64_t n = 0;
+    for (const Segment& s : part) n += s.end - s.begin;
+    starts.push_back(starts.back() + n);
   }
-  std::vector<Tensor> parts;
-  for (int r = 0; r < world_size_; ++r) parts.push_back(flat.narrow(0, bounds_[r], bounds_[r + 1] - bounds_[r]));
-  pg_->allgather(parts, mine)->wait();
-  return flat;
+  Tensor all = mine;
+  if (world_size_ > 1) {
+    all = empty({starts.back()}, mine.options());
+    std::vector<Tensor> parts;
+    for (int r = 0; r < world_size_; ++r) parts.push_back(all.narrow(0, starts[r], starts[r + 1] - starts[r]));
+    pg_->allgather(parts, mine)->wait();
+  }
+  for (int r = 0; r < world_size_; ++r) {
+    int64_t at = starts[r];
+    for (const Segment& s : segments_[r]) {
+      put(s, all.narrow(0, at, s.end - s.begin));
+      at += s.end - s.begin;
+    }
+  }
 }
 
 void ZeroRedundancyOptimizer::gather_parameters() {
   if (world_size_ == 1) return;
   CollectivePurpose purpose("the parameters updated by ZeroRedundancyOptimizer");
   NoGradGuard no_grad;
-  const auto [begin, end] = owned_range();
-  Tensor mine = empty({end - begin}, params_[0].options());
-  for (const Shard& s : shards_)
-    if (s.local.defined()) copy_data(mine.narrow(0, s.param_offset + s.begin - begin, s.end - s.begin), s.local);
-  const Tensor flat = gather_flat(mine);
-  for (size_t k = 0; k < params_.size(); ++k) {
-    const Tensor& p = params_[k];
-    copy_data(p, flat.narrow(0, shards_[k].param_offset, p.numel()).view(p.sizes()));
-    p.storage()->bump_version(std::string(kName) + ".step");
+  Tensor mine = empty({owned_numel()}, params_[0].options());
+  int64_t at = 0;
+  for (const Segment& s : segments_[rank_]) {
+    copy_data(mine.narrow(0, at, s.end - s.begin), shards_[s.param].local);
+    at += s.end - s.begin;
   }
-}
-
-int64_t ZeroRedundancyOptimizer::local_state_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& [key, t] : local_->state_dict())
-    if (key.rfind("state.", 0) == 0 && key.substr(key.rfind('.') + 1) != "step")
-      bytes += t.numel() * static_cast<int64_t>(element_size(t.dtype()));
-  return bytes;
+  gather(mine, [&](const Segment& s, const Tensor& values) {
+    const Tensor& p = params_[s.param];
+    copy_data(p.detach().view({p.numel()}).narrow(0, s.begin, s.end - s.begin), values);
+  });
+  for (const Tensor& p : params_) p.storage()->bump_version(std::string(kName) + ".step");
 }
 
 TensorDict ZeroRedundancyOptimizer::state_dict() const {
@@ -163,8 +233,7 @@ TensorDict ZeroRedundancyOptimizer::state_dict() const {
   const int64_t B = static_cast<int64_t>(names.size());
   // Per parameter: its step and which buffers it has, on the ranks that own part of it (MAX).
   Tensor info = zeros({P * (1 + B)}, kFloat64);
-  double* v = info.data_ptr<double>();
-  // pg_'s device (NCCL: this rank's GPU); f64 holds every step count exactly.
+  double* v = info.data_ptr<double>();  // f64 holds every step count exactly
   for (int64_t k = 0; k < P; ++k) {
     const Shard& s = shards_[k];
     if (s.local_index < 0) continue;
@@ -175,7 +244,7 @@ TensorDict ZeroRedundancyOptimizer::state_dict() const {
   }
   if (world_size_ > 1) {
     CollectivePurpose purpose("ZeroRedundancyOptimizer.state_dict");
-    const Tensor reduced = info.to(params_[0].device());
+    const Tensor reduced = info.to(params_[0].device());  // pg_'s device (NCCL: this rank's GPU)
     pg_->allreduce(reduced, {ReduceOp::MAX})->wait();
     info = reduced.cpu();
     v = info.data_ptr<double>();
@@ -186,24 +255,27 @@ TensorDict ZeroRedundancyOptimizer::state_dict() const {
       out["param_groups." + std::to_string(g) + "." + opt] = scalar_tensor(value, kFloat64);
   for (int64_t k = 0; k < P; ++k)
     if (v[k * (1 + B)] > 0) out["state." + std::to_string(k) + ".step"] = scalar_tensor(v[k * (1 + B)], kFloat64);
-  const auto [begin, end] = owned_range();
   for (int64_t b = 0; b < B; ++b) {
     bool any = false;
     for (int64_t k = 0; k < P; ++k) any = any || v[k * (1 + B) + 1 + b] > 0;
     if (!any) continue;  // the same on every rank: `info` was reduced
     CollectivePurpose purpose("ZeroRedundancyOptimizer.state_dict: " + names[b]);
-    Tensor mine = zeros({end - begin}, params_[0].options());
-    for (int64_t k = 0; k < P; ++k) {
-      const Shard& s = shards_[k];
-      const std::string key = "state." + std::to_string(s.local_index) + "." + names[b];
-      if (s.local_index >= 0 && local.count(key))
-        copy_data(mine.narrow(0, s.param_offset + s.begin - begin, s.end - s.begin), local.at(key));
+    Tensor mine = zeros({owned_numel()}, params_[0].options());
+    int64_t at = 0;
+    for (const Segment& seg : segments_[rank_]) {
+      const std::string key = "state." + std::to_string(shards_[seg.param].local_index) + "." + names[b];
+      if (local.count(key)) copy_data(mine.narrow(0, at, seg.end - seg.begin), local.at(key));
+      at += seg.end - seg.begin;
     }
-    const Tensor flat = gather_flat(mine);
+    std::vector<Tensor> full(P);
     for (int64_t k = 0; k < P; ++k)
-      if (v[k * (1 + B) + 1 + b] > 0)
-        out["state." + std::to_string(k) + "." + names[b]] =
-            flat.narrow(0, shards_[k].param_offset, params_[k].numel()).view(params_[k].sizes()).clone();
+      if (v[k * (1 + B) + 1 + b] > 0) full[k] = empty(params_[k].sizes(), params_[k].options());
+    gather(mine, [&](const Segment& seg, const Tensor& values) {
+      if (full[seg.param].defined())
+        copy_data(full[seg.param].view({full[seg.param].numel()}).narrow(0, seg.begin, seg.end - seg.begin), values);
+    });
+    for (int64_t k = 0; k < P; ++k)
+      if (full[k].defined()) out["state." + std::to_string(k) + "." + names[b]] = full[k];
   }
   return out;
 }
@@ -225,6 +297,7 @@ void ZeroRedundancyOptimizer::load_state_dict(const TensorDict& state) {
     local[local_key] = field == "step" ? t : t.contiguous().view({t.numel()}).narrow(0, s.begin, s.end - s.begin);
   }
   local_->load_state_dict(local);
+  stepped_ = true;
   for (size_t g = 0; g < param_groups().size(); ++g)
     if (!group_options[g].empty()) param_groups()[g].options().from_map(group_options[g]);
 }

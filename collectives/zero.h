@@ -11,12 +11,18 @@
 //   1-D views of the elements it owns (views into the parameters themselves: its step
 //   writes them in place), so its state holds ~N / W elements per buffer, and stepping a
 //   slice is exactly stepping that slice of the whole.
-// - step(): every rank still holds the full averaged gradient (DDP's all-reduce, unchanged),
-//   steps its own elements, then one all-gather brings every rank the updated elements of
-//   the others, so every rank ends the step with the same full parameters. The all-gather
-//   carries the parameter bytes once: step traffic is DDP's all-reduce plus one all-gather
-//   (1.5x plain DDP); the reduce-scatter of ZeRO stage 2, which would bring it back to 1x,
-//   is not done (collectives/README.md).
+// - step(): each rank steps its own elements, then one all-gather brings every rank the
+//   updated elements of the others, so every rank ends the step with the same full parameters.
+// - Alone (ZeRO stage 1), every rank holds the full averaged gradient (DDP's all-reduce,
+//   unchanged): step traffic is DDP's all-reduce plus the all-gather, 1.5x plain DDP on a ring.
+// - Given the DDP model (options.ddp, ZeRO stage 2), ownership follows DDP's buckets instead:
+//   rank r owns chunk r of every bucket ([n r / W, n (r + 1) / W) of its n gradient
+//   elements), and DDP reduce-scatters each bucket as it becomes ready (overlapping backward as
+//   the all-reduce did), so rank r receives only the averaged gradients it steps. A
+//   reduce-scatter plus the all-gather move what one all-reduce does. Since DDP rebuilds its
+//   buckets after the first iteration (which it all-reduces whole), ownership is recomputed
+//   when the layout changes, carrying any optimizer state across (consolidate, re-slice).
+//   Either way, a parameter's owned elements on one rank are one contiguous range.
 // - It is an optim::Optimizer whose param_groups() hold the full parameters, so zero_grad,
 //   LR schedulers (lr is copied into the wrapped optimizer at each step), GradScaler (which
 //   unscales and checks the full gradients, equal on every rank) and TrainState take it as
@@ -33,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/ddp.h"
 #include "collectives/process_group.h"
 #include "engine/nn/module.h"  // ND_ARG
 #include "engine/optim/optimizer.h"
@@ -40,10 +47,19 @@
 namespace nd::dist {
 
 struct ZeroRedundancyOptimizerOptions {
+  using ReducerPtr = Reducer*;  // (ND_ARG's `const T&` needs a pointer type by one name)
   ZeroRedundancyOptimizerOptions() = default;
   // Default: dist::default_group(device) of the parameters (world() for the CPU,
-  // nccl_world() for a GPU; none for a GPU alone: nothing to gather).
+  // nccl_world() for a GPU; none for a GPU alone: nothing to gather). With ddp: its group.
   ND_ARG(std::shared_ptr<ProcessGroup>, process_group) = nullptr;
+  // ZeRO stage 2: the DDP model whose gradients this optimizer steps (ddp.reducer()); its
+  // buckets are then reduce-scattered, not all-reduced. The optimizer must hold exactly that
+  // model's parameters; it is given before the model's first backward and without a
+  // communication hook (an nd::Error says which). After a synchronised backward, each
+  // parameter's .grad holds the average only on the elements this rank owns (zeros
+  // elsewhere); accumulate micro-batches with no_sync(), not over several synchronised
+  // backwards.
+  ND_ARG(ReducerPtr, ddp) = nullptr;
 };
 
 class ZeroRedundancyOptimizer : public optim::Optimizer {
@@ -71,7 +87,7 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   }
 
   // Every rank must pass the same parameters (count and elements; an nd::Error names the
-  // ranks that differ), of one dtype on one device. The wrapped optimizer must be
+  // ranks that differ), of one dtype on one device (with options.ddp: the model's). The wrapped optimizer must be
   // elementwise: SGD, Adam or AdamW (another is an nd::Error naming it).
   ZeroRedundancyOptimizer(std::vector<optim::OptimizerParamGroup> groups, OptimizerClass optimizer_class,
                           const optim::OptimizerOptions& defaults, const ZeroRedundancyOptimizerOptions& options = {});
@@ -84,12 +100,12 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   // alone); this rank keeps its slice.
   void load_state_dict(const TensorDict& state) override;
 
-  // The wrapped optimizer over this rank's shards, and the bytes of its state buffers
-  // (the memory ZeRO saves: ~1/W of the unsharded optimizer's).
+  // The wrapped optimizer over this rank's shards, and the bytes of its state buffers: ~1/W of
+  // the unsharded optimizer's (the memory ZeRO saves).
   const optim::Optimizer& local_optimizer() const { return *local_; }
-  int64_t local_state_bytes() const;
-  // This rank's elements of the flat parameter vector: [begin, end).
-  std::pair<int64_t, int64_t> owned_range() const { return {bounds_[rank_], bounds_[rank_ + 1]}; }
+  int64_t state_bytes() const override { return local_->state_bytes(); }
+  // The parameter elements this rank owns (all ranks' add up to every element once).
+  int64_t owned_numel() const;
   int world_size() const { return world_size_; }
 
  protected:
@@ -97,25 +113,39 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   void update(const optim::OptimizerOptions& options, std::vector<ParamUpdate>& params) override;
 
  private:
+  // Elements [begin, end) of parameter `param` (an index into params_).
+  struct Segment {
+    size_t param = 0;
+    int64_t begin = 0, end = 0;
+  };
   struct Shard {
     size_t group = 0;
-    int64_t param_offset = 0;  // the parameter's first element in the flat vector
-    int64_t begin = 0, end = 0;  // the elements of the parameter this rank owns (parameter-relative)
-    int64_t local_index = -1;  // in the wrapped optimizer's numbering; -1 when it owns none
-    Tensor local;              // 1-D view of the owned elements (undefined when none)
+    int64_t begin = 0, end = 0;  // the elements of the parameter this rank owns
+    int64_t local_index = -1;    // in the wrapped optimizer's numbering; -1 when it owns none
+    Tensor local;                // 1-D view of the owned elements (undefined when none)
   };
   void check_same_on_every_rank() const;
+  void check_same_as_ddp() const;
+  // Who owns what (segments_), this rank's shards and the wrapped optimizer over them;
+  // repartition() also carries the optimizer state over to a new DDP bucket layout.
+  void partition();
+  void repartition();
   void gather_parameters();
-  // Allgathers, over the flat vector, the values `mine` (this rank's owned elements in flat
-  // order) into a tensor of N elements.
-  Tensor gather_flat(const Tensor& mine) const;
+  // All-gathers `mine` (this rank's owned elements, in segment order) and hands every
+  // rank's segments with their values to `put`.
+  void gather(const Tensor& mine, const std::function<void(const Segment&, const Tensor&)>& put) const;
 
   std::shared_ptr<ProcessGroup> pg_;  // null: a GPU alone
+  std::shared_ptr<Reducer> ddp_;      // ZeRO stage 2
+  int64_t layout_version_ = -1;       // ddp_'s bucket layout the partition follows
   int rank_ = 0, world_size_ = 1;
+  bool stepped_ = false;              // the wrapped optimizer may hold state (the same on every rank)
+  OptimizerClass optimizer_class_;
+  std::unique_ptr<optim::OptimizerOptions> local_defaults_;
   std::vector<Tensor> params_;  // every group's, in order (the numbering of state_dict keys)
-  std::vector<Shard> shards_;   // per parameter
   std::map<const TensorImpl*, size_t> index_of_;  // parameter -> its index in params_
-  std::vector<int64_t> bounds_; // rank r owns flat elements [bounds_[r], bounds_[r + 1])
+  std::vector<std::vector<Segment>> segments_;    // per rank, in the order its part is gathered
+  std::vector<Shard> shards_;                     // per parameter, this rank's
   std::unique_ptr<optim::Optimizer> local_;
 };
 

@@ -66,6 +66,9 @@ nd::Device setup(const std::string& program, CommonOptions& o, const World& worl
     throw UsageError{"--comm-hook: expected none, bf16, fp16 or powersgd, found '" + o.comm_hook + "'"};
   if (o.flags && o.flags->given("--powersgd-rank") && o.comm_hook != "powersgd")
     throw UsageError{"--powersgd-rank " + std::to_string(o.powersgd_rank) + " needs --comm-hook powersgd"};
+  if (o.zero && o.comm_hook != "none")
+    throw UsageError{"--zero and --comm-hook " + o.comm_hook +
+                     " cannot be combined: ZeRO reduce-scatters DDP's gradient buckets itself"};
   if (o.out.empty()) o.out = "out/" + program;
   if (world.rank0()) {
     std::error_code ec;

@@ -83,15 +83,18 @@ nd::dist::DistributedDataParallelOptions ddp_options(nd::Device device);
 // continues it.
 void register_comm_hook(nd::dist::Reducer& reducer, const CommonOptions& options, nd::TrainState& state);
 
-// The app's optimizer O over `params`; with --zero a dist::ZeroRedundancyOptimizer wrapping
-// O, on the same default group as DDP: each rank keeps O's state for its 1/W of the
-// elements, the training is the same (tests/dist/zero_test.cpp) and the checkpoint holds
-// the whole state, so --resume works at any world size.
+// The app's optimizer O over the parameters of a DDP model; with --zero a
+// dist::ZeroRedundancyOptimizer wrapping O and given the model (ZeRO stage 2: DDP
+// reduce-scatters its buckets, each rank keeps O's state for its 1/W of the elements). The
+// training is the same (tests/dist/zero_test.cpp) and the checkpoint holds the whole state,
+// so --resume works at any world size, with or without --zero.
 template <class O, class Options>
-std::unique_ptr<nd::optim::Optimizer> make_optimizer(const CommonOptions& options, std::vector<nd::Tensor> params,
+std::unique_ptr<nd::optim::Optimizer> make_optimizer(const CommonOptions& options, nd::dist::Reducer& ddp,
                                                      const Options& optimizer_options) {
-  if (options.zero) return nd::dist::ZeroRedundancyOptimizer::make<O>(std::move(params), optimizer_options);
-  return std::make_unique<O>(std::move(params), optimizer_options);
+  if (options.zero)
+    return nd::dist::ZeroRedundancyOptimizer::make<O>(ddp.parameters(), optimizer_options,
+                                                      nd::dist::ZeroRedundancyOptimizerOptions().ddp(&ddp));
+  return std::make_unique<O>(ddp.parameters(), optimizer_options);
 }
 
 // Runs body, turning a UsageError into "<program>: <message>" + exit status 2 (printed

@@ -39,6 +39,13 @@ int64_t Optimizer::num_parameters() const {
   return n;
 }
 
+int64_t Optimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [param, state] : state_)
+    for (const auto& [name, t] : state.buffers) bytes += t.numel() * static_cast<int64_t>(element_size(t.dtype()));
+  return bytes;
+}
+
 void Optimizer::step() {
   NoGradGuard no_grad;
   ops::InplaceOpLabel label(name_ + ".step");

@@ -56,6 +56,10 @@ class Optimizer {
   std::vector<OptimizerParamGroup>& param_groups() { return groups_; }
   const std::vector<OptimizerParamGroup>& param_groups() const { return groups_; }
   int64_t num_parameters() const;
+  // Bytes of the state buffers this process holds ("exp_avg", "momentum_buffer", ...; not the
+  // step counts): what the optimizer adds to memory. dist::ZeroRedundancyOptimizer's is its
+  // rank's shard.
+  virtual int64_t state_bytes() const;
   const std::string& name() const { return name_; }
 
   // "state.<k>.step", "state.<k>.<buffer>" (k = parameter index across groups, as

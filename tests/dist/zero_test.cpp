@@ -5,11 +5,13 @@
 // ZeRO run; bad input is an nd::Error.
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "collectives/ddp.h"
 #include "collectives/local_process_group.h"
 #include "collectives/zero.h"
+#include "engine/ops/copy.h"
 #include "dist/ddp_test_util.h"
 #include "harness.h"
 #include "models/dcgan.h"
@@ -31,19 +33,10 @@ void check_same_state(const TensorDict& a, const TensorDict& b, double tol) {
   }
 }
 
-// Bytes of the state buffers in an optimizer's (unsharded) state_dict.
-int64_t state_bytes(const TensorDict& state) {
-  int64_t bytes = 0;
-  for (const auto& [key, t] : state)
-    if (key.rfind("state.", 0) == 0 && key.substr(key.rfind('.') + 1) != "step")
-      bytes += t.numel() * static_cast<int64_t>(element_size(t.dtype()));
-  return bytes;
-}
-
 // The ZeRO optimizer's share of the unsharded state: the ranks' shares add up to it exactly,
 // and each is its 1/W up to one element per buffer.
-void check_state_share(const ZeroRedundancyOptimizer& zero, const TensorDict& plain_state, int64_t buffers) {
-  const int64_t mine = zero.local_state_bytes(), total = state_bytes(plain_state);
+void check_state_share(const ZeroRedundancyOptimizer& zero, const optim::Optimizer& plain, int64_t buffers) {
+  const int64_t mine = zero.state_bytes(), total = plain.state_bytes();
   Tensor sum = tensor({static_cast<double>(mine)}, kInt64);
   dist::world()->allreduce(sum)->wait();
   CHECK(sum.item() == total);
@@ -61,9 +54,11 @@ models::MAEConfig small_mae() {
   return c;
 }
 
-}  // namespace
 
-TEST_CASE("zero: DCGAN G, D and the MAE under DDP with ZeRO Adam / AdamW equal DDP with Adam / AdamW") {
+// DCGAN G, D and the MAE, each under DDP, trained like train_joint for 4 steps with Adam,
+// Adam and AdamW + cosine: plain, and wrapped in ZeroRedundancyOptimizer (stage 2: given the
+// DDP model, whose buckets are then reduce-scattered).
+void check_gan_and_mae(bool stage2) {
   auto build = [](uint64_t seed) {
     manual_seed(seed);
     models::DCGANGenerator G(/*nz=*/8, /*ngf=*/4);
@@ -86,9 +81,12 @@ TEST_CASE("zero: DCGAN G, D and the MAE under DDP with ZeRO Adam / AdamW equal D
   optim::Adam og0(G0->parameters(), adam), od0(D0->parameters(), adam);
   optim::AdamW om0(M0->parameters(), adamw);
   optim::CosineAnnealingLR s0(om0, 4);
-  auto og = ZeroRedundancyOptimizer::make<optim::Adam>(G->parameters(), adam);
-  auto od = ZeroRedundancyOptimizer::make<optim::Adam>(D->parameters(), adam);
-  auto om = ZeroRedundancyOptimizer::make<optim::AdamW>(M->parameters(), adamw);
+  auto with = [&](auto& ddp) {
+    return dist::ZeroRedundancyOptimizerOptions().ddp(stage2 ? &ddp.reducer() : nullptr);
+  };
+  auto og = ZeroRedundancyOptimizer::make<optim::Adam>(G->parameters(), adam, with(g));
+  auto od = ZeroRedundancyOptimizer::make<optim::Adam>(D->parameters(), adam, with(d));
+  auto om = ZeroRedundancyOptimizer::make<optim::AdamW>(M->parameters(), adamw, with(m));
   optim::CosineAnnealingLR s(*om, 4);
 
   // One step of train_joint's loop: D on real vs detached fake, G through D, MAE on real.
@@ -101,11 +99,21 @@ TEST_CASE("zero: DCGAN G, D and the MAE under DDP with ZeRO Adam / AdamW equal D
     sched.step();
   };
   Generator data{22, 0};
+  std::vector<std::string> ops;  // what the last ZeRO step issued on the data group
   for (int k = 0; k < 4; ++k) {
     Tensor z = randn({8, 8}, kFloat64, &data), real = rand({8, 1, 28, 28}, kFloat64, &data) * 2 - 1;
     Tensor noise = rand({8, 49}, kFloat64, &data);
     step(g0, d0, m0, og0, od0, om0, s0, shard(z), shard(real), shard(noise));
+    const dist::CollectiveRecord before = dist::world()->record();
     step(g, d, m, *og, *od, *om, s, shard(z), shard(real), shard(noise));
+    ops.clear();
+    for (const auto& info : dist::world()->record().last_since(before, 4)) ops.push_back(info.op);
+  }
+  if (world_size() > 1) {  // the MAE's bucket (reduce-scattered in stage 2), then the all-gather of its parameters
+    CAPTURE(ops);
+    REQUIRE(ops.size() >= 2);
+    CHECK(ops.back() == "allgather");
+    CHECK(ops[ops.size() - 2] == (stage2 ? "reduce_scatter" : "allreduce"));
   }
   // Elementwise steps on the same averaged gradients: equal to the last bit in practice.
   check_same_params(*G, *G0, 1e-13);
@@ -115,8 +123,18 @@ TEST_CASE("zero: DCGAN G, D and the MAE under DDP with ZeRO Adam / AdamW equal D
   check_same_state(og->state_dict(), og0.state_dict(), 1e-13);
   check_same_state(od->state_dict(), od0.state_dict(), 1e-13);
   check_same_state(om->state_dict(), om0.state_dict(), 1e-13);
-  check_state_share(*og, og0.state_dict(), 2);
-  check_state_share(*om, om0.state_dict(), 2);
+  check_state_share(*og, og0, 2);
+  check_state_share(*om, om0, 2);
+}
+
+}  // namespace
+
+TEST_CASE("zero: DCGAN G, D and the MAE under DDP with ZeRO Adam / AdamW equal DDP with Adam / AdamW") {
+  check_gan_and_mae(/*stage2=*/false);
+}
+
+TEST_CASE("zero: stage 2, DDP reduce-scattering each bucket, DCGAN G, D and the MAE equal DDP with Adam / AdamW") {
+  check_gan_and_mae(/*stage2=*/true);
 }
 
 TEST_CASE("zero: SGD with momentum, two parameter groups and a schedule equal plain SGD") {
@@ -147,10 +165,11 @@ TEST_CASE("zero: SGD with momentum, two parameter groups and a schedule equal pl
   }
   check_same_params(*b, *a, 1e-13);
   check_same_state(zero.state_dict(), plain.state_dict(), 1e-13);
-  check_state_share(zero, plain.state_dict(), 1);
+  check_state_share(zero, plain, 1);
 }
 
-TEST_CASE("zero: saved at W ranks, resumed at 1 rank with or without ZeRO and at W ranks, equals the run that went on") {
+TEST_CASE("zero: saved at W ranks (stage 2), resumed at 1 rank with or without ZeRO and at W ranks, equals the run "
+          "that went on") {
   const auto adamw = optim::AdamWOptions(1e-2).amsgrad(true);
   Generator data{41, 0};
   std::vector<std::pair<Tensor, Tensor>> batches;
@@ -172,7 +191,8 @@ TEST_CASE("zero: saved at W ranks, resumed at 1 rank with or without ZeRO and at
   // W ranks, ZeRO: 2 steps, checkpoint through save_train_state / load_train_state, 3 more.
   nn::Sequential model = make_mlp64(42);
   DistributedDataParallel ddp(model, "mlp");
-  auto zero = ZeroRedundancyOptimizer::make<optim::AdamW>(model->parameters(), adamw);
+  auto zero = ZeroRedundancyOptimizer::make<optim::AdamW>(model->parameters(), adamw,
+                                                         dist::ZeroRedundancyOptimizerOptions().ddp(&ddp.reducer()));
   ddp_steps(ddp, *zero, 0, 2);
   Tensor tag = tensor({static_cast<double>(std::rand() % 1000000)}, kInt64);  // one file name on every rank
   dist::world()->broadcast(tag, 0)->wait();
@@ -201,10 +221,12 @@ TEST_CASE("zero: saved at W ranks, resumed at 1 rank with or without ZeRO and at
     whole_batch_steps(one, *opt, 2, 5);
     check_same_params(*one, *model, 1e-12);
   }
-  // W ranks again, ZeRO: the same steps on the same shards.
+  // W ranks again, ZeRO stage 2: the same steps on the same shards. The state is loaded in
+  // DDP's first bucket layout and re-sliced when DDP rebuilds its buckets.
   nn::Sequential again = make_mlp64(44);
   DistributedDataParallel ddp_again(again, "again");
-  auto zero_again = ZeroRedundancyOptimizer::make<optim::AdamW>(again->parameters(), adamw);
+  auto zero_again = ZeroRedundancyOptimizer::make<optim::AdamW>(
+      again->parameters(), adamw, dist::ZeroRedundancyOptimizerOptions().ddp(&ddp_again.reducer()));
   TrainState resumed{{{"mlp", again.get()}}, {{"mlp", zero_again.get()}}, {}, 0, {}, {}};
   load_train_state(path, resumed);
   ddp_steps(ddp_again, *zero_again, 2, 5);
@@ -275,6 +297,72 @@ TEST_CASE("zero: bad input is an nd::Error saying what was expected and found") 
                  "ZeroRedundancyOptimizer.load_state_dict: 'state.0.exp_avg' has shape [2] but parameter 0"));
   CHECK(contains(nd::testing::error_message([&] { zero->load_state_dict({{"state.9.step", scalar_tensor(1, kFloat64)}}); }),
                  "the state has parameter 9 but this optimizer holds 4 parameter(s)"));
+}
+
+TEST_CASE("zero: stage 2, one rank's non-finite gradient makes every rank's GradScaler and DDP skip the step") {
+  nn::Sequential model = make_mlp64(71);
+  // The last rank's gradient of one element turns inf before DDP takes it (this hook runs
+  // before DDP's): only the rank owning that element's chunk receives an inf average.
+  bool poisoned = false;
+  model->parameters()[3].register_post_accumulate_grad_hook([&](const Tensor& p) {
+    if (poisoned && rank() == world_size() - 1) fill_data(p.grad().narrow(0, 1, 1), std::numeric_limits<double>::infinity());
+  });
+  DistributedDataParallel ddp(model, "mlp", dist::DistributedDataParallelOptions().skip_nonfinite_steps(true));
+  auto zero = ZeroRedundancyOptimizer::make<optim::Adam>(model->parameters(), optim::AdamOptions(1e-2),
+                                                         dist::ZeroRedundancyOptimizerOptions().ddp(&ddp.reducer()));
+  optim::GradScaler scaler;
+  Generator data{72, 0};
+  for (int k = 0; k < 3; ++k) {  // iteration 0 all-reduces; 1 and 2 reduce-scatter
+    CAPTURE(k);
+    const Tensor x = randn({8, 6}, kFloat64, &data), y = randn({8, 3}, kFloat64, &data);
+    poisoned = k == 2;
+    zero->zero_grad();
+    scaler.scale(mse_loss(ddp(shard(x)), shard(y))).backward();
+    CHECK(ddp.reducer().skip_step() == poisoned);
+    const Tensor before = model->parameters()[0].clone();
+    CHECK(scaler.step(*zero) == !poisoned);  // every rank: no all-gather is left unpaired
+    scaler.update();
+    CHECK(nd::testing::bitwise_equal(model->parameters()[0], before) == poisoned);
+  }
+  CHECK(same_on_every_rank({static_cast<int64_t>(scaler.get_scale())}));
+}
+
+TEST_CASE("zero: stage 2 needs exactly the DDP model's parameters, no communication hook, and to come first") {
+  nn::Sequential model = make_mlp64(63), other = make_mlp64(64);
+  DistributedDataParallel ddp(model, "mlp");
+  auto params = model->parameters();
+  const auto stage2 = dist::ZeroRedundancyOptimizerOptions().ddp(&ddp.reducer());
+  CHECK(contains(nd::testing::error_message([&] {
+                   ZeroRedundancyOptimizer::make<optim::Adam>({params[0], params[1]}, optim::AdamOptions(), stage2);
+                 }),
+                 "ZeroRedundancyOptimizer: DDP model 'mlp' reduces parameter 'mlp.2.weight' but the optimizer does "
+                 "not hold it"));
+  std::vector<Tensor> extra = params;
+  extra.push_back(other->parameters()[3]);
+  CHECK(contains(nd::testing::error_message(
+                     [&] { ZeroRedundancyOptimizer::make<optim::Adam>(extra, optim::AdamOptions(), stage2); }),
+                 "which DDP model 'mlp' does not reduce"));
+
+  DistributedDataParallel hooked(other, "hooked");
+  hooked.register_comm_hook(nullptr, dist::bf16_compress_hook);
+  CHECK(contains(nd::testing::error_message([&] {
+                   ZeroRedundancyOptimizer::make<optim::Adam>(other->parameters(), optim::AdamOptions(),
+                                                              dist::ZeroRedundancyOptimizerOptions().ddp(&hooked.reducer()));
+                 }),
+                 "cannot take a communication hook; use one or the other"));
+
+  auto zero = ZeroRedundancyOptimizer::make<optim::Adam>(params, optim::AdamOptions(), stage2);
+  CHECK(contains(nd::testing::error_message([&] { ddp.register_comm_hook(nullptr, dist::bf16_compress_hook); }),
+                 "register_comm_hook: this model's buckets are reduce-scattered for a ZeroRedundancyOptimizer"));
+
+  nn::Sequential late = make_mlp64(65);
+  DistributedDataParallel ddp_late(late, "late");
+  mse_loss(ddp_late(randn({4, 6}, kFloat64)), zeros({4, 3}, kFloat64)).backward();
+  CHECK(contains(nd::testing::error_message([&] {
+                   ZeroRedundancyOptimizer::make<optim::Adam>(late->parameters(), optim::AdamOptions(),
+                                                              dist::ZeroRedundancyOptimizerOptions().ddp(&ddp_late.reducer()));
+                 }),
+                 "must be given this model before its first backward, found it after 1 synchronised backward(s)"));
 }
 
 TEST_CASE("zero: ranks that pass different parameters get an nd::Error naming the difference") {
