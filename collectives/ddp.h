@@ -115,19 +115,17 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   struct BucketLayout {
     std::vector<size_t> params;
     std::vector<int64_t> offsets;
-    int64_t numel = 0;  // gradient elements
   };
   std::vector<BucketLayout> bucket_layout() const;
   // Counts bucket (re)builds: the layout above changed when it did.
   int64_t layout_version() const { return layout_version_; }
   // ZeRO stage 2 (ddp_zero.cpp): from the first iteration after the bucket rebuild on, every
   // bucket is reduce-scattered into W contiguous chunks (chunk_range()); after backward each
-  // gradient holds the average on the elements this rank owns and zeros elsewhere. The first
-  // iteration is all-reduced, so that its gradients survive the rebuild whole. Refused with a
-  // communication hook or skip_nonfinite_steps (both need every averaged gradient); once,
-  // before the first backward.
+  // gradient holds the average on the elements this rank owns and zeros elsewhere (NaN when
+  // any rank's gradient was non-finite, so skip_step() and a GradScaler decide alike on every
+  // rank). The first iteration is all-reduced, so that its gradients survive the rebuild whole.
+  // Once, before the first backward; refused with a communication hook (nd::Error).
   void shard_gradients();
-  bool gradients_sharded() const { return shard_gradients_; }
   // Bucket `bucket`'s elements [begin, end) that rank `rank` owns: [n r / W, n (r + 1) / W).
   std::pair<int64_t, int64_t> chunk_range(size_t bucket, int rank) const;
   std::shared_ptr<ProcessGroup> process_group_ptr() const { return pg_; }

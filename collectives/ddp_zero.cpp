@@ -42,7 +42,7 @@ std::pair<int64_t, int64_t> Reducer::chunk_range(size_t b, int rank) const {
 
 std::vector<Reducer::BucketLayout> Reducer::bucket_layout() const {
   std::vector<BucketLayout> out;
-  for (const Bucket& b : buckets_) out.push_back({b.params, b.offsets, b.grad_numel});
+  for (const Bucket& b : buckets_) out.push_back({b.params, b.offsets});
   return out;
 }
 

@@ -102,7 +102,7 @@ void ZeroRedundancyOptimizer::partition() {
     const auto layout = ddp_->bucket_layout();
     for (int r = 0; r < world_size_; ++r)
       for (size_t b = 0; b < layout.size(); ++b) {
-        const int64_t n = layout[b].numel, chunk_begin = n * r / world_size_, chunk_end = n * (r + 1) / world_size_;
+        const auto [chunk_begin, chunk_end] = ddp_->chunk_range(b, r);
         for (size_t j = 0; j < layout[b].params.size(); ++j) {
           const Tensor& p = ddp_->parameters()[layout[b].params[j]];
           const int64_t at = layout[b].offsets[j];

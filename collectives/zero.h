@@ -100,13 +100,9 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   // alone); this rank keeps its slice.
   void load_state_dict(const TensorDict& state) override;
 
-  // The wrapped optimizer over this rank's shards, and the bytes of its state buffers: ~1/W of
-  // the unsharded optimizer's (the memory ZeRO saves).
-  const optim::Optimizer& local_optimizer() const { return *local_; }
+  // The bytes of the wrapped optimizer's state buffers on this rank: ~1/W of the unsharded
+  // optimizer's (the memory ZeRO saves).
   int64_t state_bytes() const override { return local_->state_bytes(); }
-  // The parameter elements this rank owns (all ranks' add up to every element once).
-  int64_t owned_numel() const;
-  int world_size() const { return world_size_; }
 
  protected:
   // One group's step: hands this rank's slices of the gradients to the wrapped optimizer.
@@ -130,6 +126,7 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   // repartition() also carries the optimizer state over to a new DDP bucket layout.
   void partition();
   void repartition();
+  int64_t owned_numel() const;  // the parameter elements this rank owns
   void gather_parameters();
   // All-gathers `mine` (this rank's owned elements, in segment order) and hands every
   // rank's segments with their values to `put`.
