@@ -13,6 +13,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "apps/app_runner.h"
 #include "harness.h"
@@ -152,16 +154,32 @@ TEST_CASE("apps under mpirun: --zero trains as plain DDP does, and its checkpoin
       REQUIRE(saved.count(key));
       check_close(saved.at(key), t, 0.0, 0.0, key);
     }
-  // Stopped at W ranks, resumed at 1: equal to the W-rank run up to float rounding (the
-  // reduction order of gradients and SyncBatchNorm statistics differs).
-  for (const char* resume_flags : {" --zero", ""}) {
+  // Stopped at W ranks, resumed at 1 (with and without --zero) and, from 4 ranks, at 2: equal
+  // to the W-rank run up to float rounding (the reduction order of gradients and SyncBatchNorm
+  // statistics differs).
+  std::vector<std::pair<int64_t, std::string>> resumes{{0, " --zero"}, {0, ""}};
+  if (W >= 4) resumes.emplace_back(W / 2, " --zero");
+  for (const auto& [np, resume_flags] : resumes) {
+    CAPTURE(np);
     CAPTURE(resume_flags);
     fs::remove_all(parts);
     REQUIRE(launch(W, "train_joint", args + parts.string() + " --zero --exit-after 2").status == 0);
-    const Run r = launch(0, "train_joint", args + parts.string() + " --resume" + resume_flags);
+    const Run r = launch(np, "train_joint", args + parts.string() + " --resume" + resume_flags);
     INFO(r.output);
     REQUIRE(r.status == 0);
     check_same_models(zero / "ckpt" / "latest.safetensors", parts / "ckpt" / "latest.safetensors", 1e-4);
+  }
+  // f16 autocast with its GradScaler: the same checkpoint with and without --zero (every
+  // rank's scaler sees the same verdict on ZeRO's reduce-scattered gradients).
+  const fs::path f16_plain = temp_dir("zero_f16_plain"), f16_zero = temp_dir("zero_f16");
+  REQUIRE(launch(W, "train_joint", args + f16_plain.string() + " --amp --amp-dtype f16").status == 0);
+  REQUIRE(launch(W, "train_joint", args + f16_zero.string() + " --amp --amp-dtype f16 --zero").status == 0);
+  const TensorDict f16_a = load((f16_plain / "ckpt" / "latest.safetensors").string()),
+                   f16_b = load((f16_zero / "ckpt" / "latest.safetensors").string());
+  REQUIRE(f16_a.size() == f16_b.size());
+  for (const auto& [key, t] : f16_a) {
+    REQUIRE(f16_b.count(key));
+    check_close(f16_b.at(key), t, 0.0, 0.0, key);
   }
 }
 
