@@ -1,13 +1,14 @@
 #pragma once
 // ZeroRedundancyOptimizer: PyTorch's torch.distributed.optim.ZeroRedundancyOptimizer, the
-// optimizer-state sharding of ZeRO stage 1 (Rajbhandari et al. 2020).
+// optimizer-state sharding of ZeRO stage 1, and with DDP the gradient sharding of stage 2
+// (Rajbhandari et al. 2020; llm.c's layout).
 //
 // Why it looks like this:
 // - It wraps an elementwise optimizer (SGD, Adam, AdamW): each element's update reads only
-//   that element's parameter, gradient and state. So the parameters of all groups are seen
-//   as one flat vector of N elements, and rank r owns the contiguous elements
-//   [r N / W, (r + 1) N / W): shards balanced to one element, whatever the parameter sizes.
-//   A parameter may be split between ranks. Each rank builds the wrapped optimizer over
+//   that element's parameter, gradient and state. So ownership is by element: alone, the
+//   parameters of all groups are seen as one flat vector of N elements and rank r owns the
+//   contiguous elements [r N / W, (r + 1) N / W), balanced to one element whatever the
+//   parameter sizes (a parameter may be split between ranks). Each rank builds the wrapped optimizer over
 //   1-D views of the elements it owns (views into the parameters themselves: its step
 //   writes them in place), so its state holds ~N / W elements per buffer, and stepping a
 //   slice is exactly stepping that slice of the whole.
@@ -25,14 +26,15 @@
 //   Either way, a parameter's owned elements on one rank are one contiguous range.
 // - It is an optim::Optimizer whose param_groups() hold the full parameters, so zero_grad,
 //   LR schedulers (lr is copied into the wrapped optimizer at each step), GradScaler (which
-//   unscales and checks the full gradients, equal on every rank) and TrainState take it as
-//   they take the optimizer it wraps.
+//   unscales every gradient and skips the step when one is inf or NaN: in stage 2 every rank's
+//   gradients hold a NaN when any rank's did, ddp_zero.cpp, so all skip alike) and TrainState
+//   take it as they take the optimizer it wraps.
 // - Checkpoints: state_dict() consolidates, on every rank (a collective: all ranks call it),
 //   the full per-parameter state in exactly the wrapped optimizer's unsharded layout
 //   ("state.<k>.exp_avg" of parameter k's shape); load_state_dict() takes such a dict, from a
 //   ZeRO run at any world size or from a plain optimizer, and keeps this rank's slice. So a
 //   run saved at N ranks resumes at M (1 included), with or without ZeRO.
-// Tests: tests/dist/zero_test.cpp (1, 2 and 4 ranks).
+// Tests: tests/dist/zero_test.cpp (1, 2 and 4 ranks), tests/dist/apps_dist_test.cpp (--zero).
 #include <functional>
 #include <map>
 #include <memory>
