@@ -178,22 +178,6 @@ TEST_CASE("ddp: no_sync accumulates locally, the next backward averages the sum"
   check_same_params(*model, *reference, 1e-10);
 }
 
-namespace {
-// Two heads; head "b" is used only when asked.
-struct Branchy : nn::Module {
-  nn::Linear trunk{nn::LinearOptions(4, 8)}, a{nn::LinearOptions(8, 2)}, b{nn::LinearOptions(8, 2)};
-  Branchy() : nn::Module("Branchy") {
-    register_module("trunk", trunk);
-    register_module("a", a);
-    register_module("b", b);
-  }
-  Tensor forward(const Tensor& x, bool use_b) {
-    Tensor h = tanh(trunk(x));
-    return use_b ? a(h) + b(h) : a(h);
-  }
-};
-}  // namespace
-
 TEST_CASE("ddp: find_unused_parameters with a branch skipped on some steps") {
   manual_seed(5);
   auto reference = std::make_shared<Branchy>();

@@ -20,6 +20,20 @@ inline nn::Sequential make_mlp() {
   return nn::Sequential(nn::Linear(nn::LinearOptions(6, 16)), nn::Tanh(), nn::Linear(nn::LinearOptions(16, 3)));
 }
 
+// A trunk and two heads; head b takes part only when forward is told to use it.
+struct Branchy : nn::Module {
+  nn::Linear trunk{nn::LinearOptions(4, 8)}, a{nn::LinearOptions(8, 2)}, b{nn::LinearOptions(8, 2)};
+  Branchy() : nn::Module("Branchy") {
+    register_module("trunk", trunk);
+    register_module("a", a);
+    register_module("b", b);
+  }
+  Tensor forward(const Tensor& x, bool use_b) {
+    Tensor h = tanh(trunk(x));
+    return use_b ? a(h) + b(h) : a(h);
+  }
+};
+
 inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // Bucket layout as parameter indices (registration order), bucket after bucket, -1 between.

@@ -299,6 +299,39 @@ TEST_CASE("zero: bad input is an nd::Error saying what was expected and found") 
                  "the state has parameter 9 but this optimizer holds 4 parameter(s)"));
 }
 
+TEST_CASE("zero: stage 2 with no_sync accumulation, an unused head and gradients outside the buckets equals DDP") {
+  const auto options = dist::DistributedDataParallelOptions().find_unused_parameters(true).gradient_as_bucket_view(false);
+  auto build = [] {
+    manual_seed(81);
+    auto m = std::make_shared<Branchy>();
+    m->to(kFloat64);
+    return m;
+  };
+  auto plain_model = build(), zero_model = build();
+  DistributedDataParallel plain(plain_model, "plain", options), sharded(zero_model, "sharded", options);
+  optim::AdamW plain_opt(plain_model->parameters(), optim::AdamWOptions(1e-2));
+  auto zero = ZeroRedundancyOptimizer::make<optim::AdamW>(zero_model->parameters(), optim::AdamWOptions(1e-2),
+                                                          dist::ZeroRedundancyOptimizerOptions().ddp(&sharded.reducer()));
+  Generator data{82, 0};
+  for (int k = 0; k < 4; ++k) {
+    const bool use_b = k % 2 == 1;  // head b: no gradient on even steps
+    const Tensor x1 = randn({8, 4}, kFloat64, &data), y1 = randn({8, 2}, kFloat64, &data);
+    const Tensor x2 = randn({8, 4}, kFloat64, &data), y2 = randn({8, 2}, kFloat64, &data);
+    auto train = [&](auto& ddp, optim::Optimizer& opt) {
+      opt.zero_grad();
+      {
+        auto guard = ddp.no_sync();  // the first micro-batch accumulates locally
+        mse_loss(ddp(shard(x1), use_b), shard(y1)).backward();
+      }
+      mse_loss(ddp(shard(x2), use_b), shard(y2)).backward();
+      opt.step();
+    };
+    train(plain, plain_opt);
+    train(sharded, *zero);
+  }
+  check_same_params(*zero_model, *plain_model, 1e-13);
+}
+
 TEST_CASE("zero: stage 2, one rank's non-finite gradient makes every rank's GradScaler and DDP skip the step") {
   nn::Sequential model = make_mlp64(71);
   // The last rank's gradient of one element turns inf before DDP takes it (this hook runs
