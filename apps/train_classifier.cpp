@@ -42,10 +42,10 @@ int train(Options& o) {
   if (o.sync_bn) nd::nn::convert_sync_batchnorm(C.ptr());
   C->to(device);
   nd::dist::DistributedDataParallel c(C, "classifier", app::ddp_options(device));
-  nd::optim::Adam opt(C->parameters(), nd::optim::AdamOptions(o.lr));
+  auto opt = app::make_optimizer<nd::optim::Adam>(o, c.reducer(), nd::optim::AdamOptions(o.lr));  // --zero
 
   app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
-  nd::TrainState state{{{"classifier", C.get()}}, {{"classifier", &opt}}, {}, 0, {{"amp", &scaler}}, {}};
+  nd::TrainState state{{{"classifier", C.get()}}, {{"classifier", opt.get()}}, {}, 0, {{"amp", &scaler}}, {}};
   app::register_comm_hook(c.reducer(), o, state);  // --comm-hook
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
 
@@ -57,12 +57,12 @@ int train(Options& o) {
   app::UpdateNorm update(C->parameters());
   for (int64_t step = start + 1; step <= o.steps; ++step) {
     const nd::data::Batch batch = batches.next();
-    opt.zero_grad();
+    opt->zero_grad();
     const Tensor logits = c(batch.images);
     const Tensor loss = nd::cross_entropy(logits, batch.labels);
     scaler.scale(loss).backward();
     update.before();
-    scaler.step(opt);
+    scaler.step(*opt);
     scaler.update();
     const double norm = update.after();
     const double accuracy = logits.argmax(1).eq(batch.labels).to(nd::kFloat64).mean().item();

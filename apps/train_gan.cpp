@@ -75,11 +75,12 @@ int train(Options& o) {
   D->to(device);
   nd::dist::DistributedDataParallel g(G, "G", app::ddp_options(device));
   nd::dist::DistributedDataParallel d(D, "D", app::ddp_options(device));
-  nd::optim::Adam opt_g(G->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
-  nd::optim::Adam opt_d(D->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
+  // --zero: each a ZeroRedundancyOptimizer over its DDP model (ZeRO stage 2: sharded state and gradients).
+  auto opt_g = app::make_optimizer<nd::optim::Adam>(o, g.reducer(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
+  auto opt_d = app::make_optimizer<nd::optim::Adam>(o, d.reducer(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
 
   app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
-  nd::TrainState state{{{"G", G.get()}, {"D", D.get()}}, {{"G", &opt_g}, {"D", &opt_d}}, {}, 0, {{"amp", &scaler}}, {}};
+  nd::TrainState state{{{"G", G.get()}, {"D", D.get()}}, {{"G", opt_g.get()}, {"D", opt_d.get()}}, {}, 0, {{"amp", &scaler}}, {}};
   for (auto* reducer : {&g.reducer(), &d.reducer()}) app::register_comm_hook(*reducer, o, state);  // --comm-hook
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
   nd::Generator sample_gen{static_cast<uint64_t>(o.seed) + 1, 0};
@@ -112,18 +113,18 @@ int train(Options& o) {
     const Tensor z = app::shard_rows(nd::randn({o.batch_size, o.nz}), world).to(device);
     const Tensor fake = g(z);
 
-    opt_d.zero_grad();
+    opt_d->zero_grad();
     const Tensor loss_d = bce(d(real), 1.0) + bce(d(fake.detach()), 0.0);
     scaler.scale(loss_d).backward();
     update_d.before();
-    scaler.step(opt_d);
+    scaler.step(*opt_d);
     const double norm_d = update_d.after();
 
-    opt_g.zero_grad();
+    opt_g->zero_grad();
     const Tensor loss_g = bce(d(fake), 1.0);
     scaler.scale(loss_g).backward();
     update_g.before();
-    scaler.step(opt_g);
+    scaler.step(*opt_g);
     const double norm_g = update_g.after();
     scaler.update();  // one per iteration, after both steps (a skip in either backs off)
 

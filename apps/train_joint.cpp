@@ -76,19 +76,20 @@ int train(Options& o) {
   nd::dist::DistributedDataParallel g(G, "G", app::ddp_options(device));
   nd::dist::DistributedDataParallel d(D, "D", app::ddp_options(device));
   nd::dist::DistributedDataParallel m(M, "MAE", app::ddp_options(device));
-  nd::optim::Adam opt_g(G->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
-  nd::optim::Adam opt_d(D->parameters(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
+  // --zero: each a ZeroRedundancyOptimizer over its DDP model (ZeRO stage 2: sharded state and gradients).
+  auto opt_g = app::make_optimizer<nd::optim::Adam>(o, g.reducer(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
+  auto opt_d = app::make_optimizer<nd::optim::Adam>(o, d.reducer(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
   nd::optim::AdamWOptions adamw(o.lr_mae);
   adamw.betas({0.9, 0.95}).weight_decay(0.05);
-  nd::optim::AdamW opt_m(M->parameters(), adamw);
+  auto opt_m = app::make_optimizer<nd::optim::AdamW>(o, m.reducer(), adamw);
   const int64_t warmup = std::max<int64_t>(1, o.steps / 20);
-  auto warm = std::make_shared<nd::optim::LinearLR>(opt_m, 0.01, 1.0, warmup);
-  auto cosine = std::make_shared<nd::optim::CosineAnnealingLR>(opt_m, std::max<int64_t>(1, o.steps - warmup));
-  nd::optim::SequentialLR schedule(opt_m, {warm, cosine}, {warmup});
+  auto warm = std::make_shared<nd::optim::LinearLR>(*opt_m, 0.01, 1.0, warmup);
+  auto cosine = std::make_shared<nd::optim::CosineAnnealingLR>(*opt_m, std::max<int64_t>(1, o.steps - warmup));
+  nd::optim::SequentialLR schedule(*opt_m, {warm, cosine}, {warmup});
 
   app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
   nd::TrainState state{{{"G", G.get()}, {"D", D.get()}, {"MAE", M.get()}},
-                       {{"G", &opt_g}, {"D", &opt_d}, {"MAE", &opt_m}},
+                       {{"G", opt_g.get()}, {"D", opt_d.get()}, {"MAE", opt_m.get()}},
                        {{"MAE", &schedule}},
                        0, {{"amp", &scaler}}, {}};
   for (auto* reducer : {&g.reducer(), &d.reducer(), &m.reducer()})
@@ -133,27 +134,27 @@ int train(Options& o) {
     const Tensor noise = app::shard_rows(nd::rand({o.batch_size, config.num_patches()}), world);
     const Tensor perturbed = g(x);
 
-    opt_d.zero_grad();
+    opt_d->zero_grad();
     const Tensor loss_d = bce(d(x), true) + bce(d(perturbed.detach()), false);
     scaler.scale(loss_d).backward();
     update_d.before();
-    scaler.step(opt_d);
+    scaler.step(*opt_d);
     const double norm_d = update_d.after();
 
-    opt_g.zero_grad();
+    opt_g->zero_grad();
     const Tensor loss_g = bce(d(perturbed), true);
     scaler.scale(loss_g).backward();
     update_g.before();
-    scaler.step(opt_g);
+    scaler.step(*opt_g);
     const double norm_g = update_g.after();
 
-    opt_m.zero_grad();
+    opt_m->zero_grad();
     m.reducer().prepare_forward();  // the MAE is driven through its parts, not ddp(x)
     const models::MAEEncoderOutput enc = M->forward_encoder(perturbed.detach(), config.mask_ratio, noise);
     const Tensor loss_m = M->forward_loss(x, M->forward_decoder(enc.latent, enc.ids_restore), enc.mask);
     scaler.scale(loss_m).backward();
     update_m.before();
-    scaler.step(opt_m);
+    scaler.step(*opt_m);
     const double norm_m = update_m.after();
     scaler.update();  // one per iteration, after the three steps
     schedule.step();

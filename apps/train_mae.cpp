@@ -116,14 +116,14 @@ int train(Options& o) {
   nd::dist::DistributedDataParallel m(M, "MAE", app::ddp_options(device));
   nd::optim::AdamWOptions adamw(o.lr);
   adamw.betas({0.9, 0.95}).weight_decay(0.05);
-  nd::optim::AdamW opt(M->parameters(), adamw);
+  auto opt = app::make_optimizer<nd::optim::AdamW>(o, m.reducer(), adamw);  // --zero
   const int64_t warmup = std::max<int64_t>(1, o.warmup ? o.warmup : o.steps / 20);
-  auto warm = std::make_shared<nd::optim::LinearLR>(opt, 0.01, 1.0, warmup);
-  auto cosine = std::make_shared<nd::optim::CosineAnnealingLR>(opt, std::max<int64_t>(1, o.steps - warmup));
-  nd::optim::SequentialLR schedule(opt, {warm, cosine}, {warmup});
+  auto warm = std::make_shared<nd::optim::LinearLR>(*opt, 0.01, 1.0, warmup);
+  auto cosine = std::make_shared<nd::optim::CosineAnnealingLR>(*opt, std::max<int64_t>(1, o.steps - warmup));
+  nd::optim::SequentialLR schedule(*opt, {warm, cosine}, {warmup});
 
   app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
-  nd::TrainState state{{{"MAE", M.get()}}, {{"MAE", &opt}}, {{"MAE", &schedule}}, 0, {{"amp", &scaler}}, {}};
+  nd::TrainState state{{{"MAE", M.get()}}, {{"MAE", opt.get()}}, {{"MAE", &schedule}}, 0, {{"amp", &scaler}}, {}};
   app::register_comm_hook(m.reducer(), o, state);  // --comm-hook
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
 
@@ -147,11 +147,11 @@ int train(Options& o) {
     // Masking noise for the whole global batch, then this rank's rows; on the host, where
     // the MAE computes the masking.
     const Tensor noise = app::shard_rows(nd::rand({o.batch_size, config.num_patches()}), world);
-    opt.zero_grad();
+    opt->zero_grad();
     const Tensor loss = m(images, noise).loss;
     scaler.scale(loss).backward();
     update.before();
-    scaler.step(opt);
+    scaler.step(*opt);
     scaler.update();
     const double norm = update.after();
     schedule.step();

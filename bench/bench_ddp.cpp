@@ -12,11 +12,18 @@
 // PowerSGD rank 4 from the first step) and reports the bytes every rank all-reduced per
 // step (ProcessGroup::record().bytes: payload; a ring all-reduce puts about 2 (W - 1) / W
 // times that on each rank's wire), next to the step time and the exposed wait.
+// A third table runs the default buckets with AdamW plain and wrapped in a
+// ZeroRedundancyOptimizer, stage 1 (DDP all-reduces) and stage 2 (DDP reduce-scatters):
+// step time, optimizer state bytes per rank (the largest rank's share with ZeRO) and
+// payload bytes issued per step (an all-gather's and a reduce-scatter's payload is all
+// ranks' parts: on a ring each puts (W - 1) / W of it on a rank's wire, an all-reduce
+// 2 (W - 1) / W of its own).
 // Output (rank 0): tables, then JSON lines {"op","shape","dtype","impl","ms",...} (json_line.h).
-// Usage: OMP_NUM_THREADS=1 mpirun -np N bench_ddp [steps]
+// Usage: OMP_NUM_THREADS=1 mpirun -np N bench_ddp [steps] [buckets|hooks|zero: one table only]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -52,24 +59,84 @@ double slowest_median(const std::vector<double>& ms) {
   return t.item();
 }
 
+// The ZeRO table: MAE under DDP with AdamW, plain and as ZeroRedundancyOptimizer (stage 1, 2).
+void zero_table(const Tensor& images, int steps, int per_rank, std::vector<std::string>& json) {
+  auto& pg = *dist::world();
+  const int W = pg.size();
+  const bool root = pg.rank() == 0;
+  if (root)
+    std::printf("\n%-6s %-6s %10s %16s %14s %8s\n", "model", "optim", "ddp_ms", "state_bytes/rank", "bytes/step",
+                "state");
+  for (const std::string config : {"tiny", "small"}) {
+    double state_plain = 0;
+    for (const std::string mode : {"adamw", "zero1", "zero2"}) {
+      const bool zero = mode != "adamw";
+      manual_seed(7);
+      models::MAE model(models::MAEConfig::by_name(config));
+      dist::DistributedDataParallel ddp(model, "mae");
+      std::unique_ptr<optim::Optimizer> opt;
+      if (zero)
+        opt = dist::ZeroRedundancyOptimizer::make<optim::AdamW>(
+            model->parameters(), optim::AdamWOptions(1e-3),
+            dist::ZeroRedundancyOptimizerOptions().ddp(mode == "zero2" ? &ddp.reducer() : nullptr));
+      else
+        opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions(1e-3));
+      auto step = [&] {
+        opt->zero_grad();
+        ddp(images).loss.backward();
+        opt->step();
+      };
+      for (int i = 0; i < 3; ++i) step();
+      const uint64_t bytes_before = pg.record().bytes;
+      std::vector<double> ms;
+      for (int i = 0; i < steps; ++i) ms.push_back(time_once(step));
+      const double bytes = static_cast<double>(pg.record().bytes - bytes_before) / steps;
+      const double t = slowest_median(ms);
+      Tensor state = tensor({static_cast<double>(opt->state_bytes())}, kFloat64);
+      pg.allreduce(state, {dist::ReduceOp::MAX})->wait();
+      if (!zero) state_plain = state.item();
+      if (!root) continue;
+      const double ratio = state.item() / state_plain;
+      std::printf("%-6s %-6s %10.2f %16.0f %14.0f %7.3f\n", config.c_str(), mode.c_str(), t, state.item(),
+                  bytes, ratio);
+      char shape[128];
+      std::snprintf(shape, sizeof shape, "mae_%s b%d x%d ranks, %s", config.c_str(), per_rank, W,
+                    mode == "adamw" ? "AdamW" : mode == "zero1" ? "ZeRO-1 AdamW" : "ZeRO-2 AdamW");
+      json.push_back(bench::JsonLine::row("ddp_zero", shape, "f32", "nanoddp")
+                         .number("ms", t, "%.3f")
+                         .null("gflops")
+                         .null("gbps")
+                         .text("baseline", "optimizer state bytes per rank of plain AdamW")
+                         .number("ratio", ratio, "%.4f")
+                         .number("state_bytes_per_rank", state.item(), "%.0f")
+                         .number("bytes_per_step", bytes, "%.0f")
+                         .str());
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 10;
+  const std::string only = argc > 2 ? argv[2] : "";
+  auto runs = [&](const char* table) { return only.empty() || only == table; };
   auto& pg = *dist::world();
   const int W = pg.size(), per_rank = 32;
   const bool root = pg.rank() == 0;
   Generator data{1, 0};
   Tensor images = rand({per_rank, 1, 28, 28}, kFloat32, &data) * 2.0 - 1.0;
-  if (root) {
+  if (root)
     std::printf("bench_ddp: MAE, %d images per rank, %d rank(s), %d thread(s) per rank\n", per_rank, W,
                 omp_get_max_threads());
+  if (root && runs("buckets")) {
     std::printf("%-6s %-10s %10s %10s %10s %10s %8s %9s %8s\n", "model", "bucket_mb", "local_ms", "ddp_ms",
                 "comm_ms", "overhead", "hidden", "wait_ms", "hidden_w");
   }
   std::vector<std::string> json;
   for (const std::string config : {"tiny", "small"})
   for (double cap : {0.25, 1.0, 25.0}) {
+    if (!runs("buckets")) break;
     manual_seed(7);
     models::MAE local(models::MAEConfig::by_name(config));
     optim::AdamW opt_local(local->parameters(), optim::AdamWOptions(1e-3));
@@ -144,9 +211,10 @@ int main(int argc, char** argv) {
                          .str());
     }
   }
-  if (root)
+  if (root && runs("hooks"))
     std::printf("\n%-6s %-9s %10s %9s %14s %8s\n", "model", "hook", "ddp_ms", "wait_ms", "bytes/step", "ratio");
   for (const std::string config : {"tiny", "small"}) {
+    if (!runs("hooks")) break;
     double bytes_none = 0;
     for (const std::string hook : {"none", "bf16", "fp16", "powersgd"}) {
       manual_seed(7);
@@ -190,6 +258,7 @@ int main(int argc, char** argv) {
                          .str());
     }
   }
+  if (runs("zero")) zero_table(images, steps, per_rank, json);
   for (const auto& line : json) std::printf("%s\n", line.c_str());
   return 0;
 }

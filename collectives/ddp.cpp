@@ -3,9 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <functional>
-#include <type_traits>
 
 #include "engine/autograd.h"
 #include "engine/error.h"
@@ -148,6 +146,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     if (params_[i].impl().grad) old_grads[i] = params_[i].grad().clone();
 
   buckets_.clear();
+  ++layout_version_;
   bucket_of_.assign(params_.size(), 0);
   slots_.assign(params_.size(), Tensor());
   const double mib = 1024.0 * 1024.0;
@@ -212,14 +211,16 @@ void Reducer::prepare_forward() {
   if (active_) {
     // The last backward was abandoned by an exception before its end: finish what it
     // launched, so this rank's collectives stay in order, and start afresh.
-    for (Bucket& b : buckets_)
-      if (b.work) {
-        try {
-          b.work->wait();
-        } catch (const Error&) {
-        }
-        b.work.reset();
+    auto finish = [](std::shared_ptr<Work>& work) {
+      if (!work) return;
+      try {
+        work->wait();
+      } catch (const Error&) {
       }
+      work.reset();
+    };
+    for (Bucket& b : buckets_) finish(b.work);
+    finish(status_work_);
     fingerprint_work_.reset();
     active_ = false;
   }
@@ -257,6 +258,11 @@ void Reducer::begin_iteration() {
   }
   next_bucket_ = 0;
   launched_during_backward_ = 0;
+  // ZeRO stage 2 from the second iteration on: the first one's gradients must survive the
+  // bucket rebuild whole (ddp_zero.cpp).
+  sharded_iteration_ = shard_gradients_ && rebuilt_ && reduce_buckets_ && pg_->size() > 1;
+  status_work_.reset();
+  local_sum_ = Tensor();
   // Fingerprint: which model, which iteration, which layout (a), and what the data
   // group issued since the previous check (b). MAX over [a, b, -a, -b] gives every rank
   // the maximum and minus the minimum: the same verdict everywhere, equal iff max == min.
@@ -280,113 +286,6 @@ void Reducer::begin_iteration() {
   });
 }
 
-namespace {
-
-// One rank's account of a failed fingerprint check: fixed size and trivially copyable,
-// so every rank sends it with one all-gather of bytes (every rank runs the same binary).
-struct RankAccount {
-  static constexpr int kLast = 2;  // collectives described in the message
-  char model[64];
-  int64_t iteration, buckets, params;
-  int64_t base_iteration;  // the previous check (-1: DDP construction)
-  uint64_t count, hash;    // data-group collectives since then
-  int64_t n_last;
-  struct Last {
-    char op[24];
-    int64_t sequence, numel, dtype, bucket;
-  } last[kLast];
-};
-static_assert(std::is_trivially_copyable_v<RankAccount>);
-
-template <size_t N>
-void copy_text(char (&dst)[N], const std::string& src) {
-  std::memset(dst, 0, N);
-  std::memcpy(dst, src.data(), std::min(src.size(), N - 1));
-}
-
-std::string describe_account(const RankAccount& a, const std::string& group) {
-  std::string s = "backward of DDP model '" + std::string(a.model) + "', iteration " + std::to_string(a.iteration) +
-                  ", " + std::to_string(a.buckets) + " bucket(s), " + std::to_string(a.params) + " parameter(s); ";
-  const std::string since =
-      a.base_iteration < 0 ? "DDP construction" : "the backward of iteration " + std::to_string(a.base_iteration);
-  s += "issued " + std::to_string(a.count) + " collective(s) on the " + group + " group since " + since;
-  for (int64_t k = 0; k < a.n_last; ++k) {
-    CollectiveInfo info;
-    info.op = a.last[k].op;
-    info.sequence = static_cast<uint64_t>(a.last[k].sequence);
-    info.numel = a.last[k].numel;
-    info.dtype = static_cast<ScalarType>(a.last[k].dtype);
-    info.bucket = a.last[k].bucket;
-    s += k == 0 ? (a.n_last == 1 ? ", the last " : ", the last " + std::to_string(a.n_last) + ": ") : ", then ";
-    s += info.describe();
-  }
-  return s;
-}
-
-bool same_account(const RankAccount& x, const RankAccount& y) {
-  return std::strcmp(x.model, y.model) == 0 && x.iteration == y.iteration && x.buckets == y.buckets &&
-         x.params == y.params && x.count == y.count && x.hash == y.hash;
-}
-
-}  // namespace
-
-void Reducer::check_fingerprint() {
-  if (!fingerprint_work_) return;
-  fingerprint_work_->wait();
-  fingerprint_work_.reset();
-  // From here on the fingerprint covers what the data group issues after this point,
-  // whatever the verdict (a rank that diverged starts a fresh comparison).
-  const CollectiveRecord base = base_record_;
-  const int64_t base_iteration = base_iteration_;
-  base_record_ = record_now_;
-  base_iteration_ = iteration_;
-  const int64_t* f = fingerprint_.data_ptr<int64_t>();
-  if (f[0] == -f[2] && f[1] == -f[3]) return;
-  // Every rank got the same maxima, so every rank is here: one fixed-size all-gather
-  // tells each what the others were doing.
-  active_ = false;
-  RankAccount mine{};
-  copy_text(mine.model, name_);
-  mine.iteration = iteration_;
-  mine.buckets = static_cast<int64_t>(buckets_.size());
-  mine.params = static_cast<int64_t>(params_.size());
-  mine.base_iteration = base_iteration;
-  mine.count = record_now_.count - base.count;
-  mine.hash = record_now_.hash_since(base);
-  const std::vector<CollectiveInfo> last = record_now_.last_since(base, RankAccount::kLast);
-  mine.n_last = static_cast<int64_t>(last.size());
-  for (size_t k = 0; k < last.size(); ++k) {
-    copy_text(mine.last[k].op, last[k].op);
-    mine.last[k].sequence = static_cast<int64_t>(last[k].sequence);
-    mine.last[k].numel = last[k].numel;
-    mine.last[k].dtype = static_cast<int64_t>(last[k].dtype);
-    mine.last[k].bucket = last[k].bucket;
-  }
-  const int W = control_->size();
-  const int64_t bytes = static_cast<int64_t>(sizeof(RankAccount));
-  Tensor sent = empty({bytes}, kUInt8);
-  std::memcpy(sent.data_ptr(), &mine, sizeof(RankAccount));
-  std::vector<Tensor> received;
-  for (int r = 0; r < W; ++r) received.push_back(empty({bytes}, kUInt8));
-  control_->allgather(received, sent)->wait();
-  std::vector<RankAccount> all(W);
-  for (int r = 0; r < W; ++r) std::memcpy(&all[r], received[r].data_ptr(), sizeof(RankAccount));
-  int other = 1;  // the first rank that differs from rank 0 (rank 1 if none does: a hash collision)
-  for (int r = 1; r < W; ++r)
-    if (!same_account(all[0], all[r])) {
-      other = r;
-      break;
-    }
-  const std::string group = pg_->backend();
-  std::string msg = "DistributedDataParallel: ranks diverged: rank " + std::to_string(other) +
-                    " differs from rank 0 in the backward it runs or in the collectives it issued before it.";
-  msg += "\n  rank 0: " + describe_account(all[0], group);
-  msg += "\n  rank " + std::to_string(other) + ": " + describe_account(all[other], group);
-  msg += "\nEvery rank must run the same forward/backward sequence for each DDP model and issue the same "
-         "collectives (op, element count, dtype, order) on its process group.";
-  throw Error(msg);
-}
-
 void Reducer::launch(size_t b) {
   if (b == 0) check_fingerprint();
   if (comm_hook_) return launch_hook(b);
@@ -400,6 +299,7 @@ void Reducer::launch(size_t b) {
     buckets_[b].work = done;
     return;
   }
+  if (sharded_iteration_) return launch_sharded(b);
   CollectivePurpose purpose("bucket " + std::to_string(b) + " of DDP model '" + name_ + "'");
   buckets_[b].work = pg_->allreduce(buckets_[b].flat, opts);
 }
@@ -435,21 +335,27 @@ void Reducer::finish_iteration() {
     while (next_bucket_ < buckets_.size()) launch(next_bucket_++);
     const auto t0 = std::chrono::steady_clock::now();
     for (Bucket& b : buckets_) b.work->wait();
+    if (status_work_) status_work_->wait();
     exposed_wait_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   } catch (...) {
     active_ = false;
     throw;
   }
   const double W = pg_->size();
+  // ZeRO stage 2: slot P already holds the all-reduced sum of every rank's gradients.
+  const bool sharded_nonfinite =
+      sharded_iteration_ && !std::isfinite(status.narrow(0, static_cast<int64_t>(P), 1).to(kFloat64).cpu().item());
   Tensor grad_sum;  // skip_nonfinite_steps: the sum of every averaged gradient, on the device
   for (size_t i = 0; i < buckets_.size(); ++i) {
     const Bucket& b = buckets_[i];
     Tensor grads = b.flat.narrow(0, 0, b.grad_numel);
     if (comm_hook_)
       take_hook_result(i);  // averaged by the hook
+    else if (sharded_iteration_)
+      take_sharded_result(i, sharded_nonfinite);
     else if (W > 1)
       grads.div_(W);
-    if (options_.skip_nonfinite_steps()) {
+    if (options_.skip_nonfinite_steps() && !sharded_iteration_) {
       Tensor s = grads.sum().to(kFloat64);
       grad_sum = grad_sum.defined() ? grad_sum + s : s;
     }

@@ -14,6 +14,12 @@
 // the Reducer calls it where it would launch the all-reduce and copies back the averaged
 // gradients its FutureWork yields, knowing nothing of compression (ddp_comm_hook.cpp).
 //
+// ZeRO stage 2 (shard_gradients(), called by a ZeroRedundancyOptimizer given this model,
+// zero.h; ddp_zero.cpp): from the second iteration on, each bucket's gradients are
+// reduce-scattered instead of all-reduced, rank r receiving the average of chunk r of the
+// bucket, so that the optimizer's all-gather of updated parameters completes what one
+// all-reduce would have moved.
+//
 // Where we go beyond PyTorch DDP:
 // - Buffers are broadcast once per iteration (at the first forward after a
 //   backward), not before every forward, so calling a module twice before one
@@ -103,6 +109,26 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   size_t buckets_launched_during_backward() const { return launched_during_backward_; }
   // Parameters (their module keys) per bucket, in launch order (for tests and benchmarks).
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
+  // The parameters DDP reduces (those that require grad, in registration order) and, per
+  // bucket in launch order, their indices into it and element offsets in the bucket.
+  const std::vector<Tensor>& parameters() const { return params_; }
+  struct BucketLayout {
+    std::vector<size_t> params;
+    std::vector<int64_t> offsets;
+  };
+  std::vector<BucketLayout> bucket_layout() const;
+  // Counts bucket (re)builds: the layout above changed when it did.
+  int64_t layout_version() const { return layout_version_; }
+  // ZeRO stage 2 (ddp_zero.cpp): from the first iteration after the bucket rebuild on, every
+  // bucket is reduce-scattered into W contiguous chunks (chunk_range()); after backward each
+  // gradient holds the average on the elements this rank owns and zeros elsewhere (NaN when
+  // any rank's gradient was non-finite, so skip_step() and a GradScaler decide alike on every
+  // rank). The first iteration is all-reduced, so that its gradients survive the rebuild whole.
+  // Once, before the first backward; refused with a communication hook (nd::Error).
+  void shard_gradients();
+  // Bucket `bucket`'s elements [begin, end) that rank `rank` owns: [n r / W, n (r + 1) / W).
+  std::pair<int64_t, int64_t> chunk_range(size_t bucket, int rank) const;
+  std::shared_ptr<ProcessGroup> process_group_ptr() const { return pg_; }
   const std::string& name() const { return name_; }
   ProcessGroup& process_group() const { return *pg_; }
 
@@ -114,6 +140,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     Tensor flat;
     size_t pending = 0;
     std::shared_ptr<Work> work;  // with a comm hook: the hook's FutureWork
+    Tensor shard;                // ZeRO stage 2: this rank's reduce-scattered chunk
   };
   Reducer(nn::Module& module, std::string name, const DistributedDataParallelOptions& options);
   void install_hooks();
@@ -128,6 +155,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void launch(size_t bucket_index);
   void launch_hook(size_t bucket_index);   // ddp_comm_hook.cpp
   void take_hook_result(size_t bucket_index);
+  void launch_sharded(size_t bucket_index);  // ddp_zero.cpp
+  void take_sharded_result(size_t bucket_index, bool nonfinite);
   void check_fingerprint();
   void finish_iteration();
   void rebuild_buckets_in_ready_order();
@@ -155,6 +184,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool buffers_stale_ = true;
   bool rebuilt_ = false;
   bool skip_step_ = false;
+  bool shard_gradients_ = false;  // ZeRO stage 2 requested
+  bool sharded_iteration_ = false;  // this backward reduce-scatters (stage 2, buckets rebuilt, W > 1)
+  std::shared_ptr<Work> status_work_;  // sharded: the last bucket's status slots, all-reduced
+  Tensor local_sum_;                   // sharded: the sum of this rank's gradients so far (f64)
+  int64_t layout_version_ = 0;
   double exposed_wait_ms_ = 0;
   int64_t iteration_ = 0;
   size_t launched_during_backward_ = 0;

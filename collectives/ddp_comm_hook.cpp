@@ -18,6 +18,9 @@ void Reducer::register_comm_hook(CommHook hook) {
   ND_CHECK(iteration_ == 0 && !active_, "DistributedDataParallel '", name_,
            "': register_comm_hook must come before the first backward, found it after ", iteration_,
            " synchronised backward(s); register it right after constructing DistributedDataParallel");
+  ND_CHECK(!shard_gradients_, "DistributedDataParallel '", name_,
+           "': register_comm_hook: this model's buckets are reduce-scattered for a ZeroRedundancyOptimizer (ZeRO "
+           "stage 2), which cannot take a communication hook; use one or the other");
   comm_hook_ = std::move(hook);
   // Hooks run in a world of one process too (compression changes the gradients there as
   // well), where the default group may be none at all (a GPU alone): a group of one rank.

@@ -1,7 +1,8 @@
 #pragma once
 // nd::dist: data parallelism on top of the engine (DESIGN.md "Data parallel").
 // One include for process groups, the watchdog, DistributedDataParallel and its
-// communication hooks, DistributedSampler and SyncBatchNorm; <nanoddp.h> includes it.
+// communication hooks, DistributedSampler, SyncBatchNorm and ZeroRedundancyOptimizer;
+// <nanoddp.h> includes it.
 #include "collectives/comm_hooks.h"
 #include "collectives/ddp.h"
 #include "collectives/local_process_group.h"
@@ -10,3 +11,4 @@
 #include "collectives/sampler.h"
 #include "collectives/sync_batch_norm.h"
 #include "collectives/watchdog.h"
+#include "collectives/zero.h"

@@ -38,6 +38,8 @@ void add_common_flags(Flags& flags, CommonOptions& o, bool has_batch_norm) {
   flags.add("--comm-hook", &o.comm_hook,
             "DDP gradient communication: none (f32 all-reduce), bf16, fp16, or powersgd (low-rank compression)", "H");
   flags.add("--powersgd-rank", &o.powersgd_rank, "--comm-hook powersgd: rank of the gradient approximation", 1);
+  flags.add("--zero", &o.zero,
+            "ZeRO: shard each optimizer's state over the ranks (ZeroRedundancyOptimizer); the same training");
 }
 
 World world() {
@@ -64,6 +66,9 @@ nd::Device setup(const std::string& program, CommonOptions& o, const World& worl
     throw UsageError{"--comm-hook: expected none, bf16, fp16 or powersgd, found '" + o.comm_hook + "'"};
   if (o.flags && o.flags->given("--powersgd-rank") && o.comm_hook != "powersgd")
     throw UsageError{"--powersgd-rank " + std::to_string(o.powersgd_rank) + " needs --comm-hook powersgd"};
+  if (o.zero && o.comm_hook != "none")
+    throw UsageError{"--zero and --comm-hook " + o.comm_hook +
+                     " cannot be combined: ZeRO reduce-scatters DDP's gradient buckets itself"};
   if (o.out.empty()) o.out = "out/" + program;
   if (world.rank0()) {
     std::error_code ec;

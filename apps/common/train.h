@@ -41,6 +41,7 @@ struct CommonOptions {
   std::string run_flags;    // every flag's value (Flags::values_markdown), TensorBoard's "flags" text
   std::string comm_hook = "none";  // --comm-hook: none, bf16, fp16 or powersgd (DDP communication hook)
   int64_t powersgd_rank = 1;       // --powersgd-rank: PowerSGD's matrix_approximation_rank
+  bool zero = false;               // --zero: ZeroRedundancyOptimizer (optimizer state sharded over the ranks)
   const Flags* flags = nullptr;    // set by add_common_flags: setup() asks which flags were given
 
   // Whether `step` ends with a checkpoint: every ckpt_every, the last and the exit step.
@@ -49,7 +50,7 @@ struct CommonOptions {
 
 // Adds --device --steps --batch-size --lr --out --resume --seed --data --log-every
 // --sample-every --ckpt-every --exit-after --amp --amp-dtype --no-tensorboard --comm-hook
-// --powersgd-rank, and --sync-bn when the app has BatchNorm.
+// --powersgd-rank --zero, and --sync-bn when the app has BatchNorm.
 void add_common_flags(Flags& flags, CommonOptions& options, bool has_batch_norm);
 
 struct World {
@@ -81,6 +82,20 @@ nd::dist::DistributedDataParallelOptions ddp_options(nd::Device device);
 // start_powerSGD_iter), whose state joins `state` as "powersgd.<model>" so that --resume
 // continues it.
 void register_comm_hook(nd::dist::Reducer& reducer, const CommonOptions& options, nd::TrainState& state);
+
+// The app's optimizer O over the parameters of a DDP model; with --zero a
+// dist::ZeroRedundancyOptimizer wrapping O and given the model (ZeRO stage 2: DDP
+// reduce-scatters its buckets, each rank keeps O's state for its 1/W of the elements). The
+// training is the same (tests/dist/zero_test.cpp) and the checkpoint holds the whole state,
+// so --resume works at any world size, with or without --zero.
+template <class O, class Options>
+std::unique_ptr<nd::optim::Optimizer> make_optimizer(const CommonOptions& options, nd::dist::Reducer& ddp,
+                                                     const Options& optimizer_options) {
+  if (options.zero)
+    return nd::dist::ZeroRedundancyOptimizer::make<O>(ddp.parameters(), optimizer_options,
+                                                      nd::dist::ZeroRedundancyOptimizerOptions().ddp(&ddp));
+  return std::make_unique<O>(ddp.parameters(), optimizer_options);
+}
 
 // Runs body, turning a UsageError into "<program>: <message>" + exit status 2 (printed
 // by rank 0: every rank checks the same command line) and any other error into

@@ -39,6 +39,13 @@ int64_t Optimizer::num_parameters() const {
   return n;
 }
 
+int64_t Optimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [param, state] : state_)
+    for (const auto& [name, t] : state.buffers) bytes += t.numel() * static_cast<int64_t>(element_size(t.dtype()));
+  return bytes;
+}
+
 void Optimizer::step() {
   NoGradGuard no_grad;
   ops::InplaceOpLabel label(name_ + ".step");
@@ -104,6 +111,35 @@ TensorDict Optimizer::state_dict() const {
   return out;
 }
 
+Optimizer::StateKey Optimizer::parse_state_key(const std::string& optimizer, const std::string& key, const Tensor& value,
+                                               const std::vector<Tensor>& params, size_t num_groups) {
+  const auto dot1 = key.find('.'), dot2 = key.find('.', dot1 + 1);
+  StateKey out;
+  if (dot1 != std::string::npos && dot2 != std::string::npos) {
+    out.kind = key.substr(0, dot1);
+    out.field = key.substr(dot2 + 1);
+    try {
+      out.index = std::stoll(key.substr(dot1 + 1, dot2 - dot1 - 1));
+    } catch (const std::exception&) {
+      out.kind.clear();
+    }
+  }
+  ND_CHECK(out.kind == "state" || out.kind == "param_groups", optimizer, ".load_state_dict: unexpected key '", key,
+           "'");
+  if (out.kind == "param_groups") {
+    ND_CHECK(out.index >= 0 && out.index < static_cast<int64_t>(num_groups), optimizer, ".load_state_dict: the state "
+             "has parameter group ", out.index, " but this optimizer has ", num_groups, " group(s)");
+    return out;
+  }
+  ND_CHECK(out.index >= 0 && out.index < static_cast<int64_t>(params.size()), optimizer, ".load_state_dict: the state "
+           "has parameter ", out.index, " but this optimizer holds ", params.size(), " parameter(s)");
+  const Tensor& p = params[out.index];
+  ND_CHECK(out.field == "step" || value.sizes() == p.sizes(), optimizer, ".load_state_dict: '", key, "' has shape ",
+           shape_str(value.sizes()), " but parameter ", out.index, " ", p.describe(), " has shape ",
+           shape_str(p.sizes()));
+  return out;
+}
+
 void Optimizer::load_state_dict(const TensorDict& state) {
   std::vector<Tensor> flat;
   for (const auto& g : groups_)
@@ -111,35 +147,15 @@ void Optimizer::load_state_dict(const TensorDict& state) {
   std::map<int64_t, ParamState> loaded;
   std::vector<std::map<std::string, double>> group_options(groups_.size());
   for (const auto& [key, t] : state) {
-    const auto dot1 = key.find('.'), dot2 = key.find('.', dot1 + 1);
-    ND_CHECK(dot1 != std::string::npos && dot2 != std::string::npos, name_, ".load_state_dict: unexpected key '",
-             key, "'");
-    const std::string kind = key.substr(0, dot1), field = key.substr(dot2 + 1);
-    int64_t index = -1;
-    try {
-      index = std::stoll(key.substr(dot1 + 1, dot2 - dot1 - 1));
-    } catch (const std::exception&) {
-      throw Error(name_ + ".load_state_dict: unexpected key '" + key + "'");
-    }
+    const auto [kind, index, field] = parse_state_key(name_, key, t, flat, groups_.size());
     if (kind == "param_groups") {
-      ND_CHECK(index >= 0 && index < static_cast<int64_t>(groups_.size()), name_, ".load_state_dict: the state has "
-               "parameter group ", index, " but this optimizer has ", groups_.size(), " group(s)");
       group_options[index][field] = t.item();
-    } else if (kind == "state") {
-      ND_CHECK(index >= 0 && index < static_cast<int64_t>(flat.size()), name_, ".load_state_dict: the state has "
-               "parameter ", index, " but this optimizer holds ", flat.size(), " parameter(s)");
-      if (field == "step") {
-        loaded[index].step = static_cast<int64_t>(t.item());
-      } else {
-        const Tensor& p = flat[index];
-        ND_CHECK(t.sizes() == p.sizes(), name_, ".load_state_dict: '", key, "' has shape ", shape_str(t.sizes()),
-                 " but parameter ", index, " ", p.describe(), " has shape ", shape_str(p.sizes()));
-        Tensor buf = empty(p.sizes(), p.options());
-        copy_data(buf, t);
-        loaded[index].buffers[field] = buf;
-      }
+    } else if (field == "step") {
+      loaded[index].step = static_cast<int64_t>(t.item());
     } else {
-      throw Error(name_ + ".load_state_dict: unexpected key '" + key + "'");
+      Tensor buf = empty(flat[index].sizes(), flat[index].options());
+      copy_data(buf, t);
+      loaded[index].buffers[field] = buf;
     }
   }
   for (size_t gi = 0; gi < groups_.size(); ++gi)

@@ -48,20 +48,36 @@ class Optimizer {
 
   // Updates every parameter that has a gradient. When none has one, warns once
   // (naming the optimizer and its parameter count): a model that never trains.
-  void step();
+  // Virtual, as state_dict and load_state_dict, for dist::ZeroRedundancyOptimizer, which
+  // steps only its rank's shard and gathers the rest.
+  virtual void step();
   void zero_grad(bool set_to_none = true);
   void add_param_group(const OptimizerParamGroup& group);
   std::vector<OptimizerParamGroup>& param_groups() { return groups_; }
   const std::vector<OptimizerParamGroup>& param_groups() const { return groups_; }
   int64_t num_parameters() const;
+  // Bytes of the state buffers this process holds ("exp_avg", "momentum_buffer", ...; not the
+  // step counts): what the optimizer adds to memory. dist::ZeroRedundancyOptimizer's is its
+  // rank's shard.
+  virtual int64_t state_bytes() const;
   const std::string& name() const { return name_; }
 
   // "state.<k>.step", "state.<k>.<buffer>" (k = parameter index across groups, as
   // PyTorch numbers them) and "param_groups.<g>.<option>", all tensors.
-  TensorDict state_dict() const;
+  virtual TensorDict state_dict() const;
   // Restores state saved by state_dict(); the groups must hold the same number of
   // parameters of the same shapes, else an nd::Error says which differs.
-  void load_state_dict(const TensorDict& state);
+  virtual void load_state_dict(const TensorDict& state);
+  // One entry of such a state, checked against `params` (every group's, in order) and
+  // `num_groups`: "state.3.exp_avg" -> {"state", 3, "exp_avg"}. A malformed key, an index
+  // out of range or a buffer not of its parameter's shape is an nd::Error naming `optimizer`.
+  struct StateKey {
+    std::string kind;  // "state" or "param_groups"
+    int64_t index = -1;
+    std::string field;
+  };
+  static StateKey parse_state_key(const std::string& optimizer, const std::string& key, const Tensor& value,
+                                  const std::vector<Tensor>& params, size_t num_groups);
 
  protected:
   struct ParamState {

@@ -164,6 +164,10 @@ TEST_CASE("apps: bad flags are one line and exit status 2") {
   CHECK(rank.status == 2);
   CHECK(count_lines(rank.output) == 1);
   CHECK(contains(rank.output, "--powersgd-rank 4 needs --comm-hook powersgd"));
+  const Run zero = run_app("train_joint", "--zero --comm-hook powersgd --steps 1");
+  CHECK(zero.status == 2);
+  CHECK(count_lines(zero.output) == 1);
+  CHECK(contains(zero.output, "--zero and --comm-hook powersgd cannot be combined"));
 }
 
 TEST_CASE("apps: --device cuda without a GPU is one clear line and a non-zero exit") {

@@ -11,26 +11,7 @@ using namespace nd;
 using dist::DistributedDataParallel;
 using dist::DistributedDataParallelOptions;
 
-namespace {
-
 using namespace nd::testing::ddp;
-
-// Rows [rank * n / W, (rank + 1) * n / W) of a global batch.
-Tensor shard(const Tensor& global) {
-  const int64_t n = global.size(0), W = world_size();
-  return global.narrow(0, rank() * n / W, n / W);
-}
-
-void check_same_params(const nn::Module& a, const nn::Module& b, double tol) {
-  auto pa = a.named_parameters(), pb = b.named_parameters();
-  REQUIRE(pa.size() == pb.size());
-  for (size_t i = 0; i < pa.size(); ++i) {
-    CAPTURE(pa[i].first);
-    nd::testing::check_close(pa[i].second, pb[i].second, tol, tol, pa[i].first);
-  }
-}
-
-}  // namespace
 
 TEST_CASE("ddp: an MLP on N shards equals one process on the whole batch") {
   manual_seed(1);
@@ -197,22 +178,6 @@ TEST_CASE("ddp: no_sync accumulates locally, the next backward averages the sum"
   check_same_params(*model, *reference, 1e-10);
 }
 
-namespace {
-// Two heads; head "b" is used only when asked.
-struct Branchy : nn::Module {
-  nn::Linear trunk{nn::LinearOptions(4, 8)}, a{nn::LinearOptions(8, 2)}, b{nn::LinearOptions(8, 2)};
-  Branchy() : nn::Module("Branchy") {
-    register_module("trunk", trunk);
-    register_module("a", a);
-    register_module("b", b);
-  }
-  Tensor forward(const Tensor& x, bool use_b) {
-    Tensor h = tanh(trunk(x));
-    return use_b ? a(h) + b(h) : a(h);
-  }
-};
-}  // namespace
-
 TEST_CASE("ddp: find_unused_parameters with a branch skipped on some steps") {
   manual_seed(5);
   auto reference = std::make_shared<Branchy>();
@@ -336,17 +301,7 @@ TEST_CASE("ddp: G, D and an MAE with Adam, Adam and AdamW + cosine equal one pro
   // One joint step: D on real vs detached fake, G through D, MAE on masked real.
   auto step = [](auto&& Gf, auto&& Df, auto&& Mf, optim::Optimizer& og, optim::Optimizer& od, optim::Optimizer& om,
                  optim::LRScheduler& sched, const Tensor& z, const Tensor& real, const Tensor& mask) {
-    Tensor fake = Gf(z);
-    od.zero_grad();
-    Tensor on_real = Df(real), on_fake = Df(fake.detach());
-    (binary_cross_entropy_with_logits(on_real, ones_like(on_real)) +
-     binary_cross_entropy_with_logits(on_fake, zeros_like(on_fake)))
-        .backward();
-    od.step();
-    og.zero_grad();
-    Tensor judged = Df(fake);
-    binary_cross_entropy_with_logits(judged, ones_like(judged)).backward();
-    og.step();
+    gan_step(Gf, Df, og, od, z, real);
     om.zero_grad();
     mse_loss(Mf(real * mask), real).backward();
     om.step();

@@ -1,7 +1,8 @@
 #pragma once
 // What the DDP tests share (tests/dist/ddp_test.cpp, ddp_options_test.cpp,
-// ddp_divergence_test.cpp, ddp_comm_hooks_test.cpp, ddp_powersgd_test.cpp): this rank and the world
-// size, the small MLP most cases train, bucket layouts, a cross-rank equality check, every
+// ddp_divergence_test.cpp, ddp_comm_hooks_test.cpp, ddp_powersgd_test.cpp, zero_test.cpp):
+// this rank and the world size, the small MLP most cases train, this rank's rows of a
+// global batch, parameter equality, a GAN step, bucket layouts, a cross-rank equality check, every
 // rank's copy of a tensor and their exact average, and the skip for cases that need
 // several ranks.
 #include <algorithm>
@@ -19,6 +20,20 @@ inline nn::Sequential make_mlp() {
   return nn::Sequential(nn::Linear(nn::LinearOptions(6, 16)), nn::Tanh(), nn::Linear(nn::LinearOptions(16, 3)));
 }
 
+// A trunk and two heads; head b takes part only when forward is told to use it.
+struct Branchy : nn::Module {
+  nn::Linear trunk{nn::LinearOptions(4, 8)}, a{nn::LinearOptions(8, 2)}, b{nn::LinearOptions(8, 2)};
+  Branchy() : nn::Module("Branchy") {
+    register_module("trunk", trunk);
+    register_module("a", a);
+    register_module("b", b);
+  }
+  Tensor forward(const Tensor& x, bool use_b) {
+    Tensor h = tanh(trunk(x));
+    return use_b ? a(h) + b(h) : a(h);
+  }
+};
+
 inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // Bucket layout as parameter indices (registration order), bucket after bucket, -1 between.
@@ -32,6 +47,38 @@ inline std::vector<int64_t> layout_indices(const nn::Module& m, const std::vecto
     out.push_back(-1);
   }
   return out;
+}
+
+// Rows [rank * n / W, (rank + 1) * n / W) of a global batch.
+inline Tensor shard(const Tensor& global) {
+  const int64_t n = global.size(0), W = world_size();
+  return global.narrow(0, rank() * n / W, n / W);
+}
+
+inline void check_same_params(const nn::Module& a, const nn::Module& b, double tol) {
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  REQUIRE(pa.size() == pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    CAPTURE(pa[i].first);
+    nd::testing::check_close(pa[i].second, pb[i].second, tol, tol, pa[i].first);
+  }
+}
+
+// One GAN step as train_gan takes it: D on real vs detached fake (BCE with logits), then G
+// through D.
+template <class GF, class DF>
+void gan_step(GF& Gf, DF& Df, optim::Optimizer& og, optim::Optimizer& od, const Tensor& z, const Tensor& real) {
+  Tensor fake = Gf(z);
+  od.zero_grad();
+  Tensor on_real = Df(real), on_fake = Df(fake.detach());
+  (binary_cross_entropy_with_logits(on_real, ones_like(on_real)) +
+   binary_cross_entropy_with_logits(on_fake, zeros_like(on_fake)))
+      .backward();
+  od.step();
+  og.zero_grad();
+  Tensor judged = Df(fake);
+  binary_cross_entropy_with_logits(judged, ones_like(judged)).backward();
+  og.step();
 }
 
 // True when every rank passes the same values (one all-gather over the world).
