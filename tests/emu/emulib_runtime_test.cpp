@@ -212,7 +212,7 @@ TEST_CASE("emulib: an op with a number operand is one launch, and so is fill_") 
   CHECK(testing::bitwise_equal(z.to(kCPU).sum(), scalar_tensor(24.0)));
 }
 
-TEST_CASE("emulib: SGD, Adam and AdamW update every GPU parameter of a group in one kernel launch") {
+TEST_CASE("emulib: SGD, Adam and AdamW update every GPU parameter of a group in one kernel launch, with no upload in a steady step") {
   manual_seed(4);
   nn::Linear a(nn::LinearOptions(8, 16)), b(nn::LinearOptions(16, 4));
   a->to(kGpu);
@@ -229,9 +229,11 @@ TEST_CASE("emulib: SGD, Adam and AdamW update every GPU parameter of a group in 
     backward();
     opt.step();  // creates the state buffers (Adam's are filled on the device: launches of their own)
     backward();
-    const long launches = emu_launches;
+    const long launches = emu_launches, copies = emu_rt::stats().memcpys;
     opt.step();
     CHECK(emu_launches == launches + 1);  // four parameters, one multi-tensor step
+    // Its table of tensors (pointers, lengths) stayed on the device from the first step.
+    CHECK(emu_rt::stats().memcpys == copies);
   };
   optim::SGD sgd(params, optim::SGDOptions(1e-2).momentum(0.9));
   check_one_launch(sgd);
