@@ -1,10 +1,13 @@
 // Batch normalisation over [N, C, S] on CUDA: the pieces of kernels/cpu/batch_norm.cpp.
 //
-// What "fused" means here, and why not one launch each way. A training forward needs every
-// value of a channel before it can normalise any of them, and a channel is spread over
-// many blocks (up to 1024): making blocks wait for each other inside one launch needs all
-// of them resident at once (a cooperative launch, or a spin on a flag that deadlocks when
-// they are not). So each direction is two launches, with nothing between them:
+// What "fused" means here, and why not always one launch each way. A training forward
+// needs every value of a channel before it can normalise any of them, and a channel may be
+// spread over many blocks (up to 1024): making blocks wait for each other inside one launch
+// needs all of them resident at once (a cooperative launch, or a spin on a flag that
+// deadlocks when they are not). Where a block holds whole channels (N*S up to 4096, or
+// N up to 128 rows when S = 1) the forward is one launch: the block finishes the statistics,
+// then applies them to the values it has just read (L1/L2 hits). Otherwise each direction
+// is two launches, with nothing between them:
 //   forward:  statistics (the per-channel reduction of channel_reduce.cuh; its last block
 //             per channel also turns them into mean, invstd and the running statistics)
 //             -> apply;
@@ -79,6 +82,7 @@ struct StatsReduction {
   };
   using Value = T;
   using State = Welford;
+  static constexpr bool kRevisit = false;
   const T* x;
   int64_t S;
   __device__ Acc start(int64_t c) const { return {static_cast<double>(x[c * S]), 0.0, 0.0, 0.0}; }
@@ -109,14 +113,25 @@ struct ChannelStatsOp : StatsReduction<T> {
   }
 };
 
-// The training forward's statistics, finished into mean, invstd and the running stats.
+// The training forward's statistics, finished into mean, invstd and the running stats;
+// where a block holds whole channels, it then applies them (ApplyMap's arithmetic).
 template <class T>
 struct TrainingStatsOp : StatsReduction<T> {
+  static constexpr bool kRevisit = true;
+  struct Affine {
+    T m, a, b;
+  };
   double eps, momentum;
   T *mean, *invstd, *running_mean, *running_var;
+  const T *weight, *bias;
+  T* y;
   __device__ void finish(const Welford& w, int64_t c) const {
     write_channel_stats(w.mean, w.m2 / w.count, w.count, eps, momentum, c, mean, invstd, running_mean, running_var);
   }
+  __device__ Affine revisit_constants(int64_t c) const {
+    return {mean[c], invstd[c] * (weight ? weight[c] : T(1)), bias ? bias[c] : T(0)};
+  }
+  __device__ void revisit(const Affine& k, int64_t offset, T v) const { y[offset] = (v - k.m) * k.a + k.b; }
 };
 
 struct DySums {
@@ -134,6 +149,7 @@ struct BackwardReduceOp {
     T dy, x;
   };
   using State = DySums;
+  static constexpr bool kRevisit = false;
   const T *dy, *x, *mean, *invstd;
   double *sum_dy, *sum_dy_xmu;
   T *grad_weight, *grad_bias;
@@ -264,9 +280,10 @@ void batch_norm_forward_training(const T* x, const T* weight, const T* bias, T* 
   if (C == 0) return;
   require(N * S > 0, "batch_norm_forward_training",
           "expected values in every channel (N*S > 0), found N = " + std::to_string(N) + ", S = " + std::to_string(S));
-  const TrainingStatsOp<T> stats{{x, S}, eps, momentum, save_mean, save_invstd, running_mean, running_var};
-  channels::reduce("batch_norm_forward_training", stats, N, C, S, C, stream);
-  batch_norm_apply(x, save_mean, save_invstd, weight, bias, N, C, S, y, stream);
+  const TrainingStatsOp<T> stats{
+      {x, S}, eps, momentum, save_mean, save_invstd, running_mean, running_var, weight, bias, y};
+  if (!channels::reduce("batch_norm_forward_training", stats, N, C, S, C, stream))
+    batch_norm_apply(x, save_mean, save_invstd, weight, bias, N, C, S, y, stream);
 }
 
 template <typename T>

@@ -12,7 +12,8 @@
 // the same input gives bitwise the same sums on every run. [N, C, S] with S > 1 puts one
 // or more blocks on each channel; S = 1 puts 32 channels side by side in a block, so that
 // neighbouring threads read neighbouring addresses. The fused forward and backward are two
-// launches each (kernels/cuda/batch_norm.cu says why not one). Index math:
+// launches each, the forward one when a block holds whole channels (kernels/cuda/
+// batch_norm.cu says why not one always). Index math:
 // kernels/common/batch_norm_index.h. Tests: tests/emu/batch_norm_emu_test.cpp and
 // tests/cuda/cuda_batch_norm_test.cpp (against the CPU), tests/kernels/welford_test.cpp
 // (the shared math).
@@ -72,7 +73,8 @@ void batch_norm_backward_elemt(const T* dy, const T* x, const T* mean, const T* 
                                int64_t C, int64_t S, T* dx, cudaStream_t stream);
 
 // The statistics (finished into mean, invstd and the running stats by their last block)
-// -> apply: two launches.
+// -> apply: two launches; one where a block holds whole channels (N*S <= 4096, or N <= 128
+// when S = 1): the statistics kernel applies them.
 // requires: N*S > 0 (> 1 with running stats); otherwise as the CPU twin.  in-place: y may equal x.
 template <typename T>
 void batch_norm_forward_training(const T* x, const T* weight, const T* bias, T* running_mean, T* running_var,

@@ -8,7 +8,12 @@
 //   State summary(const Acc&, c)       what a thread hands on (one division per thread at most);
 //   State combine(State, State)        associative in exact arithmetic; applied in a fixed tree;
 //   finish(State, c)                   writes channel c's results (the statistics, mean and
-//                                      invstd, the parameter gradients: whatever the Op is for).
+//                                      invstd, the parameter gradients: whatever the Op is for);
+//   kRevisit, revisit_constants(c), revisit(constants, offset, Value)
+//                                      when kRevisit and a block holds every value of its
+//                                      channels (one chunk), each thread walks its values
+//                                      again after finish and hands them to revisit (batch
+//                                      norm's apply, in the statistics' launch).
 //
 // Why this shape: the results must repeat bit for bit run to run (SyncBatchNorm ranks and
 // repeated runs must agree), so no float atomics: every value goes to a fixed thread,
@@ -24,7 +29,8 @@
 //   block is last varies run to run; the order it folds in does not.
 // So a reduction plus what follows it per channel is one launch (the previous version took
 // a second launch to combine the chunks and a third to turn sums into mean and invstd),
-// plus a cudaMemsetAsync of the tickets when a channel is split.
+// plus a cudaMemsetAsync of the tickets when a channel is split; and when every channel
+// fits one block, an elementwise pass that needs the result (kRevisit) joins it too.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -104,13 +110,11 @@ __device__ void store_or_finish(const Op& op, typename Op::State st, int64_t c, 
   if (threadIdx.y == 0 && valid) op.finish(folded, c);
 }
 
-// Adds values j = first, first + step, ... < end of channel c (a walk from channel_walk),
-// kUnroll at a time: the offsets, then the loads, then the adds.
-template <class Op>
-__device__ typename Op::State reduce_values(const Op& op, int64_t first, int64_t end, int64_t step, int64_t C,
-                                            int64_t S, int64_t c) {
-  if (first >= end) return typename Op::State{};
-  typename Op::Acc acc = op.start(c);
+// use(offset, value) for values j = first, first + step, ... < end of channel c (a walk
+// from channel_walk), kUnroll at a time: the offsets, then the loads, then the uses.
+template <class Op, class Use>
+__device__ void walk_values(const Op& op, int64_t first, int64_t end, int64_t step, int64_t C, int64_t S, int64_t c,
+                            Use&& use) {
   ChannelWalk w = channel_walk(first, step, C, S, c);
   for (int64_t j = first; j < end; j += kUnroll * step) {
     int64_t offset[kUnroll];
@@ -125,9 +129,29 @@ __device__ typename Op::State reduce_values(const Op& op, int64_t first, int64_t
       if (j + u * step < end) v[u] = op.load(offset[u]);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (j + u * step < end) op.add(acc, v[u]);
+      if (j + u * step < end) use(offset[u], v[u]);
   }
+}
+
+// The State of a thread's values (an empty one when it has none).
+template <class Op>
+__device__ typename Op::State reduce_values(const Op& op, int64_t first, int64_t end, int64_t step, int64_t C,
+                                            int64_t S, int64_t c) {
+  if (first >= end) return typename Op::State{};
+  typename Op::Acc acc = op.start(c);
+  walk_values(op, first, end, step, C, S, c, [&](int64_t, const typename Op::Value& v) { op.add(acc, v); });
   return op.summary(acc, c);
+}
+
+// The second walk of kRevisit Ops (one chunk per channel): the same values, after finish's
+// writes (a __syncthreads makes them visible to the block).
+template <class Op>
+__device__ void revisit_values(const Op& op, int64_t first, int64_t end, int64_t step, int64_t C, int64_t S,
+                               int64_t c) {
+  if (first >= end) return;
+  const auto constants = op.revisit_constants(c);
+  walk_values(op, first, end, step, C, S, c,
+              [&](int64_t offset, const typename Op::Value& v) { op.revisit(constants, offset, v); });
 }
 
 // S > 1. Grid (C, chunks), block (1, kThreads): lane t of block (c, k) adds values
@@ -141,6 +165,11 @@ __global__ void channel_kernel(Op op, int64_t C, int64_t S, int64_t values, int6
   typename Op::State st = reduce_values(op, begin + threadIdx.y, end, blockDim.y, C, S, c);
   st = combine_lanes<Op>(st, smem);
   store_or_finish(op, st, c, true, partial, tickets, smem);
+  if constexpr (Op::kRevisit) {
+    if (gridDim.y != 1) return;
+    __syncthreads();
+    revisit_values(op, begin + threadIdx.y, end, blockDim.y, C, S, c);
+  }
 }
 
 // S = 1 ([N, C] with rows ld apart). Grid (ceil(C / kColumns), chunks), block (kColumns,
@@ -158,14 +187,20 @@ __global__ void column_kernel(Op op, int64_t N, int64_t C, int64_t ld, int64_t c
   if (valid) st = reduce_values(op, begin + threadIdx.y, end, kRows, ld, 1, c);
   st = combine_lanes<Op>(st, smem);
   store_or_finish(op, st, c, valid, partial, tickets, smem);
+  if constexpr (Op::kRevisit) {
+    if (gridDim.y != 1) return;
+    __syncthreads();
+    if (valid) revisit_values(op, begin + threadIdx.y, end, kRows, ld, 1, c);
+  }
 }
 
 // Op's result for each channel c < C of [N, C, S] (rows of [N, C] ld elements apart when
 // S == 1; ld == C when contiguous), in one launch: the partials and tickets, when a channel
 // is split into chunks, in scratch from the caching allocator (the tickets zeroed first).
+// Returns whether every channel was one chunk (then a kRevisit Op revisited its values).
 template <class Op>
-void reduce(const char* kernel, const Op& op, int64_t N, int64_t C, int64_t S, int64_t ld, cudaStream_t stream) {
-  if (C == 0) return;
+bool reduce(const char* kernel, const Op& op, int64_t N, int64_t C, int64_t S, int64_t ld, cudaStream_t stream) {
+  if (C == 0) return true;
   require(C <= int64_t(0x7fffffff), kernel, "at most 2^31 - 1 channels, found " + std::to_string(C));
   using State = typename Op::State;
   const bool columns = S == 1;
@@ -186,6 +221,7 @@ void reduce(const char* kernel, const Op& op, int64_t N, int64_t C, int64_t S, i
     channel_kernel<Op><<<grid, dim3(1, kThreads), 0, stream>>>(op, C, S, N * S, chunks.length, partial, tickets);
   }
   check_launch(kernel);
+  return chunks.count == 1;
 }
 
 }  // namespace nd::kernels::cuda::channels

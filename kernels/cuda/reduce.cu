@@ -42,6 +42,7 @@ struct ColumnSumOp {
   using Acc = double;
   using Value = T;
   using State = double;
+  static constexpr bool kRevisit = false;
   const T* x;
   T* out;
   __device__ static Acc start(int64_t) { return 0.0; }

@@ -3,7 +3,9 @@
 // backward_elemt) and the fused forward (training, eval) and backward, f32 and f64, on the
 // reduction layouts: S > 1 with one block per channel, S > 1 with a channel split over
 // several blocks (the last block to finish folds their partials), and S = 1 (32 channels
-// side by side in a block, the last column block partial, split over blocks too); and on
+// side by side in a block, the last column block partial, split over blocks too); the
+// training forward in one launch where a block holds whole channels (statistics, then
+// apply) and in two where they are split; and on
 // the elementwise kernels' paths: float4 / double2 groups (S a multiple of 4, aligned),
 // groups across channels (odd S, a partial last group), tensors off 16-byte alignment.
 // Each fused call run twice gives bit-identical results (no float atomics; the block that
@@ -210,6 +212,9 @@ const Shape kPlanes{"[2, 5, 700]", 2, 5, 700};
 const Shape kSplit{"[4, 3, 2500]", 4, 3, 2500};
 // S = 1: 40 channels in two column blocks (the second partial), 300 rows in 3 chunks of 128.
 const Shape kColumns{"[300, 40, 1]", 300, 40, 1};
+// S = 1 with rows that fit one block (50 <= 128): the forward's statistics kernel applies
+// them too, column by column (37 channels: the second column block partial).
+const Shape kFewRows{"[50, 37, 1]", 50, 37, 1};
 // Odd S: groups of 4 consecutive elements span two or three channels; 105 elements, so the
 // last group holds one.
 const Shape kOdd{"[3, 5, 7]", 3, 5, 7};
@@ -218,15 +223,15 @@ const Shape kTiny{"[7, 3, 2]", 7, 3, 2};
 const Shape kThree{"[5, 2, 3]", 5, 2, 3};
 
 TEST_CASE("batch_norm f32: every piece on the three reduction layouts and odd planes") {
-  for (const Shape& s : {kPlanes, kSplit, kColumns, kOdd, kTiny, kThree}) check_batch_norm<float>(s);
+  for (const Shape& s : {kPlanes, kSplit, kColumns, kFewRows, kOdd, kTiny, kThree}) check_batch_norm<float>(s);
 }
 
 TEST_CASE("batch_norm f64: every piece on the three reduction layouts and odd planes") {
-  for (const Shape& s : {kPlanes, kSplit, kColumns, kOdd, kTiny, kThree}) check_batch_norm<double>(s);
+  for (const Shape& s : {kPlanes, kSplit, kColumns, kFewRows, kOdd, kTiny, kThree}) check_batch_norm<double>(s);
 }
 
 TEST_CASE("batch_norm fused forward and backward: bit-identical when repeated, and off 16-byte alignment") {
-  for (const Shape& s : {kSplit, kColumns, kOdd}) {
+  for (const Shape& s : {kPlanes, kSplit, kColumns, kFewRows, kOdd}) {
     check_fused_repeatable<float>(s);
     check_fused_repeatable<double>(s);
   }
