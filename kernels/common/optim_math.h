@@ -4,11 +4,18 @@
 // (formulas in kernels/cpu/optim.h). The coefficients are derived once per tensor on the
 // host (bias corrections in double), then each element is updated in place.
 //
-// A step over many tensors works in chunks of kChunk elements of one tensor: an entry per
-// tensor (its coefficients, length and pointers, and `update(i)` for element i), and a
-// chunk list that both twins share out (CPU: among OpenMP threads; CUDA: a block each).
+// A step over many tensors works in chunks of kChunk elements of one tensor. Each tensor
+// has an entry (its length and pointers) and the index of its coefficients in a short list
+// (Coefficients: tensors at the same step share one). CUDA passes entries and list by value
+// with each launch and keeps the table of chunks, which depends on the lengths only, on the
+// device between steps. Both twins share the chunks out (CPU: among
+// OpenMP threads; CUDA: a block each) and walk a chunk in groups of kGroup elements: every
+// value of a group is loaded before the first update and stored after the last, so a GPU
+// thread has all its loads in flight at once (float4 / double2 where every pointer of the
+// entry is 16-byte aligned: Entry::vector).
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "kernels/common/counter_rng.h"  // ND_HOST_DEVICE
@@ -17,6 +24,31 @@
 namespace nd::kernels::optim_math {
 
 constexpr int64_t kChunk = 4096;
+constexpr int kGroup = 4;             // elements a thread loads before it updates them
+constexpr int kMaxCoefficients = 8;  // coefficient sets per launch (distinct steps in one step call)
+
+// ---- group loads and stores ---------------------------------------------------------------
+
+// How a group's values move: ScalarIO element by element (the CPU twin; `vector` is
+// ignored), kernels/cuda/vector_io.cuh's VectorIO with one or two 16-byte accesses when
+// `vector` (then count == kGroup and the address is 16-byte aligned).
+//   load(x, src, i, count, vector):  x[k] = src[i + k] for k < count, 0 beyond;
+//   store(x, dst, i, count, vector): dst[i + k] = x[k] for k < count.
+struct ScalarIO {
+  template <class T>
+  ND_HOST_DEVICE static void load(T (&x)[kGroup], const T* __restrict__ src, int64_t i, int64_t count, bool) {
+    for (int k = 0; k < kGroup; ++k) x[k] = k < count ? src[i + k] : T(0);
+  }
+  template <class T>
+  ND_HOST_DEVICE static void store(const T (&x)[kGroup], T* __restrict__ dst, int64_t i, int64_t count, bool) {
+    for (int k = 0; k < kGroup; ++k)
+      if (k < count) dst[i + k] = x[k];
+  }
+};
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// ---- SGD ----------------------------------------------------------------------------------
 
 template <class T>
 struct Sgd {
@@ -31,14 +63,38 @@ inline Sgd<T> sgd(const cpu::SgdParams& hp, bool first_step) {
 }
 
 template <class T>
-ND_HOST_DEVICE void sgd_update(const Sgd<T>& c, int64_t i, T* p, const T* g, T* buf) {
-  T d = g[i] + c.wd * p[i];
+ND_HOST_DEVICE void sgd_update(const Sgd<T>& c, T& p, T g, T& buf) {
+  T d = g + c.wd * p;
   if (c.use_momentum) {
-    buf[i] = c.first_step ? d : c.mom * buf[i] + (T(1) - c.damp) * d;
-    d = c.nesterov ? d + c.mom * buf[i] : buf[i];
+    buf = c.first_step ? d : c.mom * buf + (T(1) - c.damp) * d;
+    d = c.nesterov ? d + c.mom * buf : buf;
   }
-  p[i] -= c.lr * d;
+  p -= c.lr * d;
 }
+
+// One tensor of an SGD step (buf null without momentum).
+template <class T>
+struct SgdEntry {
+  using Coefficients = Sgd<T>;
+  int64_t n;
+  T* p;
+  const T* g;
+  T* buf;
+  int32_t coefficients;  // index into the launch's Coefficients list
+  int32_t vector;        // every pointer 16-byte aligned: whole groups load as vectors
+  template <class IO>
+  ND_HOST_DEVICE void update_group(const Sgd<T>& c, int64_t i, int64_t count, bool vec) const {
+    T xp[kGroup], xg[kGroup], xb[kGroup] = {};
+    IO::load(xp, p, i, count, vec);
+    IO::load(xg, g, i, count, vec);
+    if (c.use_momentum && !c.first_step) IO::load(xb, buf, i, count, vec);
+    for (int k = 0; k < kGroup; ++k) sgd_update(c, xp[k], xg[k], xb[k]);
+    IO::store(xp, p, i, count, vec);
+    if (c.use_momentum) IO::store(xb, buf, i, count, vec);
+  }
+};
+
+// ---- Adam / AdamW ---------------------------------------------------------------------------
 
 template <class T>
 struct Adam {
@@ -56,55 +112,118 @@ inline Adam<T> adam(const cpu::AdamParams& hp, int64_t step) {
 }
 
 template <class T>
-ND_HOST_DEVICE void adam_update(const Adam<T>& c, int64_t i, T* p, const T* g, T* m, T* v, T* vmax) {
+ND_HOST_DEVICE void adam_update(const Adam<T>& c, T& p, T grad, T& m, T& v, T& vmax) {
   using std::sqrt;
-  T grad = g[i];
   if (c.decoupled)
-    p[i] *= c.decay;
+    p *= c.decay;
   else
-    grad += c.wd * p[i];
-  m[i] = c.b1 * m[i] + (T(1) - c.b1) * grad;
-  v[i] = c.b2 * v[i] + (T(1) - c.b2) * grad * grad;
-  T second = v[i];
-  if (c.amsgrad) second = vmax[i] = vmax[i] < v[i] ? v[i] : vmax[i];  // std::max(vmax, v)
-  p[i] -= c.step_size * m[i] / (sqrt(second) / c.sqrt_bc2 + c.eps);
+    grad += c.wd * p;
+  m = c.b1 * m + (T(1) - c.b1) * grad;
+  v = c.b2 * v + (T(1) - c.b2) * grad * grad;
+  T second = v;
+  if (c.amsgrad) second = vmax = vmax < v ? v : vmax;  // std::max(vmax, v)
+  p -= c.step_size * m / (sqrt(second) / c.sqrt_bc2 + c.eps);
 }
-
-// The entries of a multi-tensor step (plain data: CUDA copies them to the device).
-template <class T>
-struct SgdEntry {
-  Sgd<T> c;
-  int64_t n;
-  T* p;
-  const T* g;
-  T* buf;
-  ND_HOST_DEVICE void update(int64_t i) const { sgd_update(c, i, p, g, buf); }
-};
 
 template <class T>
 struct AdamEntry {
-  Adam<T> c;
+  using Coefficients = Adam<T>;
   int64_t n;
   T* p;
   const T* g;
-  T *m, *v, *vmax;
-  ND_HOST_DEVICE void update(int64_t i) const { adam_update(c, i, p, g, m, v, vmax); }
+  T *m, *v, *vmax;  // vmax null unless amsgrad
+  int32_t coefficients;
+  int32_t vector;
+  template <class IO>
+  ND_HOST_DEVICE void update_group(const Adam<T>& c, int64_t i, int64_t count, bool vec) const {
+    T xp[kGroup], xg[kGroup], xm[kGroup], xv[kGroup], xmax[kGroup] = {};
+    IO::load(xp, p, i, count, vec);
+    IO::load(xg, g, i, count, vec);
+    IO::load(xm, m, i, count, vec);
+    IO::load(xv, v, i, count, vec);
+    if (c.amsgrad) IO::load(xmax, vmax, i, count, vec);
+    for (int k = 0; k < kGroup; ++k) adam_update(c, xp[k], xg[k], xm[k], xv[k], xmax[k]);
+    IO::store(xp, p, i, count, vec);
+    IO::store(xm, m, i, count, vec);
+    IO::store(xv, v, i, count, vec);
+    if (c.amsgrad) IO::store(xmax, vmax, i, count, vec);
+  }
 };
 
+// ---- GradScaler's unscale -------------------------------------------------------------------
+
 template <class T>
-std::vector<SgdEntry<T>> sgd_entries(const std::vector<cpu::SgdTensor<T>>& tensors, const cpu::SgdParams& hp) {
-  std::vector<SgdEntry<T>> entries;
-  for (const cpu::SgdTensor<T>& t : tensors)
-    if (t.n > 0) entries.push_back({sgd<T>(hp, t.first_step), t.n, t.p, t.g, t.buf});
-  return entries;
+struct Unscale {
+  T inv_scale;
+};
+
+// Every element that is inf or NaN stores the same 1 into *found: the flag ends the same
+// whichever thread wins, so no atomic is needed.
+template <class T>
+struct UnscaleEntry {
+  using Coefficients = Unscale<T>;
+  int64_t n;
+  T* g;
+  int32_t* found;
+  int32_t coefficients;
+  int32_t vector;
+  template <class IO>
+  ND_HOST_DEVICE void update_group(const Unscale<T>& c, int64_t i, int64_t count, bool vec) const {
+    T xg[kGroup];
+    IO::load(xg, g, i, count, vec);  // 0 past the end: finite
+    bool nonfinite = false;
+    for (int k = 0; k < kGroup; ++k) {
+      nonfinite = nonfinite || !(xg[k] - xg[k] == T(0));  // x - x: 0 if finite, NaN otherwise
+      xg[k] *= c.inv_scale;
+    }
+    IO::store(xg, g, i, count, vec);
+    if (nonfinite) *found = 1;
+  }
+};
+
+// ---- the tables of a step -------------------------------------------------------------------
+
+// A step's entries and the distinct coefficient sets they point into.
+template <class Entry>
+struct Step {
+  std::vector<Entry> entries;
+  std::vector<typename Entry::Coefficients> coefficients;
+};
+
+// The index of the coefficients for `key` (a step count, a first-step flag), made by `make`
+// the first time the key is seen.
+template <class Entry, class Key, class Make>
+int32_t coefficients_for(Step<Entry>& step, std::map<Key, int32_t>& seen, const Key& key, Make&& make) {
+  const auto [it, added] = seen.emplace(key, static_cast<int32_t>(step.coefficients.size()));
+  if (added) step.coefficients.push_back(make());
+  return it->second;
 }
 
 template <class T>
-std::vector<AdamEntry<T>> adam_entries(const std::vector<cpu::AdamTensor<T>>& tensors, const cpu::AdamParams& hp) {
-  std::vector<AdamEntry<T>> entries;
-  for (const cpu::AdamTensor<T>& t : tensors)
-    if (t.n > 0) entries.push_back({adam<T>(hp, t.step), t.n, t.p, t.g, t.m, t.v, t.vmax});
-  return entries;
+Step<SgdEntry<T>> sgd_step_of(const std::vector<cpu::SgdTensor<T>>& tensors, const cpu::SgdParams& hp) {
+  Step<SgdEntry<T>> step;
+  std::map<bool, int32_t> seen;
+  for (const cpu::SgdTensor<T>& t : tensors) {
+    if (t.n == 0) continue;
+    const int32_t c = coefficients_for(step, seen, t.first_step, [&] { return sgd<T>(hp, t.first_step); });
+    const bool vec = aligned16(t.p) && aligned16(t.g) && (t.buf == nullptr || aligned16(t.buf));
+    step.entries.push_back({t.n, t.p, t.g, t.buf, c, vec});
+  }
+  return step;
+}
+
+template <class T>
+Step<AdamEntry<T>> adam_step_of(const std::vector<cpu::AdamTensor<T>>& tensors, const cpu::AdamParams& hp) {
+  Step<AdamEntry<T>> step;
+  std::map<int64_t, int32_t> seen;
+  for (const cpu::AdamTensor<T>& t : tensors) {
+    if (t.n == 0) continue;
+    const int32_t c = coefficients_for(step, seen, t.step, [&] { return adam<T>(hp, t.step); });
+    const bool vec = aligned16(t.p) && aligned16(t.g) && aligned16(t.m) && aligned16(t.v) &&
+                     (t.vmax == nullptr || aligned16(t.vmax));
+    step.entries.push_back({t.n, t.p, t.g, t.m, t.v, t.vmax, c, vec});
+  }
+  return step;
 }
 
 // Elements [start, min(start + kChunk, n)) of entry `entry`.
@@ -118,6 +237,19 @@ std::vector<Chunk> chunks_of(const std::vector<Entry>& entries) {
   for (size_t e = 0; e < entries.size(); ++e)
     for (int64_t start = 0; start < entries[e].n; start += kChunk) chunks.push_back({int64_t(e), start});
   return chunks;
+}
+
+// Chunk `chunk` of `e`: groups of kGroup elements from the chunk's start, group g handled
+// by `worker` g % workers (CPU: one worker; CUDA: the block's threads). A whole group loads
+// as vectors when the entry allows; the chunk's last group may be partial.
+template <class IO, class Entry>
+ND_HOST_DEVICE void update_chunk(const Entry& e, const typename Entry::Coefficients& c, int64_t start, int64_t worker,
+                                 int64_t workers) {
+  const int64_t end = start + kChunk < e.n ? start + kChunk : e.n;
+  for (int64_t i = start + kGroup * worker; i < end; i += kGroup * workers) {
+    const int64_t count = end - i < kGroup ? end - i : kGroup;
+    e.template update_group<IO>(c, i, count, e.vector != 0 && count == kGroup);
+  }
 }
 
 }  // namespace nd::kernels::optim_math

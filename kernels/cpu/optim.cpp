@@ -1,7 +1,5 @@
 #include "kernels/cpu/optim.h"
 
-#include <algorithm>
-
 #include "kernels/common/optim_math.h"
 
 namespace nd::kernels::cpu {
@@ -9,28 +7,27 @@ namespace nd::kernels::cpu {
 namespace {
 // Every element of every entry, chunk by chunk, the chunks shared out among the threads.
 template <class Entry>
-void run_chunks(const std::vector<Entry>& entries) {
-  const std::vector<optim_math::Chunk> chunks = optim_math::chunks_of(entries);
+void run_chunks(const optim_math::Step<Entry>& step) {
+  const std::vector<optim_math::Chunk> chunks = optim_math::chunks_of(step.entries);
   const auto count = static_cast<int64_t>(chunks.size());
   int64_t total = 0;
-  for (const Entry& e : entries) total += e.n;
+  for (const Entry& e : step.entries) total += e.n;
 #pragma omp parallel for schedule(static) if (total > 65536)
   for (int64_t k = 0; k < count; ++k) {
-    const Entry& e = entries[chunks[k].entry];
-    const int64_t end = std::min(chunks[k].start + optim_math::kChunk, e.n);
-    for (int64_t i = chunks[k].start; i < end; ++i) e.update(i);
+    const Entry& e = step.entries[chunks[k].entry];
+    optim_math::update_chunk<optim_math::ScalarIO>(e, step.coefficients[e.coefficients], chunks[k].start, 0, 1);
   }
 }
 }  // namespace
 
 template <class T>
 void sgd_step(const std::vector<SgdTensor<T>>& tensors, const SgdParams& hp) {
-  run_chunks(optim_math::sgd_entries(tensors, hp));
+  run_chunks(optim_math::sgd_step_of(tensors, hp));
 }
 
 template <class T>
 void adam_step(const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp) {
-  run_chunks(optim_math::adam_entries(tensors, hp));
+  run_chunks(optim_math::adam_step_of(tensors, hp));
 }
 
 template <class T>

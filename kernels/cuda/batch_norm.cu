@@ -1,9 +1,42 @@
 // Batch normalisation over [N, C, S] on CUDA: the pieces of kernels/cpu/batch_norm.cpp.
 //
-// The two per-channel reductions (statistics forward, sum dy and sum dy*(x - mean)
-// backward) are Ops of the deterministic two-level reduction in channel_reduce.cuh.
-// The elementwise kernels (apply, input gradients) walk the flat index with a grid-stride
-// loop that tracks the channel by additions (kernels/common/batch_norm_index.h).
+// What "fused" means here, and why not always one launch each way. A training forward
+// needs every value of a channel before it can normalise any of them, and a channel may be
+// spread over many blocks (up to 1024): making blocks wait for each other inside one launch
+// needs all of them resident at once (a cooperative launch, or a spin on a flag that
+// deadlocks when they are not). Where a block holds whole channels (N*S up to 4096, or
+// N up to 128 rows when S = 1) the forward is one launch: the block finishes the statistics,
+// then applies them to the values it has just read (L1/L2 hits). Otherwise each direction
+// is two launches, with nothing between them:
+//   forward:  statistics (the per-channel reduction of channel_reduce.cuh; its last block
+//             per channel also turns them into mean, invstd and the running statistics)
+//             -> apply;
+//   backward: sum dy and sum dy * (x - mean) (the same reduction; its last block writes the
+//             weight and bias gradients) -> dx.
+// The previous version took 3-5 launches forward and 3-4 backward (a kernel to combine a
+// split channel's chunks, one for mean/invstd, one for the parameter gradients). The
+// pieces SyncBatchNorm needs between the two halves (local sums, an all-reduce, then
+// mean/invstd and apply; the gradient sums, an all-reduce, then dx) stay separate entry
+// points built from the same kernels.
+//
+// Per value, no division: the statistics add x - K and (x - K)^2 in double, K the channel's
+// first value (a shift that keeps the sum of squares from cancelling when |mean| >> std;
+// each thread turns its sums into Welford's mean and M2 with one division, and threads,
+// blocks and chunks merge with Chan's formula, kernels/common/welford.h). The elementwise
+// kernels take per-channel coefficients (invstd * weight; for dx the mean of dy and the
+// projection on x - mean, times 1/count) and do two or three multiply-adds per value in T.
+// Double adds per value in the statistics cost nothing on GPUs with full-rate f64 (A100,
+// H100, H200); on consumer GPUs (1/32 - 1/64 rate) they may bound the reduction.
+//
+// Loads in flight: reductions walk their values 4 at a time (offsets, then 4 loads, then
+// the adds); the elementwise kernels (batch_norm_elementwise.cuh) take groups of 4
+// consecutive values, as float4 / double2 when S is a multiple of 4 and every pointer is
+// 16-byte aligned (a group is then one channel's), element by element otherwise.
+//
+// Deterministic: every value goes to a fixed thread, combines in a fixed tree and chunk
+// order (channel_reduce.cuh); no float atomics. Checked by tests/emu/batch_norm_emu_test.cpp
+// (CPU twin, every layout, bit-equal reruns) and tests/cuda/cuda_batch_norm_test.cpp.
+// Index math: kernels/common/batch_norm_index.h.
 #include "kernels/cuda/batch_norm.h"
 
 #include <string>
@@ -12,60 +45,135 @@
 #include "kernels/common/welford.h"
 #include "kernels/cuda/channel_reduce.cuh"
 #include "kernels/cuda/scratch.cuh"
+#include "kernels/cuda/batch_norm_elementwise.cuh"
 #include "kernels/cuda/strided.cuh"
 
 namespace nd::kernels::cuda {
 
 namespace {
 
+using batch_norm_elementwise::ApplyMap;
+using batch_norm_elementwise::EvalInputGradMap;
+using batch_norm_elementwise::InputGradMap;
+using batch_norm_elementwise::aligned;
+using batch_norm_elementwise::launch_elementwise;
 using detail::kThreads;
 using detail::Scratch;
 
-// ---- reduction ops ----------------------------------------------------------------------
-
-// Forward statistics: Welford over x, handed out as (sum, sum of squares).
+// mean, invstd and the running statistics of channel c from its mean and biased variance
+// over `count` values (PyTorch: the running variance takes the unbiased one).
 template <class T>
-struct StatsOp {
+__device__ void write_channel_stats(double m, double var, double count, double eps, double momentum, int64_t c,
+                                    T* mean, T* invstd, T* running_mean, T* running_var) {
+  mean[c] = static_cast<T>(m);
+  invstd[c] = static_cast<T>(1.0 / sqrt(var + eps));
+  if (running_mean) running_mean[c] = static_cast<T>((1.0 - momentum) * running_mean[c] + momentum * m);
+  if (running_var)
+    running_var[c] = static_cast<T>((1.0 - momentum) * running_var[c] + momentum * (var * count / (count - 1.0)));
+}
+
+// ---- reduction ops (channel_reduce.cuh) ----------------------------------------------------
+
+// Statistics: sums of x - K and (x - K)^2 per thread, K = x[value 0 of the channel].
+template <class T>
+struct StatsReduction {
+  struct Acc {
+    double shift, n, s, ss;
+  };
+  using Value = T;
   using State = Welford;
+  static constexpr bool kRevisit = false;
   const T* x;
+  int64_t S;
+  __device__ Acc start(int64_t c) const { return {static_cast<double>(x[c * S]), 0.0, 0.0, 0.0}; }
+  __device__ Value load(int64_t offset) const { return x[offset]; }
+  __device__ static void add(Acc& a, Value v) {
+    const double d = static_cast<double>(v) - a.shift;
+    a.n += 1.0;
+    a.s += d;
+    a.ss += d * d;
+  }
+  // mean = K + s/n,  M2 = sum (x - mean)^2 = ss - s^2/n.
+  __device__ static State summary(const Acc& a, int64_t) {
+    if (a.n == 0.0) return State{};
+    const double d = a.s / a.n;
+    return State{a.n, a.shift + d, fmax(a.ss - a.s * d, 0.0)};
+  }
+  __device__ static State combine(const State& a, const State& b) { return welford_combine(a, b); }
+};
+
+// SyncBatchNorm's local statistics: (sum, sum of squares) for its all-reduce.
+template <class T>
+struct ChannelStatsOp : StatsReduction<T> {
   double* sum;
   double* sumsq;
-  __device__ void add(State& st, int64_t offset, int64_t) const { welford_add(st, static_cast<double>(x[offset])); }
-  __device__ static State combine(const State& a, const State& b) { return welford_combine(a, b); }
-  __device__ void finish(const State& st, int64_t c) const {
-    sum[c] = welford_sum(st);
-    sumsq[c] = welford_sumsq(st);
+  __device__ void finish(const Welford& w, int64_t c) const {
+    sum[c] = welford_sum(w);
+    sumsq[c] = welford_sumsq(w);
   }
+};
+
+// The training forward's statistics, finished into mean, invstd and the running stats;
+// where a block holds whole channels, it then applies them (ApplyMap's arithmetic).
+template <class T>
+struct TrainingStatsOp : StatsReduction<T> {
+  static constexpr bool kRevisit = true;
+  struct Affine {
+    T m, a, b;
+  };
+  double eps, momentum;
+  T *mean, *invstd, *running_mean, *running_var;
+  const T *weight, *bias;
+  T* y;
+  __device__ void finish(const Welford& w, int64_t c) const {
+    write_channel_stats(w.mean, w.m2 / w.count, w.count, eps, momentum, c, mean, invstd, running_mean, running_var);
+  }
+  __device__ Affine revisit_constants(int64_t c) const {
+    return {mean[c], invstd[c] * (weight ? weight[c] : T(1)), bias ? bias[c] : T(0)};
+  }
+  __device__ void revisit(const Affine& k, int64_t offset, T v) const { y[offset] = (v - k.m) * k.a + k.b; }
 };
 
 struct DySums {
   double dy, dy_xmu;
 };
 
-// Backward: sum dy and sum dy * (x - mean[c]) in double.
+// Backward: sum dy and sum dy * (x - mean[c]) in double; finished into the sums (when
+// sum_dy is not null) and the parameter gradients (either may be null).
 template <class T>
 struct BackwardReduceOp {
+  struct Acc {
+    double mean, dy, dy_xmu;
+  };
+  struct Value {
+    T dy, x;
+  };
   using State = DySums;
-  const T* dy;
-  const T* x;
-  const T* mean;
-  double* sum_dy;
-  double* sum_dy_xmu;
-  __device__ void add(State& st, int64_t offset, int64_t c) const {
-    const double g = static_cast<double>(dy[offset]);
-    st.dy += g;
-    st.dy_xmu += g * (static_cast<double>(x[offset]) - static_cast<double>(mean[c]));
+  static constexpr bool kRevisit = false;
+  const T *dy, *x, *mean, *invstd;
+  double *sum_dy, *sum_dy_xmu;
+  T *grad_weight, *grad_bias;
+  __device__ Acc start(int64_t c) const { return {static_cast<double>(mean[c]), 0.0, 0.0}; }
+  __device__ Value load(int64_t offset) const { return {dy[offset], x[offset]}; }
+  __device__ static void add(Acc& a, const Value& v) {
+    const double g = static_cast<double>(v.dy);
+    a.dy += g;
+    a.dy_xmu += g * (static_cast<double>(v.x) - a.mean);
   }
+  __device__ static State summary(const Acc& a, int64_t) { return {a.dy, a.dy_xmu}; }
   __device__ static State combine(const State& a, const State& b) { return {a.dy + b.dy, a.dy_xmu + b.dy_xmu}; }
   __device__ void finish(const State& st, int64_t c) const {
-    sum_dy[c] = st.dy;
-    sum_dy_xmu[c] = st.dy_xmu;
+    if (sum_dy) {
+      sum_dy[c] = st.dy;
+      sum_dy_xmu[c] = st.dy_xmu;
+    }
+    if (grad_weight) grad_weight[c] = static_cast<T>(st.dy_xmu * static_cast<double>(invstd[c]));
+    if (grad_bias) grad_bias[c] = static_cast<T>(st.dy);
   }
 };
 
-// ---- per-channel kernels -----------------------------------------------------------------
+// ---- per-channel kernels (SyncBatchNorm's and eval's) --------------------------------------
 
-// f(c) for every channel, grid-stride.
 template <class F>
 __device__ void for_each_channel(int64_t C, F&& f) {
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < C; c += int64_t(gridDim.x) * blockDim.x) f(c);
@@ -76,14 +184,11 @@ __global__ void stats_to_mean_invstd_kernel(const double* sum, const double* sum
                                             double count, int64_t C, double eps, double momentum, T* mean,
                                             T* invstd, T* running_mean, T* running_var) {
   if (device_count) count = *device_count;
+  const double inv_count = 1.0 / count;
   for_each_channel(C, [&](int64_t c) {
-    const double m = sum[c] / count;
-    const double var = fmax(sumsq[c] / count - m * m, 0.0);  // rounding can go below 0
-    mean[c] = static_cast<T>(m);
-    invstd[c] = static_cast<T>(1.0 / sqrt(var + eps));
-    if (running_mean) running_mean[c] = static_cast<T>((1.0 - momentum) * running_mean[c] + momentum * m);
-    if (running_var)
-      running_var[c] = static_cast<T>((1.0 - momentum) * running_var[c] + momentum * (var * count / (count - 1.0)));
+    const double m = sum[c] * inv_count;
+    const double var = fmax(sumsq[c] * inv_count - m * m, 0.0);  // rounding can go below 0
+    write_channel_stats(m, var, count, eps, momentum, c, mean, invstd, running_mean, running_var);
   });
 }
 
@@ -92,57 +197,13 @@ __global__ void invstd_kernel(const T* var, int64_t C, double eps, T* invstd) {
   for_each_channel(C, [&](int64_t c) { invstd[c] = static_cast<T>(1.0 / sqrt(static_cast<double>(var[c]) + eps)); });
 }
 
-// grad_weight = sum dy*(x - mean) * invstd, grad_bias = sum dy (either may be null).
 template <class T>
-__global__ void param_grads_kernel(const double* sum_dy, const double* sum_dy_xmu, const T* invstd, int64_t C,
-                                   T* grad_weight, T* grad_bias) {
-  for_each_channel(C, [&](int64_t c) {
-    if (grad_weight) grad_weight[c] = static_cast<T>(sum_dy_xmu[c] * static_cast<double>(invstd[c]));
-    if (grad_bias) grad_bias[c] = static_cast<T>(sum_dy[c]);
-  });
-}
-
-// ---- elementwise kernels (grid-stride over N*C*S, channel tracked by ElementWalk) ---------
-
-// f(i, c) for every element i < total of [N, C, S], c its channel; grid-stride.
-template <class F>
-__device__ void for_each_element(int64_t total, int64_t C, int64_t S, F&& f) {
-  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (first >= total) return;
-  for (ElementWalk w = element_walk(first, int64_t(gridDim.x) * blockDim.x, C, S); w.i < total; w.next()) f(w.i, w.c);
-}
-
-template <class T>
-__global__ void apply_kernel(const T* x, const T* mean, const T* invstd, const T* weight, const T* bias,
-                             int64_t total, int64_t C, int64_t S, T* y) {
-  for_each_element(total, C, S, [&](int64_t i, int64_t c) {
-    // Subtract the mean first, as the CPU: folding it into the shift cancels when |mean| >> std.
-    const T a = invstd[c] * (weight ? weight[c] : T(1));
-    const T b = bias ? bias[c] : T(0);
-    y[i] = (x[i] - mean[c]) * a + b;
-  });
-}
-
-template <class T>
-__global__ void backward_elemt_kernel(const T* dy, const T* x, const T* mean, const T* invstd, const T* weight,
-                                      const double* sum_dy, const double* sum_dy_xmu, const double* device_count,
-                                      double count, int64_t total, int64_t C, int64_t S, T* dx) {
-  if (device_count) count = *device_count;
-  for_each_element(total, C, S, [&](int64_t i, int64_t c) {
-    const double is = static_cast<double>(invstd[c]);
-    const double scale = (weight ? static_cast<double>(weight[c]) : 1.0) * is;
-    const double proj = sum_dy_xmu[c] / count * is * is;  // coefficient of (x - mean)
-    const double xm = static_cast<double>(x[i]) - static_cast<double>(mean[c]);
-    dx[i] = static_cast<T>(scale * (static_cast<double>(dy[i]) - sum_dy[c] / count - xm * proj));
-  });
-}
-
-// Eval: mean and invstd are constants, so dx = dy * weight * invstd.
-template <class T>
-__global__ void eval_input_grad_kernel(const T* dy, const T* invstd, const T* weight, int64_t total, int64_t C,
-                                       int64_t S, T* dx) {
-  for_each_element(total, C, S,
-                   [&](int64_t i, int64_t c) { dx[i] = dy[i] * (invstd[c] * (weight ? weight[c] : T(1))); });
+void backward_elemt(const T* dy, const T* x, const T* mean, const T* invstd, const T* weight, const double* sum_dy,
+                    const double* sum_dy_xmu, const double* device_count, double count, int64_t N, int64_t C,
+                    int64_t S, T* dx, cudaStream_t stream) {
+  launch_elementwise("batch_norm_backward_elemt",
+                     InputGradMap<T>{dy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, device_count, count, 0.0, dx},
+                     N, C, S, aligned({dy, x, dx}), stream);
 }
 
 }  // namespace
@@ -150,7 +211,7 @@ __global__ void eval_input_grad_kernel(const T* dy, const T* invstd, const T* we
 template <typename T>
 void batch_norm_channel_stats(const T* x, int64_t N, int64_t C, int64_t S, double* sum, double* sumsq,
                               cudaStream_t stream) {
-  channels::reduce("batch_norm_channel_stats", StatsOp<T>{x, sum, sumsq}, N, C, S, C, stream);
+  channels::reduce("batch_norm_channel_stats", ChannelStatsOp<T>{{x, S}, sum, sumsq}, N, C, S, C, stream);
 }
 
 template <typename T>
@@ -184,16 +245,15 @@ void batch_norm_invstd(const T* var, int64_t C, double eps, T* invstd, cudaStrea
 template <typename T>
 void batch_norm_apply(const T* x, const T* mean, const T* invstd, const T* weight, const T* bias, int64_t N,
                       int64_t C, int64_t S, T* y, cudaStream_t stream) {
-  const int64_t total = N * C * S;
-  if (total == 0) return;
-  apply_kernel<T><<<detail::blocks_for(total), kThreads, 0, stream>>>(x, mean, invstd, weight, bias, total, C, S, y);
-  check_launch("batch_norm_apply");
+  launch_elementwise("batch_norm_apply", ApplyMap<T>{x, mean, invstd, weight, bias, y}, N, C, S, aligned({x, y}),
+                     stream);
 }
 
 template <typename T>
 void batch_norm_backward_reduce(const T* dy, const T* x, const T* mean, int64_t N, int64_t C, int64_t S,
                                 double* sum_dy, double* sum_dy_xmu, cudaStream_t stream) {
-  channels::reduce("batch_norm_backward_reduce", BackwardReduceOp<T>{dy, x, mean, sum_dy, sum_dy_xmu}, N, C, S, C,
+  channels::reduce("batch_norm_backward_reduce",
+                   BackwardReduceOp<T>{dy, x, mean, nullptr, sum_dy, sum_dy_xmu, nullptr, nullptr}, N, C, S, C,
                    stream);
 }
 
@@ -201,23 +261,16 @@ template <typename T>
 void batch_norm_backward_elemt(const T* dy, const T* x, const T* mean, const T* invstd, const T* weight,
                                const double* sum_dy, const double* sum_dy_xmu, double count, int64_t N, int64_t C,
                                int64_t S, T* dx, cudaStream_t stream) {
-  const int64_t total = N * C * S;
-  if (total == 0) return;
+  if (N * C * S == 0) return;
   require(count > 0, "batch_norm_backward_elemt", "expected count > 0, found " + std::to_string(count));
-  backward_elemt_kernel<T><<<detail::blocks_for(total), kThreads, 0, stream>>>(
-      dy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, nullptr, count, total, C, S, dx);
-  check_launch("batch_norm_backward_elemt");
+  backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, nullptr, count, N, C, S, dx, stream);
 }
 
 template <typename T>
 void batch_norm_backward_elemt(const T* dy, const T* x, const T* mean, const T* invstd, const T* weight,
                                const double* sum_dy, const double* sum_dy_xmu, const double* count, int64_t N,
                                int64_t C, int64_t S, T* dx, cudaStream_t stream) {
-  const int64_t total = N * C * S;
-  if (total == 0) return;
-  backward_elemt_kernel<T><<<detail::blocks_for(total), kThreads, 0, stream>>>(
-      dy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count, 0.0, total, C, S, dx);
-  check_launch("batch_norm_backward_elemt");
+  backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count, 0.0, N, C, S, dx, stream);
 }
 
 template <typename T>
@@ -227,12 +280,10 @@ void batch_norm_forward_training(const T* x, const T* weight, const T* bias, T* 
   if (C == 0) return;
   require(N * S > 0, "batch_norm_forward_training",
           "expected values in every channel (N*S > 0), found N = " + std::to_string(N) + ", S = " + std::to_string(S));
-  const Scratch scratch("batch_norm_forward_training", sizeof(double) * 2 * C, stream);
-  double* sums = scratch.as<double>();  // [sum | sum of squares]
-  batch_norm_channel_stats(x, N, C, S, sums, sums + C, stream);
-  batch_norm_stats_to_mean_invstd(sums, sums + C, static_cast<double>(N * S), C, eps, momentum, save_mean,
-                                  save_invstd, running_mean, running_var, stream);
-  batch_norm_apply(x, save_mean, save_invstd, weight, bias, N, C, S, y, stream);
+  const TrainingStatsOp<T> stats{
+      {x, S}, eps, momentum, save_mean, save_invstd, running_mean, running_var, weight, bias, y};
+  if (!channels::reduce("batch_norm_forward_training", stats, N, C, S, C, stream))
+    batch_norm_apply(x, save_mean, save_invstd, weight, bias, N, C, S, y, stream);
 }
 
 template <typename T>
@@ -250,28 +301,24 @@ void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd
                          int64_t C, int64_t S, bool training, T* grad_input, T* grad_weight, T* grad_bias,
                          cudaStream_t stream) {
   if (C == 0) return;
-  const int64_t total = N * C * S;
-  const bool param_grads = grad_weight != nullptr || grad_bias != nullptr;
-  const bool need_sums = param_grads || (training && grad_input != nullptr);
+  const bool input_grad = grad_input != nullptr && N * C * S > 0;
+  const bool need_sums = training && input_grad;
   // The sums read dy, so they come first: grad_input may be dy.
   const Scratch scratch("batch_norm_backward", need_sums ? sizeof(double) * 2 * C : 0, stream);
   double* sums = scratch.as<double>();  // [sum dy | sum dy*(x - mean)]
-  if (need_sums) batch_norm_backward_reduce(dy, x, mean, N, C, S, sums, sums + C, stream);
-  if (param_grads) {
-    param_grads_kernel<T><<<detail::blocks_for(C), kThreads, 0, stream>>>(sums, sums + C, invstd, C, grad_weight,
-                                                                          grad_bias);
-    check_launch("batch_norm_backward (weight and bias gradients)");
+  if (need_sums || grad_weight != nullptr || grad_bias != nullptr) {
+    const BackwardReduceOp<T> op{dy,          x, mean, invstd, need_sums ? sums : nullptr, need_sums ? sums + C : nullptr,
+                                 grad_weight, grad_bias};
+    channels::reduce("batch_norm_backward", op, N, C, S, C, stream);
   }
-  if (grad_input == nullptr || total == 0) return;
+  if (!input_grad) return;
   if (training) {
-    batch_norm_backward_elemt(dy, x, mean, invstd, weight, sums, sums + C, static_cast<double>(N * S), N, C, S,
-                              grad_input, stream);
+    backward_elemt(dy, x, mean, invstd, weight, sums, sums + C, nullptr, static_cast<double>(N * S), N, C, S,
+                   grad_input, stream);
     return;
   }
-  // Eval: mean and invstd are constants, so the map is affine.
-  eval_input_grad_kernel<T><<<detail::blocks_for(total), kThreads, 0, stream>>>(dy, invstd, weight, total, C, S,
-                                                                                grad_input);
-  check_launch("batch_norm_backward (eval input gradient)");
+  launch_elementwise("batch_norm_backward (eval input gradient)", EvalInputGradMap<T>{dy, invstd, weight, grad_input},
+                     N, C, S, aligned({dy, grad_input}), stream);
 }
 
 #define ND_INSTANTIATE(T)                                                                                            \

@@ -5,14 +5,18 @@
 // device pointer: the overloads below).
 //
 // Statistics (channel_stats, backward_reduce) are deterministic: each thread reduces a
-// fixed set of a channel's values (Welford's mean/M2 for the statistics, kernels/common/
-// welford.h), each block combines its threads in a fixed tree, and when a channel is split
-// over several blocks a second kernel combines the blocks' partials in a fixed order. No
-// atomics: the same input gives bitwise the same sums on every run. [N, C, S] with S > 1
-// puts one or more blocks on each channel; S = 1 puts 32 channels side by side in a block,
-// so that neighbouring threads read neighbouring addresses. Index math:
-// kernels/common/batch_norm_index.h. Tests: tests/cuda/cuda_batch_norm_test.cpp (against
-// the CPU), tests/kernels/welford_test.cpp (the shared math).
+// fixed set of a channel's values (shifted sums, no division per value), each block
+// combines its threads in a fixed tree (Welford/Chan, kernels/common/welford.h), and when a
+// channel is split over several blocks the last block to finish folds the blocks' partials
+// in chunk order, in the same launch (kernels/cuda/channel_reduce.cuh). No float atomics:
+// the same input gives bitwise the same sums on every run. [N, C, S] with S > 1 puts one
+// or more blocks on each channel; S = 1 puts 32 channels side by side in a block, so that
+// neighbouring threads read neighbouring addresses. The fused forward and backward are two
+// launches each, the forward one when a block holds whole channels (kernels/cuda/
+// batch_norm.cu says why not one always). Index math:
+// kernels/common/batch_norm_index.h. Tests: tests/emu/batch_norm_emu_test.cpp and
+// tests/cuda/cuda_batch_norm_test.cpp (against the CPU), tests/kernels/welford_test.cpp
+// (the shared math).
 #include <cstdint>
 
 #include "kernels/cuda/stream.h"
@@ -68,7 +72,9 @@ void batch_norm_backward_elemt(const T* dy, const T* x, const T* mean, const T* 
                                const double* sum_dy, const double* sum_dy_xmu, const double* count, int64_t N,
                                int64_t C, int64_t S, T* dx, cudaStream_t stream);
 
-// channel_stats -> stats_to_mean_invstd (count = N*S) -> apply.
+// The statistics (finished into mean, invstd and the running stats by their last block)
+// -> apply: two launches; one where a block holds whole channels (N*S <= 4096, or N <= 128
+// when S = 1): the statistics kernel applies them.
 // requires: N*S > 0 (> 1 with running stats); otherwise as the CPU twin.  in-place: y may equal x.
 template <typename T>
 void batch_norm_forward_training(const T* x, const T* weight, const T* bias, T* running_mean, T* running_var,
@@ -83,6 +89,7 @@ void batch_norm_forward_eval(const T* x, const T* running_mean, const T* running
 // grad_bias = sum dy, grad_weight = sum dy * (x - mean) * invstd, grad_input as the CPU twin
 // (training: backward_elemt with count = N*S; eval: dy * weight * invstd). Null outputs
 // are skipped; outputs are written, not accumulated.  in-place: grad_input may equal dy.
+// Two launches: the sums (finished into grad_weight and grad_bias), then grad_input.
 template <typename T>
 void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd, const T* weight, int64_t N,
                          int64_t C, int64_t S, bool training, T* grad_input, T* grad_weight, T* grad_bias,

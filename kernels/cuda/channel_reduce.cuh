@@ -1,14 +1,36 @@
 #pragma once
 // A deterministic per-channel reduction over [N, C, S] (batch_norm.cu's statistics and
-// gradient sums, reduce.cu's column sums), parameterised by an Op: its per-thread State,
-// add(State&, element offset, channel), combine(State, State) and finish(State, channel).
+// gradient sums, reduce.cu's column sums) in one launch, parameterised by an Op:
+//   Acc    a thread's running accumulator, Acc start(c) before its first value of channel c
+//          (a shift, the channel's mean: what every value of the channel is taken against);
+//   Value  what one element yields: Value load(element offset);
+//   add(Acc&, const Value&)            per value: adds and multiplies only, no division;
+//   State summary(const Acc&, c)       what a thread hands on (one division per thread at most);
+//   State combine(State, State)        associative in exact arithmetic; applied in a fixed tree;
+//   finish(State, c)                   writes channel c's results (the statistics, mean and
+//                                      invstd, the parameter gradients: whatever the Op is for);
+//   kRevisit, revisit_constants(c), revisit(constants, offset, Value)
+//                                      when kRevisit and a block holds every value of its
+//                                      channels (one chunk), each thread walks its values
+//                                      again after finish and hands them to revisit (batch
+//                                      norm's apply, in the statistics' launch).
 //
 // Why this shape: the results must repeat bit for bit run to run (SyncBatchNorm ranks and
-// repeated runs must agree), so there are no atomics: every value goes to a fixed thread,
-// threads combine in a fixed tree, blocks in a fixed order.
-//   level 1: block (channel or 32 channels, chunk k) -> State; with one chunk per channel
-//            the block writes the result directly;
-//   level 2: one block per channel folds its chunks' States in chunk order.
+// repeated runs must agree), so no float atomics: every value goes to a fixed thread,
+// threads combine in a fixed tree, chunks in a fixed order.
+//   A block (a channel, or 32 channels side by side when S = 1, and chunk k of its values)
+//   reduces its values: each thread walks its values kUnroll at a time (the offsets by
+//   additions, then all kUnroll loads, then the adds: several loads in flight per thread),
+//   then the block's threads combine in a fixed halving tree.
+//   One chunk per channel: the block finishes the channel at once.
+//   Several: the block stores its State in a partials table, and the last block of the
+//   channel group to arrive (an atomic ticket per group, after a __threadfence: the only
+//   atomic, on an integer) folds every chunk's State in chunk order and finishes. Which
+//   block is last varies run to run; the order it folds in does not.
+// So a reduction plus what follows it per channel is one launch (the previous version took
+// a second launch to combine the chunks and a third to turn sums into mean and invstd),
+// plus a cudaMemsetAsync of the tickets when a channel is split; and when every channel
+// fits one block, an elementwise pass that needs the result (kRevisit) joins it too.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -25,7 +47,8 @@ using detail::Scratch;
 constexpr int kColumns = 32;                // S = 1: channels side by side in a block (one warp row)
 constexpr int kRows = kThreads / kColumns;  // S = 1: rows of the batch a block walks at once
 constexpr int64_t kValuesPerThread = 16;    // chunk size target: enough work to hide latency
-constexpr int64_t kMaxChunks = 1024;        // chunks per channel (gridDim.y <= 65535)
+constexpr int64_t kMaxChunks = 1024;        // chunks per channel: fills an H200 (132 SMs x 8 blocks)
+constexpr int kUnroll = 4;                  // values a thread loads before it adds them
 
 // Combines the States of the threadIdx.y lanes of each block column in a fixed halving
 // tree (blockDim.y a power of two); threads (x, 0) return their column's total.
@@ -38,92 +61,167 @@ __device__ typename Op::State combine_lanes(typename Op::State st, typename Op::
     if (threadIdx.y < h) smem[t] = Op::combine(smem[t], smem[t + h * blockDim.x]);
     __syncthreads();
   }
-  return smem[threadIdx.x];
+  const typename Op::State total = smem[threadIdx.x];
+  __syncthreads();  // smem is reused by the fold of the chunks
+  return total;
 }
 
-// Chunk k's State of channel c: the channel's result when it has one chunk.
+// A partial another block stored in this launch, read from L2 (ld.cg): the L1 of this
+// SM is not coherent with the other SMs' stores. States are plain structs of doubles.
+template <class State>
+__device__ State load_partial(const State* p) {
+#ifdef __CUDA_ARCH__
+  static_assert(sizeof(State) % sizeof(double) == 0, "a State is a struct of doubles");
+  State s;
+  auto* d = reinterpret_cast<double*>(&s);
+  for (size_t i = 0; i < sizeof(State) / sizeof(double); ++i) d[i] = __ldcg(reinterpret_cast<const double*>(p) + i);
+  return s;
+#else
+  return *p;
+#endif
+}
+
+// The block's lanes' total for column channel c (valid in threads (x, 0)) is stored as
+// chunk blockIdx.y's partial; the last block of group blockIdx.x to store folds the chunks
+// of each of its channels in order (lane t: chunks t, t + blockDim.y, ...; then the tree)
+// and finishes them. With one chunk, the total is finished at once.
 template <class Op>
-__device__ void store(const Op& op, const typename Op::State& st, int64_t c, int64_t k, typename Op::State* partial) {
-  if (gridDim.y == 1) {
-    op.finish(st, c);
-  } else {
-    partial[c * gridDim.y + k] = st;
+__device__ void store_or_finish(const Op& op, typename Op::State st, int64_t c, bool valid,
+                                typename Op::State* partial, unsigned* tickets, typename Op::State* smem) {
+  using State = typename Op::State;
+  const unsigned chunks = gridDim.y;
+  if (chunks == 1) {
+    if (threadIdx.y == 0 && valid) op.finish(st, c);
+    return;
   }
+  __shared__ bool last;
+  if (threadIdx.y == 0 && valid) partial[c * chunks + blockIdx.y] = st;
+  __threadfence();  // the partial is visible device-wide before the ticket is taken
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) last = atomicAdd(&tickets[blockIdx.x], 1u) == chunks - 1;
+  __syncthreads();
+  if (!last) return;  // the same for the whole block
+  __threadfence();
+  State folded{};
+  if (valid)
+    for (unsigned k = threadIdx.y; k < chunks; k += blockDim.y)
+      folded = Op::combine(folded, load_partial(partial + c * chunks + k));
+  folded = combine_lanes<Op>(folded, smem);
+  if (threadIdx.y == 0 && valid) op.finish(folded, c);
+}
+
+// use(offset, value) for values j = first, first + step, ... < end of channel c (a walk
+// from channel_walk), kUnroll at a time: the offsets, then the loads, then the uses.
+template <class Op, class Use>
+__device__ void walk_values(const Op& op, int64_t first, int64_t end, int64_t step, int64_t C, int64_t S, int64_t c,
+                            Use&& use) {
+  ChannelWalk w = channel_walk(first, step, C, S, c);
+  for (int64_t j = first; j < end; j += kUnroll * step) {
+    int64_t offset[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      offset[u] = w.offset;
+      if (j + u * step < end) w.next();
+    }
+    typename Op::Value v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (j + u * step < end) v[u] = op.load(offset[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (j + u * step < end) use(offset[u], v[u]);
+  }
+}
+
+// The State of a thread's values (an empty one when it has none).
+template <class Op>
+__device__ typename Op::State reduce_values(const Op& op, int64_t first, int64_t end, int64_t step, int64_t C,
+                                            int64_t S, int64_t c) {
+  if (first >= end) return typename Op::State{};
+  typename Op::Acc acc = op.start(c);
+  walk_values(op, first, end, step, C, S, c, [&](int64_t, const typename Op::Value& v) { op.add(acc, v); });
+  return op.summary(acc, c);
+}
+
+// The second walk of kRevisit Ops (one chunk per channel): the same values, after finish's
+// writes (a __syncthreads makes them visible to the block).
+template <class Op>
+__device__ void revisit_values(const Op& op, int64_t first, int64_t end, int64_t step, int64_t C, int64_t S,
+                               int64_t c) {
+  if (first >= end) return;
+  const auto constants = op.revisit_constants(c);
+  walk_values(op, first, end, step, C, S, c,
+              [&](int64_t offset, const typename Op::Value& v) { op.revisit(constants, offset, v); });
 }
 
 // S > 1. Grid (C, chunks), block (1, kThreads): lane t of block (c, k) adds values
 // j = begin + t, begin + t + kThreads, ... < end of channel c.
 template <class Op>
-__global__ void channel_partials_kernel(Op op, int64_t C, int64_t S, int64_t values, int64_t chunk_length,
-                                        typename Op::State* partial) {
+__global__ void channel_kernel(Op op, int64_t C, int64_t S, int64_t values, int64_t chunk_length,
+                               typename Op::State* partial, unsigned* tickets) {
   __shared__ typename Op::State smem[kThreads];
-  const int64_t c = blockIdx.x, k = blockIdx.y;
-  const int64_t begin = k * chunk_length;
+  const int64_t c = blockIdx.x, begin = blockIdx.y * chunk_length;
   const int64_t end = begin + chunk_length < values ? begin + chunk_length : values;
-  typename Op::State st{};
-  const int64_t first = begin + threadIdx.y;
-  if (first < end) {
-    ChannelWalk w = channel_walk(first, blockDim.y, C, S, c);
-    for (int64_t j = first; j < end; j += blockDim.y, w.next()) op.add(st, w.offset, c);
-  }
+  typename Op::State st = reduce_values(op, begin + threadIdx.y, end, blockDim.y, C, S, c);
   st = combine_lanes<Op>(st, smem);
-  if (threadIdx.y == 0) store(op, st, c, k, partial);
+  store_or_finish(op, st, c, true, partial, tickets, smem);
+  if constexpr (Op::kRevisit) {
+    if (gridDim.y != 1) return;
+    __syncthreads();
+    revisit_values(op, begin + threadIdx.y, end, blockDim.y, C, S, c);
+  }
 }
 
 // S = 1 ([N, C] with rows ld apart). Grid (ceil(C / kColumns), chunks), block (kColumns,
 // kRows): thread (tx, ty) of block (b, k) adds rows n = begin + ty, begin + ty + kRows,
-// ... < end of channel b * kColumns + tx; a warp reads kColumns consecutive channels of one row.
+// ... < end of channel b * kColumns + tx; a warp reads kColumns consecutive channels of one
+// row. (As a walk: C' = 1 channel of S' = 1 with planes ld apart.)
 template <class Op>
-__global__ void column_partials_kernel(Op op, int64_t N, int64_t C, int64_t ld, int64_t chunk_length,
-                                       typename Op::State* partial) {
+__global__ void column_kernel(Op op, int64_t N, int64_t C, int64_t ld, int64_t chunk_length,
+                              typename Op::State* partial, unsigned* tickets) {
   __shared__ typename Op::State smem[kThreads];
-  const int64_t c = int64_t(blockIdx.x) * kColumns + threadIdx.x, k = blockIdx.y;
-  const int64_t begin = k * chunk_length;
+  const int64_t c = int64_t(blockIdx.x) * kColumns + threadIdx.x, begin = blockIdx.y * chunk_length;
   const int64_t end = begin + chunk_length < N ? begin + chunk_length : N;
+  const bool valid = c < C;
   typename Op::State st{};
-  if (c < C)
-    for (int64_t n = begin + threadIdx.y; n < end; n += kRows) op.add(st, n * ld + c, c);
+  if (valid) st = reduce_values(op, begin + threadIdx.y, end, kRows, ld, 1, c);
   st = combine_lanes<Op>(st, smem);
-  if (threadIdx.y == 0 && c < C) store(op, st, c, k, partial);
-}
-
-// Level 2. Grid (C), block (1, kThreads): lane t folds chunks t, t + kThreads, ... in
-// order, then the lanes combine in the fixed tree.
-template <class Op>
-__global__ void combine_partials_kernel(Op op, int64_t chunks, const typename Op::State* partial) {
-  __shared__ typename Op::State smem[kThreads];
-  const int64_t c = blockIdx.x;
-  typename Op::State st{};
-  for (int64_t k = threadIdx.y; k < chunks; k += blockDim.y) st = Op::combine(st, partial[c * chunks + k]);
-  st = combine_lanes<Op>(st, smem);
-  if (threadIdx.y == 0) op.finish(st, c);
+  store_or_finish(op, st, c, valid, partial, tickets, smem);
+  if constexpr (Op::kRevisit) {
+    if (gridDim.y != 1) return;
+    __syncthreads();
+    if (valid) revisit_values(op, begin + threadIdx.y, end, kRows, ld, 1, c);
+  }
 }
 
 // Op's result for each channel c < C of [N, C, S] (rows of [N, C] ld elements apart when
-// S == 1; ld == C when contiguous): one launch when a channel's values fit one chunk, else
-// the partials (in scratch from the caching allocator) and their combination.
+// S == 1; ld == C when contiguous), in one launch: the partials and tickets, when a channel
+// is split into chunks, in scratch from the caching allocator (the tickets zeroed first).
+// Returns whether every channel was one chunk (then a kRevisit Op revisited its values).
 template <class Op>
-void reduce(const char* kernel, const Op& op, int64_t N, int64_t C, int64_t S, int64_t ld, cudaStream_t stream) {
-  if (C == 0) return;
+bool reduce(const char* kernel, const Op& op, int64_t N, int64_t C, int64_t S, int64_t ld, cudaStream_t stream) {
+  if (C == 0) return true;
   require(C <= int64_t(0x7fffffff), kernel, "at most 2^31 - 1 channels, found " + std::to_string(C));
   using State = typename Op::State;
   const bool columns = S == 1;
   const int64_t per_chunk = (columns ? kRows : kThreads) * kValuesPerThread;
   const ChannelChunks chunks = channel_chunks(N * S, per_chunk, kMaxChunks);
-  const Scratch scratch(kernel, chunks.count > 1 ? sizeof(State) * C * chunks.count : 0, stream);
+  const int64_t groups = columns ? (C + kColumns - 1) / kColumns : C;
+  const size_t partial_bytes = chunks.count > 1 ? (sizeof(State) * C * chunks.count + 15) / 16 * 16 : 0;
+  const size_t ticket_bytes = chunks.count > 1 ? sizeof(unsigned) * groups : 0;
+  const Scratch scratch(kernel, partial_bytes + ticket_bytes, stream);
   State* partial = scratch.as<State>();
-  const auto chunk_count = static_cast<unsigned>(chunks.count);
+  unsigned* tickets = chunks.count > 1 ? reinterpret_cast<unsigned*>(scratch.as<unsigned char>() + partial_bytes)
+                                       : nullptr;
+  if (tickets) check(cudaMemsetAsync(tickets, 0, ticket_bytes, stream), "cudaMemsetAsync", kernel);
+  const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(chunks.count));
   if (columns) {
-    const dim3 grid(static_cast<unsigned>((C + kColumns - 1) / kColumns), chunk_count);
-    column_partials_kernel<Op><<<grid, dim3(kColumns, kRows), 0, stream>>>(op, N, C, ld, chunks.length, partial);
+    column_kernel<Op><<<grid, dim3(kColumns, kRows), 0, stream>>>(op, N, C, ld, chunks.length, partial, tickets);
   } else {
-    const dim3 grid(static_cast<unsigned>(C), chunk_count);
-    channel_partials_kernel<Op><<<grid, dim3(1, kThreads), 0, stream>>>(op, C, S, N * S, chunks.length, partial);
+    channel_kernel<Op><<<grid, dim3(1, kThreads), 0, stream>>>(op, C, S, N * S, chunks.length, partial, tickets);
   }
   check_launch(kernel);
-  if (chunks.count == 1) return;
-  combine_partials_kernel<Op><<<static_cast<unsigned>(C), dim3(1, kThreads), 0, stream>>>(op, chunks.count, partial);
-  check_launch(kernel);
+  return chunks.count == 1;
 }
 
 }  // namespace nd::kernels::cuda::channels

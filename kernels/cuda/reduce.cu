@@ -39,10 +39,16 @@ __global__ void sum_rows_kernel(int64_t R, const T* x, T* out) {
 // The column sum as a channel_reduce.cuh Op: in double, as the CPU's sum_columns.
 template <class T>
 struct ColumnSumOp {
+  using Acc = double;
+  using Value = T;
   using State = double;
+  static constexpr bool kRevisit = false;
   const T* x;
   T* out;
-  __device__ void add(State& st, int64_t offset, int64_t) const { st += static_cast<double>(x[offset]); }
+  __device__ static Acc start(int64_t) { return 0.0; }
+  __device__ Value load(int64_t offset) const { return x[offset]; }
+  __device__ static void add(Acc& a, Value v) { a += static_cast<double>(v); }
+  __device__ static State summary(Acc a, int64_t) { return a; }
   __device__ static State combine(State a, State b) { return a + b; }
   __device__ void finish(State st, int64_t c) const { out[c] = static_cast<T>(st); }
 };

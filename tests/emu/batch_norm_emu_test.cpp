@@ -1,9 +1,15 @@
 // kernels/cuda/batch_norm.cu in the emulator against kernels/cpu/batch_norm.cpp: every piece
 // SyncBatchNorm uses (channel_stats, stats_to_mean_invstd, invstd, apply, backward_reduce,
 // backward_elemt) and the fused forward (training, eval) and backward, f32 and f64, on the
-// three reduction layouts: S > 1 with one block per channel, S > 1 with a channel split
-// over several blocks (a second kernel combines their partials), and S = 1 (32 channels
-// side by side in a block, the last column block partial, split over blocks too).
+// reduction layouts: S > 1 with one block per channel, S > 1 with a channel split over
+// several blocks (the last block to finish folds their partials), and S = 1 (32 channels
+// side by side in a block, the last column block partial, split over blocks too); the
+// training forward in one launch where a block holds whole channels (statistics, then
+// apply) and in two where they are split; and on
+// the elementwise kernels' paths: float4 / double2 groups (S a multiple of 4, aligned),
+// groups across channels (odd S, a partial last group), tensors off 16-byte alignment.
+// Each fused call run twice gives bit-identical results (no float atomics; the block that
+// finishes a split channel varies, its order of folding does not).
 //
 // Tolerances: the statistics are double sums of n = N*S terms in different orders:
 // 2 gamma_n (u = 2^-53) of the sum of |terms|. Everything after them is a short
@@ -161,19 +167,74 @@ void check_batch_norm(const Shape& sh) {
   }
 }
 
+// Runs the fused forward and backward twice on the same input, the second time with x, y,
+// dy and dx one element off 16-byte alignment (the element-by-element path): the first
+// run's outputs bit for bit both times, against the CPU within the tolerance above.
+template <class T>
+void check_fused_repeatable(const Shape& sh) {
+  INFO(std::string(sh.name), sizeof(T) == 4 ? " f32" : " f64", ": repeated, then misaligned");
+  const int64_t N = sh.N, C = sh.C, S = sh.S, total = N * C * S;
+  const auto w = cast<T>(uniform(C, 3, 0.5, 1.5)), b = cast<T>(uniform(C, 4));
+  struct Outputs {
+    std::vector<T> y, mean, invstd, rm, rv, dx, dw, db;
+  };
+  auto run = [&](int64_t shift) {
+    auto x = cast<T>(uniform(total, 1, -1.0, 3.0)), dy = cast<T>(uniform(total, 2));
+    x.insert(x.begin(), shift, T(0));
+    dy.insert(dy.begin(), shift, T(0));
+    Outputs o{nans<T>(total + shift), nans<T>(C), nans<T>(C), cast<T>(uniform(C, 8)), cast<T>(uniform(C, 9, 0.5, 2.0)),
+              nans<T>(total + shift), nans<T>(C), nans<T>(C)};
+    cuda::batch_norm_forward_training<T>(x.data() + shift, w.data(), b.data(), o.rm.data(), o.rv.data(), N, C, S, 0.1,
+                                         1e-5, o.y.data() + shift, o.mean.data(), o.invstd.data(), nullptr);
+    cuda::batch_norm_backward<T>(dy.data() + shift, x.data() + shift, o.mean.data(), o.invstd.data(), w.data(), N, C,
+                                 S, true, o.dx.data() + shift, o.dw.data(), o.db.data(), nullptr);
+    o.y.erase(o.y.begin(), o.y.begin() + shift);
+    o.dx.erase(o.dx.begin(), o.dx.begin() + shift);
+    return o;
+  };
+  const Outputs first = run(0);
+  for (int64_t shift : {0, 1}) {
+    const Outputs again = run(shift);
+    check_equal("y", again.y, first.y);
+    check_equal("save_mean", again.mean, first.mean);
+    check_equal("save_invstd", again.invstd, first.invstd);
+    check_equal("running_mean", again.rm, first.rm);
+    check_equal("running_var", again.rv, first.rv);
+    check_equal("grad_input", again.dx, first.dx);
+    check_equal("grad_weight", again.dw, first.dw);
+    check_equal("grad_bias", again.db, first.db);
+  }
+}
+
 // One block per channel (N*S = 1400 values: one chunk of 4096).
 const Shape kPlanes{"[2, 5, 700]", 2, 5, 700};
 // N*S = 10000 values: three chunks per channel, combined by the second kernel.
 const Shape kSplit{"[4, 3, 2500]", 4, 3, 2500};
 // S = 1: 40 channels in two column blocks (the second partial), 300 rows in 3 chunks of 128.
 const Shape kColumns{"[300, 40, 1]", 300, 40, 1};
+// S = 1 with rows that fit one block (50 <= 128): the forward's statistics kernel applies
+// them too, column by column (37 channels: the second column block partial).
+const Shape kFewRows{"[50, 37, 1]", 50, 37, 1};
+// Odd S: groups of 4 consecutive elements span two or three channels; 105 elements, so the
+// last group holds one.
+const Shape kOdd{"[3, 5, 7]", 3, 5, 7};
+// S = 2 and S = 3: a group of 4 wraps a plane twice or more.
+const Shape kTiny{"[7, 3, 2]", 7, 3, 2};
+const Shape kThree{"[5, 2, 3]", 5, 2, 3};
 
-TEST_CASE("batch_norm f32: every piece on the three reduction layouts") {
-  for (const Shape& s : {kPlanes, kSplit, kColumns}) check_batch_norm<float>(s);
+TEST_CASE("batch_norm f32: every piece on the three reduction layouts and odd planes") {
+  for (const Shape& s : {kPlanes, kSplit, kColumns, kFewRows, kOdd, kTiny, kThree}) check_batch_norm<float>(s);
 }
 
-TEST_CASE("batch_norm f64: every piece on the three reduction layouts") {
-  for (const Shape& s : {kPlanes, kSplit, kColumns}) check_batch_norm<double>(s);
+TEST_CASE("batch_norm f64: every piece on the three reduction layouts and odd planes") {
+  for (const Shape& s : {kPlanes, kSplit, kColumns, kFewRows, kOdd, kTiny, kThree}) check_batch_norm<double>(s);
+}
+
+TEST_CASE("batch_norm fused forward and backward: bit-identical when repeated, and off 16-byte alignment") {
+  for (const Shape& s : {kPlanes, kSplit, kColumns, kFewRows, kOdd}) {
+    check_fused_repeatable<float>(s);
+    check_fused_repeatable<double>(s);
+  }
 }
 
 TEST_CASE("batch_norm statistics of an empty batch are zero") {

@@ -2,8 +2,10 @@
 // the formulas written out here in double: SGD (plain, momentum first and later steps,
 // dampening, Nesterov, weight decay) and Adam (Adam / AdamW, AMSGrad, weight decay), f32
 // and f64, over several tensors in one multi-tensor step: lengths of 1, one chunk exactly,
-// a chunk and one, an empty tensor, several chunks with a tail, each tensor with its own
-// step (Adam) or first step (SGD). GradScaler's unscale_grad (exact: one multiply by a
+// a chunk and one, an empty tensor, several chunks with a tail (partial groups of 4), one
+// tensor whose buffers start off 16-byte alignment (element by element where the others
+// load float4 / double2), each tensor with its own step (Adam) or first step (SGD); more
+// tensors and distinct steps than one launch holds (several launches). GradScaler's unscale_grad (exact: one multiply by a
 // power of two, and the same non-finite answer). CUDA and CPU evaluate
 // kernels/common/optim_math.h per element, so they agree within 8 ulps of the largest value
 // (compilations may contract multiply-adds differently: check_ulps); the reference in
@@ -26,6 +28,7 @@ using namespace nd::kernels;
 using namespace nd::emu_test;
 
 const std::vector<int64_t> kSizes{1, 4096, 0, 4097, 3 * 4096 + 77};
+const std::vector<int64_t> kShifts{0, 0, 0, 1, 0};  // tensor k's elements start at element kShifts[k]
 
 // Per tensor: parameters and state, one vector per buffer.
 template <class T>
@@ -37,7 +40,7 @@ template <class T>
 std::vector<Buffers<T>> random_buffers() {
   std::vector<Buffers<T>> out;
   for (size_t k = 0; k < kSizes.size(); ++k) {
-    const int64_t n = kSizes[k];
+    const int64_t n = kSizes[k] + kShifts[k];
     const auto seed = static_cast<unsigned>(10 * k);
     out.push_back({cast<T>(uniform(n, seed + 1)), cast<T>(uniform(n, seed + 2)), cast<T>(uniform(n, seed + 3)),
                    cast<T>(uniform(n, seed + 4, 0, 1)), cast<T>(uniform(n, seed + 5, 0, 1))});
@@ -61,14 +64,15 @@ template <class T>
 std::vector<cpu::SgdTensor<T>> sgd_tensors(std::vector<Buffers<T>>& b, const cpu::SgdParams& hp) {
   std::vector<cpu::SgdTensor<T>> t;
   for (size_t k = 0; k < b.size(); ++k)
-    t.push_back({kSizes[k], b[k].p.data(), b[k].g.data(), hp.momentum != 0 ? b[k].s1.data() : nullptr, k % 2 == 0});
+    t.push_back({kSizes[k], b[k].p.data() + kShifts[k], b[k].g.data() + kShifts[k],
+                 hp.momentum != 0 ? b[k].s1.data() + kShifts[k] : nullptr, k % 2 == 0});
   return t;
 }
 
 template <class T>
 void sgd_reference(std::vector<Buffers<T>>& b, const cpu::SgdParams& hp) {
   for (size_t k = 0; k < b.size(); ++k)
-    for (int64_t i = 0; i < kSizes[k]; ++i) {
+    for (int64_t i = kShifts[k]; i < kShifts[k] + kSizes[k]; ++i) {
       double d = double(b[k].g[i]) + hp.weight_decay * double(b[k].p[i]);
       if (hp.momentum != 0) {
         const double buf = k % 2 == 0 ? d : hp.momentum * double(b[k].s1[i]) + (1 - hp.dampening) * d;
@@ -96,8 +100,8 @@ template <class T>
 std::vector<cpu::AdamTensor<T>> adam_tensors(std::vector<Buffers<T>>& b, const cpu::AdamParams& hp) {
   std::vector<cpu::AdamTensor<T>> t;
   for (size_t k = 0; k < b.size(); ++k)
-    t.push_back({kSizes[k], b[k].p.data(), b[k].g.data(), b[k].s1.data(), b[k].s2.data(),
-                 hp.amsgrad ? b[k].s3.data() : nullptr, int64_t(k) + 1});
+    t.push_back({kSizes[k], b[k].p.data() + kShifts[k], b[k].g.data() + kShifts[k], b[k].s1.data() + kShifts[k],
+                 b[k].s2.data() + kShifts[k], hp.amsgrad ? b[k].s3.data() + kShifts[k] : nullptr, int64_t(k) + 1});
   return t;
 }
 
@@ -105,7 +109,7 @@ template <class T>
 void adam_reference(std::vector<Buffers<T>>& b, const cpu::AdamParams& hp) {
   for (size_t k = 0; k < b.size(); ++k) {
     const double t = double(k + 1), bc1 = 1 - std::pow(hp.beta1, t), bc2 = 1 - std::pow(hp.beta2, t);
-    for (int64_t i = 0; i < kSizes[k]; ++i) {
+    for (int64_t i = kShifts[k]; i < kShifts[k] + kSizes[k]; ++i) {
       double p = b[k].p[i], g = b[k].g[i];
       if (hp.decoupled_weight_decay)
         p *= 1 - hp.lr * hp.weight_decay;
@@ -149,6 +153,29 @@ TEST_CASE("adam_step: Adam, AdamW, AMSGrad, weight decay, each tensor at its own
                                     cpu::AdamParams{1e-2, 0.8, 0.99, 1e-6, 0.1, false, true}}) {
     check_adam<float>(hp);
     check_adam<double>(hp);
+  }
+}
+
+TEST_CASE("adam_step: more tensors and distinct steps than one launch holds") {
+  // f32 Adam launches hold 59 tensors and 8 coefficient sets: tensors 0-19 at steps 1..11 in
+  // turn split the step at the 9th set twice, the next 110 at step 1 at the 60th tensor.
+  const cpu::AdamParams hp{1e-2, 0.9, 0.99, 1e-8, 0.01, false, false};
+  constexpr size_t kTensors = 130;
+  std::vector<std::vector<float>> gpu_buffers, cpu_buffers;
+  for (unsigned k = 0; k < kTensors * 4; ++k) gpu_buffers.push_back(cast<float>(uniform(37, 100 + k, 0, 1)));
+  cpu_buffers = gpu_buffers;
+  auto tensors = [](std::vector<std::vector<float>>& b) {
+    std::vector<cpu::AdamTensor<float>> t;
+    for (size_t k = 0; k < kTensors; ++k)
+      t.push_back({37, b[4 * k].data(), b[4 * k + 1].data(), b[4 * k + 2].data(), b[4 * k + 3].data(), nullptr,
+                   k < 20 ? int64_t(k % 11) + 1 : 1});
+    return t;
+  };
+  cuda::adam_step<float>(0, tensors(gpu_buffers), hp, nullptr);
+  cpu::adam_step<float>(tensors(cpu_buffers), hp);
+  for (size_t k = 0; k < gpu_buffers.size(); ++k) {
+    INFO("tensor ", k / 4, " buffer ", k % 4);
+    check_ulps("cuda vs cpu", gpu_buffers[k], cpu_buffers[k]);
   }
 }
 

@@ -110,7 +110,7 @@ void check_columns(int64_t R, int64_t C, int64_t ld) {
   check_equal("sum_columns run twice", s3, s2);
 }
 
-TEST_CASE("column sums f32: one launch and two, a partial block of columns, strided and repeated rows") {
+TEST_CASE("column sums f32: one chunk and several (folded by the last block), a partial block of columns, strided and repeated rows") {
   for (int64_t R : {1, 5, 128, 129, 1000})
     for (int64_t C : {1, 33, 70}) {
       check_columns<float>(R, C, C);
