@@ -7,13 +7,15 @@
 //
 // Per channel group g (one grid z-slice), with Cg = C_in/groups and Og = C_out/groups:
 //   forward  y  [M = N*OH*OW, Og]        = X [M, Cg*kH*kW] * W_g^T       (X gathered from x)
-//   dgrad    dx [M = N*H*W,   Cg]        = DY [M, Og*kH*kW] * W_g         (DY gathered from dy)
+//   dgrad    dx [M = N*H*W,   Cg]        = DY [M, Og*kH*kW] * W_g         (DY gathered from dy),
+//            run as stride_h*stride_w phase GEMMs without the structural zeros (DgradPhase)
 //   wgrad    dw [Og, Cg*kH*kW]           = DY_g^T [Og, N*OH*OW] * X       (X as in forward)
 // Rows and depths are flattened row-major: a pixel row m = (n*Hs + h)*Ws + w, a tap
 // k = (c*kH + kh)*kW + kw, so neighbouring rows read neighbouring pixels (coalesced).
 // Compiles with and without nvcc (ND_HOST_DEVICE); all index arithmetic is int64_t.
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "kernels/common/counter_rng.h"  // ND_HOST_DEVICE
 #include "kernels/cpu/conv.h"            // Conv2dShape
@@ -62,15 +64,35 @@ ND_HOST_DEVICE int64_t input_coord(int64_t o, int64_t t, int64_t stride, int64_t
 
 ND_HOST_DEVICE bool in_range(int64_t i, int64_t size) { return i >= 0 && i < size; }
 
-// dgrad's inverse of input_coord: the output coordinate o < out_size with
-// input_coord(o, t) == i, or -1 when there is none (i + pad - t*dil negative or not a
-// multiple of stride, or o past the output: rows the floor in OH dropped).
-ND_HOST_DEVICE int64_t output_coord(int64_t i, int64_t t, int64_t stride, int64_t pad, int64_t dil,
-                                    int64_t out_size) {
-  const int64_t num = i + pad - t * dil;
-  if (num < 0 || num % stride != 0) return -1;
-  const int64_t o = num / stride;
-  return o < out_size ? o : -1;
+// dgrad along one spatial dimension, split by phase. With stride s, input coordinate i
+// receives a gradient through tap t only when s divides i + pad - t*dil, so the taps that
+// reach i depend on i mod s alone: for i = phase + r*s they are t*dil = phase + pad (mod s),
+// i.e. t = first_tap + a*tap_step (tap_step = s / gcd(s, dil)), and tap a reads output
+// coordinate o = (i + pad - t*dil) / s = r + base - a*out_step (out_step = tap_step*dil/s).
+// A dense GEMM per phase over exactly those taps multiplies no structural zero; the full
+// dgrad GEMM over all kH*kW taps would multiply (1 - 1/s) of them per dimension.
+struct DgradPhase {
+  int64_t first, rows;               // i = first + r*stride, r < rows
+  int64_t first_tap, taps, tap_step;  // t = first_tap + a*tap_step, a < taps (taps may be 0)
+  int64_t base, out_step;             // o = r + base - a*out_step, in [0, out_size) or padding
+};
+// requires: 0 <= phase < stride, size, kernel >= 0, dil >= 1. Host only.
+inline DgradPhase dgrad_phase(int64_t phase, int64_t size, int64_t kernel, int64_t stride, int64_t pad, int64_t dil) {
+  DgradPhase d{};
+  d.first = phase;
+  d.rows = phase < size ? (size - phase + stride - 1) / stride : 0;
+  const auto gcd = [](int64_t a, int64_t b) {
+    while (b != 0) a = std::exchange(b, a % b);
+    return a;
+  };
+  d.tap_step = stride / gcd(stride, dil);
+  d.out_step = d.tap_step * dil / stride;
+  for (int64_t t = 0; t < kernel; ++t)
+    if (((phase + pad - t * dil) % stride + stride) % stride == 0) {
+      if (d.taps++ == 0) d.first_tap = t;
+    }
+  d.base = (phase + pad - d.first_tap * dil) / stride;  // exact when taps > 0
+  return d;
 }
 
 // x[n, g*Cg + tap.c, ih, iw] for output pixel row m and tap depth k, 0 in the padding:
@@ -112,33 +134,48 @@ struct ForwardGemm {
   }
 };
 
-// dx[n, g*Cg + j, ih, iw] = bias + sum_{k = (o, kh, kw)} dy[n, g*Og + o, oh, ow] * w[g*Og + o, j, kh, kw]
-// over the taps whose output pixel (oh, ow) exists (output_coord >= 0 in both dims).
+// One phase (ph, pw) of dgrad: the input pixels (n, ph.first + r*stride_h, pw.first + c*stride_w)
+// as rows m = (n*ph.rows + r)*pw.rows + c, the output channels and the taps that reach them
+// as depth k = (o*ph.taps + a)*pw.taps + b (DgradPhase):
+// dx[n, g*Cg + j, ih, iw] = bias + sum_{k = (o, a, b)} dy[n, g*Og + o, oh, ow] * w[g*Og + o, j, kh, kw]
+// with dy read as 0 where (oh, ow) falls outside the output (padding, or rows the floor in
+// OH dropped). Every input pixel is a row of exactly one phase (dgrad_phase_gemm).
 // The bias is conv_transpose2d's (its forward is this pass); conv2d's dgrad passes nullptr.
 template <class T>
 struct DgradGemm {
   Geometry q;
+  DgradPhase ph, pw;
   const T *dy, *w, *bias;  // bias may be nullptr
   T* dx;
-  ND_HOST_DEVICE int64_t rows() const { return q.N * q.H * q.W; }
+  ND_HOST_DEVICE int64_t rows() const { return q.N * ph.rows * pw.rows; }
   ND_HOST_DEVICE int64_t cols() const { return q.Cg; }
-  ND_HOST_DEVICE int64_t depth() const { return q.Og * q.kH * q.kW; }
+  ND_HOST_DEVICE int64_t depth() const { return q.Og * ph.taps * pw.taps; }
   ND_HOST_DEVICE T a(int64_t g, int64_t m, int64_t k) const {
-    const Pixel p = pixel_of(m, q.H, q.W);
-    const Tap t = tap_of(k, q.kH, q.kW);  // t.c: the output channel within the group
-    const int64_t oh = output_coord(p.h, t.kh, q.stride_h, q.pad_h, q.dil_h, q.OH);
-    const int64_t ow = output_coord(p.w, t.kw, q.stride_w, q.pad_w, q.dil_w, q.OW);
-    if (oh < 0 || ow < 0) return T(0);
+    const Pixel p = pixel_of(m, ph.rows, pw.rows);
+    const Tap t = tap_of(k, ph.taps, pw.taps);  // t.c: the output channel within the group
+    const int64_t oh = p.h + ph.base - t.kh * ph.out_step, ow = p.w + pw.base - t.kw * pw.out_step;
+    if (!in_range(oh, q.OH) || !in_range(ow, q.OW)) return T(0);
     return dy[((p.n * q.C_out + g * q.Og + t.c) * q.OH + oh) * q.OW + ow];
   }
   ND_HOST_DEVICE T b(int64_t g, int64_t k, int64_t j) const {
-    const int64_t taps = q.kH * q.kW, o = k / taps;
-    return w[((g * q.Og + o) * q.Cg + j) * taps + k % taps];
+    const Tap t = tap_of(k, ph.taps, pw.taps);
+    const int64_t kh = ph.first_tap + t.kh * ph.tap_step, kw = pw.first_tap + t.kw * pw.tap_step;
+    return w[(((g * q.Og + t.c) * q.Cg + j) * q.kH + kh) * q.kW + kw];
   }
   ND_HOST_DEVICE void store(int64_t g, int64_t /*split*/, int64_t m, int64_t j, T v) const {
-    store_pixel(dx, bias, q.C_in, q.H, q.W, m, g * q.Cg + j, v);
+    const Pixel p = pixel_of(m, ph.rows, pw.rows);
+    const int64_t c = g * q.Cg + j, ih = ph.first + p.h * q.stride_h, iw = pw.first + p.w * q.stride_w;
+    dx[((p.n * q.C_in + c) * q.H + ih) * q.W + iw] = bias ? v + bias[c] : v;
   }
 };
+
+// Phase (phase_h, phase_w) of dgrad, phase_h < stride_h, phase_w < stride_w. Host only.
+template <class T>
+DgradGemm<T> dgrad_phase_gemm(const Geometry& q, int64_t phase_h, int64_t phase_w, const T* dy, const T* w,
+                              const T* bias, T* dx) {
+  return {q, dgrad_phase(phase_h, q.H, q.kH, q.stride_h, q.pad_h, q.dil_h),
+          dgrad_phase(phase_w, q.W, q.kW, q.stride_w, q.pad_w, q.dil_w), dy, w, bias, dx};
+}
 
 // dw[g*Og + m, j = (c, kh, kw)] = sum_{k = (n, oh, ow)} dy[n, g*Og + m, oh, ow] * X[k, j].
 // With split-K, chunk s of the depth goes to out + s*C_out*Cg*kH*kW (a partial buffer

@@ -10,6 +10,16 @@
 // gather costs integer divisions per element; it saves im2col's buffer (kH*kW times the
 // input) and the traffic to fill it.
 //
+// Strided dgrad (conv2d's input gradient, conv_transpose2d's forward) runs as stride_h *
+// stride_w launches, one per phase of the input pixels (ih mod stride_h, iw mod stride_w):
+// only the taps t with stride | ih + pad - t*dil reach a pixel, and they depend on its phase
+// alone (conv_index.h DgradPhase), so each phase is a dense GEMM over its own taps. One GEMM
+// over all kH*kW taps would multiply (1 - 1/stride) of its A operand as structural zeros per
+// dimension: 75% at stride 2, the DCGAN case, where the cost model's tensor-core flops drop
+// from 117 to 34 MFLOP (bench/RESULTS.md "Cost model"). The price: one launch per phase,
+// each with a quarter of the row tiles (fewer blocks for the SMs; a grid over the phases is
+// the next step).
+//
 // Grid: x = row tiles, y = column tiles, z = (group, depth chunk), each walked by a
 // grid-stride loop, so no size runs into gridDim.y/z <= 65535. wgrad's depth N*OH*OW is
 // long against few output tiles, so it is cut into chunks (split-K) whose partial
@@ -22,6 +32,13 @@
 // the same accessors, rounds each value to bf16 / f16 as it writes the shared tiles, multiplies 16x16x16
 // fragments into f32 accumulators, and goes back through a shared f32 tile to p.store, so
 // bias, groups and split-K are the accessors' business exactly as in the f32 kernel.
+//
+// Checked: every pass against kernels/cpu in the emulator (tests/emu/conv_emu_test.cpp:
+// partial tiles, groups, stride 2 and 3, dilation, padding, phases without taps,
+// output_padding; the sanitizer on), the accessors and phases on the CPU
+// (tests/kernels/conv_index_test.cpp), bit-reproducibility and autocast in
+// tests/cuda/cuda_conv_test.cpp on the emulated library. The phase split is not yet run on
+// a GPU: its speed is the cost model's estimate only.
 #include "kernels/cuda/conv.h"
 
 #include <cuda_bf16.h>
@@ -362,15 +379,31 @@ void wgrad(const char* kernel, const Conv2dShape& s, const T* x, const T* dy, T*
   check_launch(kernel);
 }
 
-// Forward (Gemm = ForwardGemm: out = conv(in, w) + bias) or dgrad (DgradGemm: out = the
-// adjoint applied to in, + bias[channel]) of the conv2d s, the whole depth in one chunk.
-template <template <class> class Gemm, class T>
-void one_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* w, const T* bias, T* out,
-              ConvOperands operands, cudaStream_t stream) {
+// Forward (ForwardGemm: out = conv(in, w) + bias) of the conv2d s, the whole depth in one chunk.
+template <class T>
+void forward_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* w, const T* bias, T* out,
+                  ConvOperands operands, cudaStream_t stream) {
   require_operands<T>(kernel, operands);
-  const Gemm<T> p{ci::geometry(s), in, w, bias, out};
+  const ci::ForwardGemm<T> p{ci::geometry(s), in, w, bias, out};
   if (p.rows() == 0) return;
   launch_gemm<T>(kernel, p, p.q.groups, whole_depth(p.depth()), operands, stream);
+}
+
+// Dgrad (DgradGemm: out = the adjoint of the conv2d s applied to in, + bias[channel]): one
+// launch per phase (stride_h * stride_w of them, conv_index.h's DgradPhase), each a dense
+// GEMM over the taps that reach its pixels, so no structural zero is multiplied. A phase
+// no tap reaches (stride > kernel) has depth 0: its launch stores the bias or 0.
+template <class T>
+void dgrad_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* w, const T* bias, T* out,
+                ConvOperands operands, cudaStream_t stream) {
+  require_operands<T>(kernel, operands);
+  const ci::Geometry q = ci::geometry(s);
+  for (int64_t phase_h = 0; phase_h < q.stride_h; ++phase_h)
+    for (int64_t phase_w = 0; phase_w < q.stride_w; ++phase_w) {
+      const ci::DgradGemm<T> p = ci::dgrad_phase_gemm(q, phase_h, phase_w, in, w, bias, out);
+      if (p.rows() == 0) continue;
+      launch_gemm<T>(kernel, p, q.groups, whole_depth(p.depth()), operands, stream);
+    }
 }
 
 }  // namespace
@@ -378,13 +411,13 @@ void one_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* w,
 template <class T>
 void conv2d_forward(const Conv2dShape& s, const T* input, const T* weight, const T* bias, T* output,
                     cudaStream_t stream, ConvOperands operands) {
-  one_pass<ci::ForwardGemm>("conv2d_forward", s, input, weight, bias, output, operands, stream);
+  forward_pass("conv2d_forward", s, input, weight, bias, output, operands, stream);
 }
 
 template <class T>
 void conv2d_backward_input(const Conv2dShape& s, const T* grad_output, const T* weight, T* grad_input,
                            cudaStream_t stream, ConvOperands operands) {
-  one_pass<ci::DgradGemm>("conv2d_backward_input", s, grad_output, weight, static_cast<const T*>(nullptr),
+  dgrad_pass("conv2d_backward_input", s, grad_output, weight, static_cast<const T*>(nullptr),
                           grad_input, operands, stream);
 }
 
@@ -405,13 +438,13 @@ void conv2d_backward_bias(int64_t N, int64_t C, int64_t HW, const T* grad_output
 template <class T>
 void conv_transpose2d_forward(const ConvTranspose2dShape& s, const T* input, const T* weight, const T* bias,
                               T* output, cudaStream_t stream, ConvOperands operands) {
-  one_pass<ci::DgradGemm>("conv_transpose2d_forward", s.as_conv(), input, weight, bias, output, operands, stream);
+  dgrad_pass("conv_transpose2d_forward", s.as_conv(), input, weight, bias, output, operands, stream);
 }
 
 template <class T>
 void conv_transpose2d_backward_input(const ConvTranspose2dShape& s, const T* grad_output, const T* weight,
                                      T* grad_input, cudaStream_t stream, ConvOperands operands) {
-  one_pass<ci::ForwardGemm>("conv_transpose2d_backward_input", s.as_conv(), grad_output, weight,
+  forward_pass("conv_transpose2d_backward_input", s.as_conv(), grad_output, weight,
                             static_cast<const T*>(nullptr), grad_input, operands, stream);
 }
 
