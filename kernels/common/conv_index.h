@@ -15,7 +15,6 @@
 // Compiles with and without nvcc (ND_HOST_DEVICE); all index arithmetic is int64_t.
 #include <algorithm>
 #include <cstdint>
-#include <utility>
 
 #include "kernels/common/counter_rng.h"  // ND_HOST_DEVICE
 #include "kernels/cpu/conv.h"            // Conv2dShape
@@ -76,16 +75,19 @@ struct DgradPhase {
   int64_t first_tap, taps, tap_step;  // t = first_tap + a*tap_step, a < taps (taps may be 0)
   int64_t base, out_step;             // o = r + base - a*out_step, in [0, out_size) or padding
 };
-// requires: 0 <= phase < stride, size, kernel >= 0, dil >= 1. Host only.
-inline DgradPhase dgrad_phase(int64_t phase, int64_t size, int64_t kernel, int64_t stride, int64_t pad, int64_t dil) {
+// requires: 0 <= phase < stride, size, kernel >= 0, dil >= 1. A loop over the kernel's
+// taps: a kernel calls it once per phase it works on, never per element.
+ND_HOST_DEVICE DgradPhase dgrad_phase(int64_t phase, int64_t size, int64_t kernel, int64_t stride, int64_t pad,
+                                      int64_t dil) {
   DgradPhase d{};
   d.first = phase;
   d.rows = phase < size ? (size - phase + stride - 1) / stride : 0;
-  const auto gcd = [](int64_t a, int64_t b) {
-    while (b != 0) a = std::exchange(b, a % b);
-    return a;
-  };
-  d.tap_step = stride / gcd(stride, dil);
+  int64_t gcd = stride;  // gcd(stride, dil), Euclid
+  for (int64_t b = dil; b != 0;) {
+    const int64_t r = gcd % b;
+    gcd = b, b = r;
+  }
+  d.tap_step = stride / gcd;
   d.out_step = d.tap_step * dil / stride;
   for (int64_t t = 0; t < kernel; ++t)
     if (((phase + pad - t * dil) % stride + stride) % stride == 0) {
@@ -116,7 +118,9 @@ ND_HOST_DEVICE void store_pixel(T* out, const T* bias, int64_t C, int64_t Hs, in
 
 // The three passes as GEMM problems C_g[rows, cols] = sum_k a(g, m, k) * b(g, k, j),
 // stored by store(g, split, m, j, value). `split` is the depth chunk a partial sum
-// covers (wgrad's split-K); forward and dgrad run one chunk.
+// covers (wgrad's split-K); forward and dgrad run one chunk. A problem may be a set of
+// independent GEMMs (dgrad's phases): slices() of them, slice(s) the s-th, whose rows()
+// is at most slice(0)'s; forward and wgrad are one slice, themselves.
 
 // y[n, g*Og + j, oh, ow] = bias + sum_{k = (c, kh, kw)} X[m = (n, oh, ow), k] * w[g*Og + j, k].
 template <class T>
@@ -127,6 +131,8 @@ struct ForwardGemm {
   ND_HOST_DEVICE int64_t rows() const { return q.N * q.OH * q.OW; }
   ND_HOST_DEVICE int64_t cols() const { return q.Og; }
   ND_HOST_DEVICE int64_t depth() const { return q.Cg * q.kH * q.kW; }
+  ND_HOST_DEVICE int64_t slices() const { return 1; }
+  ND_HOST_DEVICE const ForwardGemm& slice(int64_t /*s*/) const { return *this; }
   ND_HOST_DEVICE T a(int64_t g, int64_t m, int64_t k) const { return gather_input(q, x, g, m, k); }
   ND_HOST_DEVICE T b(int64_t g, int64_t k, int64_t j) const { return w[(g * q.Og + j) * depth() + k]; }
   ND_HOST_DEVICE void store(int64_t g, int64_t /*split*/, int64_t m, int64_t j, T v) const {
@@ -139,7 +145,8 @@ struct ForwardGemm {
 // as depth k = (o*ph.taps + a)*pw.taps + b (DgradPhase):
 // dx[n, g*Cg + j, ih, iw] = bias + sum_{k = (o, a, b)} dy[n, g*Og + o, oh, ow] * w[g*Og + o, j, kh, kw]
 // with dy read as 0 where (oh, ow) falls outside the output (padding, or rows the floor in
-// OH dropped). Every input pixel is a row of exactly one phase (dgrad_phase_gemm).
+// OH dropped). Every input pixel is a row of exactly one phase: slice(s) is phase
+// (s / stride_w, s % stride_w), dgrad_gemm builds phase (0, 0), the one with the most rows.
 // The bias is conv_transpose2d's (its forward is this pass); conv2d's dgrad passes nullptr.
 template <class T>
 struct DgradGemm {
@@ -150,6 +157,13 @@ struct DgradGemm {
   ND_HOST_DEVICE int64_t rows() const { return q.N * ph.rows * pw.rows; }
   ND_HOST_DEVICE int64_t cols() const { return q.Cg; }
   ND_HOST_DEVICE int64_t depth() const { return q.Og * ph.taps * pw.taps; }
+  ND_HOST_DEVICE int64_t slices() const { return q.stride_h * q.stride_w; }
+  ND_HOST_DEVICE DgradGemm slice(int64_t s) const {
+    DgradGemm p = *this;
+    p.ph = dgrad_phase(s / q.stride_w, q.H, q.kH, q.stride_h, q.pad_h, q.dil_h);
+    p.pw = dgrad_phase(s % q.stride_w, q.W, q.kW, q.stride_w, q.pad_w, q.dil_w);
+    return p;
+  }
   ND_HOST_DEVICE T a(int64_t g, int64_t m, int64_t k) const {
     const Pixel p = pixel_of(m, ph.rows, pw.rows);
     const Tap t = tap_of(k, ph.taps, pw.taps);  // t.c: the output channel within the group
@@ -169,12 +183,10 @@ struct DgradGemm {
   }
 };
 
-// Phase (phase_h, phase_w) of dgrad, phase_h < stride_h, phase_w < stride_w. Host only.
+// dgrad as its phase (0, 0); slice(s) gives every phase.
 template <class T>
-DgradGemm<T> dgrad_phase_gemm(const Geometry& q, int64_t phase_h, int64_t phase_w, const T* dy, const T* w,
-                              const T* bias, T* dx) {
-  return {q, dgrad_phase(phase_h, q.H, q.kH, q.stride_h, q.pad_h, q.dil_h),
-          dgrad_phase(phase_w, q.W, q.kW, q.stride_w, q.pad_w, q.dil_w), dy, w, bias, dx};
+DgradGemm<T> dgrad_gemm(const Geometry& q, const T* dy, const T* w, const T* bias, T* dx) {
+  return DgradGemm<T>{q, {}, {}, dy, w, bias, dx}.slice(0);
 }
 
 // dw[g*Og + m, j = (c, kh, kw)] = sum_{k = (n, oh, ow)} dy[n, g*Og + m, oh, ow] * X[k, j].
@@ -188,6 +200,8 @@ struct WgradGemm {
   ND_HOST_DEVICE int64_t rows() const { return q.Og; }
   ND_HOST_DEVICE int64_t cols() const { return q.Cg * q.kH * q.kW; }
   ND_HOST_DEVICE int64_t depth() const { return q.N * q.OH * q.OW; }
+  ND_HOST_DEVICE int64_t slices() const { return 1; }
+  ND_HOST_DEVICE const WgradGemm& slice(int64_t /*s*/) const { return *this; }
   ND_HOST_DEVICE T a(int64_t g, int64_t m, int64_t k) const {
     const int64_t ohw = q.OH * q.OW, n = k / ohw;
     return dy[(n * q.C_out + g * q.Og + m) * ohw + k % ohw];

@@ -11,16 +11,19 @@
 // input) and the traffic to fill it.
 //
 // Strided dgrad (conv2d's input gradient, conv_transpose2d's forward) runs as stride_h *
-// stride_w launches, one per phase of the input pixels (ih mod stride_h, iw mod stride_w):
+// stride_w GEMMs, one per phase of the input pixels (ih mod stride_h, iw mod stride_w):
 // only the taps t with stride | ih + pad - t*dil reach a pixel, and they depend on its phase
 // alone (conv_index.h DgradPhase), so each phase is a dense GEMM over its own taps. One GEMM
 // over all kH*kW taps would multiply (1 - 1/stride) of its A operand as structural zeros per
 // dimension: 75% at stride 2, the DCGAN case, where the cost model's tensor-core flops drop
-// from 117 to 34 MFLOP (bench/RESULTS.md "Cost model"). The price: one launch per phase,
-// each with a quarter of the row tiles (fewer blocks for the SMs; a grid over the phases is
-// the next step).
+// from 117 to 34 MFLOP (bench/RESULTS.md "Cost model"). The phases are slices of one launch
+// (grid z), so the blocks of all phases share the SMs: one launch per phase would run four
+// quarter-size grids one after another. Its cost: a slice carries two DgradPhase, and the
+// dgrad instantiations grew from 116 / 124 registers (f32 / f64 SIMT) to 172 / 186, one
+// block per SM instead of two, and from 182 to 220 on the bf16 WMMA kernel (still two;
+// bench/kernel_resources.md). Shrinking that state (32-bit fields) is not done.
 //
-// Grid: x = row tiles, y = column tiles, z = (group, depth chunk), each walked by a
+// Grid: x = row tiles, y = column tiles, z = (group, depth chunk, slice), each walked by a
 // grid-stride loop, so no size runs into gridDim.y/z <= 65535. wgrad's depth N*OH*OW is
 // long against few output tiles, so it is cut into chunks (split-K) whose partial
 // results go to a buffer that a second kernel sums in chunk order: no atomics, the same
@@ -92,8 +95,8 @@ __device__ __forceinline__ void walk_tile(int tid, F&& f) {
 // outside the problem (edge tiles only) then load an element the tile holds anyway.
 __device__ __forceinline__ int64_t in_tile(int64_t i, int64_t end, int64_t first) { return i < end ? i : first; }
 
-// For every z = (group g, chunk s), column tile and row tile:
-//   C_g[m, j] = sum_{k in chunk s} p.a(g, m, k) * p.b(g, k, j), stored by p.store(g, s, m, j, .).
+// For every z = (group g, chunk s, slice), column tile and row tile of that slice sp:
+//   C_g[m, j] = sum_{k in chunk s} sp.a(g, m, k) * sp.b(g, k, j), stored by sp.store(g, s, m, j, .).
 // Thread (ty, tx) owns rows m0 + ty + 16*i and columns n0 + tx + 16*j (i, j < kMicro), so
 // a warp reads consecutive shared-memory words of Bs and one or two broadcast words of As.
 // Out-of-range rows, columns and depths load as 0 and are never stored.
@@ -102,11 +105,12 @@ __global__ void __launch_bounds__(kGemmThreads)
     implicit_gemm_kernel(Problem p, int64_t groups, int64_t splits, int64_t chunk) {
   __shared__ T As[kTileK][kTileM];
   __shared__ T Bs[kTileK][kTileN];
-  const int64_t M = p.rows(), Ncols = p.cols(), K = p.depth();
-  const int64_t m_tiles = (M + kTileM - 1) / kTileM, n_tiles = (Ncols + kTileN - 1) / kTileN;
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-  for (int64_t z = blockIdx.z; z < groups * splits; z += gridDim.z) {
-    const int64_t g = z % groups, split = z / groups;
+  for (int64_t z = blockIdx.z; z < groups * splits * p.slices(); z += gridDim.z) {
+    const int64_t g = z % groups, split = z / groups % splits;
+    const auto& sp = p.slice(z / (groups * splits));
+    const int64_t M = sp.rows(), Ncols = sp.cols(), K = sp.depth();
+    const int64_t m_tiles = (M + kTileM - 1) / kTileM, n_tiles = (Ncols + kTileN - 1) / kTileN;
     const int64_t k_begin = split * chunk, k_end = k_begin + chunk < K ? k_begin + chunk : K;
     for (int64_t nt = blockIdx.y; nt < n_tiles; nt += gridDim.y) {
       for (int64_t mt = blockIdx.x; mt < m_tiles; mt += gridDim.x) {
@@ -117,12 +121,12 @@ __global__ void __launch_bounds__(kGemmThreads)
           // dgrad), B column-fastest; each thread keeps its row (column) for the step.
           walk_tile<kGemmThreads, kTileM, kTileK>(tid, [&](int ml, int kl) {
             const int64_t m = m0 + ml, k = k0 + kl;
-            const T v = p.a(g, in_tile(m, M, m0), in_tile(k, k_end, k0));
+            const T v = sp.a(g, in_tile(m, M, m0), in_tile(k, k_end, k0));
             As[kl][ml] = m < M && k < k_end ? v : T(0);
           });
           walk_tile<kGemmThreads, kTileN, kTileK>(tid, [&](int jl, int kl) {
             const int64_t j = n0 + jl, k = k0 + kl;
-            const T v = p.b(g, in_tile(k, k_end, k0), in_tile(j, Ncols, n0));
+            const T v = sp.b(g, in_tile(k, k_end, k0), in_tile(j, Ncols, n0));
             Bs[kl][jl] = j < Ncols && k < k_end ? v : T(0);
           });
           __syncthreads();
@@ -150,7 +154,7 @@ __global__ void __launch_bounds__(kGemmThreads)
 #pragma unroll
             for (int j = 0; j < kMicro; ++j) {
               const int64_t m = m0 + ty + 16 * i, col = n0 + tx + 16 * j;
-              if (!decltype(checked)::value || (m < M && col < Ncols)) p.store(g, split, m, col, acc[i][j]);
+              if (!decltype(checked)::value || (m < M && col < Ncols)) sp.store(g, split, m, col, acc[i][j]);
             }
         };
         if (m0 + kTileM <= M && n0 + kTileN <= Ncols)
@@ -221,12 +225,13 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   auto b_at = [](int kl, int jl) { return jl * kLdDepth + kl; };
   auto c_at = [](int ml, int jl) { return pixel_rows ? jl * kLdC + ml : ml * kLdC + jl; };
 
-  const int64_t M = p.rows(), Ncols = p.cols(), K = p.depth();
-  const int64_t m_tiles = (M + kTileM - 1) / kTileM, n_tiles = (Ncols + kTileN - 1) / kTileN;
   const int tid = threadIdx.x, warp = tid / 32;
   const int wm = (warp / 2) * 2 * kFrag, wn = (warp % 2) * 2 * kFrag;  // the warp's sub-tile origin
-  for (int64_t z = blockIdx.z; z < groups * splits; z += gridDim.z) {
-    const int64_t g = z % groups, split = z / groups;
+  for (int64_t z = blockIdx.z; z < groups * splits * p.slices(); z += gridDim.z) {
+    const int64_t g = z % groups, split = z / groups % splits;
+    const auto& sp = p.slice(z / (groups * splits));
+    const int64_t M = sp.rows(), Ncols = sp.cols(), K = sp.depth();
+    const int64_t m_tiles = (M + kTileM - 1) / kTileM, n_tiles = (Ncols + kTileN - 1) / kTileN;
     const int64_t k_begin = split * chunk, k_end = k_begin + chunk < K ? k_begin + chunk : K;
     for (int64_t nt = blockIdx.y; nt < n_tiles; nt += gridDim.y) {
       for (int64_t mt = blockIdx.x; mt < m_tiles; mt += gridDim.x) {
@@ -245,9 +250,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
             const bool in = m < M && k < k_end;
             float v = 0.0f;
             if constexpr (pixel_rows)
-              v = p.a(g, in_tile(m, M, m0), in_tile(k, k_end, k0));
+              v = sp.a(g, in_tile(m, M, m0), in_tile(k, k_end, k0));
             else if (in)
-              v = p.a(g, m, k);
+              v = sp.a(g, m, k);
             As[a_at(ml, kl)] = to_operand<E>(in ? v : 0.0f);
           };
           if constexpr (pixel_rows)
@@ -259,9 +264,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
             const bool in = j < Ncols && k < k_end;
             float v = 0.0f;
             if constexpr (pixel_rows)
-              v = p.b(g, in_tile(k, k_end, k0), in_tile(j, Ncols, n0));
+              v = sp.b(g, in_tile(k, k_end, k0), in_tile(j, Ncols, n0));
             else if (in)
-              v = p.b(g, k, j);
+              v = sp.b(g, k, j);
             Bs[b_at(kl, jl)] = to_operand<E>(in ? v : 0.0f);
           });
           __syncthreads();
@@ -289,7 +294,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         __syncthreads();
         const auto store = [&](int ml, int jl) {
           const int64_t m = m0 + ml, col = n0 + jl;
-          if (m < M && col < Ncols) p.store(g, split, m, col, Cs[c_at(ml, jl)]);
+          if (m < M && col < Ncols) sp.store(g, split, m, col, Cs[c_at(ml, jl)]);
         };
         if constexpr (pixel_rows)
           walk_tile<kTcThreads, kTileM, kTileN>(tid, store);
@@ -314,10 +319,11 @@ void require_operands(const char* kernel, ConvOperands operands) {
 template <class T, class Problem>
 void launch_gemm(const char* kernel, const Problem& p, int64_t groups, ci::SplitK split, ConvOperands operands,
                  cudaStream_t stream) {
+  // Slice 0 has the most rows (conv_index.h); the blocks past a smaller slice's tiles idle there.
   const int64_t m_tiles = (p.rows() + kTileM - 1) / kTileM, n_tiles = (p.cols() + kTileN - 1) / kTileN;
   const dim3 grid(static_cast<unsigned>(std::min(m_tiles, kMaxGridX)),
                   static_cast<unsigned>(std::min(n_tiles, kMaxGridYZ)),
-                  static_cast<unsigned>(std::min(groups * split.splits, kMaxGridYZ)));
+                  static_cast<unsigned>(std::min(groups * split.splits * p.slices(), kMaxGridYZ)));
   if constexpr (std::is_same_v<T, float>) {
     if (operands == ConvOperands::kBf16) {
       tensor_core_gemm_kernel<__nv_bfloat16, Problem>
@@ -389,21 +395,19 @@ void forward_pass(const char* kernel, const Conv2dShape& s, const T* in, const T
   launch_gemm<T>(kernel, p, p.q.groups, whole_depth(p.depth()), operands, stream);
 }
 
-// Dgrad (DgradGemm: out = the adjoint of the conv2d s applied to in, + bias[channel]): one
-// launch per phase (stride_h * stride_w of them, conv_index.h's DgradPhase), each a dense
-// GEMM over the taps that reach its pixels, so no structural zero is multiplied. A phase
-// no tap reaches (stride > kernel) has depth 0: its launch stores the bias or 0.
+// Dgrad (DgradGemm: out = the adjoint of the conv2d s applied to in, + bias[channel]): its
+// stride_h * stride_w phases (conv_index.h's DgradPhase) as slices of one launch, each a
+// dense GEMM over the taps that reach its pixels, so no structural zero is multiplied. A
+// phase no tap reaches (stride > kernel) has depth 0: its tiles store the bias or 0.
 template <class T>
 void dgrad_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* w, const T* bias, T* out,
                 ConvOperands operands, cudaStream_t stream) {
   require_operands<T>(kernel, operands);
-  const ci::Geometry q = ci::geometry(s);
-  for (int64_t phase_h = 0; phase_h < q.stride_h; ++phase_h)
-    for (int64_t phase_w = 0; phase_w < q.stride_w; ++phase_w) {
-      const ci::DgradGemm<T> p = ci::dgrad_phase_gemm(q, phase_h, phase_w, in, w, bias, out);
-      if (p.rows() == 0) continue;
-      launch_gemm<T>(kernel, p, q.groups, whole_depth(p.depth()), operands, stream);
-    }
+  const ci::DgradGemm<T> p = ci::dgrad_gemm(ci::geometry(s), in, w, bias, out);
+  if (p.rows() == 0) return;
+  int64_t depth = 0;  // the phases' depths differ (1 or 2 taps of 3 at stride 2): one chunk covers the longest
+  for (int64_t slice = 0; slice < p.slices(); ++slice) depth = std::max(depth, p.slice(slice).depth());
+  launch_gemm<T>(kernel, p, p.q.groups, whole_depth(depth), operands, stream);
 }
 
 }  // namespace

@@ -74,13 +74,15 @@ void run_gemm(const Problem& p, int64_t groups, ci::SplitK split) {
     }
 }
 
-// dgrad as the CUDA launcher runs it: every phase GEMM, each over its whole depth.
+// dgrad as the CUDA launcher runs it: every phase GEMM (slice), each over its whole depth.
 void run_dgrad(const ci::Geometry& q, const double* dy, const double* w, const double* bias, double* dx) {
-  for (int64_t phase_h = 0; phase_h < q.stride_h; ++phase_h)
-    for (int64_t phase_w = 0; phase_w < q.stride_w; ++phase_w) {
-      const auto p = ci::dgrad_phase_gemm(q, phase_h, phase_w, dy, w, bias, dx);
-      run_gemm(p, q.groups, {1, std::max<int64_t>(1, p.depth())});
-    }
+  const ci::DgradGemm<double> dgrad = ci::dgrad_gemm(q, dy, w, bias, dx);
+  REQUIRE(dgrad.slices() == q.stride_h * q.stride_w);
+  for (int64_t s = 0; s < dgrad.slices(); ++s) {
+    const ci::DgradGemm<double> p = dgrad.slice(s);
+    REQUIRE(p.rows() <= dgrad.rows());  // the launch sizes its grid by slice 0
+    run_gemm(p, q.groups, {1, std::max<int64_t>(1, p.depth())});
+  }
 }
 
 // conv2d_backward_weight as the CUDA launcher runs it: split-K into a partial buffer,
@@ -190,7 +192,9 @@ TEST_CASE("conv_index: every operand accessor reads the element the convolution 
     // phase's tap (kh, kw) on the row's input pixel (ih, iw), else 0; B is w at that tap.
     for (int64_t phase_h = 0; phase_h < s.stride[0]; ++phase_h)
       for (int64_t phase_w = 0; phase_w < s.stride[1]; ++phase_w) {
-        const auto dgrad = ci::dgrad_phase_gemm<double>(q, phase_h, phase_w, dy.data(), w.data(), nullptr, nullptr);
+        const auto dgrad = ci::dgrad_gemm<double>(q, dy.data(), w.data(), nullptr, nullptr)
+                               .slice(phase_h * s.stride[1] + phase_w);
+        REQUIRE((dgrad.ph.first == phase_h && dgrad.pw.first == phase_w));
         const ci::DgradPhase &ph = dgrad.ph, &pw = dgrad.pw;
         REQUIRE(dgrad.depth() == Og * ph.taps * pw.taps);
         for (int64_t g = 0; g < s.groups; ++g)
