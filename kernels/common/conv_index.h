@@ -118,7 +118,9 @@ ND_HOST_DEVICE void store_pixel(T* out, const T* bias, int64_t C, int64_t Hs, in
 
 // The three passes as GEMM problems C_g[rows, cols] = sum_k a(g, m, k) * b(g, k, j),
 // stored by store(g, split, m, j, value). `split` is the depth chunk a partial sum
-// covers (wgrad's split-K); forward and dgrad run one chunk. A problem may be a set of
+// covers (split-K): chunk s goes to the output pointer + s*chunk_stride (a partial buffer
+// summed in chunk order afterwards; the bias, if any, only into chunk 0); with one chunk,
+// chunk_stride is 0 and the output is the tensor itself. A problem may be a set of
 // independent GEMMs (dgrad's phases): slices() of them, slice(s) the s-th, whose rows()
 // is at most slice(0)'s; forward and wgrad are one slice, themselves.
 
@@ -128,6 +130,7 @@ struct ForwardGemm {
   Geometry q;
   const T *x, *w, *bias;  // bias may be nullptr
   T* y;
+  int64_t chunk_stride = 0;
   ND_HOST_DEVICE int64_t rows() const { return q.N * q.OH * q.OW; }
   ND_HOST_DEVICE int64_t cols() const { return q.Og; }
   ND_HOST_DEVICE int64_t depth() const { return q.Cg * q.kH * q.kW; }
@@ -135,8 +138,8 @@ struct ForwardGemm {
   ND_HOST_DEVICE const ForwardGemm& slice(int64_t /*s*/) const { return *this; }
   ND_HOST_DEVICE T a(int64_t g, int64_t m, int64_t k) const { return gather_input(q, x, g, m, k); }
   ND_HOST_DEVICE T b(int64_t g, int64_t k, int64_t j) const { return w[(g * q.Og + j) * depth() + k]; }
-  ND_HOST_DEVICE void store(int64_t g, int64_t /*split*/, int64_t m, int64_t j, T v) const {
-    store_pixel(y, bias, q.C_out, q.OH, q.OW, m, g * q.Og + j, v);
+  ND_HOST_DEVICE void store(int64_t g, int64_t split, int64_t m, int64_t j, T v) const {
+    store_pixel(y + split * chunk_stride, split == 0 ? bias : nullptr, q.C_out, q.OH, q.OW, m, g * q.Og + j, v);
   }
 };
 
@@ -154,6 +157,7 @@ struct DgradGemm {
   DgradPhase ph, pw;
   const T *dy, *w, *bias;  // bias may be nullptr
   T* dx;
+  int64_t chunk_stride = 0;
   ND_HOST_DEVICE int64_t rows() const { return q.N * ph.rows * pw.rows; }
   ND_HOST_DEVICE int64_t cols() const { return q.Cg; }
   ND_HOST_DEVICE int64_t depth() const { return q.Og * ph.taps * pw.taps; }
@@ -176,27 +180,26 @@ struct DgradGemm {
     const int64_t kh = ph.first_tap + t.kh * ph.tap_step, kw = pw.first_tap + t.kw * pw.tap_step;
     return w[(((g * q.Og + t.c) * q.Cg + j) * q.kH + kh) * q.kW + kw];
   }
-  ND_HOST_DEVICE void store(int64_t g, int64_t /*split*/, int64_t m, int64_t j, T v) const {
+  ND_HOST_DEVICE void store(int64_t g, int64_t split, int64_t m, int64_t j, T v) const {
     const Pixel p = pixel_of(m, ph.rows, pw.rows);
     const int64_t c = g * q.Cg + j, ih = ph.first + p.h * q.stride_h, iw = pw.first + p.w * q.stride_w;
-    dx[((p.n * q.C_in + c) * q.H + ih) * q.W + iw] = bias ? v + bias[c] : v;
+    dx[split * chunk_stride + ((p.n * q.C_in + c) * q.H + ih) * q.W + iw] = bias && split == 0 ? v + bias[c] : v;
   }
 };
 
 // dgrad as its phase (0, 0); slice(s) gives every phase.
 template <class T>
 DgradGemm<T> dgrad_gemm(const Geometry& q, const T* dy, const T* w, const T* bias, T* dx) {
-  return DgradGemm<T>{q, {}, {}, dy, w, bias, dx}.slice(0);
+  return DgradGemm<T>{q, {}, {}, dy, w, bias, dx, 0}.slice(0);
 }
 
 // dw[g*Og + m, j = (c, kh, kw)] = sum_{k = (n, oh, ow)} dy[n, g*Og + m, oh, ow] * X[k, j].
-// With split-K, chunk s of the depth goes to out + s*C_out*Cg*kH*kW (a partial buffer
-// summed in chunk order afterwards); with one chunk, out is dw itself.
 template <class T>
 struct WgradGemm {
   Geometry q;
   const T *x, *dy;
   T* out;
+  int64_t chunk_stride = 0;
   ND_HOST_DEVICE int64_t rows() const { return q.Og; }
   ND_HOST_DEVICE int64_t cols() const { return q.Cg * q.kH * q.kW; }
   ND_HOST_DEVICE int64_t depth() const { return q.N * q.OH * q.OW; }
@@ -208,12 +211,12 @@ struct WgradGemm {
   }
   ND_HOST_DEVICE T b(int64_t g, int64_t k, int64_t j) const { return gather_input(q, x, g, k, j); }
   ND_HOST_DEVICE void store(int64_t g, int64_t split, int64_t m, int64_t j, T v) const {
-    out[split * q.C_out * cols() + (g * q.Og + m) * cols() + j] = v;
+    out[split * chunk_stride + (g * q.Og + m) * cols() + j] = v;
   }
 };
 
-// How wgrad's depth (N*OH*OW, often thousands against few output tiles) is cut into
-// chunks of whole k-tiles: enough chunks that tiles*splits comes near target_blocks, each
+// How a long depth against few output tiles (wgrad's N*OH*OW; forward's and dgrad's
+// C*kH*kW on a small batch) is cut into chunks of whole k-tiles: enough chunks that tiles*splits comes near target_blocks, each
 // at least min_chunk long (the last may be shorter). Depends on the shape only, so the
 // summation order -- and the result -- is the same on every run.
 struct SplitK {

@@ -24,10 +24,14 @@
 // bench/kernel_resources.md). Shrinking that state (32-bit fields) is not done.
 //
 // Grid: x = row tiles, y = column tiles, z = (group, depth chunk, slice), each walked by a
-// grid-stride loop, so no size runs into gridDim.y/z <= 65535. wgrad's depth N*OH*OW is
-// long against few output tiles, so it is cut into chunks (split-K) whose partial
-// results go to a buffer that a second kernel sums in chunk order: no atomics, the same
-// bits on every run.
+// grid-stride loop, so no size runs into gridDim.y/z <= 65535. A depth long against few
+// output tiles (wgrad's N*OH*OW; forward's and dgrad's C*kH*kW on a small batch: DCGAN D's
+// middle layer at batch 2 had 4 blocks for 132 SMs) is cut into chunks (split-K,
+// launch_split) whose partial results go to a buffer that a second kernel sums in chunk
+// order: no atomics, the same bits on every run; the bias goes into chunk 0. Cost model,
+// that layer in bf16: forward 24.1 -> 10.7 us, dgrad 17.0 -> 12.7 us with 16 blocks each
+// (bench/RESULTS.md). The chunk's output offset and bias choice in the stores took the
+// WMMA forward from 166 to 254 registers (no spill; 3 -> 2 blocks per SM).
 //
 // Mixed precision (ConvOperands::kBf16 / kF16, float only): tensor_core_gemm_kernel is the
 // same tiling on bf16 or f16 tensor cores through the documented WMMA API (the 16-bit type
@@ -68,7 +72,7 @@ constexpr int kTileM = 64, kTileN = 64, kTileK = 16;
 constexpr int kMicro = 4;                                        // results per thread: kMicro x kMicro
 constexpr int kGemmThreads = (kTileM / kMicro) * (kTileN / kMicro);  // 256
 static_assert(kTileM / kMicro == 16 && kTileN / kMicro == 16, "the thread layout below is 16 x 16");
-// wgrad split-K: no chunk shorter than this many depth elements, and enough chunks
+// split-K (every pass): no chunk shorter than this many depth elements, and enough chunks
 // that about this many blocks run (an H200 has 132 SMs).
 constexpr int64_t kMinChunk = 256, kTargetBlocks = 512;
 constexpr int64_t kMaxGridX = int64_t(1) << 30, kMaxGridYZ = 65535;
@@ -363,36 +367,50 @@ __global__ void bias_grad_kernel(int64_t N, int64_t C, int64_t HW, const T* dy, 
   }
 }
 
-// wgrad of the conv2d s: dw = DY^T X (conv_index.h's WgradGemm), split-K when the depth is long.
+// p over its `size` output elements at p.*out, its depth cut into chunks (split-K) when
+// it is long against the output tiles (split_depth): the chunks' partial results go to a
+// scratch buffer, chunk_stride = size apart, that sum_chunks_kernel adds in chunk order
+// into the output. `depth`: the longest slice's. The chunking depends on the shape only,
+// so the result has the same bits on every run.
+template <class T, class Problem>
+void launch_split(const char* kernel, Problem p, T* Problem::*out, int64_t size, int64_t depth,
+                  ConvOperands operands, cudaStream_t stream) {
+  const int64_t tiles =
+      (p.rows() + kTileM - 1) / kTileM * ((p.cols() + kTileN - 1) / kTileN) * p.q.groups * p.slices();
+  const int64_t tile_k = operands == ConvOperands::kExact ? kTileK : kTcTileK;  // chunks of whole depth steps
+  const ci::SplitK split = ci::split_depth(depth, tiles, tile_k, kMinChunk, kTargetBlocks);
+  if (split.splits == 1) return launch_gemm<T>(kernel, p, p.q.groups, whole_depth(depth), operands, stream);
+  const detail::Scratch partial(kernel, sizeof(T) * split.splits * size, stream);
+  T* const result = p.*out;
+  p.*out = partial.as<T>();
+  p.chunk_stride = size;
+  launch_gemm<T>(kernel, p, p.q.groups, split, operands, stream);
+  sum_chunks_kernel<T><<<detail::blocks_for(size), kThreads, 0, stream>>>(split.splits, size, partial.as<T>(), result);
+  check_launch(kernel);
+}
+
+// wgrad of the conv2d s: dw = DY^T X (conv_index.h's WgradGemm).
 template <class T>
 void wgrad(const char* kernel, const Conv2dShape& s, const T* x, const T* dy, T* dw, ConvOperands operands,
            cudaStream_t stream) {
   require_operands<T>(kernel, operands);
-  ci::WgradGemm<T> p{ci::geometry(s), x, dy, dw};
+  const ci::WgradGemm<T> p{ci::geometry(s), x, dy, dw};
   const int64_t size = p.q.C_out * p.cols();
   if (p.depth() == 0) {  // N == 0: the sum over no samples
     check(cudaMemsetAsync(dw, 0, sizeof(T) * size, stream), "cudaMemsetAsync", kernel);
     return;
   }
-  const int64_t tiles = (p.rows() + kTileM - 1) / kTileM * ((p.cols() + kTileN - 1) / kTileN) * p.q.groups;
-  const int64_t tile_k = operands == ConvOperands::kExact ? kTileK : kTcTileK;  // chunks of whole depth steps
-  const ci::SplitK split = ci::split_depth(p.depth(), tiles, tile_k, kMinChunk, kTargetBlocks);
-  if (split.splits == 1) return launch_gemm<T>(kernel, p, p.q.groups, split, operands, stream);
-  const detail::Scratch partial(kernel, sizeof(T) * split.splits * size, stream);
-  p.out = partial.as<T>();
-  launch_gemm<T>(kernel, p, p.q.groups, split, operands, stream);
-  sum_chunks_kernel<T><<<detail::blocks_for(size), kThreads, 0, stream>>>(split.splits, size, partial.as<T>(), dw);
-  check_launch(kernel);
+  launch_split<T>(kernel, p, &ci::WgradGemm<T>::out, size, p.depth(), operands, stream);
 }
 
-// Forward (ForwardGemm: out = conv(in, w) + bias) of the conv2d s, the whole depth in one chunk.
+// Forward (ForwardGemm: out = conv(in, w) + bias) of the conv2d s.
 template <class T>
 void forward_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* w, const T* bias, T* out,
                   ConvOperands operands, cudaStream_t stream) {
   require_operands<T>(kernel, operands);
   const ci::ForwardGemm<T> p{ci::geometry(s), in, w, bias, out};
   if (p.rows() == 0) return;
-  launch_gemm<T>(kernel, p, p.q.groups, whole_depth(p.depth()), operands, stream);
+  launch_split<T>(kernel, p, &ci::ForwardGemm<T>::y, p.rows() * p.q.C_out, p.depth(), operands, stream);
 }
 
 // Dgrad (DgradGemm: out = the adjoint of the conv2d s applied to in, + bias[channel]): its
@@ -405,9 +423,9 @@ void dgrad_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* 
   require_operands<T>(kernel, operands);
   const ci::DgradGemm<T> p = ci::dgrad_gemm(ci::geometry(s), in, w, bias, out);
   if (p.rows() == 0) return;
-  int64_t depth = 0;  // the phases' depths differ (1 or 2 taps of 3 at stride 2): one chunk covers the longest
+  int64_t depth = 0;  // the phases' depths differ (1 or 2 taps of 3 at stride 2): the chunks cover the longest
   for (int64_t slice = 0; slice < p.slices(); ++slice) depth = std::max(depth, p.slice(slice).depth());
-  launch_gemm<T>(kernel, p, p.q.groups, whole_depth(depth), operands, stream);
+  launch_split<T>(kernel, p, &ci::DgradGemm<T>::dx, p.q.N * p.q.C_in * p.q.H * p.q.W, depth, operands, stream);
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // and the bias gradient, f32 and f64 on the exact (SIMT) kernel and f32 with bf16 or f16
 // operands on the WMMA kernel, on shapes with partial tiles in every GEMM dimension, groups,
 // stride / dilation / padding, dgrad's stride phases (stride 2 and 3, phases no tap reaches,
-// output_padding), and a wgrad depth long enough to be split (split-K).
+// output_padding), and depths long enough to be split (split-K) in every pass.
 //
 // Tolerances (emu_test.h check_sum_bound): each output element is a sum of at most n
 // products (+ bias) that the CPU and the CUDA kernel add in different orders, so they differ
@@ -166,6 +166,15 @@ cpu::ConvTranspose2dShape transposed_stride3() {
   return s;
 }
 
+// DCGAN's generator layer with few pixels: transposed forward (a dgrad GEMM) of depth 128
+// channels x 4 taps per phase = 512 split into 2 chunks, the bias added in chunk 0 only.
+cpu::ConvTranspose2dShape transposed_split() {
+  cpu::ConvTranspose2dShape s;
+  s.N = 1, s.C_in = 128, s.H = 3, s.W = 3, s.C_out = 8, s.kH = 4, s.kW = 4;
+  s.stride = {2, 2}, s.padding = {1, 1};
+  return s;
+}
+
 TEST_CASE("conv2d dgrad phases: stride 3 x 2, dilation, phases without taps (f32, bf16, f64)") {
   check_conv2d<float>("phases", phases(), Op::kExact, 70);
   check_conv2d<float>("phases", phases(), Op::kBf16, 71);
@@ -203,6 +212,8 @@ TEST_CASE("conv_transpose2d f32, bf16, f16 and f64") {
   check_conv_transpose2d<double>("transposed", transposed(), Op::kExact, 60);
   check_conv_transpose2d<float>("transposed stride 3", transposed_stride3(), Op::kExact, 61);
   check_conv_transpose2d<float>("transposed stride 3", transposed_stride3(), Op::kF16, 62);
+  check_conv_transpose2d<float>("transposed split-K", transposed_split(), Op::kExact, 63);
+  check_conv_transpose2d<float>("transposed split-K", transposed_split(), Op::kBf16, 64);
 }
 
 TEST_CASE("conv2d bf16 operands on f64 tensors are an nd::Error") {

@@ -85,20 +85,27 @@ void run_dgrad(const ci::Geometry& q, const double* dy, const double* w, const d
   }
 }
 
-// conv2d_backward_weight as the CUDA launcher runs it: split-K into a partial buffer,
-// then the chunks added in order.
-Vec wgrad_split(const Conv2dShape& s, const Vec& x, const Vec& dy, ci::SplitK split) {
-  ci::WgradGemm<double> p{ci::geometry(s), x.data(), dy.data(), nullptr};
-  const int64_t size = s.C_out * p.cols();
-  Vec partial = poisoned(split.splits * size), dw(static_cast<size_t>(size));
-  p.out = partial.data();
-  run_gemm(p, s.groups, split);
+// A problem run as the CUDA launcher runs a split one: every slice, each chunk into a
+// partial buffer chunk_stride = size apart, then the chunks added in order into p.*out.
+template <class Problem>
+Vec run_split(Problem p, double* Problem::*out, int64_t size, ci::SplitK split) {
+  Vec partial = poisoned(split.splits * size), result(static_cast<size_t>(size));
+  p.*out = partial.data();
+  p.chunk_stride = size;
+  for (int64_t s = 0; s < p.slices(); ++s) run_gemm(p.slice(s), p.q.groups, split);
   for (int64_t i = 0; i < size; ++i) {
     double acc = partial[i];
     for (int64_t c = 1; c < split.splits; ++c) acc += partial[c * size + i];
-    dw[i] = acc;
+    result[i] = acc;
   }
-  return dw;
+  return result;
+}
+
+// conv2d_backward_weight as the CUDA launcher runs it: split-K into a partial buffer,
+// then the chunks added in order.
+Vec wgrad_split(const Conv2dShape& s, const Vec& x, const Vec& dy, ci::SplitK split) {
+  const ci::WgradGemm<double> p{ci::geometry(s), x.data(), dy.data(), nullptr};
+  return run_split(p, &ci::WgradGemm<double>::out, s.C_out * p.cols(), split);
 }
 
 const std::vector<Conv2dShape> kShapes = {
@@ -257,6 +264,18 @@ TEST_CASE("conv_index: the three conv2d GEMMs equal kernels/cpu, split-K include
     CAPTURE(split.splits);
     if (depth >= 32) CHECK(split.splits > 1);
     check_same(wgrad_split(s, x, dy, split), dw_ref, "wgrad, split-K");
+
+    // Forward and dgrad split into depth chunks of 16 (the bias in chunk 0 only).
+    const ci::ForwardGemm<double> fwd_split{q, x.data(), w.data(), b.data(), nullptr};
+    check_same(run_split(fwd_split, &ci::ForwardGemm<double>::y, int64_t(y.size()),
+                         ci::split_depth(fwd_split.depth(), 1, 16, 16, 64)),
+               y_ref, "forward with bias, split-K");
+    const auto dgrad_split = ci::dgrad_gemm<double>(q, dy.data(), w.data(), nullptr, nullptr);
+    int64_t dgrad_depth = 0;
+    for (int64_t k = 0; k < dgrad_split.slices(); ++k) dgrad_depth = std::max(dgrad_depth, dgrad_split.slice(k).depth());
+    check_same(run_split(dgrad_split, &ci::DgradGemm<double>::dx, int64_t(dx.size()),
+                         ci::split_depth(dgrad_depth, 1, 16, 16, 64)),
+               dx_ref, "dgrad, split-K");
   }
 }
 
