@@ -7,7 +7,8 @@
 //
 // Per channel group g (one grid z-slice), with Cg = C_in/groups and Og = C_out/groups:
 //   forward  y  [M = N*OH*OW, Og]        = X [M, Cg*kH*kW] * W_g^T       (X gathered from x)
-//   dgrad    dx [M = N*H*W,   Cg]        = DY [M, Og*kH*kW] * W_g         (DY gathered from dy)
+//   dgrad    dx [M = N*H*W,   Cg]        = DY [M, Og*kH*kW] * W_g         (DY gathered from dy),
+//            run as stride_h*stride_w phase GEMMs without the structural zeros (DgradPhase)
 //   wgrad    dw [Og, Cg*kH*kW]           = DY_g^T [Og, N*OH*OW] * X       (X as in forward)
 // Rows and depths are flattened row-major: a pixel row m = (n*Hs + h)*Ws + w, a tap
 // k = (c*kH + kh)*kW + kw, so neighbouring rows read neighbouring pixels (coalesced).
@@ -62,15 +63,38 @@ ND_HOST_DEVICE int64_t input_coord(int64_t o, int64_t t, int64_t stride, int64_t
 
 ND_HOST_DEVICE bool in_range(int64_t i, int64_t size) { return i >= 0 && i < size; }
 
-// dgrad's inverse of input_coord: the output coordinate o < out_size with
-// input_coord(o, t) == i, or -1 when there is none (i + pad - t*dil negative or not a
-// multiple of stride, or o past the output: rows the floor in OH dropped).
-ND_HOST_DEVICE int64_t output_coord(int64_t i, int64_t t, int64_t stride, int64_t pad, int64_t dil,
-                                    int64_t out_size) {
-  const int64_t num = i + pad - t * dil;
-  if (num < 0 || num % stride != 0) return -1;
-  const int64_t o = num / stride;
-  return o < out_size ? o : -1;
+// dgrad along one spatial dimension, split by phase. With stride s, input coordinate i
+// receives a gradient through tap t only when s divides i + pad - t*dil, so the taps that
+// reach i depend on i mod s alone: for i = phase + r*s they are t*dil = phase + pad (mod s),
+// i.e. t = first_tap + a*tap_step (tap_step = s / gcd(s, dil)), and tap a reads output
+// coordinate o = (i + pad - t*dil) / s = r + base - a*out_step (out_step = tap_step*dil/s).
+// A dense GEMM per phase over exactly those taps multiplies no structural zero; the full
+// dgrad GEMM over all kH*kW taps would multiply (1 - 1/s) of them per dimension.
+struct DgradPhase {
+  int64_t first, rows;               // i = first + r*stride, r < rows
+  int64_t first_tap, taps, tap_step;  // t = first_tap + a*tap_step, a < taps (taps may be 0)
+  int64_t base, out_step;             // o = r + base - a*out_step, in [0, out_size) or padding
+};
+// requires: 0 <= phase < stride, size, kernel >= 0, dil >= 1. A loop over the kernel's
+// taps: a kernel calls it once per phase it works on, never per element.
+ND_HOST_DEVICE DgradPhase dgrad_phase(int64_t phase, int64_t size, int64_t kernel, int64_t stride, int64_t pad,
+                                      int64_t dil) {
+  DgradPhase d{};
+  d.first = phase;
+  d.rows = phase < size ? (size - phase + stride - 1) / stride : 0;
+  int64_t gcd = stride;  // gcd(stride, dil), Euclid
+  for (int64_t b = dil; b != 0;) {
+    const int64_t r = gcd % b;
+    gcd = b, b = r;
+  }
+  d.tap_step = stride / gcd;
+  d.out_step = d.tap_step * dil / stride;
+  for (int64_t t = 0; t < kernel; ++t)
+    if (((phase + pad - t * dil) % stride + stride) % stride == 0) {
+      if (d.taps++ == 0) d.first_tap = t;
+    }
+  d.base = (phase + pad - d.first_tap * dil) / stride;  // exact when taps > 0
+  return d;
 }
 
 // x[n, g*Cg + tap.c, ih, iw] for output pixel row m and tap depth k, 0 in the padding:
@@ -94,7 +118,11 @@ ND_HOST_DEVICE void store_pixel(T* out, const T* bias, int64_t C, int64_t Hs, in
 
 // The three passes as GEMM problems C_g[rows, cols] = sum_k a(g, m, k) * b(g, k, j),
 // stored by store(g, split, m, j, value). `split` is the depth chunk a partial sum
-// covers (wgrad's split-K); forward and dgrad run one chunk.
+// covers (split-K): chunk s goes to the output pointer + s*chunk_stride (a partial buffer
+// summed in chunk order afterwards; the bias, if any, only into chunk 0); with one chunk,
+// chunk_stride is 0 and the output is the tensor itself. A problem may be a set of
+// independent GEMMs (dgrad's phases): slices() of them, slice(s) the s-th, whose rows()
+// is at most slice(0)'s; forward and wgrad are one slice, themselves.
 
 // y[n, g*Og + j, oh, ow] = bias + sum_{k = (c, kh, kw)} X[m = (n, oh, ow), k] * w[g*Og + j, k].
 template <class T>
@@ -102,67 +130,93 @@ struct ForwardGemm {
   Geometry q;
   const T *x, *w, *bias;  // bias may be nullptr
   T* y;
+  int64_t chunk_stride = 0;
   ND_HOST_DEVICE int64_t rows() const { return q.N * q.OH * q.OW; }
   ND_HOST_DEVICE int64_t cols() const { return q.Og; }
   ND_HOST_DEVICE int64_t depth() const { return q.Cg * q.kH * q.kW; }
+  ND_HOST_DEVICE int64_t slices() const { return 1; }
+  ND_HOST_DEVICE const ForwardGemm& slice(int64_t /*s*/) const { return *this; }
   ND_HOST_DEVICE T a(int64_t g, int64_t m, int64_t k) const { return gather_input(q, x, g, m, k); }
   ND_HOST_DEVICE T b(int64_t g, int64_t k, int64_t j) const { return w[(g * q.Og + j) * depth() + k]; }
-  ND_HOST_DEVICE void store(int64_t g, int64_t /*split*/, int64_t m, int64_t j, T v) const {
-    store_pixel(y, bias, q.C_out, q.OH, q.OW, m, g * q.Og + j, v);
+  ND_HOST_DEVICE void store(int64_t g, int64_t split, int64_t m, int64_t j, T v) const {
+    store_pixel(y + split * chunk_stride, split == 0 ? bias : nullptr, q.C_out, q.OH, q.OW, m, g * q.Og + j, v);
   }
 };
 
-// dx[n, g*Cg + j, ih, iw] = bias + sum_{k = (o, kh, kw)} dy[n, g*Og + o, oh, ow] * w[g*Og + o, j, kh, kw]
-// over the taps whose output pixel (oh, ow) exists (output_coord >= 0 in both dims).
+// One phase (ph, pw) of dgrad: the input pixels (n, ph.first + r*stride_h, pw.first + c*stride_w)
+// as rows m = (n*ph.rows + r)*pw.rows + c, the output channels and the taps that reach them
+// as depth k = (o*ph.taps + a)*pw.taps + b (DgradPhase):
+// dx[n, g*Cg + j, ih, iw] = bias + sum_{k = (o, a, b)} dy[n, g*Og + o, oh, ow] * w[g*Og + o, j, kh, kw]
+// with dy read as 0 where (oh, ow) falls outside the output (padding, or rows the floor in
+// OH dropped). Every input pixel is a row of exactly one phase: slice(s) is phase
+// (s / stride_w, s % stride_w), dgrad_gemm builds phase (0, 0), the one with the most rows.
 // The bias is conv_transpose2d's (its forward is this pass); conv2d's dgrad passes nullptr.
 template <class T>
 struct DgradGemm {
   Geometry q;
+  DgradPhase ph, pw;
   const T *dy, *w, *bias;  // bias may be nullptr
   T* dx;
-  ND_HOST_DEVICE int64_t rows() const { return q.N * q.H * q.W; }
+  int64_t chunk_stride = 0;
+  ND_HOST_DEVICE int64_t rows() const { return q.N * ph.rows * pw.rows; }
   ND_HOST_DEVICE int64_t cols() const { return q.Cg; }
-  ND_HOST_DEVICE int64_t depth() const { return q.Og * q.kH * q.kW; }
+  ND_HOST_DEVICE int64_t depth() const { return q.Og * ph.taps * pw.taps; }
+  ND_HOST_DEVICE int64_t slices() const { return q.stride_h * q.stride_w; }
+  ND_HOST_DEVICE DgradGemm slice(int64_t s) const {
+    DgradGemm p = *this;
+    p.ph = dgrad_phase(s / q.stride_w, q.H, q.kH, q.stride_h, q.pad_h, q.dil_h);
+    p.pw = dgrad_phase(s % q.stride_w, q.W, q.kW, q.stride_w, q.pad_w, q.dil_w);
+    return p;
+  }
   ND_HOST_DEVICE T a(int64_t g, int64_t m, int64_t k) const {
-    const Pixel p = pixel_of(m, q.H, q.W);
-    const Tap t = tap_of(k, q.kH, q.kW);  // t.c: the output channel within the group
-    const int64_t oh = output_coord(p.h, t.kh, q.stride_h, q.pad_h, q.dil_h, q.OH);
-    const int64_t ow = output_coord(p.w, t.kw, q.stride_w, q.pad_w, q.dil_w, q.OW);
-    if (oh < 0 || ow < 0) return T(0);
+    const Pixel p = pixel_of(m, ph.rows, pw.rows);
+    const Tap t = tap_of(k, ph.taps, pw.taps);  // t.c: the output channel within the group
+    const int64_t oh = p.h + ph.base - t.kh * ph.out_step, ow = p.w + pw.base - t.kw * pw.out_step;
+    if (!in_range(oh, q.OH) || !in_range(ow, q.OW)) return T(0);
     return dy[((p.n * q.C_out + g * q.Og + t.c) * q.OH + oh) * q.OW + ow];
   }
   ND_HOST_DEVICE T b(int64_t g, int64_t k, int64_t j) const {
-    const int64_t taps = q.kH * q.kW, o = k / taps;
-    return w[((g * q.Og + o) * q.Cg + j) * taps + k % taps];
+    const Tap t = tap_of(k, ph.taps, pw.taps);
+    const int64_t kh = ph.first_tap + t.kh * ph.tap_step, kw = pw.first_tap + t.kw * pw.tap_step;
+    return w[(((g * q.Og + t.c) * q.Cg + j) * q.kH + kh) * q.kW + kw];
   }
-  ND_HOST_DEVICE void store(int64_t g, int64_t /*split*/, int64_t m, int64_t j, T v) const {
-    store_pixel(dx, bias, q.C_in, q.H, q.W, m, g * q.Cg + j, v);
+  ND_HOST_DEVICE void store(int64_t g, int64_t split, int64_t m, int64_t j, T v) const {
+    const Pixel p = pixel_of(m, ph.rows, pw.rows);
+    const int64_t c = g * q.Cg + j, ih = ph.first + p.h * q.stride_h, iw = pw.first + p.w * q.stride_w;
+    dx[split * chunk_stride + ((p.n * q.C_in + c) * q.H + ih) * q.W + iw] = bias && split == 0 ? v + bias[c] : v;
   }
 };
 
+// dgrad as its phase (0, 0); slice(s) gives every phase.
+template <class T>
+DgradGemm<T> dgrad_gemm(const Geometry& q, const T* dy, const T* w, const T* bias, T* dx) {
+  return DgradGemm<T>{q, {}, {}, dy, w, bias, dx, 0}.slice(0);
+}
+
 // dw[g*Og + m, j = (c, kh, kw)] = sum_{k = (n, oh, ow)} dy[n, g*Og + m, oh, ow] * X[k, j].
-// With split-K, chunk s of the depth goes to out + s*C_out*Cg*kH*kW (a partial buffer
-// summed in chunk order afterwards); with one chunk, out is dw itself.
 template <class T>
 struct WgradGemm {
   Geometry q;
   const T *x, *dy;
   T* out;
+  int64_t chunk_stride = 0;
   ND_HOST_DEVICE int64_t rows() const { return q.Og; }
   ND_HOST_DEVICE int64_t cols() const { return q.Cg * q.kH * q.kW; }
   ND_HOST_DEVICE int64_t depth() const { return q.N * q.OH * q.OW; }
+  ND_HOST_DEVICE int64_t slices() const { return 1; }
+  ND_HOST_DEVICE const WgradGemm& slice(int64_t /*s*/) const { return *this; }
   ND_HOST_DEVICE T a(int64_t g, int64_t m, int64_t k) const {
     const int64_t ohw = q.OH * q.OW, n = k / ohw;
     return dy[(n * q.C_out + g * q.Og + m) * ohw + k % ohw];
   }
   ND_HOST_DEVICE T b(int64_t g, int64_t k, int64_t j) const { return gather_input(q, x, g, k, j); }
   ND_HOST_DEVICE void store(int64_t g, int64_t split, int64_t m, int64_t j, T v) const {
-    out[split * q.C_out * cols() + (g * q.Og + m) * cols() + j] = v;
+    out[split * chunk_stride + (g * q.Og + m) * cols() + j] = v;
   }
 };
 
-// How wgrad's depth (N*OH*OW, often thousands against few output tiles) is cut into
-// chunks of whole k-tiles: enough chunks that tiles*splits comes near target_blocks, each
+// How a long depth against few output tiles (wgrad's N*OH*OW; forward's and dgrad's
+// C*kH*kW on a small batch) is cut into chunks of whole k-tiles: enough chunks that tiles*splits comes near target_blocks, each
 // at least min_chunk long (the last may be shorter). Depends on the shape only, so the
 // summation order -- and the result -- is the same on every run.
 struct SplitK {

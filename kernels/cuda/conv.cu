@@ -10,11 +10,28 @@
 // gather costs integer divisions per element; it saves im2col's buffer (kH*kW times the
 // input) and the traffic to fill it.
 //
-// Grid: x = row tiles, y = column tiles, z = (group, depth chunk), each walked by a
-// grid-stride loop, so no size runs into gridDim.y/z <= 65535. wgrad's depth N*OH*OW is
-// long against few output tiles, so it is cut into chunks (split-K) whose partial
-// results go to a buffer that a second kernel sums in chunk order: no atomics, the same
-// bits on every run.
+// Strided dgrad (conv2d's input gradient, conv_transpose2d's forward) runs as stride_h *
+// stride_w GEMMs, one per phase of the input pixels (ih mod stride_h, iw mod stride_w):
+// only the taps t with stride | ih + pad - t*dil reach a pixel, and they depend on its phase
+// alone (conv_index.h DgradPhase), so each phase is a dense GEMM over its own taps. One GEMM
+// over all kH*kW taps would multiply (1 - 1/stride) of its A operand as structural zeros per
+// dimension: 75% at stride 2, the DCGAN case, where the cost model's tensor-core flops drop
+// from 117 to 34 MFLOP (bench/RESULTS.md "Cost model"). The phases are slices of one launch
+// (grid z), so the blocks of all phases share the SMs: one launch per phase would run four
+// quarter-size grids one after another. Its cost: a slice carries two DgradPhase, and the
+// dgrad instantiations grew from 116 / 124 registers (f32 / f64 SIMT) to 172 / 186, one
+// block per SM instead of two, and from 182 to 220 on the bf16 WMMA kernel (still two;
+// bench/kernel_resources.md). Shrinking that state (32-bit fields) is not done.
+//
+// Grid: x = row tiles, y = column tiles, z = (group, depth chunk, slice), each walked by a
+// grid-stride loop, so no size runs into gridDim.y/z <= 65535. A depth long against few
+// output tiles (wgrad's N*OH*OW; forward's and dgrad's C*kH*kW on a small batch: DCGAN D's
+// middle layer at batch 2 had 4 blocks for 132 SMs) is cut into chunks (split-K,
+// launch_split) whose partial results go to a buffer that a second kernel sums in chunk
+// order: no atomics, the same bits on every run; the bias goes into chunk 0. Cost model,
+// that layer in bf16: forward 24.1 -> 10.7 us, dgrad 17.0 -> 12.7 us with 16 blocks each
+// (bench/RESULTS.md). The chunk's output offset and bias choice in the stores took the
+// WMMA forward from 166 to 254 registers (no spill; 3 -> 2 blocks per SM).
 //
 // Mixed precision (ConvOperands::kBf16 / kF16, float only): tensor_core_gemm_kernel is the
 // same tiling on bf16 or f16 tensor cores through the documented WMMA API (the 16-bit type
@@ -22,6 +39,13 @@
 // the same accessors, rounds each value to bf16 / f16 as it writes the shared tiles, multiplies 16x16x16
 // fragments into f32 accumulators, and goes back through a shared f32 tile to p.store, so
 // bias, groups and split-K are the accessors' business exactly as in the f32 kernel.
+//
+// Checked: every pass against kernels/cpu in the emulator (tests/emu/conv_emu_test.cpp:
+// partial tiles, groups, stride 2 and 3, dilation, padding, phases without taps,
+// output_padding; the sanitizer on), the accessors and phases on the CPU
+// (tests/kernels/conv_index_test.cpp), bit-reproducibility and autocast in
+// tests/cuda/cuda_conv_test.cpp on the emulated library. The phase split is not yet run on
+// a GPU: its speed is the cost model's estimate only.
 #include "kernels/cuda/conv.h"
 
 #include <cuda_bf16.h>
@@ -48,7 +72,7 @@ constexpr int kTileM = 64, kTileN = 64, kTileK = 16;
 constexpr int kMicro = 4;                                        // results per thread: kMicro x kMicro
 constexpr int kGemmThreads = (kTileM / kMicro) * (kTileN / kMicro);  // 256
 static_assert(kTileM / kMicro == 16 && kTileN / kMicro == 16, "the thread layout below is 16 x 16");
-// wgrad split-K: no chunk shorter than this many depth elements, and enough chunks
+// split-K (every pass): no chunk shorter than this many depth elements, and enough chunks
 // that about this many blocks run (an H200 has 132 SMs).
 constexpr int64_t kMinChunk = 256, kTargetBlocks = 512;
 constexpr int64_t kMaxGridX = int64_t(1) << 30, kMaxGridYZ = 65535;
@@ -75,8 +99,8 @@ __device__ __forceinline__ void walk_tile(int tid, F&& f) {
 // outside the problem (edge tiles only) then load an element the tile holds anyway.
 __device__ __forceinline__ int64_t in_tile(int64_t i, int64_t end, int64_t first) { return i < end ? i : first; }
 
-// For every z = (group g, chunk s), column tile and row tile:
-//   C_g[m, j] = sum_{k in chunk s} p.a(g, m, k) * p.b(g, k, j), stored by p.store(g, s, m, j, .).
+// For every z = (group g, chunk s, slice), column tile and row tile of that slice sp:
+//   C_g[m, j] = sum_{k in chunk s} sp.a(g, m, k) * sp.b(g, k, j), stored by sp.store(g, s, m, j, .).
 // Thread (ty, tx) owns rows m0 + ty + 16*i and columns n0 + tx + 16*j (i, j < kMicro), so
 // a warp reads consecutive shared-memory words of Bs and one or two broadcast words of As.
 // Out-of-range rows, columns and depths load as 0 and are never stored.
@@ -85,11 +109,12 @@ __global__ void __launch_bounds__(kGemmThreads)
     implicit_gemm_kernel(Problem p, int64_t groups, int64_t splits, int64_t chunk) {
   __shared__ T As[kTileK][kTileM];
   __shared__ T Bs[kTileK][kTileN];
-  const int64_t M = p.rows(), Ncols = p.cols(), K = p.depth();
-  const int64_t m_tiles = (M + kTileM - 1) / kTileM, n_tiles = (Ncols + kTileN - 1) / kTileN;
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-  for (int64_t z = blockIdx.z; z < groups * splits; z += gridDim.z) {
-    const int64_t g = z % groups, split = z / groups;
+  for (int64_t z = blockIdx.z; z < groups * splits * p.slices(); z += gridDim.z) {
+    const int64_t g = z % groups, split = z / groups % splits;
+    const auto& sp = p.slice(z / (groups * splits));
+    const int64_t M = sp.rows(), Ncols = sp.cols(), K = sp.depth();
+    const int64_t m_tiles = (M + kTileM - 1) / kTileM, n_tiles = (Ncols + kTileN - 1) / kTileN;
     const int64_t k_begin = split * chunk, k_end = k_begin + chunk < K ? k_begin + chunk : K;
     for (int64_t nt = blockIdx.y; nt < n_tiles; nt += gridDim.y) {
       for (int64_t mt = blockIdx.x; mt < m_tiles; mt += gridDim.x) {
@@ -100,12 +125,12 @@ __global__ void __launch_bounds__(kGemmThreads)
           // dgrad), B column-fastest; each thread keeps its row (column) for the step.
           walk_tile<kGemmThreads, kTileM, kTileK>(tid, [&](int ml, int kl) {
             const int64_t m = m0 + ml, k = k0 + kl;
-            const T v = p.a(g, in_tile(m, M, m0), in_tile(k, k_end, k0));
+            const T v = sp.a(g, in_tile(m, M, m0), in_tile(k, k_end, k0));
             As[kl][ml] = m < M && k < k_end ? v : T(0);
           });
           walk_tile<kGemmThreads, kTileN, kTileK>(tid, [&](int jl, int kl) {
             const int64_t j = n0 + jl, k = k0 + kl;
-            const T v = p.b(g, in_tile(k, k_end, k0), in_tile(j, Ncols, n0));
+            const T v = sp.b(g, in_tile(k, k_end, k0), in_tile(j, Ncols, n0));
             Bs[kl][jl] = j < Ncols && k < k_end ? v : T(0);
           });
           __syncthreads();
@@ -133,7 +158,7 @@ __global__ void __launch_bounds__(kGemmThreads)
 #pragma unroll
             for (int j = 0; j < kMicro; ++j) {
               const int64_t m = m0 + ty + 16 * i, col = n0 + tx + 16 * j;
-              if (!decltype(checked)::value || (m < M && col < Ncols)) p.store(g, split, m, col, acc[i][j]);
+              if (!decltype(checked)::value || (m < M && col < Ncols)) sp.store(g, split, m, col, acc[i][j]);
             }
         };
         if (m0 + kTileM <= M && n0 + kTileN <= Ncols)
@@ -204,12 +229,13 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   auto b_at = [](int kl, int jl) { return jl * kLdDepth + kl; };
   auto c_at = [](int ml, int jl) { return pixel_rows ? jl * kLdC + ml : ml * kLdC + jl; };
 
-  const int64_t M = p.rows(), Ncols = p.cols(), K = p.depth();
-  const int64_t m_tiles = (M + kTileM - 1) / kTileM, n_tiles = (Ncols + kTileN - 1) / kTileN;
   const int tid = threadIdx.x, warp = tid / 32;
   const int wm = (warp / 2) * 2 * kFrag, wn = (warp % 2) * 2 * kFrag;  // the warp's sub-tile origin
-  for (int64_t z = blockIdx.z; z < groups * splits; z += gridDim.z) {
-    const int64_t g = z % groups, split = z / groups;
+  for (int64_t z = blockIdx.z; z < groups * splits * p.slices(); z += gridDim.z) {
+    const int64_t g = z % groups, split = z / groups % splits;
+    const auto& sp = p.slice(z / (groups * splits));
+    const int64_t M = sp.rows(), Ncols = sp.cols(), K = sp.depth();
+    const int64_t m_tiles = (M + kTileM - 1) / kTileM, n_tiles = (Ncols + kTileN - 1) / kTileN;
     const int64_t k_begin = split * chunk, k_end = k_begin + chunk < K ? k_begin + chunk : K;
     for (int64_t nt = blockIdx.y; nt < n_tiles; nt += gridDim.y) {
       for (int64_t mt = blockIdx.x; mt < m_tiles; mt += gridDim.x) {
@@ -228,9 +254,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
             const bool in = m < M && k < k_end;
             float v = 0.0f;
             if constexpr (pixel_rows)
-              v = p.a(g, in_tile(m, M, m0), in_tile(k, k_end, k0));
+              v = sp.a(g, in_tile(m, M, m0), in_tile(k, k_end, k0));
             else if (in)
-              v = p.a(g, m, k);
+              v = sp.a(g, m, k);
             As[a_at(ml, kl)] = to_operand<E>(in ? v : 0.0f);
           };
           if constexpr (pixel_rows)
@@ -242,9 +268,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
             const bool in = j < Ncols && k < k_end;
             float v = 0.0f;
             if constexpr (pixel_rows)
-              v = p.b(g, in_tile(k, k_end, k0), in_tile(j, Ncols, n0));
+              v = sp.b(g, in_tile(k, k_end, k0), in_tile(j, Ncols, n0));
             else if (in)
-              v = p.b(g, k, j);
+              v = sp.b(g, k, j);
             Bs[b_at(kl, jl)] = to_operand<E>(in ? v : 0.0f);
           });
           __syncthreads();
@@ -272,7 +298,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         __syncthreads();
         const auto store = [&](int ml, int jl) {
           const int64_t m = m0 + ml, col = n0 + jl;
-          if (m < M && col < Ncols) p.store(g, split, m, col, Cs[c_at(ml, jl)]);
+          if (m < M && col < Ncols) sp.store(g, split, m, col, Cs[c_at(ml, jl)]);
         };
         if constexpr (pixel_rows)
           walk_tile<kTcThreads, kTileM, kTileN>(tid, store);
@@ -297,10 +323,11 @@ void require_operands(const char* kernel, ConvOperands operands) {
 template <class T, class Problem>
 void launch_gemm(const char* kernel, const Problem& p, int64_t groups, ci::SplitK split, ConvOperands operands,
                  cudaStream_t stream) {
+  // Slice 0 has the most rows (conv_index.h); the blocks past a smaller slice's tiles idle there.
   const int64_t m_tiles = (p.rows() + kTileM - 1) / kTileM, n_tiles = (p.cols() + kTileN - 1) / kTileN;
   const dim3 grid(static_cast<unsigned>(std::min(m_tiles, kMaxGridX)),
                   static_cast<unsigned>(std::min(n_tiles, kMaxGridYZ)),
-                  static_cast<unsigned>(std::min(groups * split.splits, kMaxGridYZ)));
+                  static_cast<unsigned>(std::min(groups * split.splits * p.slices(), kMaxGridYZ)));
   if constexpr (std::is_same_v<T, float>) {
     if (operands == ConvOperands::kBf16) {
       tensor_core_gemm_kernel<__nv_bfloat16, Problem>
@@ -340,37 +367,65 @@ __global__ void bias_grad_kernel(int64_t N, int64_t C, int64_t HW, const T* dy, 
   }
 }
 
-// wgrad of the conv2d s: dw = DY^T X (conv_index.h's WgradGemm), split-K when the depth is long.
+// p over its `size` output elements at p.*out, its depth cut into chunks (split-K) when
+// it is long against the output tiles (split_depth): the chunks' partial results go to a
+// scratch buffer, chunk_stride = size apart, that sum_chunks_kernel adds in chunk order
+// into the output. `depth`: the longest slice's. The chunking depends on the shape only,
+// so the result has the same bits on every run.
+template <class T, class Problem>
+void launch_split(const char* kernel, Problem p, T* Problem::*out, int64_t size, int64_t depth,
+                  ConvOperands operands, cudaStream_t stream) {
+  const int64_t tiles =
+      (p.rows() + kTileM - 1) / kTileM * ((p.cols() + kTileN - 1) / kTileN) * p.q.groups * p.slices();
+  const int64_t tile_k = operands == ConvOperands::kExact ? kTileK : kTcTileK;  // chunks of whole depth steps
+  const ci::SplitK split = ci::split_depth(depth, tiles, tile_k, kMinChunk, kTargetBlocks);
+  if (split.splits == 1) return launch_gemm<T>(kernel, p, p.q.groups, whole_depth(depth), operands, stream);
+  const detail::Scratch partial(kernel, sizeof(T) * split.splits * size, stream);
+  T* const result = p.*out;
+  p.*out = partial.as<T>();
+  p.chunk_stride = size;
+  launch_gemm<T>(kernel, p, p.q.groups, split, operands, stream);
+  sum_chunks_kernel<T><<<detail::blocks_for(size), kThreads, 0, stream>>>(split.splits, size, partial.as<T>(), result);
+  check_launch(kernel);
+}
+
+// wgrad of the conv2d s: dw = DY^T X (conv_index.h's WgradGemm).
 template <class T>
 void wgrad(const char* kernel, const Conv2dShape& s, const T* x, const T* dy, T* dw, ConvOperands operands,
            cudaStream_t stream) {
   require_operands<T>(kernel, operands);
-  ci::WgradGemm<T> p{ci::geometry(s), x, dy, dw};
+  const ci::WgradGemm<T> p{ci::geometry(s), x, dy, dw};
   const int64_t size = p.q.C_out * p.cols();
   if (p.depth() == 0) {  // N == 0: the sum over no samples
     check(cudaMemsetAsync(dw, 0, sizeof(T) * size, stream), "cudaMemsetAsync", kernel);
     return;
   }
-  const int64_t tiles = (p.rows() + kTileM - 1) / kTileM * ((p.cols() + kTileN - 1) / kTileN) * p.q.groups;
-  const int64_t tile_k = operands == ConvOperands::kExact ? kTileK : kTcTileK;  // chunks of whole depth steps
-  const ci::SplitK split = ci::split_depth(p.depth(), tiles, tile_k, kMinChunk, kTargetBlocks);
-  if (split.splits == 1) return launch_gemm<T>(kernel, p, p.q.groups, split, operands, stream);
-  const detail::Scratch partial(kernel, sizeof(T) * split.splits * size, stream);
-  p.out = partial.as<T>();
-  launch_gemm<T>(kernel, p, p.q.groups, split, operands, stream);
-  sum_chunks_kernel<T><<<detail::blocks_for(size), kThreads, 0, stream>>>(split.splits, size, partial.as<T>(), dw);
-  check_launch(kernel);
+  launch_split<T>(kernel, p, &ci::WgradGemm<T>::out, size, p.depth(), operands, stream);
 }
 
-// Forward (Gemm = ForwardGemm: out = conv(in, w) + bias) or dgrad (DgradGemm: out = the
-// adjoint applied to in, + bias[channel]) of the conv2d s, the whole depth in one chunk.
-template <template <class> class Gemm, class T>
-void one_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* w, const T* bias, T* out,
-              ConvOperands operands, cudaStream_t stream) {
+// Forward (ForwardGemm: out = conv(in, w) + bias) of the conv2d s.
+template <class T>
+void forward_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* w, const T* bias, T* out,
+                  ConvOperands operands, cudaStream_t stream) {
   require_operands<T>(kernel, operands);
-  const Gemm<T> p{ci::geometry(s), in, w, bias, out};
+  const ci::ForwardGemm<T> p{ci::geometry(s), in, w, bias, out};
   if (p.rows() == 0) return;
-  launch_gemm<T>(kernel, p, p.q.groups, whole_depth(p.depth()), operands, stream);
+  launch_split<T>(kernel, p, &ci::ForwardGemm<T>::y, p.rows() * p.q.C_out, p.depth(), operands, stream);
+}
+
+// Dgrad (DgradGemm: out = the adjoint of the conv2d s applied to in, + bias[channel]): its
+// stride_h * stride_w phases (conv_index.h's DgradPhase) as slices of one launch, each a
+// dense GEMM over the taps that reach its pixels, so no structural zero is multiplied. A
+// phase no tap reaches (stride > kernel) has depth 0: its tiles store the bias or 0.
+template <class T>
+void dgrad_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* w, const T* bias, T* out,
+                ConvOperands operands, cudaStream_t stream) {
+  require_operands<T>(kernel, operands);
+  const ci::DgradGemm<T> p = ci::dgrad_gemm(ci::geometry(s), in, w, bias, out);
+  if (p.rows() == 0) return;
+  int64_t depth = 0;  // the phases' depths differ (1 or 2 taps of 3 at stride 2): the chunks cover the longest
+  for (int64_t slice = 0; slice < p.slices(); ++slice) depth = std::max(depth, p.slice(slice).depth());
+  launch_split<T>(kernel, p, &ci::DgradGemm<T>::dx, p.q.N * p.q.C_in * p.q.H * p.q.W, depth, operands, stream);
 }
 
 }  // namespace
@@ -378,13 +433,13 @@ void one_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* w,
 template <class T>
 void conv2d_forward(const Conv2dShape& s, const T* input, const T* weight, const T* bias, T* output,
                     cudaStream_t stream, ConvOperands operands) {
-  one_pass<ci::ForwardGemm>("conv2d_forward", s, input, weight, bias, output, operands, stream);
+  forward_pass("conv2d_forward", s, input, weight, bias, output, operands, stream);
 }
 
 template <class T>
 void conv2d_backward_input(const Conv2dShape& s, const T* grad_output, const T* weight, T* grad_input,
                            cudaStream_t stream, ConvOperands operands) {
-  one_pass<ci::DgradGemm>("conv2d_backward_input", s, grad_output, weight, static_cast<const T*>(nullptr),
+  dgrad_pass("conv2d_backward_input", s, grad_output, weight, static_cast<const T*>(nullptr),
                           grad_input, operands, stream);
 }
 
@@ -405,13 +460,13 @@ void conv2d_backward_bias(int64_t N, int64_t C, int64_t HW, const T* grad_output
 template <class T>
 void conv_transpose2d_forward(const ConvTranspose2dShape& s, const T* input, const T* weight, const T* bias,
                               T* output, cudaStream_t stream, ConvOperands operands) {
-  one_pass<ci::DgradGemm>("conv_transpose2d_forward", s.as_conv(), input, weight, bias, output, operands, stream);
+  dgrad_pass("conv_transpose2d_forward", s.as_conv(), input, weight, bias, output, operands, stream);
 }
 
 template <class T>
 void conv_transpose2d_backward_input(const ConvTranspose2dShape& s, const T* grad_output, const T* weight,
                                      T* grad_input, cudaStream_t stream, ConvOperands operands) {
-  one_pass<ci::ForwardGemm>("conv_transpose2d_backward_input", s.as_conv(), grad_output, weight,
+  forward_pass("conv_transpose2d_backward_input", s.as_conv(), grad_output, weight,
                             static_cast<const T*>(nullptr), grad_input, operands, stream);
 }
 

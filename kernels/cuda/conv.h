@@ -7,7 +7,7 @@
 // Tests: tests/kernels/conv_index_test.cpp (index math, CPU), tests/cuda/cuda_conv_test.cpp.
 //
 // Accumulation is in T (f32 in float, f64 in double). Every result is bit-reproducible
-// run to run: no atomics; wgrad's split-K partial sums are added in a fixed order.
+// run to run: no atomics; split-K partial sums (any pass) are added in a fixed order.
 // The engine checks the shape requirements of kernels/cpu/conv.h first; sizes that do
 // not fit a launch are an nd::Error.
 //

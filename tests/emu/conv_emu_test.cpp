@@ -1,7 +1,8 @@
 // kernels/cuda/conv.cu in the emulator against kernels/cpu/conv.cpp: all six GEMM passes
 // and the bias gradient, f32 and f64 on the exact (SIMT) kernel and f32 with bf16 or f16
 // operands on the WMMA kernel, on shapes with partial tiles in every GEMM dimension, groups,
-// stride / dilation / padding, and a wgrad depth long enough to be split (split-K).
+// stride / dilation / padding, dgrad's stride phases (stride 2 and 3, phases no tap reaches,
+// output_padding), and depths long enough to be split (split-K) in every pass.
 //
 // Tolerances (emu_test.h check_sum_bound): each output element is a sum of at most n
 // products (+ bias) that the CPU and the CUDA kernel add in different orders, so they differ
@@ -141,11 +142,43 @@ cpu::Conv2dShape full_tiles() {
   s.padding = {1, 1};
   return s;
 }
+// dgrad's phases (conv_index.h DgradPhase): stride 3 x 2, dilation 2 x 1, kernel 5 x 1,
+// odd sizes, padding, groups: in h the phases hold 1, 2 and 2 taps 3 apart (reading output
+// rows 2 apart); in w the odd phase has none (kernel 1 against stride 2) and stores zeros.
+cpu::Conv2dShape phases() {
+  cpu::Conv2dShape s;
+  s.N = 2, s.C_in = 4, s.H = 13, s.W = 9, s.C_out = 6, s.kH = 5, s.kW = 1;
+  s.stride = {3, 2}, s.padding = {1, 0}, s.dilation = {2, 1}, s.groups = 2;
+  return s;
+}
 cpu::ConvTranspose2dShape transposed() {
   cpu::ConvTranspose2dShape s;
   s.N = 2, s.C_in = 6, s.H = 5, s.W = 4, s.C_out = 4, s.kH = 3, s.kW = 2;
   s.stride = {2, 2}, s.padding = {1, 0}, s.output_padding = {1, 1}, s.groups = 2;
   return s;
+}
+
+// Stride 3 with dilation 2 and output_padding 2: phases of 1 and 2 taps, odd output sizes.
+cpu::ConvTranspose2dShape transposed_stride3() {
+  cpu::ConvTranspose2dShape s;
+  s.N = 1, s.C_in = 3, s.H = 4, s.W = 5, s.C_out = 5, s.kH = 3, s.kW = 4;
+  s.stride = {3, 3}, s.padding = {1, 2}, s.output_padding = {2, 1}, s.dilation = {2, 1};
+  return s;
+}
+
+// DCGAN's generator layer with few pixels: transposed forward (a dgrad GEMM) of depth 128
+// channels x 4 taps per phase = 512 split into 2 chunks, the bias added in chunk 0 only.
+cpu::ConvTranspose2dShape transposed_split() {
+  cpu::ConvTranspose2dShape s;
+  s.N = 1, s.C_in = 128, s.H = 3, s.W = 3, s.C_out = 8, s.kH = 4, s.kW = 4;
+  s.stride = {2, 2}, s.padding = {1, 1};
+  return s;
+}
+
+TEST_CASE("conv2d dgrad phases: stride 3 x 2, dilation, phases without taps (f32, bf16, f64)") {
+  check_conv2d<float>("phases", phases(), Op::kExact, 70);
+  check_conv2d<float>("phases", phases(), Op::kBf16, 71);
+  check_conv2d<double>("phases", phases(), Op::kExact, 72);
 }
 
 TEST_CASE("conv2d f32 exact kernel: grouped, strided, dilated, padded, partial and full tiles") {
@@ -177,6 +210,10 @@ TEST_CASE("conv_transpose2d f32, bf16, f16 and f64") {
   check_conv_transpose2d<float>("transposed", transposed(), Op::kBf16, 50);
   check_conv_transpose2d<float>("transposed", transposed(), Op::kF16, 51);
   check_conv_transpose2d<double>("transposed", transposed(), Op::kExact, 60);
+  check_conv_transpose2d<float>("transposed stride 3", transposed_stride3(), Op::kExact, 61);
+  check_conv_transpose2d<float>("transposed stride 3", transposed_stride3(), Op::kF16, 62);
+  check_conv_transpose2d<float>("transposed split-K", transposed_split(), Op::kExact, 63);
+  check_conv_transpose2d<float>("transposed split-K", transposed_split(), Op::kBf16, 64);
 }
 
 TEST_CASE("conv2d bf16 operands on f64 tensors are an nd::Error") {

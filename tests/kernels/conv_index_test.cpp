@@ -1,5 +1,5 @@
 // kernels/common/conv_index.h, the implicit-GEMM index math of the CUDA conv kernels, on
-// the CPU: (1) the flattenings and the dgrad inverse against brute-force enumeration;
+// the CPU: (1) the flattenings and dgrad's phases against brute-force enumeration;
 // (2) every operand accessor of the three GEMM problems against a direct loop over all
 // positions (the coordinate formula of kernels/cpu/conv.h written out again); (3) the
 // problems summed the way implicit_gemm_kernel sums them (per group, per depth chunk in
@@ -74,20 +74,38 @@ void run_gemm(const Problem& p, int64_t groups, ci::SplitK split) {
     }
 }
 
-// conv2d_backward_weight as the CUDA launcher runs it: split-K into a partial buffer,
-// then the chunks added in order.
-Vec wgrad_split(const Conv2dShape& s, const Vec& x, const Vec& dy, ci::SplitK split) {
-  ci::WgradGemm<double> p{ci::geometry(s), x.data(), dy.data(), nullptr};
-  const int64_t size = s.C_out * p.cols();
-  Vec partial = poisoned(split.splits * size), dw(static_cast<size_t>(size));
-  p.out = partial.data();
-  run_gemm(p, s.groups, split);
+// dgrad as the CUDA launcher runs it: every phase GEMM (slice), each over its whole depth.
+void run_dgrad(const ci::Geometry& q, const double* dy, const double* w, const double* bias, double* dx) {
+  const ci::DgradGemm<double> dgrad = ci::dgrad_gemm(q, dy, w, bias, dx);
+  REQUIRE(dgrad.slices() == q.stride_h * q.stride_w);
+  for (int64_t s = 0; s < dgrad.slices(); ++s) {
+    const ci::DgradGemm<double> p = dgrad.slice(s);
+    REQUIRE(p.rows() <= dgrad.rows());  // the launch sizes its grid by slice 0
+    run_gemm(p, q.groups, {1, std::max<int64_t>(1, p.depth())});
+  }
+}
+
+// A problem run as the CUDA launcher runs a split one: every slice, each chunk into a
+// partial buffer chunk_stride = size apart, then the chunks added in order into p.*out.
+template <class Problem>
+Vec run_split(Problem p, double* Problem::*out, int64_t size, ci::SplitK split) {
+  Vec partial = poisoned(split.splits * size), result(static_cast<size_t>(size));
+  p.*out = partial.data();
+  p.chunk_stride = size;
+  for (int64_t s = 0; s < p.slices(); ++s) run_gemm(p.slice(s), p.q.groups, split);
   for (int64_t i = 0; i < size; ++i) {
     double acc = partial[i];
     for (int64_t c = 1; c < split.splits; ++c) acc += partial[c * size + i];
-    dw[i] = acc;
+    result[i] = acc;
   }
-  return dw;
+  return result;
+}
+
+// conv2d_backward_weight as the CUDA launcher runs it: split-K into a partial buffer,
+// then the chunks added in order.
+Vec wgrad_split(const Conv2dShape& s, const Vec& x, const Vec& dy, ci::SplitK split) {
+  const ci::WgradGemm<double> p{ci::geometry(s), x.data(), dy.data(), nullptr};
+  return run_split(p, &ci::WgradGemm<double>::out, s.C_out * p.cols(), split);
 }
 
 const std::vector<Conv2dShape> kShapes = {
@@ -119,21 +137,34 @@ TEST_CASE("conv_index: pixel_of and tap_of invert the row-major flattening") {
     }
 }
 
-TEST_CASE("conv_index: output_coord is the one output coordinate that reads input i through tap t") {
+TEST_CASE("conv_index: dgrad_phase lists exactly the taps that reach each input coordinate of its phase") {
   for (int64_t stride = 1; stride <= 3; ++stride)
     for (int64_t pad = 0; pad <= 2; ++pad)
       for (int64_t dil = 1; dil <= 3; ++dil)
-        for (int64_t out_size = 1; out_size <= 7; ++out_size)
-          for (int64_t t = 0; t < 4; ++t)
-            for (int64_t i = 0; i < 16; ++i) {
-              int64_t found = -1, count = 0;
-              for (int64_t o = 0; o < out_size; ++o)
-                if (o * stride - pad + t * dil == i) found = o, ++count;
-              REQUIRE(count <= 1);
-              REQUIRE_MESSAGE(ci::output_coord(i, t, stride, pad, dil, out_size) == found, "i ", i, " t ", t,
-                              " stride ", stride, " pad ", pad, " dil ", dil, " out_size ", out_size);
-              if (found >= 0) REQUIRE(ci::input_coord(found, t, stride, pad, dil) == i);
+        for (int64_t kernel = 1; kernel <= 5; ++kernel)
+          for (int64_t size = 1; size <= 8; ++size) {
+            int64_t rows = 0;
+            for (int64_t phase = 0; phase < stride; ++phase) {
+              const ci::DgradPhase d = ci::dgrad_phase(phase, size, kernel, stride, pad, dil);
+              INFO("stride ", stride, " pad ", pad, " dil ", dil, " kernel ", kernel, " size ", size, " phase ", phase);
+              rows += d.rows;
+              for (int64_t r = 0; r < d.rows; ++r) {
+                const int64_t i = d.first + r * stride;
+                REQUIRE(i < size);
+                REQUIRE(i % stride == phase);
+                std::vector<int64_t> want;  // brute force: (t, o) with o*stride - pad + t*dil == i
+                for (int64_t t = 0; t < kernel; ++t)
+                  if ((i + pad - t * dil) % stride == 0) want.push_back(t);
+                REQUIRE(d.taps == int64_t(want.size()));
+                for (int64_t a = 0; a < d.taps; ++a) {
+                  const int64_t t = d.first_tap + a * d.tap_step, o = r + d.base - a * d.out_step;
+                  REQUIRE(t == want[size_t(a)]);
+                  REQUIRE(ci::input_coord(o, t, stride, pad, dil) == i);
+                }
+              }
             }
+            REQUIRE(rows == size);  // the phases partition the input coordinates
+          }
 }
 
 TEST_CASE("conv_index: every operand accessor reads the element the convolution formula names") {
@@ -144,10 +175,8 @@ TEST_CASE("conv_index: every operand accessor reads the element the convolution 
     const Vec x = random_vec(s.N * s.C_in * s.H * s.W, 1), w = random_vec(s.C_out * Cg * s.kH * s.kW, 2);
     const Vec dy = random_vec(s.N * s.C_out * OH * OW, 3);
     const ci::ForwardGemm<double> fwd{q, x.data(), w.data(), nullptr, nullptr};
-    const ci::DgradGemm<double> dgrad{q, dy.data(), w.data(), nullptr, nullptr};
     const ci::WgradGemm<double> wgrad{q, x.data(), dy.data(), nullptr};
     REQUIRE(fwd.depth() == Cg * s.kH * s.kW);
-    REQUIRE(dgrad.depth() == Og * s.kH * s.kW);
     REQUIRE(wgrad.depth() == s.N * OH * OW);
     for (int64_t g = 0; g < s.groups; ++g)
       for (int64_t n = 0; n < s.N; ++n)
@@ -165,19 +194,34 @@ TEST_CASE("conv_index: every operand accessor reads the element the convolution 
                   REQUIRE(fwd.a(g, m, k) == want);
                   REQUIRE(wgrad.b(g, m, k) == want);
                 }
-            // dgrad's A: dy at the output pixel whose window puts tap (kh, kw) on (ih, iw), else 0.
-            for (int64_t ih = 0; ih < s.H; ++ih)
-              for (int64_t iw = 0; iw < s.W; ++iw)
-                for (int64_t o = 0; o < Og; ++o) {
-                  double want = 0;
-                  for (int64_t oh = 0; oh < OH; ++oh)
-                    for (int64_t ow = 0; ow < OW; ++ow)
-                      if (oh * s.stride[0] - s.padding[0] + kh * s.dilation[0] == ih &&
-                          ow * s.stride[1] - s.padding[1] + kw * s.dilation[1] == iw)
-                        want = dy[((n * s.C_out + g * Og + o) * OH + oh) * OW + ow];
-                  REQUIRE(dgrad.a(g, (n * s.H + ih) * s.W + iw, (o * s.kH + kh) * s.kW + kw) == want);
-                }
           }
+    // dgrad's operands, phase by phase: A is dy at the output pixel whose window puts the
+    // phase's tap (kh, kw) on the row's input pixel (ih, iw), else 0; B is w at that tap.
+    for (int64_t phase_h = 0; phase_h < s.stride[0]; ++phase_h)
+      for (int64_t phase_w = 0; phase_w < s.stride[1]; ++phase_w) {
+        const auto dgrad = ci::dgrad_gemm<double>(q, dy.data(), w.data(), nullptr, nullptr)
+                               .slice(phase_h * s.stride[1] + phase_w);
+        REQUIRE((dgrad.ph.first == phase_h && dgrad.pw.first == phase_w));
+        const ci::DgradPhase &ph = dgrad.ph, &pw = dgrad.pw;
+        REQUIRE(dgrad.depth() == Og * ph.taps * pw.taps);
+        for (int64_t g = 0; g < s.groups; ++g)
+          for (int64_t m = 0; m < dgrad.rows(); ++m)
+            for (int64_t k = 0; k < dgrad.depth(); ++k) {
+              const int64_t n = m / (ph.rows * pw.rows), ih = ph.first + m / pw.rows % ph.rows * s.stride[0],
+                            iw = pw.first + m % pw.rows * s.stride[1];
+              const int64_t o = k / (ph.taps * pw.taps), kh = ph.first_tap + k / pw.taps % ph.taps * ph.tap_step,
+                            kw = pw.first_tap + k % pw.taps * pw.tap_step;
+              double want = 0;
+              for (int64_t oh = 0; oh < OH; ++oh)
+                for (int64_t ow = 0; ow < OW; ++ow)
+                  if (oh * s.stride[0] - s.padding[0] + kh * s.dilation[0] == ih &&
+                      ow * s.stride[1] - s.padding[1] + kw * s.dilation[1] == iw)
+                    want = dy[((n * s.C_out + g * Og + o) * OH + oh) * OW + ow];
+              REQUIRE(dgrad.a(g, m, k) == want);
+              for (int64_t c = 0; c < Cg; ++c)
+                REQUIRE(dgrad.b(g, k, c) == w[(((g * Og + o) * Cg + c) * s.kH + kh) * s.kW + kw]);
+            }
+      }
     // The weight operands and wgrad's A: w[co, c, kh, kw] and dy[n, co, oh, ow] directly.
     for (int64_t g = 0; g < s.groups; ++g)
       for (int64_t o = 0; o < Og; ++o)
@@ -185,7 +229,6 @@ TEST_CASE("conv_index: every operand accessor reads the element the convolution 
           for (int64_t t = 0; t < s.kH * s.kW; ++t) {
             const double want = w[((g * Og + o) * Cg + c) * s.kH * s.kW + t];
             REQUIRE(fwd.b(g, c * s.kH * s.kW + t, o) == want);
-            REQUIRE(dgrad.b(g, o * s.kH * s.kW + t, c) == want);
           }
     for (int64_t g = 0; g < s.groups; ++g)
       for (int64_t o = 0; o < Og; ++o)
@@ -209,8 +252,7 @@ TEST_CASE("conv_index: the three conv2d GEMMs equal kernels/cpu, split-K include
     check_same(y, y_ref, "forward with bias");
 
     Vec dx = poisoned(s.N * s.C_in * s.H * s.W), dx_ref(dx.size());
-    const ci::DgradGemm<double> dgrad{q, dy.data(), w.data(), nullptr, dx.data()};
-    run_gemm(dgrad, s.groups, {1, dgrad.depth()});
+    run_dgrad(q, dy.data(), w.data(), nullptr, dx.data());
     cpu::conv2d_backward_input(s, dy.data(), w.data(), dx_ref.data());
     check_same(dx, dx_ref, "dgrad");
 
@@ -222,6 +264,18 @@ TEST_CASE("conv_index: the three conv2d GEMMs equal kernels/cpu, split-K include
     CAPTURE(split.splits);
     if (depth >= 32) CHECK(split.splits > 1);
     check_same(wgrad_split(s, x, dy, split), dw_ref, "wgrad, split-K");
+
+    // Forward and dgrad split into depth chunks of 16 (the bias in chunk 0 only).
+    const ci::ForwardGemm<double> fwd_split{q, x.data(), w.data(), b.data(), nullptr};
+    check_same(run_split(fwd_split, &ci::ForwardGemm<double>::y, int64_t(y.size()),
+                         ci::split_depth(fwd_split.depth(), 1, 16, 16, 64)),
+               y_ref, "forward with bias, split-K");
+    const auto dgrad_split = ci::dgrad_gemm<double>(q, dy.data(), w.data(), nullptr, nullptr);
+    int64_t dgrad_depth = 0;
+    for (int64_t k = 0; k < dgrad_split.slices(); ++k) dgrad_depth = std::max(dgrad_depth, dgrad_split.slice(k).depth());
+    check_same(run_split(dgrad_split, &ci::DgradGemm<double>::dx, int64_t(dx.size()),
+                         ci::split_depth(dgrad_depth, 1, 16, 16, 64)),
+               dx_ref, "dgrad, split-K");
   }
 }
 
@@ -241,8 +295,7 @@ TEST_CASE("conv_index: conv_transpose2d through as_conv() equals kernels/cpu") {
     const Vec b = random_vec(t.C_out, 10), dy = random_vec(t.N * t.C_out * OH * OW, 11);
 
     Vec y = poisoned(t.N * t.C_out * OH * OW), y_ref(y.size());  // forward = dgrad of s, with the bias
-    const ci::DgradGemm<double> fwd{q, x.data(), w.data(), b.data(), y.data()};
-    run_gemm(fwd, s.groups, {1, fwd.depth()});
+    run_dgrad(q, x.data(), w.data(), b.data(), y.data());
     cpu::conv_transpose2d_forward(t, x.data(), w.data(), b.data(), y_ref.data());
     check_same(y, y_ref, "conv_transpose2d forward");
 
