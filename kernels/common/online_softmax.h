@@ -10,6 +10,9 @@
 //   lse = m + log l,   softmax_j = exp(s_j - lse),   out = acc / l.
 // A row that has seen only -inf (every key masked) keeps m = -inf, l = 0 and ends with
 // lse = -inf and out = 0; it shifts by 0 instead of m so that exp(-inf - shift) is 0, not NaN.
+// kBase2: the scores come in log2 units (s2 = log2(e) s, the scale folded in beforehand, as
+// FlashAttention's exp2 does) and every exp above is exp2; lse is still the natural one,
+// ln 2 (m + log2 l), which the backward and the CPU twin take.
 #include <cmath>
 #include <cstdint>
 
@@ -17,7 +20,7 @@
 
 namespace nd::kernels {
 
-template <class T>
+template <class T, bool kBase2 = false>
 struct OnlineSoftmax {
   T m = -static_cast<T>(INFINITY);  // running maximum (-inf: nothing allowed seen yet)
   T l = 0;                          // sum over seen scores of exp(s - m)
@@ -29,28 +32,35 @@ struct OnlineSoftmax {
   // factor exp(m_old - m_new) the caller must apply to its own accumulators. The caller
   // then adds p_j = exp(s_j - shift()) to l (add) and p_j v_j to its accumulators.
   ND_HOST_DEVICE T begin_block(T block_max) {
-    using std::exp;
     const T m_new = block_max > m ? block_max : m;
     const T new_shift = m_new == -static_cast<T>(INFINITY) ? T(0) : m_new;
-    const T correction = exp(m - new_shift);  // 0 while nothing was seen (m = -inf)
+    const T correction = power(m - new_shift);  // 0 while nothing was seen (m = -inf)
     l *= correction;
     m = m_new;
     return correction;
   }
-  // p = exp(s - shift()) of one score of the current block.
-  ND_HOST_DEVICE T weight(T s) const {
-    using std::exp;
-    return exp(s - shift());
-  }
+  // p = exp(s - shift()) (exp2 when kBase2) of one score of the current block.
+  ND_HOST_DEVICE T weight(T s) const { return power(s - shift()); }
   ND_HOST_DEVICE void add(T p) { l += p; }
 
   // log sum exp over every score seen; -inf when none was allowed.
   ND_HOST_DEVICE T logsumexp() const {
     using std::log;
-    return l == T(0) ? -static_cast<T>(INFINITY) : m + log(l);
+    using std::log2;
+    if (l == T(0)) return -static_cast<T>(INFINITY);
+    if constexpr (kBase2) return (m + log2(l)) * static_cast<T>(0.6931471805599453);
+    else return m + log(l);
   }
   // 1 / l, or 0 for a row that saw no allowed score (its accumulators are 0: out = 0).
   ND_HOST_DEVICE T inverse_sum() const { return l == T(0) ? T(0) : T(1) / l; }
+
+ private:
+  ND_HOST_DEVICE static T power(T x) {
+    using std::exp;
+    using std::exp2;
+    if constexpr (kBase2) return exp2(x);
+    else return exp(x);
+  }
 };
 
 // The state of the union of two disjoint sets of scores; with acc_a, acc_b their weighted

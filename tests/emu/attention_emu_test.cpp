@@ -1,6 +1,8 @@
-// kernels/cuda/attention.cu in the emulator against kernels/cpu/attention.cpp: the f32 and
-// f64 SIMT kernels and the bf16 and f16 WMMA kernels, forward and backward, at the compiled head
-// dims 32, 64, 128 and zero-padded ones (16, 40, 72), Sq and Sk off the 64-row tiles,
+// kernels/cuda/attention.cu and attention_tensor_core.cu in the emulator against
+// kernels/cpu/attention.cpp: the f32 and f64 SIMT kernels and the bf16 and f16 tensor-core
+// kernels (forward on mma.sync/ldmatrix/cp.async, backward on WMMA), forward and backward,
+// at the compiled head dims 32, 64, 128 and zero-padded ones (16, 40, 72), Sq and Sk off the
+// 64- and 128-row tiles,
 // causal (Sq < Sk and Sq > Sk), an additive mask broadcast over heads with -inf entries,
 // a fully masked row, and dropout on the weights (the same generator state on both sides:
 // a kernel that ignored it, or indexed the weights differently, differs by whole weights).
@@ -169,6 +171,8 @@ const Case kE64{"Sq=50 Sk=129 E=64", 1, 1, 50, 129, 64, 64, false, 0};
 const Case kE128Causal{"causal E=128 Sq=70 Sk=45", 1, 1, 70, 45, 128, 128, true, 0};
 const Case kPadded{"E=40 Ev=24 (padded to 64)", 1, 1, 37, 29, 40, 24, false, 0};
 const Case kPadded128{"E=16 Ev=72 (padded to 128)", 1, 1, 20, 31, 16, 72, false, 0};
+const Case kUnaligned{"E=20 Ev=36 (rows not 16-byte aligned)", 1, 1, 30, 33, 20, 36, false, 0};
+const Case kTwoQueryTiles{"causal Sq=136 Sk=140: two 128-row query tiles", 1, 1, 136, 140, 32, 32, true, 0};
 const Case kCausalWide{"causal Sq=40 < Sk=97", 1, 1, 40, 97, 32, 32, true, 0};
 const Case kMask{"additive mask over heads, -inf entries", 2, 2, 45, 70, 32, 32, false, 1};
 const Case kMaskedRow{"fully masked query row", 1, 2, 19, 23, 32, 32, false, 2};
@@ -184,22 +188,23 @@ TEST_CASE("attention f64 SIMT kernels") {
   for (const Case& c : {kE64, kE128Causal, kPadded, kMaskedRow}) check_exact<double>(c);
 }
 
-TEST_CASE("attention bf16 WMMA kernels: head dims 32/64/128 and padded, tails, causal") {
-  for (const Case& c : {kE32, kE64, kE128Causal, kPadded, kPadded128, kCausalWide}) check_half<BFloat16>(c);
+TEST_CASE("attention bf16 tensor-core kernels: head dims 32/64/128 and padded, tails, causal, two query tiles") {
+  for (const Case& c : {kE32, kE64, kE128Causal, kPadded, kPadded128, kUnaligned, kCausalWide, kTwoQueryTiles})
+    check_half<BFloat16>(c);
 }
 
-TEST_CASE("attention bf16 WMMA kernels: additive mask, a fully masked row, bit-reproducible") {
+TEST_CASE("attention bf16 tensor-core kernels: additive mask, a fully masked row, bit-reproducible") {
   check_half<BFloat16>(kMask, true);
   check_half<BFloat16>(kMaskedRow);
 }
 
-TEST_CASE("attention f16 WMMA kernels: head dims 32/64/128, causal, mask, a fully masked row, bit-reproducible") {
+TEST_CASE("attention f16 tensor-core kernels: head dims 32/64/128, causal, mask, a fully masked row, bit-reproducible") {
   for (const Case& c : {kE32, kE128Causal, kPadded}) check_half<nd::Half>(c);
   check_half<nd::Half>(kMask, true);
   check_half<nd::Half>(kMaskedRow);
 }
 
-TEST_CASE("attention dropout: the SIMT and WMMA kernels drop the CPU's weights, forward and backward") {
+TEST_CASE("attention dropout: the SIMT and tensor-core kernels drop the CPU's weights, forward and backward") {
   for (const Case& c : {kDropout, kDropoutCausal}) {
     check_exact<float>(c);
     check_exact<double>(c);

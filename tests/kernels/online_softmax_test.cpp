@@ -1,6 +1,7 @@
 // kernels/common/online_softmax.h on the CPU: the online softmax fed blocks in any order
-// (and states merged in any order) against a direct softmax, rows with -inf scores, and
-// the causal tile bounds against brute force over every (query, key) pair.
+// (and states merged in any order), in natural and log2 units, against a direct softmax,
+// rows with -inf scores, and the causal tile bounds against brute force over every
+// (query, key) pair.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -51,24 +52,26 @@ Result direct(const Row& r) {
   return res;
 }
 
-// A partial state over the scores [j0, j1) with its weighted sum acc = sum exp(s - m) v.
-template <class T>
+// A partial state over the scores [j0, j1) with its weighted sum acc = sum exp(s - m) v
+// (kBase2: the state fed log2(e) s, its exps exp2, as the bf16 tensor-core forward does).
+template <class T, bool kBase2 = false>
 struct Partial {
-  OnlineSoftmax<T> st;
+  OnlineSoftmax<T, kBase2> st;
   std::vector<T> acc;
 };
 
 // Feeds the blocks [bounds[b], bounds[b + 1]) in the order `order`, as the kernels do.
-template <class T>
-Partial<T> online(const Row& r, const std::vector<int64_t>& bounds, const std::vector<size_t>& order) {
-  Partial<T> p{{}, std::vector<T>(r.ev, T(0))};
+template <class T, bool kBase2 = false>
+Partial<T, kBase2> online(const Row& r, const std::vector<int64_t>& bounds, const std::vector<size_t>& order) {
+  Partial<T, kBase2> p{{}, std::vector<T>(r.ev, T(0))};
+  const auto score = [&](int64_t j) { return static_cast<T>(kBase2 ? r.s[j] * 1.4426950408889634 : r.s[j]); };
   for (size_t b : order) {
     T block_max = -static_cast<T>(INFINITY);
-    for (int64_t j = bounds[b]; j < bounds[b + 1]; ++j) block_max = std::max(block_max, static_cast<T>(r.s[j]));
+    for (int64_t j = bounds[b]; j < bounds[b + 1]; ++j) block_max = std::max(block_max, score(j));
     const T correction = p.st.begin_block(block_max);
     for (auto& a : p.acc) a *= correction;
     for (int64_t j = bounds[b]; j < bounds[b + 1]; ++j) {
-      const T w = p.st.weight(static_cast<T>(r.s[j]));
+      const T w = p.st.weight(score(j));
       p.st.add(w);
       for (int64_t e = 0; e < r.ev; ++e) p.acc[e] += w * static_cast<T>(r.v[j * r.ev + e]);
     }
@@ -76,8 +79,8 @@ Partial<T> online(const Row& r, const std::vector<int64_t>& bounds, const std::v
   return p;
 }
 
-template <class T>
-void check_result(const Partial<T>& p, const Result& want, double tol) {
+template <class T, bool kBase2>
+void check_result(const Partial<T, kBase2>& p, const Result& want, double tol) {
   const T lse = p.st.logsumexp();
   if (want.lse == -kInf) {
     CHECK(lse == -static_cast<T>(INFINITY));
@@ -100,7 +103,7 @@ std::vector<int64_t> random_bounds(int64_t n, std::mt19937& gen) {
   return b;
 }
 
-template <class T>
+template <class T, bool kBase2 = false>
 void blocks_in_any_order(double tol) {
   std::mt19937 gen(7);
   for (int trial = 0; trial < 60; ++trial) {
@@ -114,7 +117,7 @@ void blocks_in_any_order(double tol) {
     for (int shuffle = 0; shuffle < 4; ++shuffle) {
       CAPTURE(trial);
       CAPTURE(shuffle);
-      check_result(online<T>(r, bounds, order), want, tol);
+      check_result(online<T, kBase2>(r, bounds, order), want, tol);
       std::shuffle(order.begin(), order.end(), gen);
     }
   }
@@ -125,6 +128,13 @@ void blocks_in_any_order(double tol) {
 TEST_CASE("online softmax: blocks fed in any order give the direct softmax and logsumexp") {
   blocks_in_any_order<double>(1e-12);
   blocks_in_any_order<float>(2e-5);
+}
+
+TEST_CASE("online softmax in log2 units (exp2, natural lse) gives the direct softmax and logsumexp") {
+  blocks_in_any_order<double, true>(1e-12);
+  blocks_in_any_order<float, true>(2e-5);
+  Row r = random_row(5, 2, 1.0, 9);  // every score -inf: lse = -inf, out = 0
+  check_result(online<float, true>(r, {0, 5}, {0}), direct(r), 0.0);
 }
 
 TEST_CASE("online softmax: merging partial states in either order equals the direct result") {

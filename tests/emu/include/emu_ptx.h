@@ -34,9 +34,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <type_traits>
-#include <vector>
 
 #include "cuda_bf16.h"
 #include "cuda_fp16.h"
@@ -144,16 +142,20 @@ struct CpAsyncCopy {
   const void* src;
   int bytes, src_bytes;
 };
+// Fixed thread-local arrays, not heap containers: a heap block allocated by a kernel thread
+// is tracked by the sanitizer as device memory (emu_stubs.cpp's operator new), so a queue
+// on the heap was counted as global traffic by the cost model and, freed and reused during
+// a launch, reported as a write conflict.
+constexpr int kCpAsyncMaxCopies = 256, kCpAsyncMaxGroups = 32;  // per thread, in flight
 struct CpAsyncQueue {
-  std::vector<CpAsyncCopy> uncommitted;
-  std::deque<std::vector<CpAsyncCopy>> groups;  // oldest first
+  CpAsyncCopy copies[kCpAsyncMaxCopies];  // in issue order; committed ones first
+  int group_end[kCpAsyncMaxGroups];       // group g is copies [group_end[g - 1], group_end[g]), oldest first
+  int copies_queued = 0, groups = 0;
 };
 inline thread_local CpAsyncQueue cp_async_queue;
 
 inline void cp_async_check_none_left() {
-  CpAsyncQueue& q = cp_async_queue;
-  size_t left = q.uncommitted.size();
-  for (const auto& g : q.groups) left += g.size();
+  const size_t left = size_t(cp_async_queue.copies_queued);
   if (left == 0) return;
   std::fprintf(stderr,
                "EMU cp.async: thread (%u,%u,%u) of block (%u,%u,%u) ends the kernel with %zu cp.async copies never "
@@ -175,8 +177,14 @@ EMU_UNCHECKED inline void cp_async(void* dst, const void* src, int bytes, int sr
     std::fprintf(stderr, "EMU cp.async: %s: src-size %d outside 0..%d\n", call, src_bytes, bytes);
     emu_die("aborting");
   }
+  CpAsyncQueue& q = cp_async_queue;
+  if (q.copies_queued == kCpAsyncMaxCopies) {
+    std::fprintf(stderr, "EMU cp.async: %s: thread (%u,%u,%u) has %d copies in flight, the emulator's limit\n", call,
+                 threadIdx.x, threadIdx.y, threadIdx.z, kCpAsyncMaxCopies);
+    emu_die("aborting");
+  }
   std::memset(dst, 0xff, size_t(bytes));  // poison until the wait (not a write the sanitizer sees)
-  cp_async_queue.uncommitted.push_back(CpAsyncCopy{dst, src, bytes, src_bytes});
+  q.copies[q.copies_queued++] = CpAsyncCopy{dst, src, bytes, src_bytes};
   emu_thread_exit_check = cp_async_check_none_left;
 }
 inline void cp_async_cg_16(void* smem, const void* gmem) { cp_async(smem, gmem, 16, 16, "cp.async.cg.shared.global 16"); }
@@ -190,18 +198,29 @@ void cp_async_ca(void* smem, const void* gmem) {
 }
 inline void cp_async_commit_group() {
   CpAsyncQueue& q = cp_async_queue;
-  q.groups.push_back(std::move(q.uncommitted));
-  q.uncommitted.clear();
+  if (q.groups == kCpAsyncMaxGroups) {
+    std::fprintf(stderr, "EMU cp.async: thread (%u,%u,%u) has %d groups in flight, the emulator's limit\n", threadIdx.x,
+                 threadIdx.y, threadIdx.z, kCpAsyncMaxGroups);
+    emu_die("aborting");
+  }
+  q.group_end[q.groups++] = q.copies_queued;  // an empty group is a group too, as in PTX
 }
 EMU_UNCHECKED inline void cp_async_wait_pending(size_t newest_left) {
   CpAsyncQueue& q = cp_async_queue;
-  for (; q.groups.size() > newest_left; q.groups.pop_front())
-    for (const CpAsyncCopy& c : q.groups.front()) {
-      if (c.src_bytes > 0) __tsan_read_range(const_cast<void*>(c.src), unsigned(c.src_bytes));
-      __tsan_write_range(c.dst, unsigned(c.bytes));
-      std::memcpy(c.dst, c.src, size_t(c.src_bytes));
-      std::memset(static_cast<unsigned char*>(c.dst) + c.src_bytes, 0, size_t(c.bytes - c.src_bytes));
-    }
+  if (size_t(q.groups) <= newest_left) return;
+  const int done_groups = q.groups - int(newest_left), done = q.group_end[done_groups - 1];
+  for (int i = 0; i < done; ++i) {
+    const CpAsyncCopy& c = q.copies[i];
+    if (c.src_bytes > 0) __tsan_read_range(const_cast<void*>(c.src), unsigned(c.src_bytes));
+    __tsan_write_range(c.dst, unsigned(c.bytes));
+    std::memcpy(c.dst, c.src, size_t(c.src_bytes));
+    std::memset(static_cast<unsigned char*>(c.dst) + c.src_bytes, 0, size_t(c.bytes - c.src_bytes));
+  }
+  // The groups still in flight, and the copies not yet committed, move to the front.
+  std::memmove(q.copies, q.copies + done, size_t(q.copies_queued - done) * sizeof(CpAsyncCopy));
+  q.copies_queued -= done;
+  for (int g = done_groups; g < q.groups; ++g) q.group_end[g - done_groups] = q.group_end[g] - done;
+  q.groups -= done_groups;
 }
 template <int N>
 void cp_async_wait_group() {
