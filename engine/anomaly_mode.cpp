@@ -16,13 +16,13 @@ std::atomic<bool> g_anomaly_enabled{false};
 void set_detect_anomaly(bool enabled) { detail::g_anomaly_enabled.store(enabled, std::memory_order_relaxed); }
 
 namespace {
-thread_local const std::source_location* t_call_site = nullptr;
+thread_local const SourceLocation* t_call_site = nullptr;
 
 // This file's folder as the compiler spelled it ("<root>/engine/"): the library's ops are
 // compiled with the same spelling, so a call site under it is the library calling itself.
 std::string_view engine_dir() {
   static const std::string_view dir = [] {
-    const std::string_view self = std::source_location::current().file_name();
+    const std::string_view self = SourceLocation::current().file_name();
     return self.substr(0, self.rfind('/') + 1);
   }();
   return dir;
@@ -39,7 +39,7 @@ void CallSite::enter() {
 
 void CallSite::leave() { t_call_site = nullptr; }
 
-const std::source_location* CallSite::current() { return t_call_site; }
+const SourceLocation* CallSite::current() { return t_call_site; }
 
 namespace {
 // "file:line in function" of a node's call site, or why there is none.
@@ -76,7 +76,7 @@ namespace detail {
 void record_anomaly_metadata(Node& node, std::initializer_list<Tensor> outputs) {
   if (!node.anomaly) node.anomaly = std::make_unique<AnomalyMetadata>();
   AnomalyMetadata& meta = *node.anomaly;
-  if (const std::source_location* site = CallSite::current()) {
+  if (const SourceLocation* site = CallSite::current()) {
     meta.call_site = *site;
     meta.has_call_site = true;
   }

@@ -31,6 +31,33 @@ class Tensor;
 
 namespace nd::autograd {
 
+// std::source_location where the standard library has it. Clang before 15 with libstdc++ 12
+// (tests/fuzz builds the engine with clang 14) lacks __builtin_source_location, so
+// <source_location> is empty there: a stand-in with the members used here, from the
+// builtins that name the caller's place as default arguments.
+#if defined(__cpp_lib_source_location)
+using SourceLocation = std::source_location;
+#else
+class SourceLocation {
+ public:
+  static constexpr SourceLocation current(const char* file = __builtin_FILE(), const char* function = __builtin_FUNCTION(),
+                                          unsigned line = __builtin_LINE()) noexcept {
+    SourceLocation here;
+    here.file_ = file, here.function_ = function, here.line_ = line;
+    return here;
+  }
+  constexpr const char* file_name() const noexcept { return file_; }
+  constexpr const char* function_name() const noexcept { return function_; }
+  constexpr unsigned line() const noexcept { return line_; }
+  constexpr unsigned column() const noexcept { return 0; }
+
+ private:
+  const char* file_ = "";
+  const char* function_ = "";
+  unsigned line_ = 0;
+};
+#endif
+
 namespace detail {
 extern std::atomic<bool> g_anomaly_enabled;
 }
@@ -54,7 +81,7 @@ class DetectAnomalyGuard {
 // The place in the user's code that is running ops (see the comment at the top).
 class CallSite {
  public:
-  CallSite(std::source_location where = std::source_location::current()) : where_(where) {  // NOLINT: implicit
+  CallSite(SourceLocation where = SourceLocation::current()) : where_(where) {  // NOLINT: implicit
     if (is_anomaly_enabled()) enter();
   }
   ~CallSite() {
@@ -64,18 +91,18 @@ class CallSite {
   CallSite& operator=(const CallSite&) = delete;
 
   // The call site ops are now recorded under on this thread, or null.
-  static const std::source_location* current();
+  static const SourceLocation* current();
 
  private:
   void enter();
   void leave();
-  std::source_location where_;
+  SourceLocation where_;
   bool owner_ = false;
 };
 
 // What an op recorded while anomaly mode was on (Node::anomaly).
 struct AnomalyMetadata {
-  std::source_location call_site;
+  SourceLocation call_site;
   bool has_call_site = false;
   std::vector<std::string> inputs;  // describe() of each forward input, in next_edges order
   std::string nonfinite_output;     // "-inf in output 0 [cpu f32 [4]]", when the forward made one
