@@ -160,6 +160,22 @@ Row batch_norm_row(int64_t N, int64_t C, int64_t S) {
   return r;
 }
 
+// The training backward with both parameter gradients: reads dy and x (twice: the sums, then
+// dx; the second read an L1/L2 hit where one launch does both), writes dx.
+Row batch_norm_backward_row(int64_t N, int64_t C, int64_t S) {
+  Row r{"batch_norm_bwd", "N=" + std::to_string(N) + " C=" + std::to_string(C) + " S=" + std::to_string(S), "f32", 0,
+        12.0 * double(N * C * S), "copy bandwidth (reads dy x, writes dx)", 0, kCopyGbps, {}};
+  r.run = [=] {
+    auto x = filled<float>(size_t(N * C * S)), dy = filled<float>(size_t(N * C * S), 0.01f);
+    const auto c = static_cast<size_t>(C);
+    auto weight = filled<float>(c), mean = filled<float>(c), invstd = filled<float>(c);
+    DeviceVector<float> dx(x.size()), dweight(c), dbias(c);
+    cuda::batch_norm_backward<float>(dy.data(), x.data(), mean.data(), invstd.data(), weight.data(), N, C, S, true,
+                                     dx.data(), dweight.data(), dbias.data(), nullptr);
+  };
+  return r;
+}
+
 Row adamw_row(int tensors, int64_t each) {
   const double n = double(tensors) * double(each);
   Row r{"adamw", std::to_string(tensors) + " x " + std::to_string(each), "f32", 0, 4.0 * n * 7,
@@ -183,6 +199,9 @@ std::vector<Row> rows() {
   return {copy_row(1 << 21),
           adamw_row(4, 1 << 16),
           batch_norm_row(16, 64, 256),
+          batch_norm_backward_row(16, 64, 256),
+          batch_norm_row(32, 16, 1024),  // channels split over 8 blocks each
+          batch_norm_backward_row(32, 16, 1024),
           conv_row("fwd", 2, 64, 128, 14, 4, 2, 1),    // DCGAN D.main.2 at batch 2
           conv_row("dgrad", 2, 64, 128, 14, 4, 2, 1),  // its input gradient
           attention_row(256, 64, false, 1),
