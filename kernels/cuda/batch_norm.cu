@@ -1,42 +1,52 @@
 // Batch normalisation over [N, C, S] on CUDA: the pieces of kernels/cpu/batch_norm.cpp.
 //
-// What "fused" means here, and why not always one launch each way. A training forward
-// needs every value of a channel before it can normalise any of them, and a channel may be
-// spread over many blocks (up to 1024): making blocks wait for each other inside one launch
-// needs all of them resident at once (a cooperative launch, or a spin on a flag that
-// deadlocks when they are not). Where a block holds whole channels (N*S up to 4096, or
-// N up to 128 rows when S = 1) the forward is one launch: the block finishes the statistics,
-// then applies them to the values it has just read (L1/L2 hits). Otherwise each direction
-// is two launches, with nothing between them:
-//   forward:  statistics (the per-channel reduction of channel_reduce.cuh; its last block
-//             per channel also turns them into mean, invstd and the running statistics)
-//             -> apply;
-//   backward: sum dy and sum dy * (x - mean) (the same reduction; its last block writes the
-//             weight and bias gradients) -> dx.
-// The previous version took 3-5 launches forward and 3-4 backward (a kernel to combine a
-// split channel's chunks, one for mean/invstd, one for the parameter gradients). The
-// pieces SyncBatchNorm needs between the two halves (local sums, an all-reduce, then
-// mean/invstd and apply; the gradient sums, an all-reduce, then dx) stay separate entry
-// points built from the same kernels.
+// One launch each way where a block holds whole channels (N*S up to 4096, or N up to 128
+// rows when S = 1: DCGAN's and MAE's batch norms at their batch sizes): the block reduces
+// its channel, finishes it, then walks the values it has just read again (L1/L2 hits):
+//   forward:  statistics -> mean, invstd, running statistics -> y = (x - mean) * a + b;
+//   backward: sum dy, sum dy * (x - mean) -> weight and bias gradients -> dx.
+// A channel spread over several blocks (up to 1024 chunks) takes two launches each way:
+// the reduction, finished by its last block per channel (channel_reduce.cuh), then the
+// elementwise pass (batch_norm_elementwise.cuh).
+//
+// Why not one launch for split channels too. Blocks would have to wait for each other
+// inside the launch, safe only when every block is resident at once: a cooperative launch
+// (cudaLaunchCooperativeKernel, a grid sized by the occupancy calculator, each block
+// looping over (channel, chunk) tiles, grid.sync() between the passes); a spin on a flag
+// without it deadlocks when the grid exceeds what fits.
+//   - The emulator (tests/emu), where CI checks every kernel, runs a grid's blocks one
+//     after another: the first block to wait would wait for blocks that start only after
+//     it ends. Running a persistent grid concurrently there means an OS thread per CUDA
+//     thread (132 SMs x 2048), not feasible on CI's two cores; we ship no unchecked kernel.
+//   - On the GPU the gain is small: one launch (2-4 us, which a CUDA graph removes too);
+//     the second read of x (or dy, x) is an L2 hit either way while the tensor fits L2
+//     (60 MB on an H200), DRAM otherwise (a persistent block's tiles do not stay in its
+//     registers across grid.sync()). And a cooperative launch needs every SM free: under
+//     DDP the NCCL kernels of the communication stream hold SMs during backward, so it
+//     would wait for them (or fail, cudaErrorCooperativeLaunchTooLarge) where two plain
+//     launches overlap them.
+// So split channels stay two launches. SyncBatchNorm's pieces (local sums, all-reduce, then
+// mean/invstd and apply; gradient sums, all-reduce, then dx) are entry points of their own.
 //
 // Per value, no division: the statistics add x - K and (x - K)^2 in double, K the channel's
 // first value (a shift that keeps the sum of squares from cancelling when |mean| >> std;
 // each thread turns its sums into Welford's mean and M2 with one division, and threads,
-// blocks and chunks merge with Chan's formula, kernels/common/welford.h). The elementwise
-// kernels take per-channel coefficients (invstd * weight; for dx the mean of dy and the
+// blocks and chunks merge with Chan's formula, kernels/common/welford.h); full-rate f64 on
+// A100/H100/H200, not on consumer GPUs. The elementwise passes take per-channel
+// coefficients (invstd * weight; for dx, input_grad_coefficients: the mean of dy and the
 // projection on x - mean, times 1/count) and do two or three multiply-adds per value in T.
-// Double adds per value in the statistics cost nothing on GPUs with full-rate f64 (A100,
-// H100, H200); on consumer GPUs (1/32 - 1/64 rate) they may bound the reduction.
 //
-// Loads in flight: reductions walk their values 4 at a time (offsets, then 4 loads, then
-// the adds); the elementwise kernels (batch_norm_elementwise.cuh) take groups of 4
-// consecutive values, as float4 / double2 when S is a multiple of 4 and every pointer is
-// 16-byte aligned (a group is then one channel's), element by element otherwise.
+// Loads in flight: 4 loads per thread before their adds; a load is 4 values of a plane (one
+// float4, two double2) when S % 4 == 0 and every pointer touched is 16-byte aligned, one
+// value otherwise (S = 1's columns always: a warp reads 32 neighbouring channels already).
 //
 // Deterministic: every value goes to a fixed thread, combines in a fixed tree and chunk
-// order (channel_reduce.cuh); no float atomics. Checked by tests/emu/batch_norm_emu_test.cpp
-// (CPU twin, every layout, bit-equal reruns) and tests/cuda/cuda_batch_norm_test.cpp.
-// Index math: kernels/common/batch_norm_index.h.
+// order (channel_reduce.cuh); no float atomics. The walk depends on the shape and the
+// pointers' alignment only: a call adds in the same order on every run (the same values at
+// another alignment, in another order: equal within rounding). Checked by
+// tests/emu/batch_norm_emu_test.cpp (CPU twin, every layout, bit-equal reruns, launch
+// counts, the sanitizer) and tests/cuda/cuda_batch_norm_test.cpp (on a GPU: not yet run
+// for this version). Index math: kernels/common/batch_norm_index.h.
 #include "kernels/cuda/batch_norm.h"
 
 #include <string>
@@ -54,9 +64,13 @@ namespace {
 
 using batch_norm_elementwise::ApplyMap;
 using batch_norm_elementwise::EvalInputGradMap;
+using batch_norm_elementwise::InputGradCoefficients;
 using batch_norm_elementwise::InputGradMap;
+using batch_norm_elementwise::input_grad_coefficients;
 using batch_norm_elementwise::aligned;
 using batch_norm_elementwise::launch_elementwise;
+using channels::load_values;
+using channels::store_values;
 using detail::kThreads;
 using detail::Scratch;
 
@@ -83,10 +97,14 @@ struct StatsReduction {
   using Value = T;
   using State = Welford;
   static constexpr bool kRevisit = false;
+  static constexpr bool kVectorLoads = true;
   const T* x;
   int64_t S;
   __device__ Acc start(int64_t c) const { return {static_cast<double>(x[c * S]), 0.0, 0.0, 0.0}; }
-  __device__ Value load(int64_t offset) const { return x[offset]; }
+  template <int W>
+  __device__ void load(int64_t offset, Value (&v)[W]) const {
+    load_values<W>(x, offset, v);
+  }
   __device__ static void add(Acc& a, Value v) {
     const double d = static_cast<double>(v) - a.shift;
     a.n += 1.0;
@@ -131,7 +149,13 @@ struct TrainingStatsOp : StatsReduction<T> {
   __device__ Affine revisit_constants(int64_t c) const {
     return {mean[c], invstd[c] * (weight ? weight[c] : T(1)), bias ? bias[c] : T(0)};
   }
-  __device__ void revisit(const Affine& k, int64_t offset, T v) const { y[offset] = (v - k.m) * k.a + k.b; }
+  template <int W>
+  __device__ void revisit(const Affine& k, int64_t offset, const T (&v)[W]) const {
+    T out[W];
+#pragma unroll
+    for (int i = 0; i < W; ++i) out[i] = (v[i] - k.m) * k.a + k.b;
+    store_values<W>(out, y, offset);
+  }
 };
 
 struct DySums {
@@ -150,11 +174,19 @@ struct BackwardReduceOp {
   };
   using State = DySums;
   static constexpr bool kRevisit = false;
+  static constexpr bool kVectorLoads = true;
   const T *dy, *x, *mean, *invstd;
   double *sum_dy, *sum_dy_xmu;
   T *grad_weight, *grad_bias;
   __device__ Acc start(int64_t c) const { return {static_cast<double>(mean[c]), 0.0, 0.0}; }
-  __device__ Value load(int64_t offset) const { return {dy[offset], x[offset]}; }
+  template <int W>
+  __device__ void load(int64_t offset, Value (&v)[W]) const {
+    T g[W], xv[W];
+    load_values<W>(dy, offset, g);
+    load_values<W>(x, offset, xv);
+#pragma unroll
+    for (int i = 0; i < W; ++i) v[i] = {g[i], xv[i]};
+  }
   __device__ static void add(Acc& a, const Value& v) {
     const double g = static_cast<double>(v.dy);
     a.dy += g;
@@ -169,6 +201,28 @@ struct BackwardReduceOp {
     }
     if (grad_weight) grad_weight[c] = static_cast<T>(st.dy_xmu * static_cast<double>(invstd[c]));
     if (grad_bias) grad_bias[c] = static_cast<T>(st.dy);
+  }
+};
+
+// The training backward's sums, finished into sum_dy, sum_dy_xmu (needed) and the parameter
+// gradients; where a block holds whole channels, it then computes dx from the values it has
+// just read (InputGradMap's arithmetic, count = N*S).
+template <class T>
+struct TrainingBackwardOp : BackwardReduceOp<T> {
+  static constexpr bool kRevisit = true;
+  const T* weight;
+  double inv_count;
+  T* dx;
+  __device__ InputGradCoefficients<T> revisit_constants(int64_t c) const {
+    return input_grad_coefficients(this->mean, this->invstd, weight, this->sum_dy, this->sum_dy_xmu, inv_count, c);
+  }
+  template <int W>
+  __device__ void revisit(const InputGradCoefficients<T>& k, int64_t offset,
+                          const typename BackwardReduceOp<T>::Value (&v)[W]) const {
+    T out[W];
+#pragma unroll
+    for (int i = 0; i < W; ++i) out[i] = k(v[i].dy, v[i].x);
+    store_values<W>(out, dx, offset);
   }
 };
 
@@ -211,7 +265,8 @@ void backward_elemt(const T* dy, const T* x, const T* mean, const T* invstd, con
 template <typename T>
 void batch_norm_channel_stats(const T* x, int64_t N, int64_t C, int64_t S, double* sum, double* sumsq,
                               cudaStream_t stream) {
-  channels::reduce("batch_norm_channel_stats", ChannelStatsOp<T>{{x, S}, sum, sumsq}, N, C, S, C, stream);
+  channels::reduce("batch_norm_channel_stats", ChannelStatsOp<T>{{x, S}, sum, sumsq}, N, C, S, C, aligned({x}),
+                   stream);
 }
 
 template <typename T>
@@ -254,7 +309,7 @@ void batch_norm_backward_reduce(const T* dy, const T* x, const T* mean, int64_t 
                                 double* sum_dy, double* sum_dy_xmu, cudaStream_t stream) {
   channels::reduce("batch_norm_backward_reduce",
                    BackwardReduceOp<T>{dy, x, mean, nullptr, sum_dy, sum_dy_xmu, nullptr, nullptr}, N, C, S, C,
-                   stream);
+                   aligned({dy, x}), stream);
 }
 
 template <typename T>
@@ -282,7 +337,7 @@ void batch_norm_forward_training(const T* x, const T* weight, const T* bias, T* 
           "expected values in every channel (N*S > 0), found N = " + std::to_string(N) + ", S = " + std::to_string(S));
   const TrainingStatsOp<T> stats{
       {x, S}, eps, momentum, save_mean, save_invstd, running_mean, running_var, weight, bias, y};
-  if (!channels::reduce("batch_norm_forward_training", stats, N, C, S, C, stream))
+  if (!channels::reduce("batch_norm_forward_training", stats, N, C, S, C, aligned({x, y}), stream))
     batch_norm_apply(x, save_mean, save_invstd, weight, bias, N, C, S, y, stream);
 }
 
@@ -303,20 +358,23 @@ void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd
   if (C == 0) return;
   const bool input_grad = grad_input != nullptr && N * C * S > 0;
   const bool need_sums = training && input_grad;
-  // The sums read dy, so they come first: grad_input may be dy.
+  // The sums read dy, so they come first: grad_input may be dy (a thread of the fused launch
+  // writes dx only where it has read dy, after the sums).
   const Scratch scratch("batch_norm_backward", need_sums ? sizeof(double) * 2 * C : 0, stream);
   double* sums = scratch.as<double>();  // [sum dy | sum dy*(x - mean)]
-  if (need_sums || grad_weight != nullptr || grad_bias != nullptr) {
-    const BackwardReduceOp<T> op{dy,          x, mean, invstd, need_sums ? sums : nullptr, need_sums ? sums + C : nullptr,
-                                 grad_weight, grad_bias};
-    channels::reduce("batch_norm_backward", op, N, C, S, C, stream);
-  }
-  if (!input_grad) return;
-  if (training) {
-    backward_elemt(dy, x, mean, invstd, weight, sums, sums + C, nullptr, static_cast<double>(N * S), N, C, S,
-                   grad_input, stream);
+  if (need_sums) {
+    const double count = static_cast<double>(N * S);
+    const TrainingBackwardOp<T> op{
+        {dy, x, mean, invstd, sums, sums + C, grad_weight, grad_bias}, weight, 1.0 / count, grad_input};
+    if (!channels::reduce("batch_norm_backward", op, N, C, S, C, aligned({dy, x, grad_input}), stream))
+      backward_elemt(dy, x, mean, invstd, weight, sums, sums + C, nullptr, count, N, C, S, grad_input, stream);
     return;
   }
+  if (grad_weight != nullptr || grad_bias != nullptr) {
+    const BackwardReduceOp<T> op{dy, x, mean, invstd, nullptr, nullptr, grad_weight, grad_bias};
+    channels::reduce("batch_norm_backward", op, N, C, S, C, aligned({dy, x}), stream);
+  }
+  if (!input_grad) return;
   launch_elementwise("batch_norm_backward (eval input gradient)", EvalInputGradMap<T>{dy, invstd, weight, grad_input},
                      N, C, S, aligned({dy, grad_input}), stream);
 }

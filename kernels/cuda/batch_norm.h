@@ -11,9 +11,9 @@
 // in chunk order, in the same launch (kernels/cuda/channel_reduce.cuh). No float atomics:
 // the same input gives bitwise the same sums on every run. [N, C, S] with S > 1 puts one
 // or more blocks on each channel; S = 1 puts 32 channels side by side in a block, so that
-// neighbouring threads read neighbouring addresses. The fused forward and backward are two
-// launches each, the forward one when a block holds whole channels (kernels/cuda/
-// batch_norm.cu says why not one always). Index math:
+// neighbouring threads read neighbouring addresses; S % 4 == 0 with 16-byte aligned
+// pointers loads 4 values at once. The fused forward and backward are one launch each when
+// a block holds whole channels, two otherwise (kernels/cuda/batch_norm.cu says why). Index math:
 // kernels/common/batch_norm_index.h. Tests: tests/emu/batch_norm_emu_test.cpp and
 // tests/cuda/cuda_batch_norm_test.cpp (against the CPU), tests/kernels/welford_test.cpp
 // (the shared math).
@@ -89,7 +89,9 @@ void batch_norm_forward_eval(const T* x, const T* running_mean, const T* running
 // grad_bias = sum dy, grad_weight = sum dy * (x - mean) * invstd, grad_input as the CPU twin
 // (training: backward_elemt with count = N*S; eval: dy * weight * invstd). Null outputs
 // are skipped; outputs are written, not accumulated.  in-place: grad_input may equal dy.
-// Two launches: the sums (finished into grad_weight and grad_bias), then grad_input.
+// Training: one launch where a block holds whole channels (N*S <= 4096, or N <= 128 when
+// S = 1): the sums, grad_weight and grad_bias, then grad_input from the values just read;
+// two otherwise (the sums, then grad_input). Eval: the sums when asked for, then grad_input.
 template <typename T>
 void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd, const T* weight, int64_t N,
                          int64_t C, int64_t S, bool training, T* grad_input, T* grad_weight, T* grad_bias,

@@ -80,7 +80,24 @@ struct ApplyMap {
 
 // Training: dx = w * invstd * (dy - sum_dy / count - (x - mean) * invstd^2 * sum_dy_xmu / count)
 //              = a * dy - (x - mean) * p - q,  with a = w * invstd, p = a * invstd^2 * sum_dy_xmu / count,
-//                q = a * sum_dy / count per channel (in double, then T).
+//                q = a * sum_dy / count per channel (in double, then T). Shared by InputGradMap
+// and the fused backward's second walk (batch_norm.cu), so both round alike.
+template <class T>
+struct InputGradCoefficients {
+  T m, a, p, q;
+  __device__ T operator()(T dy, T x) const { return a * dy - (x - m) * p - q; }
+};
+
+template <class T>
+__device__ InputGradCoefficients<T> input_grad_coefficients(const T* mean, const T* invstd, const T* weight,
+                                                            const double* sum_dy, const double* sum_dy_xmu,
+                                                            double inv_count, int64_t c) {
+  const double is = static_cast<double>(invstd[c]);
+  const double ad = (weight ? static_cast<double>(weight[c]) : 1.0) * is;
+  return {mean[c], static_cast<T>(ad), static_cast<T>(ad * (sum_dy_xmu[c] * inv_count * is * is)),
+          static_cast<T>(ad * (sum_dy[c] * inv_count))};
+}
+
 template <class T>
 struct InputGradMap {
   const T *dy, *x, *mean, *invstd, *weight;
@@ -98,18 +115,12 @@ struct InputGradMap {
     T g[kGroup], v[kGroup];
     VectorIO::load(g, dy, i, count, vector);
     VectorIO::load(v, x, i, count, vector);
-    T m = 0, a = 0, p = 0, q = 0;
+    InputGradCoefficients<T> coefficients{};
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) {
-      if (k == 0 || !vector) {
-        const double is = static_cast<double>(invstd[c[k]]);
-        const double ad = (weight ? static_cast<double>(weight[c[k]]) : 1.0) * is;
-        m = mean[c[k]];
-        a = static_cast<T>(ad);
-        p = static_cast<T>(ad * (sum_dy_xmu[c[k]] * inv_count * is * is));
-        q = static_cast<T>(ad * (sum_dy[c[k]] * inv_count));
-      }
-      g[k] = a * g[k] - (v[k] - m) * p - q;
+      if (k == 0 || !vector)
+        coefficients = input_grad_coefficients(mean, invstd, weight, sum_dy, sum_dy_xmu, inv_count, c[k]);
+      g[k] = coefficients(g[k], v[k]);
     }
     VectorIO::store(g, dx, i, count, vector);
   }

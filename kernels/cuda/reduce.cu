@@ -43,10 +43,14 @@ struct ColumnSumOp {
   using Value = T;
   using State = double;
   static constexpr bool kRevisit = false;
+  static constexpr bool kVectorLoads = false;  // S = 1 only: the column walk
   const T* x;
   T* out;
   __device__ static Acc start(int64_t) { return 0.0; }
-  __device__ Value load(int64_t offset) const { return x[offset]; }
+  template <int W>
+  __device__ void load(int64_t offset, Value (&v)[W]) const {
+    channels::load_values<W>(x, offset, v);
+  }
   __device__ static void add(Acc& a, Value v) { a += static_cast<double>(v); }
   __device__ static State summary(Acc a, int64_t) { return a; }
   __device__ static State combine(State a, State b) { return a + b; }
@@ -131,7 +135,7 @@ void sum_rows(int64_t M, int64_t R, const T* x, T* out, cudaStream_t stream) {
 
 template <class T>
 void sum_columns(int64_t R, int64_t C, int64_t ld, const T* x, T* out, cudaStream_t stream) {
-  channels::reduce("sum_columns", ColumnSumOp<T>{x, out}, R, C, 1, ld, stream);
+  channels::reduce("sum_columns", ColumnSumOp<T>{x, out}, R, C, 1, ld, /*aligned_pointers=*/false, stream);
 }
 
 template <class T>

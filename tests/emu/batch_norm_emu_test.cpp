@@ -164,12 +164,33 @@ void check_batch_norm(const Shape& sh) {
     check_rel(mode + "grad_input", gi2, gi1, rel_fused);  // grad_weight, grad_bias: sums of n terms
     check_rel(mode + "grad_weight", gw2, gw1, rel_fused);
     check_rel(mode + "grad_bias", gb2, gb1, rel_fused);
+    // In place (grad_input = dy): the same bits (the fused launch rereads dy before writing dx).
+    auto in_place = dy;
+    cuda::batch_norm_backward<T>(in_place.data(), x.data(), sm1.data(), si1.data(), w.data(), N, C, S, training,
+                                 in_place.data(), nullptr, nullptr, nullptr);
+    check_equal(mode + "grad_input in place", in_place, gi2);
+    // Without affine parameters: weight 1, no parameter gradients.
+    gi2 = nans<T>(total);
+    cpu::batch_norm_backward<T>(dy.data(), x.data(), sm1.data(), si1.data(), nullptr, N, C, S, training, gi1.data(),
+                                nullptr, nullptr);
+    cuda::batch_norm_backward<T>(dy.data(), x.data(), sm1.data(), si1.data(), nullptr, N, C, S, training, gi2.data(),
+                                 nullptr, nullptr, nullptr);
+    check_rel(mode + "grad_input without weight", gi2, gi1, rel_fused);
   }
+  // The training forward without affine parameters.
+  auto rmt3 = rmt2, rvt3 = rvt2, rmt4 = rmt2, rvt4 = rvt2;
+  y2 = nans<T>(total);
+  cpu::batch_norm_forward_training<T>(x.data(), nullptr, nullptr, rmt3.data(), rvt3.data(), N, C, S, 0.1, 1e-5,
+                                      y1.data(), sm1.data(), si1.data());
+  cuda::batch_norm_forward_training<T>(x.data(), nullptr, nullptr, rmt4.data(), rvt4.data(), N, C, S, 0.1, 1e-5,
+                                       y2.data(), sm2.data(), si2.data(), nullptr);
+  check_rel("forward_training y without weight, bias", y2, y1, rel_fused);
 }
 
-// Runs the fused forward and backward twice on the same input, the second time with x, y,
-// dy and dx one element off 16-byte alignment (the element-by-element path): the first
-// run's outputs bit for bit both times, against the CPU within the tolerance above.
+// Runs the fused forward and backward twice on the same input, then twice with x, y, dy and
+// dx one element off 16-byte alignment (the value-by-value walks and elementwise path): each
+// pair bit for bit alike. The misaligned run adds in another order (one value per load, not
+// four), so it matches the aligned one within check_batch_norm's fused tolerance.
 template <class T>
 void check_fused_repeatable(const Shape& sh) {
   INFO(std::string(sh.name), sizeof(T) == 4 ? " f32" : " f64", ": repeated, then misaligned");
@@ -192,17 +213,26 @@ void check_fused_repeatable(const Shape& sh) {
     o.dx.erase(o.dx.begin(), o.dx.begin() + shift);
     return o;
   };
-  const Outputs first = run(0);
+  const double rel = 64 * unit<T>() + 4 * 2.0 * 4 * double(N * S) * std::ldexp(1.0, -53);
+  const Outputs aligned = run(0);
   for (int64_t shift : {0, 1}) {
-    const Outputs again = run(shift);
-    check_equal("y", again.y, first.y);
-    check_equal("save_mean", again.mean, first.mean);
-    check_equal("save_invstd", again.invstd, first.invstd);
-    check_equal("running_mean", again.rm, first.rm);
-    check_equal("running_var", again.rv, first.rv);
-    check_equal("grad_input", again.dx, first.dx);
-    check_equal("grad_weight", again.dw, first.dw);
-    check_equal("grad_bias", again.db, first.db);
+    const Outputs first = shift == 0 ? aligned : run(shift), again = run(shift);
+    const std::string at = shift == 0 ? "" : " (misaligned)";
+    check_equal("y" + at, again.y, first.y);
+    check_equal("save_mean" + at, again.mean, first.mean);
+    check_equal("save_invstd" + at, again.invstd, first.invstd);
+    check_equal("running_mean" + at, again.rm, first.rm);
+    check_equal("running_var" + at, again.rv, first.rv);
+    check_equal("grad_input" + at, again.dx, first.dx);
+    check_equal("grad_weight" + at, again.dw, first.dw);
+    check_equal("grad_bias" + at, again.db, first.db);
+    if (shift == 0) continue;
+    check_rel("y, misaligned against aligned", first.y, aligned.y, rel);
+    check_rel("save_mean, misaligned against aligned", first.mean, aligned.mean, rel);
+    check_rel("save_invstd, misaligned against aligned", first.invstd, aligned.invstd, rel);
+    check_rel("grad_input, misaligned against aligned", first.dx, aligned.dx, rel);
+    check_rel("grad_weight, misaligned against aligned", first.dw, aligned.dw, rel);
+    check_rel("grad_bias, misaligned against aligned", first.db, aligned.db, rel);
   }
 }
 
@@ -210,6 +240,8 @@ void check_fused_repeatable(const Shape& sh) {
 const Shape kPlanes{"[2, 5, 700]", 2, 5, 700};
 // N*S = 10000 values: three chunks per channel, combined by the second kernel.
 const Shape kSplit{"[4, 3, 2500]", 4, 3, 2500};
+// S % 4 != 0 with channels split over two blocks (5005 values): the value-by-value walk.
+const Shape kSplitOdd{"[5, 2, 1001]", 5, 2, 1001};
 // S = 1: 40 channels in two column blocks (the second partial), 300 rows in 3 chunks of 128.
 const Shape kColumns{"[300, 40, 1]", 300, 40, 1};
 // S = 1 with rows that fit one block (50 <= 128): the forward's statistics kernel applies
@@ -223,17 +255,42 @@ const Shape kTiny{"[7, 3, 2]", 7, 3, 2};
 const Shape kThree{"[5, 2, 3]", 5, 2, 3};
 
 TEST_CASE("batch_norm f32: every piece on the three reduction layouts and odd planes") {
-  for (const Shape& s : {kPlanes, kSplit, kColumns, kFewRows, kOdd, kTiny, kThree}) check_batch_norm<float>(s);
+  for (const Shape& s : {kPlanes, kSplit, kSplitOdd, kColumns, kFewRows, kOdd, kTiny, kThree})
+    check_batch_norm<float>(s);
 }
 
 TEST_CASE("batch_norm f64: every piece on the three reduction layouts and odd planes") {
-  for (const Shape& s : {kPlanes, kSplit, kColumns, kFewRows, kOdd, kTiny, kThree}) check_batch_norm<double>(s);
+  for (const Shape& s : {kPlanes, kSplit, kSplitOdd, kColumns, kFewRows, kOdd, kTiny, kThree})
+    check_batch_norm<double>(s);
 }
 
 TEST_CASE("batch_norm fused forward and backward: bit-identical when repeated, and off 16-byte alignment") {
-  for (const Shape& s : {kPlanes, kSplit, kColumns, kFewRows, kOdd}) {
+  for (const Shape& s : {kPlanes, kSplit, kSplitOdd, kColumns, kFewRows, kOdd}) {
     check_fused_repeatable<float>(s);
     check_fused_repeatable<double>(s);
+  }
+}
+
+// Where a block holds whole channels (N*S <= 4096; N <= 128 rows when S = 1) the training
+// forward and backward are one launch each; split channels take two (the statistics or
+// sums, then the elementwise pass). The memset of a split reduction's tickets is no launch.
+TEST_CASE("batch_norm fused forward and backward: one launch each where a block holds whole channels") {
+  for (const auto& [sh, launches] : {std::pair{kPlanes, 1}, std::pair{kFewRows, 1}, std::pair{kOdd, 1},
+                                     std::pair{kSplit, 2}, std::pair{kSplitOdd, 2}, std::pair{kColumns, 2}}) {
+    INFO(sh.name);
+    const int64_t total = sh.N * sh.C * sh.S;
+    const auto x = cast<float>(uniform(total, 1)), dy = cast<float>(uniform(total, 2)),
+               w = cast<float>(uniform(sh.C, 3));
+    auto y = nans<float>(total), dx = nans<float>(total), mean = nans<float>(sh.C), invstd = nans<float>(sh.C),
+         dw = nans<float>(sh.C), db = nans<float>(sh.C);
+    long before = emu_launches;
+    cuda::batch_norm_forward_training<float>(x.data(), w.data(), w.data(), nullptr, nullptr, sh.N, sh.C, sh.S, 0.1,
+                                             1e-5, y.data(), mean.data(), invstd.data(), nullptr);
+    CHECK(emu_launches - before == launches);
+    before = emu_launches;
+    cuda::batch_norm_backward<float>(dy.data(), x.data(), mean.data(), invstd.data(), w.data(), sh.N, sh.C, sh.S, true,
+                                     dx.data(), dw.data(), db.data(), nullptr);
+    CHECK(emu_launches - before == launches);
   }
 }
 
