@@ -24,9 +24,9 @@
 //   reduces its values: each thread walks its values kUnroll loads at a time (the offsets
 //   by additions, then all kUnroll loads, then the adds: several loads in flight per
 //   thread), then the block's threads combine in a fixed halving tree. A load is one value,
-//   or, when S % kVector == 0 and every pointer the Op touches is 16-byte aligned, kVector
-//   consecutive values of one plane as a float4 / double2 pair (lane t takes values
-//   4t..4t+3 of each 4 * blockDim.y, added in order). The layout and the pointers'
+//   or, when Op::kVectorLoads, S % kVector == 0 and every pointer the Op touches is 16-byte
+//   aligned, kVector consecutive values of one plane as one float4 (two double2) (lane t
+//   takes values 4t..4t+3 of each 4 * blockDim.y, added in order). The layout and the pointers'
 //   alignment pick the walk, so a given call adds in the same order on every run.
 //   One chunk per channel: the block finishes the channel at once.
 //   Several: the block stores its State in a partials table, and the last block of the
