@@ -11,7 +11,8 @@
 // next of these). f32 and f64 run SIMT FMA kernels (the engine's exact path); bf16 runs on
 // tensor cores (WMMA bf16 16x16x16 fragments, f32 accumulation), forward and backward, with
 // 64-row query and key tiles and up to 121 KiB of dynamic shared memory per block (sm_90).
-// Kernels: kernels/cuda/attention.cu (f32, f64), attention_tensor_core.cu (bf16 and f16). Tests:
+// Kernels: kernels/cuda/attention.cu (f32, f64), attention_tc_forward.cu and
+// attention_tc_backward.cu (bf16 and f16). Tests:
 // tests/cuda/cuda_attention_test.cpp (against the CPU), tests/kernels/online_softmax_test.cpp
 // (the shared math).
 #include <cstdint>

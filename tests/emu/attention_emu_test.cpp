@@ -1,4 +1,4 @@
-// kernels/cuda/attention.cu and attention_tensor_core.cu in the emulator against
+// kernels/cuda/attention.cu and attention_tc_{forward,backward}.cu in the emulator against
 // kernels/cpu/attention.cpp: the f32 and f64 SIMT kernels and the bf16 and f16 tensor-core
 // kernels (forward on mma.sync/ldmatrix/cp.async, backward on WMMA), forward and backward,
 // at the compiled head dims 32, 64, 128 and zero-padded ones (16, 40, 72), Sq and Sk off the
