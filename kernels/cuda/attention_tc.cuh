@@ -1,8 +1,8 @@
 // Internal to the bf16/f16 attention kernels (attention_tc_forward.cu, attention_tc_backward.cu):
-// what both need. The 16-bit device types (Tc16, Dev), the shared-memory carver, the plain
-// tile load for rows that are not 16-byte aligned, the score of one (query, key) pair with
-// its mask and causality (tc_score), the 16-wide block count that skips padding, and the
-// request for more than 48 KiB of dynamic shared memory. Like attention.cuh, everything sits
+// what both need. The 16-bit device types (Tc16, Dev), the shared-memory carver, the tile
+// load (cp.async; plain stores for rows that are not 16-byte aligned), the score of one
+// (query, key) pair with its mask and causality (tc_score), the 16-wide block count that
+// skips padding, and the request for more than 48 KiB of dynamic shared memory. Like attention.cuh, everything sits
 // in an anonymous namespace: each .cu compiles its own copy.
 #pragma once
 
@@ -14,6 +14,7 @@
 
 #include "kernels/common/float16.h"
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/warp_mma.cuh"
 
 namespace nd::kernels::cuda {
 
@@ -64,6 +65,27 @@ __device__ void tile_load_plain(Dev<S>* dst, const S* src, int64_t row0, int64_t
   }
 }
 
+// dst[r * (D + 8) + e] = src[(row0 + r) * width + e] for r < rows, e < width, 0 for the rest of
+// the [tile_rows][D] tile (padding enters the products: it must be 0, not stale). With every
+// row 16-byte aligned through cp.async (16 bytes, zero-filled past the data; complete at this
+// thread's cp_async_wait_group, visible to the block after the __syncthreads that follows),
+// else plain stores (visible after that same __syncthreads). `threads` threads share the work.
+template <class S, int D>
+__device__ void tile_load_async(Dev<S>* dst, const S* src, int64_t row0, int64_t rows, int64_t width, int tile_rows,
+                                int threads) {
+  constexpr int ld = D + 8;
+  if (width % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    constexpr int kChunks = D / 8;
+    for (int idx = threadIdx.x; idx < tile_rows * kChunks; idx += threads) {
+      const int r = idx / kChunks, e = idx % kChunks * 8;
+      const bool in = r < rows && e < width;
+      cp_async_cg_16_zfill(dst + r * ld + e, in ? src + (row0 + r) * width + e : src, in ? 16 : 0);
+    }
+  } else {
+    tile_load_plain<S, D>(dst, src, row0, rows, width, tile_rows, threads);
+  }
+}
+
 // unit (scale dot + mask_ij), or -inf where key j may not be seen by query i or the row is
 // padding (valid == false). unit = 1 (the backward), or log2(e) (the forward's exp2): the
 // caller passes scale_unit = unit * scale.
@@ -75,11 +97,11 @@ __device__ float tc_score(const Problem<S>& p, const Head<S>& hd, float scale_un
   return hd.mask ? s + unit * to_compute(hd.mask[i * p.mask.stride_q + j * p.mask.stride_k]) : s;
 }
 
-// Fragment counts skip work on padding (block-uniform, so every wmma call stays
-// warp-uniform): a tile's rows past the sequence's end and head-dim columns past E or Ev are
-// zero in shared memory, so their products add nothing; score columns past the tile's last
-// key (or query) get P = dS = 0 from the SIMT passes, which skip whole 16-column blocks of them.
-// The MAE's short sequences (13 and 50 rows in a 64-row tile) and small heads gain most.
+// 16-wide blocks with a real row or column: work on padding is skipped block-uniformly (so
+// every mma.sync and ldmatrix stays warp-uniform): a tile's rows past the sequence's end and
+// head-dim columns past E or Ev are zero in shared memory, so their products add nothing;
+// score columns past the tile's last key (or query) get P = dS = 0, and whole 16-column
+// blocks of them are skipped. The MAE's short sequences (13 and 50 rows) gain most.
 __host__ __device__ constexpr int frags16(int64_t n) { return static_cast<int>((n + 15) / 16); }
 
 // The tensor-core kernels take more than the default 48 KiB of dynamic shared memory

@@ -3,35 +3,57 @@
 // the 16-bit storage type S (BFloat16 or Half, Tc16 in attention_tc.cuh). The delta pass
 // D_i = dout_i . out_i (f32 sums) is attention.cuh's, shared with the f32/f64 SIMT backward.
 //
-// The backward is still the WMMA kernels (dk/dv per key tile, dq per query tile, 64-row
-// tiles of 4 warps); moving it to mma.sync (K/V fragments in registers) is issue 26's next
-// step. Query and key tiles are both kTcTile = 64 rows and a block is 4 warps; warp w owns 16
-// rows of its block's tile (queries in the dq kernel, keys in the dk/dv kernel), so the score
-// rows a warp computes are exactly the rows it accumulates: inside a tile the warps need only
-// __syncwarp; __syncthreads guards the tiles all warps read. Per tile, a warp
-//   1. S = A B^T into its 16 x 64 f32 slice of a shared tile (wmma, f32 accumulation of
-//      exact bf16 x bf16 products),
-//   2. turns S into P = exp(s - lse) and dS with SIMT lanes (the mask, causality, dropout),
-//      rounds them to bf16 into shared memory,
-//   3. accumulates (P or dS) times the other operand tile into f32 accumulator fragments,
-// read out once, at the end, through the same shared slice.
-// Rounding points, all round-to-nearest-even: P = exp2(s2 - m) to bf16 before P V (the row
-// sum l adds the f32 weights, as FlashAttention does; the exponent in log2 units moves P by a
-// few f32 ulps from exp(s - m), far below the bf16 rounding that follows); in the backward
-// Rounding points, all round-to-nearest-even: P and dS to bf16 before dV = P^T dO,
-// dK = dS^T Q and dQ = dS K; dq, dk, dv once at the end. The scores, logsumexp, delta and
-// every accumulator are f32. Bit-reproducible: each element is summed by one fixed sequence
-// of WMMA and SIMT operations, no atomics.
-// Checked so far only on a CPU emulation of the kernel bodies (a thread per CUDA thread; WMMA
-// emulated; warp-collective calls and shared-memory races checked) against the f32 CPU kernel
-// at tests/emu's and tests/cuda's shapes (tests/emu/attention_emu_test.cpp). ptxas compiles
-// them for sm_90; no GPU has run them yet.
+// Register-resident like the forward (issue 26): mma.sync m16n8k16, ldmatrix and cp.async
+// through warp_mma.cuh, whose fragment layouts are documented. Two kernels, 4 warps a block,
+// a block owning kBwdRows = 64 rows (warp w rows 16w..16w+15; lane (g, t) = (lane / 4,
+// lane % 4) holds rows g and g + 8, columns 2t, 2t + 1 of each 8-wide n-tile) and streaming
+// 64-row tiles of the other side through two cp.async buffers (tile t + 1 copies while t is
+// read):
+// - dk, dv (FA2's main loop): a block owns 64 keys; K and V are copied once and, for D <= 64,
+//   held as A fragments in registers (for D = 128 they are re-read from shared memory per
+//   query tile, 16 columns at a time: held they would push the kernel past 255 registers).
+//   Q, dO and the tile's lse and delta stream in. Per query tile a warp computes the
+//   TRANSPOSED scores S^T = K Q^T and dP^T = V dO^T (5 GEMMs in all with dq's: here S^T, dP^T,
+//   dV, dK), turns them in registers into P^T = exp2(s2 - lse log2 e) (s2 = log2 e (scale dot
+//   + mask), the forward's units) and dS^T = P^T (Z dP^T - delta), and adds dV += (Z P)^T dO,
+//   dK += dS^T Q. Computing S^T rather than S is what makes the transposed products free:
+//   the accumulators of S^T's n-tiles 2k, 2k + 1 are exactly the A fragment of k-block k of
+//   P^T (the forward's P-to-A identity), and dO, Q are B operands read by ldmatrix.trans. The
+//   alternatives cost more: staging P and dS through shared memory in bf16 (FA2's sm80 code)
+//   adds per query tile 2 x 64 x 64 x 2 bytes of stores and ldmatrix loads a block and a
+//   barrier between the warps; an accumulator-to-A relayout of S (not S^T) needs a transpose
+//   across lanes (8 shuffles per 16 x 16 block).
+// - dq: a block owns 64 queries; Q and dO are copied once (held as A fragments for D <= 64),
+//   K and V stream in; per key tile S = Q K^T and dP = dO V^T are recomputed, dS formed in
+//   registers as above and reused as the A operand of dQ += dS K (ldmatrix.trans of K rows).
+//   Why a second kernel (FA2's "dq per query tile") and not dq partials per key tile summed in
+//   a fixed order (both deterministic; FA2's atomicAdd of dq is not): at S = 256, D = 64 the
+//   partials would write and read back Sk / 64 f32 copies of dq (4 x 64 KiB a head, 32 MiB at
+//   BH = 64: 2x the bytes of every other input and output together, through DRAM) to save two
+//   of seven 64 x 64 x D GEMMs per tile pair on tensor cores; the cost model's estimate of the
+//   recompute (bench/RESULTS.md, "attention backward on mma.sync") is shared-memory bound,
+//   not bytes.
+// P uses the saved lse (natural log) as exp2(s2 - log2 e lse); a fully masked or padding
+// element has s2 = -inf and P = 0 (never -inf - (-inf)). Padding: keys past Sk and queries
+// past Sq are zero rows in shared memory (cp.async zero-fill) and valid == false in tc_score,
+// so their P and dS are 0; padding queries' lse and delta are stored as -inf and 0 (not
+// stale: 0 x NaN would poison dS); 16-row blocks past the tile's end and 16-wide blocks past E
+// or Ev are skipped (block-uniform); a warp whose 16 rows are all padding only copies and
+// waits. Dropout: Z from kernels/common/dropout_mask.h at (bh, i, j), the forward's bits.
+// Rounding points, all round-to-nearest-even: Z P and dS to bf16 before dV = (Z P)^T dO,
+// dK = dS^T Q and dQ = dS K; dq, dk, dv once at the end (dq and dk times the scale). The
+// scores, P, dP, lse, delta and every accumulator are f32. Bit-reproducible: each element is
+// summed by one fixed sequence of mma and SIMT operations, no atomics.
+// Checked so far only on a CPU emulation of the kernel bodies (a thread per CUDA thread;
+// mma.sync, ldmatrix and cp.async emulated with their lane maps; warp-collective calls and
+// shared-memory races checked) against the f32 CPU kernel at tests/emu's and tests/cuda's
+// shapes (tests/emu/attention_emu_test.cpp); the test fails with dS built on a wrong lane map
+// or without its delta term. ptxas compiles it for sm_90; no GPU has run it yet.
 #include "kernels/cuda/attention.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -41,289 +63,340 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/attention_tc.cuh"
 #include "kernels/cuda/scratch.cuh"
+#include "kernels/cuda/warp_mma.cuh"
 
 namespace nd::kernels::cuda {
 
 namespace {
 
-namespace wmma = nvcuda::wmma;
+constexpr int kBwdWarps = kThreads / 32;  // 4
+constexpr int kBwdRows = 16 * kBwdWarps;  // rows a block owns (keys or queries) and rows of a streamed tile: 64
+constexpr int kBwdN = kBwdRows / 8;       // 8-wide n-tiles of a streamed tile
 
-constexpr int kTcWarps = kThreads / 32;  // 4
-constexpr int kTcTile = 16 * kTcWarps;   // rows of a query tile and of a key tile: 64
-
-template <class S>
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, Dev<S>, wmma::row_major>;
-template <class S>
-using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, Dev<S>, wmma::row_major>;
-template <class S>
-using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, Dev<S>, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-// Dynamic shared memory of the kernels for head dim D (bytes; every region a multiple of
-// 128 bytes, so each 16-row or 16-column fragment pointer is 32-byte aligned). Leading
-// dimensions: bf16 operand tiles [64][D + 8], f32 score tiles [64][64 + 4], bf16 probability
-// tiles [64][64 + 8] (multiples of 8 bf16 / 4 f32 as WMMA requires; the padding spreads rows
-// over banks).
+// Dynamic shared memory for head dim D: the block's own two tiles (K, V or Q, dO) [64][D + 8] |
+// the streamed two, double-buffered, [2][64][D + 8] each | (dk/dv) lse and delta [2][64] f32.
+// D + 8 values a row: an odd multiple of 16 bytes, so an ldmatrix phase's 8 rows fall on 8
+// distinct 16-byte bank groups (the forward's argument).
 template <int D>
-struct TcLayout {
-  static constexpr int ld_in = D + 8, ld_f = kTcTile + 4, ld_b = kTcTile + 8;
-  static constexpr size_t in_bytes = size_t(kTcTile) * ld_in * 2;
-  static constexpr size_t f_bytes = size_t(kTcTile) * ld_f * 4;
-  static constexpr size_t b_bytes = size_t(kTcTile) * ld_b * 2;
-  static constexpr size_t row_bytes = size_t(kTcTile) * 4;
-  // backward dk/dv: Q, dO, K, V | S, dP | P, dS | lse, delta; dq: the same without P (so at
-  // D = 128 two dq blocks fit on an SM, 111.5 KiB each; dk/dv takes 120.5 KiB)
-  static constexpr size_t backward_dq = 4 * in_bytes + 2 * f_bytes + b_bytes + 2 * row_bytes;
-  static constexpr size_t backward = backward_dq + b_bytes;
-  static_assert(in_bytes % 128 == 0 && f_bytes % 128 == 0 && b_bytes % 128 == 0 && row_bytes % 128 == 0);
-  static_assert(backward <= 227 * 1024, "sm_90 allows 227 KiB per block");
+struct BwdLayout {
+  static constexpr int ld = D + 8;
+  static constexpr size_t tile_bytes = size_t(kBwdRows) * ld * 2;
+  static constexpr size_t stats_bytes = 2 * 2 * kBwdRows * sizeof(float);
+  static constexpr size_t dq = 6 * tile_bytes, dk_dv = dq + stats_bytes;
+  static_assert(tile_bytes % 128 == 0 && dk_dv <= 227 * 1024, "sm_90 allows 227 KiB per block");
 };
 
-// dst[r * (D + 8) + e] = src[(row0 + r) * width + e] for r < rows, e < width, and 0 for the
-// rest of the [64][D] tile (padding rows and columns must be 0, not stale: they enter the
-// products). 16-byte loads when every row starts 16-byte aligned (the common case).
-template <class S, int D>
-__device__ void tc_load(Dev<S>* dst, const S* src, int64_t row0, int64_t rows, int64_t width) {
-  constexpr int ld = D + 8;
-  if (width % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
-    constexpr int kChunks = D / 8;
-    for (int idx = threadIdx.x; idx < kTcTile * kChunks; idx += kThreads) {
-      const int r = idx / kChunks, e = idx % kChunks * 8;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (r < rows && e < width) v = *reinterpret_cast<const uint4*>(src + (row0 + r) * width + e);
-      *reinterpret_cast<uint4*>(dst + r * ld + e) = v;
-    }
-  } else {
-    tile_load_plain<S, D>(dst, src, row0, rows, width, kTcTile, kThreads);
+// Operand fragments of the warp's own 16 rows: held in registers for the whole loop when
+// D <= 64; at D = 128 re-read from shared memory per use (kk-th 16 columns), which keeps the
+// dk/dv kernel (dK and dV accumulators: 128 registers) under 255.
+template <class T16, int D>
+struct OwnRows {
+  static constexpr bool kHeld = D <= 64;
+  const T16* rows;  // the warp's first row in shared memory, ld D + 8
+  uint32_t held[kHeld ? D / 16 : 1][4];
+  __device__ void hold(int k_frags) {
+    if constexpr (kHeld)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        if (kk < k_frags) read(kk, held[kk]);
   }
-}
-
-// out[16][16 n] (f32, ld 64 + 4) = A B^T for n < n_frags, for the warp's 16 rows A [16][D]
-// and a tile B [64][D] (both bf16, ld D + 8; B^T read as a col-major matrix_b), over the
-// first k_frags 16-column blocks of the head dim.
-template <class S, int D>
-__device__ void warp_scores(float* out, const Dev<S>* a, const Dev<S>* b, int n_frags, int k_frags) {
-  constexpr int ld = D + 8;
-  FragA<S> fa[D / 16];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    if (kk < k_frags) wmma::load_matrix_sync(fa[kk], a + 16 * kk, ld);
-#pragma unroll
-  for (int n = 0; n < kTcTile / 16; ++n) {
-    if (n >= n_frags) break;
-    FragC acc;
-    wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      if (kk >= k_frags) break;
-      FragBCol<S> fb;
-      wmma::load_matrix_sync(fb, b + 16 * n * ld + 16 * kk, ld);
-      wmma::mma_sync(acc, fa[kk], fb, acc);
-    }
-    wmma::store_matrix_sync(out + 16 * n, acc, kTcTile + 4, wmma::mem_row_major);
+  __device__ void read(int kk, uint32_t (&a)[4]) const {
+    const int lane = threadIdx.x % 32;
+    ldmatrix<4>(a, rows + (lane % 16) * (D + 8) + 16 * kk + 8 * (lane / 16));
   }
-}
-
-// acc[d] += A B[:, 16d .. 16d + 16) for d < d_frags, for the warp's A [16][64] (bf16,
-// ld 64 + 8) and a tile B [64][D] (bf16, ld D + 8, row-major matrix_b), over the first
-// k_frags 16-row blocks of B (A is 0 past them).
-template <class S, int D>
-__device__ void warp_accumulate(FragC (&acc)[D / 16], const Dev<S>* a, const Dev<S>* b, int k_frags, int d_frags) {
-  constexpr int ld = D + 8;
-  FragA<S> fa[kTcTile / 16];
-#pragma unroll
-  for (int kk = 0; kk < kTcTile / 16; ++kk)
-    if (kk < k_frags) wmma::load_matrix_sync(fa[kk], a + 16 * kk, kTcTile + 8);
-#pragma unroll
-  for (int d = 0; d < D / 16; ++d) {
-    if (d >= d_frags) break;
-#pragma unroll
-    for (int kk = 0; kk < kTcTile / 16; ++kk) {
-      if (kk >= k_frags) break;
-      FragBRow<S> fb;
-      wmma::load_matrix_sync(fb, b + 16 * kk * ld + 16 * d, ld);
-      wmma::mma_sync(acc[d], fa[kk], fb, acc[d]);
+  __device__ void fragment(int kk, uint32_t (&a)[4]) const {
+    if constexpr (kHeld) {
+      for (int x = 0; x < 4; ++x) a[x] = held[kk][x];
+    } else {
+      read(kk, a);
     }
   }
-}
+};
 
-// Writes the warp's 16 x D accumulators times `factor` to dst[r * width + e] (bf16) for
-// r < rows, e < width, through the warp's f32 staging slice [16][64 + 4] in blocks of at
-// most 64 columns.
-template <class S, int D>
-__device__ void warp_store(FragC (&acc)[D / 16], float* stage, float factor, S* dst, int64_t rows, int64_t width) {
-  constexpr int kChunk = D < kTcTile ? D : kTcTile, ld = kTcTile + 4;
+// c = A B^T for the warp's 16 own rows A (k_frags 16-column blocks) and the streamed rows
+// b + 16np.. as B^T (n-tiles 2np, 2np + 1 from one ldmatrix.x4), np < n_frags (N n-tiles).
+template <class T16, int D, int N>
+__device__ void mma_abt(float (&c)[N][4], const OwnRows<T16, D>& a, const T16* b, int n_frags, int k_frags) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int c0 = 0; c0 < D; c0 += kChunk) {
-    __syncwarp();  // earlier readers of the staging slice are done
+  for (int nt = 0; nt < N; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
 #pragma unroll
-    for (int d = 0; d < kChunk / 16; ++d)
-      wmma::store_matrix_sync(stage + 16 * d, acc[c0 / 16 + d], ld, wmma::mem_row_major);
-    __syncwarp();
-    for (int idx = lane; idx < 16 * kChunk; idx += 32) {
-      const int r = idx / kChunk, c = idx % kChunk;
-      if (r < rows && c0 + c < width)
-        store(dst + r * width + c0 + c, stage[r * ld + c] * factor);
+  for (int kk = 0; kk < D / 16; ++kk) {
+    if (kk >= k_frags) break;
+    uint32_t af[4];
+    a.fragment(kk, af);
+#pragma unroll
+    for (int np = 0; np < N / 2; ++np) {
+      if (np >= n_frags) break;
+      uint32_t bf[4];
+      ldmatrix<4>(bf, b + (16 * np + 8 * (lane / 16) + lane % 8) * (D + 8) + 16 * kk + 8 * (lane / 8 % 2));
+      mma_m16n8k16<T16>(c[2 * np], af, {bf[0], bf[1]}, c[2 * np]);
+      mma_m16n8k16<T16>(c[2 * np + 1], af, {bf[2], bf[3]}, c[2 * np + 1]);
     }
   }
 }
 
-// dq: one block per (query tile, b*h), warp w owning query rows 16w..16w+15; over the key
-// tiles: S = Q K^T, dP = dO V^T, P = exp(S - lse), dS = P (dP - delta), dQ += dS K.
+// acc += A B for A = a (k-block kk: the streamed rows b + 16kk.., kk < k_frags) and B those
+// rows [16 KB][D] read by ldmatrix.x4.trans (dims 16dp..16dp + 15, dp < d_frags).
+template <class T16, int D, int KB>
+__device__ void mma_ab(float (&acc)[D / 8][4], const uint32_t (&a)[KB][4], const T16* b, int k_frags, int d_frags) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < KB; ++kk) {
+    if (kk >= k_frags) break;
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      if (dp >= d_frags) break;
+      uint32_t bf[4];
+      ldmatrix_trans<4>(bf, b + (16 * kk + lane % 16) * (D + 8) + 16 * dp + 8 * (lane / 16));
+      mma_m16n8k16<T16>(acc[2 * dp], a[kk], {bf[0], bf[1]}, acc[2 * dp]);
+      mma_m16n8k16<T16>(acc[2 * dp + 1], a[kk], {bf[2], bf[3]}, acc[2 * dp + 1]);
+    }
+  }
+}
+
+// Element x of n-tile nt rounded into the A fragment of k-block nt / 2 (the C-to-A identity).
+template <class S, int KB>
+__device__ void pack_a(uint32_t (&a)[KB][4], int nt, const float (&v)[4]) {
+  a[nt / 2][2 * (nt % 2)] = pack2(Tc16<S>::round(v[0]), Tc16<S>::round(v[1]));
+  a[nt / 2][2 * (nt % 2) + 1] = pack2(Tc16<S>::round(v[2]), Tc16<S>::round(v[3]));
+}
+
+// P (f32) from a score in log2 units and the row's lse (natural log): 0 where s2 = -inf.
+__device__ float probability_log2(float s2, float lse) { return s2 == -INFINITY ? 0.0f : exp2f(s2 - kLog2e * lse); }
+
+// dst[r * width + c] = acc * factor for the warp's rows r < rows, columns c < width.
+template <class S, int D>
+__device__ void store_rows(const float (&acc)[D / 8][4], float factor, S* dst, int64_t rows, int64_t width) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int x = 0; x < 4; ++x) {
+    const int64_t r = g + 8 * (x / 2);
+    if (r >= rows) continue;
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn) {
+      const int64_t c = 8 * dn + 2 * t + x % 2;
+      if (c < width) store(dst + r * width + c, acc[dn][x] * factor);
+    }
+  }
+}
+
+// lse and delta of query rows [i0, i0 + rows) into 64-entry buffers: cp.async for the rows,
+// plain stores of -inf and 0 for the padding (visible after the next __syncthreads).
+template <class S>
+__device__ void stats_load(float* lse, float* delta, const Head<S>& hd, int64_t i0, int64_t rows) {
+  const int r = threadIdx.x % kBwdRows;
+  float* dst = threadIdx.x < kBwdRows ? lse : delta;
+  const float* src = threadIdx.x < kBwdRows ? hd.lse : hd.delta;
+  if (r < rows) cp_async_ca<4>(dst + r, src + i0 + r);
+  else dst[r] = threadIdx.x < kBwdRows ? -INFINITY : 0.0f;
+}
+
+// dk, dv: one block per (64-key tile, b*h); see the file comment.
+template <class S, int D>
+__global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<S> p, int64_t n_tiles, S* dk, S* dv) {
+  using L = BwdLayout<D>;
+  using T16 = Dev<S>;
+  constexpr int ld = L::ld;
+  extern __shared__ __align__(128) unsigned char tc_shared[];
+  SharedCarver carve{tc_shared};
+  T16* sk = carve.take<T16>(L::tile_bytes);
+  T16* sv = carve.take<T16>(L::tile_bytes);
+  T16* sq = carve.take<T16>(2 * L::tile_bytes);
+  T16* sdo = carve.take<T16>(2 * L::tile_bytes);
+  float* stats = carve.take<float>(L::stats_bytes);  // [buffer][lse, delta][64]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const TileOfBlock tb = tile_of_block(blockIdx.x, n_tiles);
+  const Head<S> hd(p, tb.bh);
+  const int64_t j0 = tb.tile * kBwdRows, cols = p.Sk - j0 < kBwdRows ? p.Sk - j0 : kBwdRows;
+  const int64_t first = attention_first_query_tile(j0, kBwdRows, p.is_causal), q_tiles = (p.Sq + kBwdRows - 1) / kBwdRows;
+  const bool warp_busy = 16 * warp < cols, dropout = p.dropout.p != 0.0;
+  const int e_frags = frags16(p.E), ev_frags = frags16(p.Ev);
+  const float scale_log2 = p.scale * kLog2e;
+  OwnRows<T16, D> kr{sk + 16 * warp * ld, {}}, vr{sv + 16 * warp * ld, {}};
+
+  float dk_acc[D / 8][4], dv_acc[D / 8][4];
+#pragma unroll
+  for (int dn = 0; dn < D / 8; ++dn)
+    for (int x = 0; x < 4; ++x) dk_acc[dn][x] = dv_acc[dn][x] = 0.0f;
+  auto load_queries = [&](int64_t qt, int buf) {
+    const int64_t i0 = qt * kBwdRows, rows = p.Sq - i0 < kBwdRows ? p.Sq - i0 : kBwdRows;
+    tile_load_async<S, D>(sq + buf * kBwdRows * ld, hd.q, i0, rows, p.E, kBwdRows, kThreads);
+    tile_load_async<S, D>(sdo + buf * kBwdRows * ld, hd.dout, i0, rows, p.Ev, kBwdRows, kThreads);
+    stats_load(stats + buf * 2 * kBwdRows, stats + (buf * 2 + 1) * kBwdRows, hd, i0, rows);
+    cp_async_commit_group();
+  };
+  if (first < q_tiles) {  // group 0: K, V and the first query tile
+    tile_load_async<S, D>(sk, hd.k, j0, cols, p.E, kBwdRows, kThreads);
+    tile_load_async<S, D>(sv, hd.v, j0, cols, p.Ev, kBwdRows, kThreads);
+    load_queries(first, 0);
+  }
+  for (int64_t qt = first; qt < q_tiles; ++qt) {
+    const int buf = (qt - first) % 2;
+    const int64_t i0 = qt * kBwdRows, rows = p.Sq - i0 < kBwdRows ? p.Sq - i0 : kBwdRows;
+    if (qt + 1 < q_tiles) {  // into the other buffer, read by nobody since the last barrier
+      load_queries(qt + 1, 1 - buf);
+      cp_async_wait_group<1>();
+    } else {
+      cp_async_wait_group<0>();
+    }
+    __syncthreads();  // every thread's copies of tile qt (and K, V) are visible
+    if (warp_busy) {
+      const T16 *tq = sq + buf * kBwdRows * ld, *tdo = sdo + buf * kBwdRows * ld;
+      const float *slse = stats + buf * 2 * kBwdRows, *sdelta = slse + kBwdRows;
+      if (qt == first) {
+        kr.hold(e_frags);
+        vr.hold(ev_frags);
+      }
+      // The tile's queries in chunks of kChunk (all 64 for D <= 64; 2 x 32 at D = 128, where
+      // S^T and dP^T of 64 queries beside the dK, dV accumulators would spill).
+      constexpr int kChunk = D <= 64 ? kBwdRows : kBwdRows / 2, kN = kChunk / 8;
+#pragma unroll
+      for (int c0 = 0; c0 < kBwdRows; c0 += kChunk) {
+        const int query_frags = frags16(rows - c0 < kChunk ? rows - c0 : kChunk);
+        if (query_frags <= 0) break;
+        float s[kN][4], dp[kN][4];  // S^T, dP^T: rows = the warp's keys, columns = queries c0..
+        mma_abt<T16, D>(s, kr, tq + c0 * ld, query_frags, e_frags);
+        mma_abt<T16, D>(dp, vr, tdo + c0 * ld, query_frags, ev_frags);
+        uint32_t pf[kN / 2][4], dsf[kN / 2][4];
+#pragma unroll
+        for (int nt = 0; nt < kN; ++nt) {
+          if (nt >= 2 * query_frags) break;
+          float zp[4], ds[4];
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            const int r = 16 * warp + g + 8 * (x / 2), c = c0 + 8 * nt + 2 * t + x % 2;
+            const float s2 = tc_score(p, hd, scale_log2, kLog2e, s[nt][x], i0 + c, j0 + r, c < rows && r < cols);
+            const float prob = probability_log2(s2, slse[c]);
+            const float z = prob != 0.0f && dropout ? p.dropout_factor(tb.bh, i0 + c, j0 + r) : 1.0f;
+            zp[x] = prob * z;
+            ds[x] = prob != 0.0f ? prob * (z * dp[nt][x] - sdelta[c]) : 0.0f;
+          }
+          pack_a<S>(pf, nt, zp);
+          pack_a<S>(dsf, nt, ds);
+        }
+        mma_ab<T16, D>(dv_acc, pf, tdo + c0 * ld, query_frags, ev_frags);
+        mma_ab<T16, D>(dk_acc, dsf, tq + c0 * ld, query_frags, e_frags);
+      }
+    }
+    __syncthreads();  // every warp is done with buffer buf before tile qt + 2 copies into it
+  }
+  if (!warp_busy) return;
+  const int64_t key = j0 + 16 * warp;
+  store_rows<S, D>(dk_acc, p.scale, dk + (tb.bh * p.Sk + key) * p.E, cols - 16 * warp, p.E);
+  store_rows<S, D>(dv_acc, 1.0f, dv + (tb.bh * p.Sk + key) * p.Ev, cols - 16 * warp, p.Ev);
+}
+
+// dq: one block per (64-query tile, b*h); see the file comment.
 template <class S, int D>
 __global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<S> p, int64_t n_tiles, S* dq) {
-  using L = TcLayout<D>;
+  using L = BwdLayout<D>;
+  using T16 = Dev<S>;
+  constexpr int ld = L::ld;
   extern __shared__ __align__(128) unsigned char tc_shared[];
   SharedCarver carve{tc_shared};
-  Dev<S>* sq = carve.take<Dev<S>>(L::in_bytes);
-  Dev<S>* sdo = carve.take<Dev<S>>(L::in_bytes);
-  Dev<S>* sk = carve.take<Dev<S>>(L::in_bytes);
-  Dev<S>* sv = carve.take<Dev<S>>(L::in_bytes);
-  float* ss = carve.take<float>(L::f_bytes);
-  float* sdp = carve.take<float>(L::f_bytes);
-  Dev<S>* sds = carve.take<Dev<S>>(L::b_bytes);
-  float* slse = carve.take<float>(L::row_bytes);
-  float* sdelta = carve.take<float>(L::row_bytes);
+  T16* sq = carve.take<T16>(L::tile_bytes);
+  T16* sdo = carve.take<T16>(L::tile_bytes);
+  T16* sk = carve.take<T16>(2 * L::tile_bytes);
+  T16* sv = carve.take<T16>(2 * L::tile_bytes);
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const TileOfBlock tb = tile_of_block(blockIdx.x, n_tiles);
   const Head<S> hd(p, tb.bh);
-  const int64_t i0 = tb.tile * kTcTile, rows = p.Sq - i0 < kTcTile ? p.Sq - i0 : kTcTile;
-  tc_load<S, D>(sq, hd.q, i0, rows, p.E);
-  tc_load<S, D>(sdo, hd.dout, i0, rows, p.Ev);
-  load_row_stats(slse, sdelta, kTcTile, hd, i0, rows);
-  const Dev<S> *wq = sq + 16 * warp * L::ld_in, *wdo = sdo + 16 * warp * L::ld_in;
-  const int e_frags = frags16(p.E), ev_frags = frags16(p.Ev);
-  const bool warp_busy = 16 * warp < rows;  // else every query row of the warp is padding
-  float *ws = ss + 16 * warp * L::ld_f, *wdp = sdp + 16 * warp * L::ld_f;
-  Dev<S>* wds = sds + 16 * warp * L::ld_b;
-
-  FragC acc[D / 16];
-#pragma unroll
-  for (int d = 0; d < D / 16; ++d) wmma::fill_fragment(acc[d], 0.0f);
+  const int64_t i0 = tb.tile * kBwdRows, rows = p.Sq - i0 < kBwdRows ? p.Sq - i0 : kBwdRows;
   const int64_t key_end = attention_key_end(i0 + rows, p.Sk, p.is_causal);
-  for (int64_t j0 = 0; j0 < key_end; j0 += kTcTile) {
-    const int64_t cols = key_end - j0 < kTcTile ? key_end - j0 : kTcTile;
-    __syncthreads();  // every warp is done with the previous K, V (and the first Q, dO, lse are in)
-    tc_load<S, D>(sk, hd.k, j0, cols, p.E);
-    tc_load<S, D>(sv, hd.v, j0, cols, p.Ev);
-    __syncthreads();
-    if (!warp_busy) continue;  // it still loads its share of every tile (above)
-    const int key_frags = frags16(cols);
-    warp_scores<S, D>(ws, wq, sk, key_frags, e_frags);
-    warp_scores<S, D>(wdp, wdo, sv, key_frags, ev_frags);
-    __syncwarp();
-    const int width = 16 * key_frags;  // columns past it are never read
-    const bool dropout = p.dropout.p != 0.0;
-    for (int idx = lane; idx < 16 * width; idx += 32) {
-      const int r = idx / width, c = idx % width, row = 16 * warp + r;
-      const float s = tc_score(p, hd, p.scale, 1.0f, ws[r * L::ld_f + c], i0 + row, j0 + c, row < rows);
-      const float prob = probability_from_lse(s, slse[row]);
-      float ds = 0.0f;
-      if (prob != 0.0f) {  // dS = P (Z dP - D), Z only computed with dropout on
-        const float dp = wdp[r * L::ld_f + c];
-        ds = prob * ((dropout ? dp * p.dropout_factor(tb.bh, i0 + row, j0 + c) : dp) - sdelta[row]);
-      }
-      wds[r * L::ld_b + c] = Tc16<S>::round(ds);
-    }
-    __syncwarp();
-    warp_accumulate<S, D>(acc, wds, sk, key_frags, e_frags);
-  }
-  warp_store<S, D>(acc, ws, p.scale, dq + tb.bh * p.Sq * p.E + (i0 + 16 * warp) * p.E, rows - 16 * warp,
-                p.E);
-}
-
-// dk, dv: one block per (key tile, b*h), warp w owning keys 16w..16w+15; over the query
-// tiles that see them: S^T = K Q^T, dP^T = V dO^T, P^T, dS^T as in dq, dV += P^T dO,
-// dK += dS^T Q.
-template <class S, int D>
-__global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<S> p, int64_t n_tiles, S* dk,
-                                                            S* dv) {
-  using L = TcLayout<D>;
-  extern __shared__ __align__(128) unsigned char tc_shared[];
-  SharedCarver carve{tc_shared};
-  Dev<S>* sq = carve.take<Dev<S>>(L::in_bytes);
-  Dev<S>* sdo = carve.take<Dev<S>>(L::in_bytes);
-  Dev<S>* sk = carve.take<Dev<S>>(L::in_bytes);
-  Dev<S>* sv = carve.take<Dev<S>>(L::in_bytes);
-  float* ss = carve.take<float>(L::f_bytes);
-  float* sdp = carve.take<float>(L::f_bytes);
-  Dev<S>* sp = carve.take<Dev<S>>(L::b_bytes);
-  Dev<S>* sds = carve.take<Dev<S>>(L::b_bytes);
-  float* slse = carve.take<float>(L::row_bytes);
-  float* sdelta = carve.take<float>(L::row_bytes);
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const TileOfBlock tb = tile_of_block(blockIdx.x, n_tiles);
-  const Head<S> hd(p, tb.bh);
-  const int64_t j0 = tb.tile * kTcTile, cols = p.Sk - j0 < kTcTile ? p.Sk - j0 : kTcTile;
-  tc_load<S, D>(sk, hd.k, j0, cols, p.E);
-  tc_load<S, D>(sv, hd.v, j0, cols, p.Ev);
-  const Dev<S> *wk = sk + 16 * warp * L::ld_in, *wv = sv + 16 * warp * L::ld_in;
+  const int64_t key_tiles = (key_end + kBwdRows - 1) / kBwdRows;
+  const bool warp_busy = 16 * warp < rows, dropout = p.dropout.p != 0.0;
   const int e_frags = frags16(p.E), ev_frags = frags16(p.Ev);
-  const bool warp_busy = 16 * warp < cols;  // else every key of the warp is padding
-  float *ws = ss + 16 * warp * L::ld_f, *wdp = sdp + 16 * warp * L::ld_f;
-  Dev<S> *wp = sp + 16 * warp * L::ld_b, *wds = sds + 16 * warp * L::ld_b;
-
-  FragC acc_dk[D / 16], acc_dv[D / 16];
+  const float scale_log2 = p.scale * kLog2e;
+  OwnRows<T16, D> qr{sq + 16 * warp * ld, {}}, dor{sdo + 16 * warp * ld, {}};
+  float lse[2], delta[2];  // of rows g and g + 8 (padding rows: s2 = -inf, never read)
 #pragma unroll
-  for (int d = 0; d < D / 16; ++d) {
-    wmma::fill_fragment(acc_dk[d], 0.0f);
-    wmma::fill_fragment(acc_dv[d], 0.0f);
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = 16 * warp + g + 8 * h;
+    lse[h] = r < rows ? hd.lse[i0 + r] : -INFINITY;
+    delta[h] = r < rows ? hd.delta[i0 + r] : 0.0f;
   }
-  for (int64_t i0 = attention_first_query_tile(j0, kTcTile, p.is_causal) * kTcTile; i0 < p.Sq; i0 += kTcTile) {
-    const int64_t rows = p.Sq - i0 < kTcTile ? p.Sq - i0 : kTcTile;
-    __syncthreads();  // every warp is done with the previous Q, dO (and K, V are in)
-    tc_load<S, D>(sq, hd.q, i0, rows, p.E);
-    tc_load<S, D>(sdo, hd.dout, i0, rows, p.Ev);
-    load_row_stats(slse, sdelta, kTcTile, hd, i0, rows);
-    __syncthreads();
-    if (!warp_busy) continue;  // it still loads its share of every tile (above)
-    const int query_frags = frags16(rows);
-    warp_scores<S, D>(ws, wk, sq, query_frags, e_frags);
-    warp_scores<S, D>(wdp, wv, sdo, query_frags, ev_frags);
-    __syncwarp();
-    const int width = 16 * query_frags;  // columns past it are never read
-    for (int idx = lane; idx < 16 * width; idx += 32) {  // element (key r, query c)
-      const int r = idx / width, c = idx % width;
-      const float s = tc_score(p, hd, p.scale, 1.0f, ws[r * L::ld_f + c], i0 + c, j0 + 16 * warp + r, c < rows);
-      const float prob = probability_from_lse(s, slse[c]);
-      const float z = p.dropout_factor(tb.bh, i0 + c, j0 + 16 * warp + r);
-      const float ds = prob != 0.0f ? prob * (z * wdp[r * L::ld_f + c] - sdelta[c]) : 0.0f;
-      wp[r * L::ld_b + c] = Tc16<S>::round(prob * z);
-      wds[r * L::ld_b + c] = Tc16<S>::round(ds);
+
+  float dq_acc[D / 8][4];
+#pragma unroll
+  for (int dn = 0; dn < D / 8; ++dn) dq_acc[dn][0] = dq_acc[dn][1] = dq_acc[dn][2] = dq_acc[dn][3] = 0.0f;
+  auto load_keys = [&](int64_t kt, int buf) {
+    const int64_t j0 = kt * kBwdRows, cols = key_end - j0 < kBwdRows ? key_end - j0 : kBwdRows;
+    tile_load_async<S, D>(sk + buf * kBwdRows * ld, hd.k, j0, cols, p.E, kBwdRows, kThreads);
+    tile_load_async<S, D>(sv + buf * kBwdRows * ld, hd.v, j0, cols, p.Ev, kBwdRows, kThreads);
+    cp_async_commit_group();
+  };
+  if (key_tiles > 0) {  // group 0: Q, dO and the first K, V tile
+    tile_load_async<S, D>(sq, hd.q, i0, rows, p.E, kBwdRows, kThreads);
+    tile_load_async<S, D>(sdo, hd.dout, i0, rows, p.Ev, kBwdRows, kThreads);
+    load_keys(0, 0);
+  }
+  for (int64_t kt = 0; kt < key_tiles; ++kt) {
+    const int buf = kt % 2;
+    const int64_t j0 = kt * kBwdRows, cols = key_end - j0 < kBwdRows ? key_end - j0 : kBwdRows;
+    if (kt + 1 < key_tiles) {
+      load_keys(kt + 1, 1 - buf);
+      cp_async_wait_group<1>();
+    } else {
+      cp_async_wait_group<0>();
     }
-    __syncwarp();
-    warp_accumulate<S, D>(acc_dv, wp, sdo, query_frags, ev_frags);
-    warp_accumulate<S, D>(acc_dk, wds, sq, query_frags, e_frags);
+    __syncthreads();
+    if (warp_busy) {
+      const T16 *tk = sk + buf * kBwdRows * ld, *tv = sv + buf * kBwdRows * ld;
+      if (kt == 0) {
+        qr.hold(e_frags);
+        dor.hold(ev_frags);
+      }
+      const int key_frags = frags16(cols);
+      float s[kBwdN][4], dp[kBwdN][4];  // S, dP: rows = the warp's queries, columns = keys
+      mma_abt<T16, D>(s, qr, tk, key_frags, e_frags);
+      mma_abt<T16, D>(dp, dor, tv, key_frags, ev_frags);
+      uint32_t dsf[kBwdN / 2][4];
+#pragma unroll
+      for (int nt = 0; nt < kBwdN; ++nt) {
+        if (nt >= 2 * key_frags) break;
+        float ds[4];
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const int r = 16 * warp + g + 8 * (x / 2), c = 8 * nt + 2 * t + x % 2;
+          const float s2 = tc_score(p, hd, scale_log2, kLog2e, s[nt][x], i0 + r, j0 + c, r < rows && c < cols);
+          const float prob = probability_log2(s2, lse[x / 2]);
+          const float z = prob != 0.0f && dropout ? p.dropout_factor(tb.bh, i0 + r, j0 + c) : 1.0f;
+          ds[x] = prob != 0.0f ? prob * (z * dp[nt][x] - delta[x / 2]) : 0.0f;
+        }
+        pack_a<S>(dsf, nt, ds);
+      }
+      mma_ab<T16, D>(dq_acc, dsf, tk, key_frags, e_frags);
+    }
+    __syncthreads();
   }
-  const int64_t key = j0 + 16 * warp;
-  warp_store<S, D>(acc_dk, ws, p.scale, dk + tb.bh * p.Sk * p.E + key * p.E, cols - 16 * warp, p.E);
-  warp_store<S, D>(acc_dv, ws, 1.0f, dv + tb.bh * p.Sk * p.Ev + key * p.Ev, cols - 16 * warp, p.Ev);
+  if (!warp_busy) return;
+  store_rows<S, D>(dq_acc, p.scale, dq + (tb.bh * p.Sq + i0 + 16 * warp) * p.E, rows - 16 * warp, p.E);
 }
+
 template <class S, int D>
-void tc_backward_for(const Problem<S>& p, int64_t BH, S* dq, S* dk, S* dv,
-                     cudaStream_t stream) {
+void tc_backward_for(const Problem<S>& p, int64_t BH, S* dq, S* dk, S* dv, cudaStream_t stream) {
+  constexpr bool f16 = std::is_same_v<S, Half>;
   if (p.Sk > 0) {  // dk, dv: written even when Sq == 0 (then zero)
-    const char* name =
-        std::is_same_v<S, Half> ? "attention backward dk, dv (f16)" : "attention backward dk, dv (bf16)";
-    constexpr size_t bytes = TcLayout<D>::backward;
+    const char* name = f16 ? "attention backward dk, dv (f16)" : "attention backward dk, dv (bf16)";
+    constexpr size_t bytes = BwdLayout<D>::dk_dv;
     allow_shared(tc_dk_dv_kernel<S, D>, bytes, name);
-    const int64_t n_tiles = ceil_div(p.Sk, kTcTile);
+    const int64_t n_tiles = ceil_div(p.Sk, kBwdRows);
     tc_dk_dv_kernel<S, D><<<grid_for(name, BH, n_tiles), kThreads, bytes, stream>>>(p, n_tiles, dk, dv);
     check_launch(name);
   }
   if (p.Sq > 0) {
-    const char* name =
-        std::is_same_v<S, Half> ? "attention backward dq (f16)" : "attention backward dq (bf16)";
-    constexpr size_t bytes = TcLayout<D>::backward_dq;
+    const char* name = f16 ? "attention backward dq (f16)" : "attention backward dq (bf16)";
+    constexpr size_t bytes = BwdLayout<D>::dq;
     allow_shared(tc_dq_kernel<S, D>, bytes, name);
-    const int64_t n_tiles = ceil_div(p.Sq, kTcTile);
+    const int64_t n_tiles = ceil_div(p.Sq, kBwdRows);
     tc_dq_kernel<S, D><<<grid_for(name, BH, n_tiles), kThreads, bytes, stream>>>(p, n_tiles, dq);
     check_launch(name);
   }
-}}  // namespace
+}
+}  // namespace
 
 #define ND_TC_ATTENTION_BACKWARD(S, label)                                                                          \
   void scaled_dot_product_attention_backward(const S* dout, const S* q, const S* k, const S* v, AttentionMask<S> mask, \

@@ -89,26 +89,6 @@ struct FwdLayout {
   static_assert(bytes <= 227 * 1024, "sm_90 allows 227 KiB per block");
 };
 
-// dst[r * (D + 8) + e] = src[(row0 + r) * width + e] for r < rows, e < width, 0 for the rest of
-// the [tile_rows][D] tile (padding enters the products: it must be 0, not stale). With every
-// row 16-byte aligned through cp.async (16 bytes, zero-filled past the data; complete at this
-// thread's cp_async_wait_group, visible to the block after the __syncthreads that follows),
-// else plain stores (visible after that same __syncthreads).
-template <class S, int D>
-__device__ void fwd_load(Dev<S>* dst, const S* src, int64_t row0, int64_t rows, int64_t width, int tile_rows) {
-  constexpr int ld = D + 8;
-  if (width % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
-    constexpr int kChunks = D / 8;
-    for (int idx = threadIdx.x; idx < tile_rows * kChunks; idx += kFwdThreads) {
-      const int r = idx / kChunks, e = idx % kChunks * 8;
-      const bool in = r < rows && e < width;
-      cp_async_cg_16_zfill(dst + r * ld + e, in ? src + (row0 + r) * width + e : src, in ? 16 : 0);
-    }
-  } else {
-    tile_load_plain<S, D>(dst, src, row0, rows, width, tile_rows, kFwdThreads);
-  }
-}
-
 // One block per (128-row query tile, b*h), 8 warps; see the file comment.
 template <class S, int D>
 __global__ void __launch_bounds__(kFwdThreads) tc_forward_kernel(Problem<S> p, int64_t n_tiles, S* out,
@@ -141,17 +121,17 @@ __global__ void __launch_bounds__(kFwdThreads) tc_forward_kernel(Problem<S> p, i
   uint32_t qf[D / 16][4];  // the warp's Q as A fragments, held for the whole loop
 
   if (key_tiles > 0) {  // group 0: Q and the first K, V tile
-    fwd_load<S, D>(sq, hd.q, i0, rows, p.E, kFwdRows);
-    fwd_load<S, D>(sk, hd.k, 0, key_end < kFwdKeys ? key_end : kFwdKeys, p.E, kFwdKeys);
-    fwd_load<S, D>(sv, hd.v, 0, key_end < kFwdKeys ? key_end : kFwdKeys, p.Ev, kFwdKeys);
+    tile_load_async<S, D>(sq, hd.q, i0, rows, p.E, kFwdRows, kFwdThreads);
+    tile_load_async<S, D>(sk, hd.k, 0, key_end < kFwdKeys ? key_end : kFwdKeys, p.E, kFwdKeys, kFwdThreads);
+    tile_load_async<S, D>(sv, hd.v, 0, key_end < kFwdKeys ? key_end : kFwdKeys, p.Ev, kFwdKeys, kFwdThreads);
     cp_async_commit_group();
   }
   for (int64_t kt = 0; kt < key_tiles; ++kt) {
     const int64_t j0 = kt * kFwdKeys, cols = key_end - j0 < kFwdKeys ? key_end - j0 : kFwdKeys;
     if (kt + 1 < key_tiles) {  // tile kt + 1 into the other buffer, read by nobody since the last barrier
       const int64_t j1 = j0 + kFwdKeys, next = key_end - j1 < kFwdKeys ? key_end - j1 : kFwdKeys;
-      fwd_load<S, D>(sk + (kt + 1) % 2 * kFwdKeys * ld, hd.k, j1, next, p.E, kFwdKeys);
-      fwd_load<S, D>(sv + (kt + 1) % 2 * kFwdKeys * ld, hd.v, j1, next, p.Ev, kFwdKeys);
+      tile_load_async<S, D>(sk + (kt + 1) % 2 * kFwdKeys * ld, hd.k, j1, next, p.E, kFwdKeys, kFwdThreads);
+      tile_load_async<S, D>(sv + (kt + 1) % 2 * kFwdKeys * ld, hd.v, j1, next, p.Ev, kFwdKeys, kFwdThreads);
       cp_async_commit_group();
       cp_async_wait_group<1>();  // everything but tile kt + 1 has landed
     } else {
