@@ -104,8 +104,8 @@ __device__ float tc_score(const Problem<S>& p, const Head<S>& hd, float scale_un
 // blocks of them are skipped. The MAE's short sequences (13 and 50 rows) gain most.
 __host__ __device__ constexpr int frags16(int64_t n) { return static_cast<int>((n + 15) / 16); }
 
-// The tensor-core kernels take more than the default 48 KiB of dynamic shared memory
-// (TcLayout: 46-100 KiB forward, 61-121 KiB backward), which sm_90 grants on request.
+// The tensor-core kernels may take more than the default 48 KiB of dynamic shared memory
+// (FwdLayout: 30-102 KiB; BwdLayout: 30-103 KiB), which sm_90 grants on request.
 template <class Kernel>
 void allow_shared(Kernel kernel, size_t bytes, const char* name) {
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),

@@ -10,11 +10,10 @@
 // 64-row tiles of the other side through two cp.async buffers (tile t + 1 copies while t is
 // read):
 // - dk, dv (FA2's main loop): a block owns 64 keys; K and V are copied once and, for D <= 64,
-//   held as A fragments in registers (for D = 128 they are re-read from shared memory per
-//   query tile, 16 columns at a time: held they would push the kernel past 255 registers).
-//   Q, dO and the tile's lse and delta stream in. Per query tile a warp computes the
-//   TRANSPOSED scores S^T = K Q^T and dP^T = V dO^T (5 GEMMs in all with dq's: here S^T, dP^T,
-//   dV, dK), turns them in registers into P^T = exp2(s2 - lse log2 e) (s2 = log2 e (scale dot
+//   held as A fragments in registers (at D = 128 re-read from shared memory per use: held,
+//   they would push the kernel past 255 registers). Q, dO and the tile's lse and delta stream
+//   in. Per query tile a warp computes the TRANSPOSED scores S^T = K Q^T and dP^T = V dO^T
+//   (4 of FA2's 5 GEMMs here: S^T, dP^T, dV, dK; the dq kernel recomputes two), turns them in registers into P^T = exp2(s2 - lse log2 e) (s2 = log2 e (scale dot
 //   + mask), the forward's units) and dS^T = P^T (Z dP^T - delta), and adds dV += (Z P)^T dO,
 //   dK += dS^T Q. Computing S^T rather than S is what makes the transposed products free:
 //   the accumulators of S^T's n-tiles 2k, 2k + 1 are exactly the A fragment of k-block k of
@@ -27,12 +26,12 @@
 //   K and V stream in; per key tile S = Q K^T and dP = dO V^T are recomputed, dS formed in
 //   registers as above and reused as the A operand of dQ += dS K (ldmatrix.trans of K rows).
 //   Why a second kernel (FA2's "dq per query tile") and not dq partials per key tile summed in
-//   a fixed order (both deterministic; FA2's atomicAdd of dq is not): at S = 256, D = 64 the
-//   partials would write and read back Sk / 64 f32 copies of dq (4 x 64 KiB a head, 32 MiB at
-//   BH = 64: 2x the bytes of every other input and output together, through DRAM) to save two
-//   of seven 64 x 64 x D GEMMs per tile pair on tensor cores; the cost model's estimate of the
-//   recompute (bench/RESULTS.md, "attention backward on mma.sync") is shared-memory bound,
-//   not bytes.
+//   a fixed order (both deterministic; FA2's atomicAdd of dq is not): at BH = 64, S = 256,
+//   D = 64 the partials would write and read back Sk / 64 f32 copies of dq (33.5 MB, twice
+//   the bytes of every input and output together; about 13 us at the cost model's copy rate,
+//   plus a launch to sum them) to save two of seven 64 x 64 x D GEMMs per tile pair, where the
+//   whole recomputing dq kernel is estimated at 7.4 us (bench/RESULTS.md, "Cost model: the
+//   attention backward on mma.sync").
 // P uses the saved lse (natural log) as exp2(s2 - log2 e lse); a fully masked or padding
 // element has s2 = -inf and P = 0 (never -inf - (-inf)). Padding: keys past Sk and queries
 // past Sq are zero rows in shared memory (cp.async zero-fill) and valid == false in tc_score,
@@ -40,6 +39,9 @@
 // stale: 0 x NaN would poison dS); 16-row blocks past the tile's end and 16-wide blocks past E
 // or Ev are skipped (block-uniform); a warp whose 16 rows are all padding only copies and
 // waits. Dropout: Z from kernels/common/dropout_mask.h at (bh, i, j), the forward's bits.
+// Registers (ptxas, bench/kernel_resources.md): dk/dv 230, 244, 246 and dq 167, 228, 234 at
+// D = 32, 64, 128, no spills (2 blocks per SM; 3 for dq at D = 32). At D = 128 dk/dv takes a
+// query tile in two 32-query halves: S^T, dP^T of 64 beside dK, dV's 128 spilled 20 bytes.
 // Rounding points, all round-to-nearest-even: Z P and dS to bf16 before dV = (Z P)^T dO,
 // dK = dS^T Q and dQ = dS K; dq, dk, dv once at the end (dq and dk times the scale). The
 // scores, P, dP, lse, delta and every accumulator are f32. Bit-reproducible: each element is
@@ -47,8 +49,9 @@
 // Checked so far only on a CPU emulation of the kernel bodies (a thread per CUDA thread;
 // mma.sync, ldmatrix and cp.async emulated with their lane maps; warp-collective calls and
 // shared-memory races checked) against the f32 CPU kernel at tests/emu's and tests/cuda's
-// shapes (tests/emu/attention_emu_test.cpp); the test fails with dS built on a wrong lane map
-// or without its delta term. ptxas compiles it for sm_90; no GPU has run it yet.
+// shapes (tests/emu/attention_emu_test.cpp); the test fails with the P and dS A fragments
+// built on a wrong lane map (rows g and g + 8 exchanged), with dS missing its delta term and
+// with dk/dv's dropout factor left out. ptxas compiles it for sm_90; no GPU has run it yet.
 #include "kernels/cuda/attention.h"
 
 #include <cuda_bf16.h>
