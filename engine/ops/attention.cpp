@@ -107,7 +107,7 @@ kernels::cpu::AttentionMask<T> kernel_mask(const MaskView& m) {
 // Both devices thus round at the same points: the inputs q, k, v, mask, dout and the results
 // out, dq, dk, dv; logsumexp (and the backward's delta) stay f32. The CUDA kernels also
 // round P (forward and backward) and dS (backward) to bf16 before the second products
-// (kernels/cuda/attention_tensor_core.cu) where the CPU keeps f32: the devices agree to bf16 precision,
+// (kernels/cuda/attention_tc_forward.cu, attention_tc_backward.cu) where the CPU keeps f32: the devices agree to bf16 precision,
 // not bit for bit. The node remembers that its forward ran under autocast and runs its
 // backward the same way wherever the backward is called (as mm's, engine/ops/matmul.cpp).
 

@@ -1,6 +1,6 @@
 #pragma once
 // The online softmax and the tile bounds of flash-style attention, shared by the CUDA
-// kernels (kernels/cuda/attention.cu, attention_tensor_core.cu) and tested on the CPU (tests/kernels/
+// kernels (kernels/cuda/attention.cu, attention_tc_forward.cu) and tested on the CPU (tests/kernels/
 // online_softmax_test.cpp), so that the parts no CPU test can run stay small.
 //
 // Online softmax of one row of scores seen in blocks: keep the running maximum m and

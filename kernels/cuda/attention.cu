@@ -1,5 +1,6 @@
 // Flash-style attention on CUDA in f32 and f64: forward with an online softmax,
-// FlashAttention-2 backward. The bf16 and f16 entry points (tensor cores) are attention_tensor_core.cu;
+// FlashAttention-2 backward. The bf16 and f16 entry points (tensor cores) are attention_tc_forward.cu and
+// attention_tc_backward.cu;
 // what both files need (Problem, Head, the delta pass, the head-dim dispatch, the grid
 // helpers) is attention.cuh.
 //
@@ -21,7 +22,7 @@
 // the scores once more.
 //
 // Types: f32 and f64 compute in their own type. bf16 multiplies on tensor cores
-// (attention_tensor_core.cu) with f32 accumulation; only its delta pass (dout . out, f32 sums,
+// (attention_tc_*.cu) with f32 accumulation; only its delta pass (dout . out, f32 sums,
 // attention.cuh) is SIMT code shared with these kernels.
 //
 // The online-softmax update and tile bounds are kernels/common/online_softmax.h (CPU-tested).

@@ -1,5 +1,5 @@
-// Internal to kernels/cuda/attention.cu (the f32/f64 SIMT kernels) and attention_tensor_core.cu
-// (the bf16 and f16 tensor-core kernels): what both need. The problem a kernel takes by value
+// Internal to kernels/cuda/attention.cu (the f32/f64 SIMT kernels) and attention_tc_forward.cu,
+// attention_tc_backward.cu (the bf16 and f16 tensor-core kernels): what both need. The problem a kernel takes by value
 // (Problem) and one head's slice of it, the mask's included (Head); storage and compute
 // types; the delta pass D_i = dout_i . out_i that both backwards run first (f32 sums for
 // bf16); the head-dim dispatch, the grid helpers and the entry points around the launchers.
@@ -165,7 +165,7 @@ void launch_for_head_dim(int d, Launch& launch, const Problem<S>& p, int64_t BH)
 }
 
 // The entry points' body for every storage type S, around the launchers `launch` (attention.cu's
-// SIMT ones for f32 and f64, attention_tensor_core.cu's tensor-core ones for bf16 and f16): the head-dim
+// SIMT ones for f32 and f64, attention_tc_*.cu's tensor-core ones for bf16 and f16): the head-dim
 // check, the empty cases, the backward's delta, the head-dim dispatch. `name` labels errors.
 template <class S, class Launch>
 void run_forward(const char* name, const S* q, const S* k, const S* v, AttentionMask<S> mask, int64_t B, int64_t H,

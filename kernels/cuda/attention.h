@@ -9,9 +9,11 @@
 // results are bit-reproducible run to run.
 // Head dims E, Ev <= 128, compiled for 32, 64 and 128 (other sizes are zero-padded up to the
 // next of these). f32 and f64 run SIMT FMA kernels (the engine's exact path); bf16 runs on
-// tensor cores (WMMA bf16 16x16x16 fragments, f32 accumulation), forward and backward, with
-// 64-row query and key tiles and up to 121 KiB of dynamic shared memory per block (sm_90).
-// Kernels: kernels/cuda/attention.cu (f32, f64), attention_tensor_core.cu (bf16 and f16). Tests:
+// tensor cores (mma.sync m16n8k16 bf16 or f16, f32 accumulation), forward and backward: the
+// forward on 128-row query tiles, the backward on 64-row tiles, up to 103 KiB of dynamic
+// shared memory per block (sm_90).
+// Kernels: kernels/cuda/attention.cu (f32, f64), attention_tc_forward.cu and
+// attention_tc_backward.cu (bf16 and f16). Tests:
 // tests/cuda/cuda_attention_test.cpp (against the CPU), tests/kernels/online_softmax_test.cpp
 // (the shared math).
 #include <cstdint>
@@ -65,7 +67,7 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
 // factor: round(P Z)); every product
 // accumulates in f32 (scores, logsumexp, delta, accumulators); out, dq, dk, dv are rounded
 // once, at the end. Also bit-reproducible, no atomics; a fully masked row gives out = 0,
-// lse = -inf and no gradient. Needs sm_80 or newer with at least 121 KiB of shared memory
+// lse = -inf and no gradient. Needs sm_80 or newer with at least 103 KiB of shared memory
 // per block (nd::Error from cudaFuncSetAttribute otherwise).
 void scaled_dot_product_attention_forward(const BFloat16* q, const BFloat16* k, const BFloat16* v,
                                           AttentionMask<BFloat16> mask, int64_t B, int64_t H, int64_t Sq,

@@ -1,6 +1,6 @@
-// kernels/cuda/attention.cu and attention_tensor_core.cu in the emulator against
+// kernels/cuda/attention.cu and attention_tc_{forward,backward}.cu in the emulator against
 // kernels/cpu/attention.cpp: the f32 and f64 SIMT kernels and the bf16 and f16 tensor-core
-// kernels (forward on mma.sync/ldmatrix/cp.async, backward on WMMA), forward and backward,
+// kernels (mma.sync/ldmatrix/cp.async), forward and backward,
 // at the compiled head dims 32, 64, 128 and zero-padded ones (16, 40, 72), Sq and Sk off the
 // 64- and 128-row tiles,
 // causal (Sq < Sk and Sq > Sk), an additive mask broadcast over heads with -inf entries,

@@ -1,0 +1,116 @@
+// Internal to the bf16/f16 attention kernels (attention_tc_forward.cu, attention_tc_backward.cu):
+// what both need. The 16-bit device types (Tc16, Dev), the shared-memory carver, the tile
+// load (cp.async; plain stores for rows that are not 16-byte aligned), the score of one
+// (query, key) pair with its mask and causality (tc_score), the 16-wide block count that
+// skips padding, and the request for more than 48 KiB of dynamic shared memory. Like attention.cuh, everything sits
+// in an anonymous namespace: each .cu compiles its own copy.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/float16.h"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/warp_mma.cuh"
+
+namespace nd::kernels::cuda {
+
+namespace {
+
+// The device type of a 16-bit storage type S (BFloat16 or Half), and rounding to it: the
+// kernels below are written once for both, bf16 and f16 fragments having the same shapes,
+// layouts and ldm rules.
+template <class S>
+struct Tc16;
+template <>
+struct Tc16<BFloat16> {
+  using dev = __nv_bfloat16;
+  static __device__ dev round(float v) { return __float2bfloat16_rn(v); }
+  static __device__ dev from_bits(uint16_t b) { return __ushort_as_bfloat16(b); }
+};
+template <>
+struct Tc16<Half> {
+  using dev = __half;
+  static __device__ dev round(float v) { return __float2half_rn(v); }
+  static __device__ dev from_bits(uint16_t b) { return __ushort_as_half(b); }
+};
+template <class S>
+using Dev = typename Tc16<S>::dev;
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Carves consecutive regions out of the dynamic shared memory.
+struct SharedCarver {
+  unsigned char* next;
+  template <class T>
+  __device__ T* take(size_t bytes) {
+    T* p = reinterpret_cast<T*>(next);
+    next += bytes;
+    return p;
+  }
+};
+
+// The loads' path for rows that are not all 16-byte aligned (width % 8 != 0 or a misaligned
+// base): dst[r * (D + 8) + e] = src[(row0 + r) * width + e] for r < rows, e < width, 0 for the
+// rest of the [tile_rows][D] tile, element by element over `threads` threads.
+template <class S, int D>
+__device__ void tile_load_plain(Dev<S>* dst, const S* src, int64_t row0, int64_t rows, int64_t width, int tile_rows,
+                                int threads) {
+  for (int idx = threadIdx.x; idx < tile_rows * D; idx += threads) {
+    const int r = idx / D, e = idx % D;
+    dst[r * (D + 8) + e] = Tc16<S>::from_bits(r < rows && e < width ? src[(row0 + r) * width + e].bits : 0);
+  }
+}
+
+// dst[r * (D + 8) + e] = src[(row0 + r) * width + e] for r < rows, e < width, 0 for the rest of
+// the [tile_rows][D] tile (padding enters the products: it must be 0, not stale). With every
+// row 16-byte aligned through cp.async (16 bytes, zero-filled past the data; complete at this
+// thread's cp_async_wait_group, visible to the block after the __syncthreads that follows),
+// else plain stores (visible after that same __syncthreads). `threads` threads share the work.
+template <class S, int D>
+__device__ void tile_load_async(Dev<S>* dst, const S* src, int64_t row0, int64_t rows, int64_t width, int tile_rows,
+                                int threads) {
+  constexpr int ld = D + 8;
+  if (width % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    constexpr int kChunks = D / 8;
+    for (int idx = threadIdx.x; idx < tile_rows * kChunks; idx += threads) {
+      const int r = idx / kChunks, e = idx % kChunks * 8;
+      const bool in = r < rows && e < width;
+      cp_async_cg_16_zfill(dst + r * ld + e, in ? src + (row0 + r) * width + e : src, in ? 16 : 0);
+    }
+  } else {
+    tile_load_plain<S, D>(dst, src, row0, rows, width, tile_rows, threads);
+  }
+}
+
+// unit (scale dot + mask_ij), or -inf where key j may not be seen by query i or the row is
+// padding (valid == false). unit = 1 (the backward), or log2(e) (the forward's exp2): the
+// caller passes scale_unit = unit * scale.
+template <class S>
+__device__ float tc_score(const Problem<S>& p, const Head<S>& hd, float scale_unit, float unit, float dot, int64_t i,
+                          int64_t j, bool valid) {
+  if (!valid || !attention_allowed(i, j, p.Sk, p.is_causal)) return -INFINITY;
+  const float s = scale_unit * dot;
+  return hd.mask ? s + unit * to_compute(hd.mask[i * p.mask.stride_q + j * p.mask.stride_k]) : s;
+}
+
+// 16-wide blocks with a real row or column: work on padding is skipped block-uniformly (so
+// every mma.sync and ldmatrix stays warp-uniform): a tile's rows past the sequence's end and
+// head-dim columns past E or Ev are zero in shared memory, so their products add nothing;
+// score columns past the tile's last key (or query) get P = dS = 0, and whole 16-column
+// blocks of them are skipped. The MAE's short sequences (13 and 50 rows) gain most.
+__host__ __device__ constexpr int frags16(int64_t n) { return static_cast<int>((n + 15) / 16); }
+
+// The tensor-core kernels may take more than the default 48 KiB of dynamic shared memory
+// (FwdLayout: 30-102 KiB; BwdLayout: 30-103 KiB), which sm_90 grants on request.
+template <class Kernel>
+void allow_shared(Kernel kernel, size_t bytes, const char* name) {
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+        "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)", name);
+}
+}  // namespace
+
+}  // namespace nd::kernels::cuda
