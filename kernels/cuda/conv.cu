@@ -13,9 +13,10 @@
 // where fits_int32 allows (else the same kernels in 64-bit), with no division per element.
 // The walk saves im2col's buffer (kH*kW times the input) and the traffic to fill it. In
 // registers (bench/kernel_resources.md, int32 walks, before -> after): SIMT dgrad 176 / 186
-// (f32 / f64) -> 128 / 166 (f32: 2 blocks per SM again), wgrad 96 / 122 -> 60 / 122; WMMA
-// forward and dgrad 254 / 213 (bf16) -> 238 / 190, but WMMA wgrad 190 -> 254: its unrolled
-// 16-cell gathers now issue all their loads first (no spill; 2 blocks per SM either way).
+// (f32 / f64) -> 128 / 174 (f32: 1 -> 2 blocks per SM), f32 wgrad 96 -> 64 (2 -> 4 blocks);
+// WMMA forward 254 / 255 (bf16 / f16) -> 238 / 174, dgrad 213 / 210 -> 190 / 198, but WMMA
+// wgrad 190 / 183 -> 254 / 243: its unrolled 16-cell gathers now issue all their loads
+// first. No spill; the WMMA kernels stay at 2 blocks per SM. The int64 twins: 128-255.
 //
 // Strided dgrad (conv2d's input gradient, conv_transpose2d's forward) runs as stride_h *
 // stride_w GEMMs, one per phase of the input pixels (ih mod stride_h, iw mod stride_w):
