@@ -45,6 +45,9 @@
 // through the same walks, rounds each value to bf16 / f16 as it writes the shared tiles, multiplies 16x16x16
 // fragments into f32 accumulators, and goes back through a shared f32 tile to p.store, so
 // bias, groups and split-K are the accessors' business exactly as in the f32 kernel.
+// Not done: a cp.async pipeline for its tiles. The operands are f32 tensors rounded to
+// bf16 / f16 as they are gathered, and cp.async copies bytes: it needs double-buffered f32
+// staging tiles (past 48 KiB of static shared memory) and a rounding pass, or 16-bit tensors.
 //
 // Checked: every pass against kernels/cpu in the emulator (tests/emu/conv_emu_test.cpp:
 // partial tiles, groups, stride 2 and 3, dilation, padding, phases without taps,
