@@ -1,9 +1,10 @@
 #pragma once
 // The index math of conv2d as an implicit GEMM: which element of x, dy or w sits at
 // (row, depth) or (depth, column) of each pass's virtual GEMM operands, and where each
-// result goes. The CUDA kernels (kernels/cuda/conv.cu) tile these GEMMs in shared memory
-// and call nothing but the accessors below, so everything here that can be wrong except
-// the tiling runs on the CPU in tests/kernels/conv_index_test.cpp.
+// result goes. The CUDA kernels (kernels/cuda/conv.cu) tile these GEMMs in shared memory,
+// gather through conv_walk.h's division-free walks (tested to visit exactly the accessors'
+// elements below) and store through store(), so everything that can be wrong except the
+// tiling runs on the CPU in tests/kernels/conv_index_test.cpp.
 //
 // Per channel group g (one grid z-slice), with Cg = C_in/groups and Og = C_out/groups:
 //   forward  y  [M = N*OH*OW, Og]        = X [M, Cg*kH*kW] * W_g^T       (X gathered from x)

@@ -4,11 +4,19 @@
 // Why one kernel serves every pass: each pass is C_g = A_g * B_g per channel group, with
 // one operand gathered from an NCHW tensor (patches of x, or the dy pixels a dgrad tap
 // reaches) and the other the weight. implicit_gemm_kernel is a plain 64x64x16
-// shared-memory tile GEMM (256 threads, 4x4 results each) that asks the problem struct
-// for every tile element instead of reading a matrix, so zero padding, stride, dilation
-// and groups live in the accessors, which the CPU tests run, and not in the kernel. The
-// gather costs integer divisions per element; it saves im2col's buffer (kH*kW times the
-// input) and the traffic to fill it.
+// shared-memory tile GEMM (256 threads, 4x4 results each) that gathers every tile element
+// through the pass's walk (conv_walk.h) instead of reading a matrix, so zero padding,
+// stride, dilation and groups live in the walks and accessors, which the CPU tests run,
+// and not in the kernel. A gathering thread keeps one index of its cells fixed (a pixel row,
+// a column) and steps the other by a constant: it splits both into digits ((n, h, w),
+// (c, kh, kw)) once per tile and then advances them with carries, in 32-bit integers
+// where fits_int32 allows (else the same kernels in 64-bit), with no division per element.
+// The walk saves im2col's buffer (kH*kW times the input) and the traffic to fill it. In
+// registers (bench/kernel_resources.md, int32 walks, before -> after): SIMT dgrad 176 / 186
+// (f32 / f64) -> 128 / 174 (f32: 1 -> 2 blocks per SM), f32 wgrad 96 -> 64 (2 -> 4 blocks);
+// WMMA forward 254 / 255 (bf16 / f16) -> 238 / 174, dgrad 213 / 210 -> 190 / 198, but WMMA
+// wgrad 190 / 183 -> 254 / 243: its unrolled 16-cell gathers now issue all their loads
+// first. No spill; the WMMA kernels stay at 2 blocks per SM. The int64 twins: 128-255.
 //
 // Strided dgrad (conv2d's input gradient, conv_transpose2d's forward) runs as stride_h *
 // stride_w GEMMs, one per phase of the input pixels (ih mod stride_h, iw mod stride_w):
@@ -18,10 +26,8 @@
 // dimension: 75% at stride 2, the DCGAN case, where the cost model's tensor-core flops drop
 // from 117 to 34 MFLOP (bench/RESULTS.md "Cost model"). The phases are slices of one launch
 // (grid z), so the blocks of all phases share the SMs: one launch per phase would run four
-// quarter-size grids one after another. Its cost: a slice carries two DgradPhase, and the
-// dgrad instantiations grew from 116 / 124 registers (f32 / f64 SIMT) to 172 / 186, one
-// block per SM instead of two, and from 182 to 220 on the bf16 WMMA kernel (still two;
-// bench/kernel_resources.md). Shrinking that state (32-bit fields) is not done.
+// quarter-size grids one after another. Its cost: a slice carries two DgradPhase (the
+// 64-bit walk of the SIMT dgrad still needs 164 / 178 registers, one block per SM).
 //
 // Grid: x = row tiles, y = column tiles, z = (group, depth chunk, slice), each walked by a
 // grid-stride loop, so no size runs into gridDim.y/z <= 65535. A depth long against few
@@ -36,14 +42,17 @@
 // Mixed precision (ConvOperands::kBf16 / kF16, float only): tensor_core_gemm_kernel is the
 // same tiling on bf16 or f16 tensor cores through the documented WMMA API (the 16-bit type
 // is its template argument; both have the same fragment shapes and ldm rules). It gathers
-// the same accessors, rounds each value to bf16 / f16 as it writes the shared tiles, multiplies 16x16x16
+// through the same walks, rounds each value to bf16 / f16 as it writes the shared tiles, multiplies 16x16x16
 // fragments into f32 accumulators, and goes back through a shared f32 tile to p.store, so
 // bias, groups and split-K are the accessors' business exactly as in the f32 kernel.
+// Not done: a cp.async pipeline for its tiles. The operands are f32 tensors rounded to
+// bf16 / f16 as they are gathered, and cp.async copies bytes: it needs double-buffered f32
+// staging tiles (past 48 KiB of static shared memory) and a rounding pass, or 16-bit tensors.
 //
 // Checked: every pass against kernels/cpu in the emulator (tests/emu/conv_emu_test.cpp:
 // partial tiles, groups, stride 2 and 3, dilation, padding, phases without taps,
-// output_padding; the sanitizer on), the accessors and phases on the CPU
-// (tests/kernels/conv_index_test.cpp), bit-reproducibility and autocast in
+// output_padding; the sanitizer on), the accessors, phases and walks (every cell, both
+// index types) on the CPU (tests/kernels/conv_index_test.cpp), bit-reproducibility and autocast in
 // tests/cuda/cuda_conv_test.cpp on the emulated library. The phase split is not yet run on
 // a GPU: its speed is the cost model's estimate only.
 #include "kernels/cuda/conv.h"
@@ -57,6 +66,8 @@
 #include <type_traits>
 
 #include "kernels/common/conv_index.h"
+#include "kernels/common/conv_walk.h"
+#include "kernels/cuda/conv_gather.cuh"
 #include "kernels/cuda/row_reduce.cuh"
 #include "kernels/cuda/scratch.cuh"
 #include "kernels/cuda/strided.cuh"
@@ -79,9 +90,7 @@ constexpr int64_t kMaxGridX = int64_t(1) << 30, kMaxGridYZ = 65535;
 
 // f(fast, slow) for every cell of a Fast x Slow tile, by a block of Threads threads:
 // each thread keeps one `fast` index (neighbouring threads, neighbouring addresses) and
-// steps through `slow`, so what an accessor derives from the fixed index (a pixel's n, h,
-// w: integer divisions) can be computed once per thread and tile, not once per element
-// (see in_tile).
+// steps through `slow` (the stores of tensor_core_gemm_kernel).
 template <int Threads, int Fast, int Slow, class F>
 __device__ __forceinline__ void walk_tile(int tid, F&& f) {
   constexpr int step = Threads / Fast;
@@ -91,20 +100,13 @@ __device__ __forceinline__ void walk_tile(int tid, F&& f) {
   for (int i = 0; i < Slow / step; ++i) f(fast, first + i * step);
 }
 
-// Index i of a tile cell when i < end, else the tile's first index (first < end holds for
-// every tile a block walks). The gathers call the accessors on in_tile indices without a
-// branch and then zero the cells outside the problem: a call under a branch per cell keeps
-// the compiler from computing the fixed index's part once (it does not move an integer
-// division out of a branch: the divisor might be 0), an unconditional one lets it. Cells
-// outside the problem (edge tiles only) then load an element the tile holds anyway.
-__device__ __forceinline__ int64_t in_tile(int64_t i, int64_t end, int64_t first) { return i < end ? i : first; }
-
 // For every z = (group g, chunk s, slice), column tile and row tile of that slice sp:
 //   C_g[m, j] = sum_{k in chunk s} sp.a(g, m, k) * sp.b(g, k, j), stored by sp.store(g, s, m, j, .).
 // Thread (ty, tx) owns rows m0 + ty + 16*i and columns n0 + tx + 16*j (i, j < kMicro), so
 // a warp reads consecutive shared-memory words of Bs and one or two broadcast words of As.
+// The tiles are gathered by conv_gather.cuh's TileGather (I: the walk's index type).
 // Out-of-range rows, columns and depths load as 0 and are never stored.
-template <class T, class Problem>
+template <class T, class I, class Problem>
 __global__ void __launch_bounds__(kGemmThreads)
     implicit_gemm_kernel(Problem p, int64_t groups, int64_t splits, int64_t chunk) {
   __shared__ T As[kTileK][kTileM];
@@ -113,26 +115,18 @@ __global__ void __launch_bounds__(kGemmThreads)
   for (int64_t z = blockIdx.z; z < groups * splits * p.slices(); z += gridDim.z) {
     const int64_t g = z % groups, split = z / groups % splits;
     const auto& sp = p.slice(z / (groups * splits));
+    const auto wk = ci::walk<I>(sp);
+    conv_gather::TileGather<I, decltype(wk), kGemmThreads, kTileM, kTileK> gather(wk, g, tid);
     const int64_t M = sp.rows(), Ncols = sp.cols(), K = sp.depth();
     const int64_t m_tiles = (M + kTileM - 1) / kTileM, n_tiles = (Ncols + kTileN - 1) / kTileN;
     const int64_t k_begin = split * chunk, k_end = k_begin + chunk < K ? k_begin + chunk : K;
     for (int64_t nt = blockIdx.y; nt < n_tiles; nt += gridDim.y) {
       for (int64_t mt = blockIdx.x; mt < m_tiles; mt += gridDim.x) {
         const int64_t m0 = mt * kTileM, n0 = nt * kTileN;
+        gather.tile(m0, n0, k_begin, k_end, M, Ncols);
         T acc[kMicro][kMicro] = {};
         for (int64_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
-          // A row-fastest (neighbouring threads read neighbouring pixels in forward and
-          // dgrad), B column-fastest; each thread keeps its row (column) for the step.
-          walk_tile<kGemmThreads, kTileM, kTileK>(tid, [&](int ml, int kl) {
-            const int64_t m = m0 + ml, k = k0 + kl;
-            const T v = sp.a(g, in_tile(m, M, m0), in_tile(k, k_end, k0));
-            As[kl][ml] = m < M && k < k_end ? v : T(0);
-          });
-          walk_tile<kGemmThreads, kTileN, kTileK>(tid, [&](int jl, int kl) {
-            const int64_t j = n0 + jl, k = k0 + kl;
-            const T v = sp.b(g, in_tile(k, k_end, k0), in_tile(j, Ncols, n0));
-            Bs[kl][jl] = j < Ncols && k < k_end ? v : T(0);
-          });
+          gather.fill(k0, As, Bs);
           __syncthreads();
 #pragma unroll
           for (int kk = 0; kk < kTileK; ++kk) {
@@ -149,8 +143,9 @@ __global__ void __launch_bounds__(kGemmThreads)
           }
           __syncthreads();  // the next tile overwrites As and Bs
         }
-        // A tile inside the problem stores every cell without a branch per cell (in_tile's
-        // reasoning): a row's pixel is then derived once, not once per column. (Not in
+        // A tile inside the problem stores every cell without a branch per cell: the compiler
+        // then derives a row's pixel (integer divisions) once, not once per column; it does
+        // not move a division out of a branch (the divisor might be 0). (Not in
         // tensor_core_gemm_kernel: there it took forward from 128 registers to 231.)
         const auto store_tile = [&](auto checked) {
 #pragma unroll
@@ -203,18 +198,9 @@ constexpr bool kPixelRows = true;
 template <class T>
 constexpr bool kPixelRows<ci::WgradGemm<T>> = false;
 
-// An f32 value as the 16-bit operand type E (__nv_bfloat16 or __half), nearest even.
-template <class E>
-__device__ E to_operand(float v) {
-  if constexpr (std::is_same_v<E, __half>)
-    return __float2half_rn(v);
-  else
-    return __float2bfloat16_rn(v);
-}
-
 // At least 1 block per SM, said explicitly: without it ptxas settled at 128 registers and
 // spilled in the wgrad variants (bench/kernel_resources.sh fails on any spill).
-template <class E, class Problem>
+template <class E, class I, class Problem>
 __global__ void __launch_bounds__(kTcThreads, 1)
     tensor_core_gemm_kernel(Problem p, int64_t groups, int64_t splits, int64_t chunk) {
   constexpr bool pixel_rows = kPixelRows<Problem>;
@@ -234,6 +220,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   for (int64_t z = blockIdx.z; z < groups * splits * p.slices(); z += gridDim.z) {
     const int64_t g = z % groups, split = z / groups % splits;
     const auto& sp = p.slice(z / (groups * splits));
+    const auto wk = ci::walk<I>(sp);
+    conv_gather::TensorCoreGather<E, I, decltype(wk), pixel_rows, kTcThreads, kTileM, kTcTileK> gather(wk, g, tid);
     const int64_t M = sp.rows(), Ncols = sp.cols(), K = sp.depth();
     const int64_t m_tiles = (M + kTileM - 1) / kTileM, n_tiles = (Ncols + kTileN - 1) / kTileN;
     const int64_t k_begin = split * chunk, k_end = k_begin + chunk < K ? k_begin + chunk : K;
@@ -245,34 +233,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         for (int i = 0; i < 2; ++i)
 #pragma unroll
           for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+        gather.tile(m0, n0, k_begin, k_end, M, Ncols);
         for (int64_t k0 = k_begin; k0 < k_end; k0 += kTcTileK) {
-          // Forward and dgrad call the accessors on in_tile indices (see there); wgrad keeps
-          // the branch per cell: unconditional calls took it from 128 registers to 168 (3
-          // blocks of 128 threads per SM instead of 4).
-          const auto gather_a = [&](int ml, int kl) {
-            const int64_t m = m0 + ml, k = k0 + kl;
-            const bool in = m < M && k < k_end;
-            float v = 0.0f;
-            if constexpr (pixel_rows)
-              v = sp.a(g, in_tile(m, M, m0), in_tile(k, k_end, k0));
-            else if (in)
-              v = sp.a(g, m, k);
-            As[a_at(ml, kl)] = to_operand<E>(in ? v : 0.0f);
-          };
-          if constexpr (pixel_rows)
-            walk_tile<kTcThreads, kTileM, kTcTileK>(tid, gather_a);
-          else
-            walk_tile<kTcThreads, kTcTileK, kTileM>(tid, [&](int kl, int ml) { gather_a(ml, kl); });
-          walk_tile<kTcThreads, kTcTileK, kTileN>(tid, [&](int kl, int jl) {
-            const int64_t j = n0 + jl, k = k0 + kl;
-            const bool in = j < Ncols && k < k_end;
-            float v = 0.0f;
-            if constexpr (pixel_rows)
-              v = sp.b(g, in_tile(k, k_end, k0), in_tile(j, Ncols, n0));
-            else if (in)
-              v = sp.b(g, k, j);
-            Bs[b_at(kl, jl)] = to_operand<E>(in ? v : 0.0f);
-          });
+          gather.fill(k0, As, Bs, a_at, b_at);
           __syncthreads();
 #pragma unroll
           for (int kk = 0; kk < kTcTileK; kk += kFrag) {
@@ -320,9 +283,10 @@ void require_operands(const char* kernel, ConvOperands operands) {
           "expected f32 tensors for bf16 or f16 operands (mixed precision), found f64");
 }
 
-template <class T, class Problem>
-void launch_gemm(const char* kernel, const Problem& p, int64_t groups, ci::SplitK split, ConvOperands operands,
-                 cudaStream_t stream) {
+// The kernels for index type I (conv_walk.h): int32_t where fits_int32 says the conv allows.
+template <class T, class I, class Problem>
+void launch_gemm_as(const char* kernel, const Problem& p, int64_t groups, ci::SplitK split, ConvOperands operands,
+                    cudaStream_t stream) {
   // Slice 0 has the most rows (conv_index.h); the blocks past a smaller slice's tiles idle there.
   const int64_t m_tiles = (p.rows() + kTileM - 1) / kTileM, n_tiles = (p.cols() + kTileN - 1) / kTileN;
   const dim3 grid(static_cast<unsigned>(std::min(m_tiles, kMaxGridX)),
@@ -330,17 +294,28 @@ void launch_gemm(const char* kernel, const Problem& p, int64_t groups, ci::Split
                   static_cast<unsigned>(std::min(groups * split.splits * p.slices(), kMaxGridYZ)));
   if constexpr (std::is_same_v<T, float>) {
     if (operands == ConvOperands::kBf16) {
-      tensor_core_gemm_kernel<__nv_bfloat16, Problem>
+      tensor_core_gemm_kernel<__nv_bfloat16, I, Problem>
           <<<grid, kTcThreads, 0, stream>>>(p, groups, split.splits, split.chunk);
       return check_launch(kernel);
     }
     if (operands == ConvOperands::kF16) {
-      tensor_core_gemm_kernel<__half, Problem><<<grid, kTcThreads, 0, stream>>>(p, groups, split.splits, split.chunk);
+      tensor_core_gemm_kernel<__half, I, Problem>
+          <<<grid, kTcThreads, 0, stream>>>(p, groups, split.splits, split.chunk);
       return check_launch(kernel);
     }
   }
-  implicit_gemm_kernel<T, Problem><<<grid, kGemmThreads, 0, stream>>>(p, groups, split.splits, split.chunk);
+  implicit_gemm_kernel<T, I, Problem><<<grid, kGemmThreads, 0, stream>>>(p, groups, split.splits, split.chunk);
   check_launch(kernel);
+}
+
+// A walk's indices overhang the problem by less than a tile and a step (edge tiles).
+constexpr int64_t kIndexMargin = 2 * kTileM;
+
+template <class T, class Problem>
+void launch_gemm(const char* kernel, const Problem& p, int64_t groups, ci::SplitK split, ConvOperands operands,
+                 cudaStream_t stream) {
+  if (ci::fits_int32(p.q, kIndexMargin)) return launch_gemm_as<T, int32_t>(kernel, p, groups, split, operands, stream);
+  launch_gemm_as<T, int64_t>(kernel, p, groups, split, operands, stream);
 }
 
 // out[i] = sum_{s < splits} partial[s*size + i], added in order s = 0, 1, ...

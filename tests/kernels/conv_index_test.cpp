@@ -4,7 +4,8 @@
 // positions (the coordinate formula of kernels/cpu/conv.h written out again); (3) the
 // problems summed the way implicit_gemm_kernel sums them (per group, per depth chunk in
 // order, then chunks in order) against kernels/cpu/conv.h, with outputs poisoned by NaN
-// so a position no store reaches fails. Shapes: odd sizes, stride 2 and 3, dilation 2,
+// so a position no store reaches fails; (4) conv_walk.h's walks (the CUDA kernels' gathers)
+// against the accessors, at 32- and 64-bit indices. Shapes: odd sizes, stride 2 and 3, dilation 2,
 // padding, groups, 1x1, stride larger than the kernel, and conv_transpose2d's as_conv().
 #include <doctest/doctest.h>
 
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "kernels/common/conv_index.h"
+#include "kernels/common/conv_walk.h"
 #include "kernels/cpu/conv.h"
 
 namespace ci = nd::kernels::conv_index;
@@ -330,4 +332,79 @@ TEST_CASE("conv_index: split_depth covers the depth with whole-tile chunks, fixe
         CHECK((again.splits == k.splits && again.chunk == k.chunk));
       }
   CHECK(ci::split_depth(3136, 8, 16, 256, 512).splits == 12);  // DCGAN D layer 2 at batch 64: 7x7 maps
+}
+
+namespace {
+
+template <class I>
+bool same_digits(const ci::Digits<I>& a, const ci::Digits<I>& b) {
+  return a.hi == b.hi && a.mid == b.mid && a.lo == b.lo;
+}
+
+// conv_walk.h's walk of one problem (slice) against its accessors: (a) each axis walked from
+// any first index by the kernels' steps (2, 4, 32) and others (1, 3, 16: carries into both
+// digits at once) past its end equals the digits split directly; (b) for every cell, the
+// address the walk gives holds the accessor's value and lies inside its tensor, and nullptr
+// stands exactly where the accessor reads 0 (the operands hold no 0).
+template <class I, class Problem>
+void check_walk(const Problem& p, int64_t groups, const Vec& a_src, const Vec& b_src) {
+  const auto wk = ci::walk<I>(p);
+  const std::pair<ci::Radix<I>, int64_t> axes[] = {{wk.rows, p.rows()}, {wk.depth, p.depth()}, {wk.cols, p.cols()}};
+  for (const auto& [radix, size] : axes)
+    for (const I step : {1, 2, 3, 4, 16, 32})
+      for (I first = 0; first < std::min<I>(I(size), 40); ++first) {
+        ci::Digits<I> d = radix.digits(first);
+        const ci::Digits<I> by = radix.digits(step);
+        for (I index = first; index < I(size) + 2 * step; index += step, radix.advance(d, by))
+          REQUIRE_MESSAGE(same_digits(d, radix.digits(index)), "index ", index, " walked from ", first, " by ", step);
+      }
+  const auto check_cell = [](const double* got, double want, const Vec& src) {
+    if (want == 0.0) return got == nullptr;
+    return got != nullptr && got >= src.data() && got < src.data() + src.size() && *got == want;
+  };
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t k = 0; k < p.depth(); ++k) {
+      const ci::Digits<I> kd = wk.depth.digits(I(k));
+      for (int64_t m = 0; m < p.rows(); ++m)
+        REQUIRE_MESSAGE(check_cell(wk.a(I(g), wk.rows.digits(I(m)), kd), p.a(g, m, k), a_src), "A ", m, ", ", k);
+      for (int64_t j = 0; j < p.cols(); ++j)
+        REQUIRE_MESSAGE(check_cell(wk.b(I(g), kd, wk.cols.digits(I(j))), p.b(g, k, j), b_src), "B ", k, ", ", j);
+    }
+}
+
+template <class I>
+void check_walks(const Conv2dShape& s) {
+  CAPTURE(describe(s));
+  const ci::Geometry q = ci::geometry(s);
+  const Vec x = random_vec(s.N * s.C_in * s.H * s.W, 12), w = random_vec(s.C_out * q.Cg * s.kH * s.kW, 13);
+  const Vec dy = random_vec(s.N * s.C_out * q.OH * q.OW, 14);
+  check_walk<I>(ci::ForwardGemm<double>{q, x.data(), w.data(), nullptr, nullptr}, s.groups, x, w);
+  check_walk<I>(ci::WgradGemm<double>{q, x.data(), dy.data(), nullptr}, s.groups, dy, x);
+  const auto dgrad = ci::dgrad_gemm<double>(q, dy.data(), w.data(), nullptr, nullptr);
+  for (int64_t slice = 0; slice < dgrad.slices(); ++slice) check_walk<I>(dgrad.slice(slice), s.groups, dy, w);
+}
+
+}  // namespace
+
+TEST_CASE("conv_index: the walks of conv_walk.h visit exactly the accessors' elements (int32 and int64)") {
+  std::vector<Conv2dShape> shapes = kShapes;
+  for (const ConvTranspose2dShape& t : {ConvTranspose2dShape{2, 4, 7, 5, 6, 4, 3, {2, 2}, {1, 0}, {1, 1}, {1, 1}, 2},
+                                        ConvTranspose2dShape{1, 3, 4, 4, 2, 3, 3, {3, 3}, {0, 1}, {1, 2}, {2, 2}, 1}})
+    shapes.push_back(t.as_conv());  // output_padding, conv_transpose2d's geometry
+  for (const Conv2dShape& s : shapes) {
+    check_walks<int32_t>(s);
+    check_walks<int64_t>(s);
+  }
+}
+
+TEST_CASE("conv_index: fits_int32 holds while every tensor, index and coordinate fits in int32_t") {
+  Conv2dShape s{2, 64, 56, 56, 128, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1};
+  CHECK(ci::fits_int32(ci::geometry(s), 128));
+  s.N = 8192;  // x: 8192 * 64 * 56^2 = 1.6e9 elements fit; y: 8192 * 128 * 56^2 = 3.3e9 do not
+  CHECK_FALSE(ci::fits_int32(ci::geometry(s), 128));
+  s = {1, 1, 46340, 46340, 1, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1};  // 2147395600 elements: 88047 below the limit
+  CHECK(ci::fits_int32(ci::geometry(s), 0));
+  CHECK_FALSE(ci::fits_int32(ci::geometry(s), 88048));  // the rows' overhang past the end does not fit
+  s = {1, 1, 8, 8, 1, 1, 1, {int64_t(1) << 30, 1}, {0, 0}, {1, 1}, 1};  // coordinates h * stride overflow
+  CHECK_FALSE(ci::fits_int32(ci::geometry(s), 128));
 }

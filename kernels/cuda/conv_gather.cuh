@@ -1,0 +1,143 @@
+#pragma once
+// How conv.cu's two GEMM kernels fill their shared A and B tiles, one depth step at a time,
+// from a pass's walk (kernels/common/conv_walk.h, whose CPU test checks that a walk visits
+// exactly the accessors' elements). Why a walk: conv_index.h's accessors split every index
+// into digits with 64-bit divisions; here each thread splits the indices it keeps fixed
+// once per tile and steps the other with carries, in 32-bit integers where the launcher's
+// fits_int32 allowed (I = int32_t). A cell outside the problem (an edge tile's overhang)
+// or in the padding loads 0; its address may be computed (I's unsigned wrap) but is never read.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/common/conv_walk.h"
+
+namespace nd::kernels::cuda::conv_gather {
+
+namespace ci = kernels::conv_index;
+
+// *src, or 0 for no element.
+template <class T>
+__device__ __forceinline__ T load_or_zero(const T* src) {
+  return src ? *src : T(0);
+}
+
+// An f32 value as the 16-bit operand type E (__nv_bfloat16 or __half), nearest even.
+template <class E>
+__device__ E to_operand(float v) {
+  if constexpr (std::is_same_v<E, __half>)
+    return __float2half_rn(v);
+  else
+    return __float2bfloat16_rn(v);
+}
+
+// implicit_gemm_kernel's gather: Threads threads fill a Depth x Tile tile of A (As[k][m])
+// and one of B (Bs[k][j]) per depth step. Thread tid fills cell lane = tid % Tile of rows
+// first + Step*i (i < Depth / Step): neighbouring threads read neighbouring pixels (forward,
+// dgrad) or weights. Its row m0 + lane and column n0 + lane are split into digits once per
+// tile; its depth walks on by Step, from one depth step into the next without a restart.
+template <class I, class Walk, int Threads, int Tile, int Depth>
+struct TileGather {
+  static constexpr int kStep = Threads / Tile;
+  static_assert(Threads % Tile == 0 && Depth % kStep == 0, "the threads tile the tile exactly");
+  const Walk& wk;
+  I g;
+  int lane, first;
+  ci::Digits<I> by, row, col, depth;
+  bool row_in, col_in;
+  int64_t k_end;
+
+  __device__ TileGather(const Walk& walk, int64_t group, int tid)
+      : wk(walk), g(I(group)), lane(tid % Tile), first(tid / Tile), by(walk.depth.digits(kStep)) {}
+
+  // The tile of rows m0.., columns n0.. and depths [k_begin, k_end) of an M x Ncols problem.
+  __device__ void tile(int64_t m0, int64_t n0, int64_t k_begin, int64_t k_stop, int64_t M, int64_t Ncols) {
+    row_in = m0 + lane < M, col_in = n0 + lane < Ncols, k_end = k_stop;
+    row = wk.rows.digits(I(m0 + lane)), col = wk.cols.digits(I(n0 + lane));
+    depth = wk.depth.digits(I(k_begin + first));
+  }
+
+  // As[kl][lane] = A[m0 + lane, k0 + kl] and Bs[kl][lane] = B[k0 + kl, n0 + lane].
+  template <class T>
+  __device__ void fill(int64_t k0, T (&As)[Depth][Tile], T (&Bs)[Depth][Tile]) {
+#pragma unroll
+    for (int i = 0; i < Depth / kStep; ++i) {
+      const int kl = first + i * kStep;
+      const bool k_in = k0 + kl < k_end;
+      As[kl][lane] = load_or_zero(row_in && k_in ? wk.a(g, row, depth) : nullptr);
+      Bs[kl][lane] = load_or_zero(col_in && k_in ? wk.b(g, depth, col) : nullptr);
+      wk.depth.advance(depth, by);
+    }
+  }
+};
+
+// tensor_core_gemm_kernel's gather, rounding to E as it stores; a_at(m, k) and b_at(k, j)
+// are the shared tiles' layouts. B (and wgrad's A, whose depth is its pixels) is gathered
+// depth-fastest: thread tid holds depth k0 + lane_k (lane_k = tid % Depth, on by Depth each
+// step) and walks the columns (rows) n0 + first_j + StepJ*i from digits split once per tile.
+// PixelRows (forward, dgrad): A row-fastest, thread tid holds row m0 + lane_m (lane_m =
+// tid % Tile) and walks depths first_k + StepK*i on by StepK, like TileGather.
+template <class E, class I, class Walk, bool PixelRows, int Threads, int Tile, int Depth>
+struct TensorCoreGather {
+  static constexpr int kStepK = Threads / Tile, kStepJ = Threads / Depth;
+  static_assert(Threads % Tile == 0 && Threads % Depth == 0 && Depth % kStepK == 0 && Tile % kStepJ == 0,
+                "the threads tile the tiles exactly");
+  const Walk& wk;
+  I g;
+  int lane_m, first_k, lane_k, first_j;
+  ci::Digits<I> by_k, by_depth, by_j_rows, by_j_cols;
+  ci::Digits<I> row, depth_a, depth, rows_first, cols_first;
+  int64_t m0, n0, k_end, M, Ncols;
+
+  __device__ TensorCoreGather(const Walk& walk, int64_t group, int tid)
+      : wk(walk), g(I(group)), lane_m(tid % Tile), first_k(tid / Tile), lane_k(tid % Depth), first_j(tid / Depth),
+        by_k(walk.depth.digits(kStepK)), by_depth(walk.depth.digits(Depth)), by_j_rows(walk.rows.digits(kStepJ)),
+        by_j_cols(walk.cols.digits(kStepJ)) {}
+
+  __device__ void tile(int64_t tile_m0, int64_t tile_n0, int64_t k_begin, int64_t k_stop, int64_t rows,
+                       int64_t cols) {
+    m0 = tile_m0, n0 = tile_n0, k_end = k_stop, M = rows, Ncols = cols;
+    if constexpr (PixelRows) {
+      row = wk.rows.digits(I(m0 + lane_m));
+      depth_a = wk.depth.digits(I(k_begin + first_k));
+    } else {
+      rows_first = wk.rows.digits(I(m0 + first_j));
+    }
+    cols_first = wk.cols.digits(I(n0 + first_j));
+    depth = wk.depth.digits(I(k_begin + lane_k));
+  }
+
+  template <class AAt, class BAt>
+  __device__ void fill(int64_t k0, E* As, E* Bs, AAt a_at, BAt b_at) {
+    const bool k_in = k0 + lane_k < k_end;
+    if constexpr (PixelRows) {
+#pragma unroll
+      for (int i = 0; i < Depth / kStepK; ++i) {
+        const int kl = first_k + i * kStepK;
+        const bool in = m0 + lane_m < M && k0 + kl < k_end;
+        As[a_at(lane_m, kl)] = to_operand<E>(load_or_zero(in ? wk.a(g, row, depth_a) : nullptr));
+        wk.depth.advance(depth_a, by_k);
+      }
+    } else {
+      ci::Digits<I> m = rows_first;
+#pragma unroll
+      for (int i = 0; i < Tile / kStepJ; ++i) {
+        const int ml = first_j + i * kStepJ;
+        As[a_at(ml, lane_k)] = to_operand<E>(load_or_zero(m0 + ml < M && k_in ? wk.a(g, m, depth) : nullptr));
+        wk.rows.advance(m, by_j_rows);
+      }
+    }
+    ci::Digits<I> j = cols_first;
+#pragma unroll
+    for (int i = 0; i < Tile / kStepJ; ++i) {
+      const int jl = first_j + i * kStepJ;
+      Bs[b_at(lane_k, jl)] = to_operand<E>(load_or_zero(n0 + jl < Ncols && k_in ? wk.b(g, depth, j) : nullptr));
+      wk.cols.advance(j, by_j_cols);
+    }
+    wk.depth.advance(depth, by_depth);
+  }
+};
+
+}  // namespace nd::kernels::cuda::conv_gather
