@@ -514,6 +514,7 @@ void warp_synced() {
 }
 
 void atomic_access(const void* p, size_t n) { on_access(p, n, kAtomic); }
+void vector_access(const void* p, size_t n, bool write) { aligned_access(p, n, write ? kWrite : kRead); }
 
 unsigned char* static_shared(const void* tag, size_t bytes, size_t align, const char* name) {
   std::lock_guard lock(L.mutex);

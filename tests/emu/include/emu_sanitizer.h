@@ -46,6 +46,9 @@ void leave_thread();
 void block_barrier_opens();  // by the last thread to reach __syncthreads, before the others go on
 void warp_synced();          // after __syncwarp: this lane's accesses before it precede its warp's after it
 void atomic_access(const void* p, size_t n);
+// A vector type (float4, double2, ...) copied whole (emu_core.h): one naturally aligned
+// access of n bytes, checked for alignment and counted by the cost model as one.
+void vector_access(const void* p, size_t n, bool write);
 // A `__shared__` declaration (emu_rewrite): the array's place in this block's arena. Every
 // thread calls it; the first call of a block places the array.
 unsigned char* static_shared(const void* tag, size_t bytes, size_t align, const char* name);
