@@ -1,11 +1,11 @@
 #pragma once
 // The emulator's sanitizer: what compute-sanitizer (racecheck, memcheck, initcheck,
-// synccheck) would report on a GPU, seen on the CPU. Runtime in tests/emu/emu_sanitizer.cpp;
+// synccheck) would report on a GPU, seen on the CPU. Runtime in tests/emu/emu_sanitizer*.cpp and emu_access_hooks.cpp;
 // what each detector sees and what it cannot is in tests/emu/README.md ("The sanitizer").
 //
 // How it sees memory: the rewritten kernels (nanoddp_emu_kernels) are compiled with
 // -fsanitize=thread but NOT linked with ThreadSanitizer's runtime: every load and store of
-// kernel code calls __tsan_readN / __tsan_writeN, which emu_sanitizer.cpp defines. Those
+// kernel code calls __tsan_readN / __tsan_writeN, which emu_access_hooks.cpp defines. Those
 // hooks ignore everything outside a kernel thread, the thread's own stack and memory
 // nobody tracks, and check:
 // - shared memory: every `__shared__` array and the launch's dynamic shared memory live in
