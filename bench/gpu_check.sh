@@ -12,6 +12,8 @@
 # cuda_tests_more.log), bench_kernels.txt (both benchmarks' tables and messages) and
 # bench_kernels.jsonl (every JSON row: ours, the baselines, then impl "pytorch", then ours
 # again with "baseline":"pytorch" and the ratio, from bench_kernels_torch.py --join, then
+# impl "measured_vs_model" (bench_kernels' "model" rows beside the cost model's estimates of
+# bench/cost_model.jsonl, from bench/model_join.py, its table in bench_kernels.txt), then
 # the train_step rows of bench_train and bench_train_torch.py, whose tables also go to
 # bench_kernels.txt).
 # Budget: well inside 8 minutes. Every phase has its own timeout, and no phase runs past
@@ -195,6 +197,19 @@ join_rows() {
 }
 if grep -q '"impl":"pytorch"' "$BENCH_JSON" && grep -q '"impl":"\(nd\|cuda\)::' "$BENCH_JSON"; then
   run_bench "ours vs pytorch" 30 join_rows python3 bench/bench_kernels_torch.py --join "$BENCH_JSON"
+fi
+
+# Measured next to estimated: the cost model's rows (bench/cost_model.jsonl, the emulator's
+# estimates, committed: building the emulator here would cost minutes) beside bench_kernels'
+# "model" rows of the same (op, shape, dtype), GPU / model per row (bench/model_join.py;
+# pure Python, so the dry run joins too and reports the rows as not measured).
+model_rows() {
+  local o
+  o=$(cat)
+  echo "$(grep -c '"measured_over_model":[0-9]' <<<"$o") of $(grep -c '^{' <<<"$o") model rows measured"
+}
+if [ -f bench/cost_model.jsonl ]; then
+  run_bench "measured vs model" 30 model_rows python3 bench/model_join.py bench/cost_model.jsonl "$BENCH_JSON"
 fi
 
 # Training steps on the GPU, ours and PyTorch eager side by side (f32, the models and
