@@ -3,7 +3,8 @@
 # prints the GPU and toolkit, builds the CUDA targets (or reuses a carried build dir),
 # runs every CUDA test (ctest: tests/cuda/*, and collectives_test's NCCL case at world
 # size 1), then bench_kernels and (when torch sees the GPU) its PyTorch twin
-# bench_kernels_torch.py, then bench_train --device cuda and bench_train_torch.py --device
+# bench_kernels_torch.py, then the cost model's estimates beside bench_kernels' "model"
+# rows (bench/model_join.py), then bench_train --device cuda and bench_train_torch.py --device
 # cuda (training steps of the DCGAN and the MAE, ours vs PyTorch eager, in f32 and under
 # --amp bf16), then each CUDA test binary again with full doctest output, and prints a
 # short table last.
