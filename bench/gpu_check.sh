@@ -201,7 +201,8 @@ if grep -q '"impl":"pytorch"' "$BENCH_JSON" && grep -q '"impl":"\(nd\|cuda\)::' 
 fi
 
 # Measured next to estimated: the cost model's rows (bench/cost_model.jsonl, the emulator's
-# estimates, committed: building the emulator here would cost minutes) beside bench_kernels'
+# estimates, committed: the emulator's build and run would take from the CUDA build's budget;
+# GPU.md) beside bench_kernels'
 # "model" rows of the same (op, shape, dtype), GPU / model per row (bench/model_join.py;
 # pure Python, so the dry run joins too and reports the rows as not measured).
 model_rows() {
