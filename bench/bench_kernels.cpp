@@ -26,6 +26,9 @@
 //       SDPA on f16 tensors (no target; f16 autocast with GradScaler).
 //   matmul                           vs raw cublasSgemm (a sanity check: ratio ~ 1).
 //   copy 1 GiB                       the engine's copy_ vs cudaMemcpyAsync (the ceiling).
+//   model                            the cost model's rows (cost_model_rows.h): the launchers
+//                                    nanoddp_emu_cost_model estimates, at its shapes, keyed
+//                                    as it keys them; bench/model_join.py puts the two side by side.
 //   h2d 64 MiB                       host -> device: to(cuda) of pageable memory (staged)
 //                                    and of a pinned tensor (non_blocking) vs cudaMemcpyAsync
 //                                    from pinned memory.
@@ -59,6 +62,7 @@
 
 #ifdef NANODDP_WITH_CUDA
 #include "cuda_baselines.h"
+#include "cost_model_rows.h"
 #include "cuda_timing.h"
 #include "kernels/cuda/attention.h"
 #endif
@@ -382,6 +386,7 @@ struct Family {
   void (*run)(Context&);
 };
 const Family kFamilies[] = {
+    {"model", [](Context& c) { bench_model_rows(c.bench); }},  // first: small, and what gpu_check joins
     {"copy", bench_copy},
     {"h2d", bench_h2d},
     {"matmul", bench_matmul},
@@ -431,7 +436,7 @@ int main(int argc, char** argv) {
       std::printf(
           "usage: bench_kernels [--device cuda[:N]] [NAME...]\n"
           "Times our CUDA ops against cuDNN / cuBLAS / cudaMemcpy; prints JSON lines and a table.\n"
-          "NAME: copy h2d matmul conv2d conv_transpose2d batch_norm layer_norm adamw attention (default: all)\n");
+          "NAME: model copy h2d matmul conv2d conv_transpose2d batch_norm layer_norm adamw attention (default: all)\n");
       return 0;
     }
     if (arg == "--device" && i + 1 < argc)

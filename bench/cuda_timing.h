@@ -96,6 +96,7 @@ class Bench {
   Bench& operator=(const Bench&) = delete;
 
   cudaStream_t stream() const { return stream_; }
+  int device() const { return device_; }
   nd::TensorOptions options() const { return nd::TensorOptions(nd::Device(nd::kCUDA, device_)); }
   const std::vector<Row>& rows() const { return rows_; }
 

@@ -3,7 +3,8 @@
 # prints the GPU and toolkit, builds the CUDA targets (or reuses a carried build dir),
 # runs every CUDA test (ctest: tests/cuda/*, and collectives_test's NCCL case at world
 # size 1), then bench_kernels and (when torch sees the GPU) its PyTorch twin
-# bench_kernels_torch.py, then bench_train --device cuda and bench_train_torch.py --device
+# bench_kernels_torch.py, then the cost model's estimates beside bench_kernels' "model"
+# rows (bench/model_join.py), then bench_train --device cuda and bench_train_torch.py --device
 # cuda (training steps of the DCGAN and the MAE, ours vs PyTorch eager, in f32 and under
 # --amp bf16), then each CUDA test binary again with full doctest output, and prints a
 # short table last.
@@ -12,6 +13,8 @@
 # cuda_tests_more.log), bench_kernels.txt (both benchmarks' tables and messages) and
 # bench_kernels.jsonl (every JSON row: ours, the baselines, then impl "pytorch", then ours
 # again with "baseline":"pytorch" and the ratio, from bench_kernels_torch.py --join, then
+# impl "measured_vs_model" (bench_kernels' "model" rows beside the cost model's estimates of
+# bench/cost_model.jsonl, from bench/model_join.py, its table in bench_kernels.txt), then
 # the train_step rows of bench_train and bench_train_torch.py, whose tables also go to
 # bench_kernels.txt).
 # Budget: well inside 8 minutes. Every phase has its own timeout, and no phase runs past
@@ -195,6 +198,20 @@ join_rows() {
 }
 if grep -q '"impl":"pytorch"' "$BENCH_JSON" && grep -q '"impl":"\(nd\|cuda\)::' "$BENCH_JSON"; then
   run_bench "ours vs pytorch" 30 join_rows python3 bench/bench_kernels_torch.py --join "$BENCH_JSON"
+fi
+
+# Measured next to estimated: the cost model's rows (bench/cost_model.jsonl, the emulator's
+# estimates, committed: the emulator's build and run would take from the CUDA build's budget;
+# GPU.md) beside bench_kernels'
+# "model" rows of the same (op, shape, dtype), GPU / model per row (bench/model_join.py;
+# pure Python, so the dry run joins too and reports the rows as not measured).
+model_rows() {
+  local o
+  o=$(cat)
+  echo "$(grep -c '"measured_over_model":[0-9]' <<<"$o") of $(grep -c '^{' <<<"$o") model rows measured"
+}
+if [ -f bench/cost_model.jsonl ]; then
+  run_bench "measured vs model" 30 model_rows python3 bench/model_join.py bench/cost_model.jsonl "$BENCH_JSON"
 fi
 
 # Training steps on the GPU, ours and PyTorch eager side by side (f32, the models and

@@ -71,11 +71,38 @@ __global__ void wmma_tile(float* out) {
   wmma::store_matrix_sync(out, c, 16, wmma::mem_row_major);
 }
 
+// One float4 in and one float4 out per thread, the fused optimizer's VectorIO form (fields
+// taken apart, a new float4 stored). On the GPU each is one 16-byte access (LDG.128 /
+// STG.128): a warp moves 512 bytes = 16 sectors each way per instruction, 4 sectors per 128
+// useful bytes, as the scalar copy. The host compiler splits the copy into four 4-byte
+// accesses; counted as four warp instructions of 16-byte stride they would cost 16 sectors
+// each (16 per 128 useful bytes): the emulator's vector types report one access (emu_core.h).
+// Then the same through shared memory: lane l stores 16 bytes at word 4 l (4 wavefronts, the
+// hardware's quarter-warp phases) and reads them back.
+__global__ void float4_copy(const float4* in, float4* out, int n) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= n) return;
+  const float4 q = in[i];
+  out[i] = make_float4(2 * q.x, 2 * q.y, 2 * q.z, 2 * q.w);
+}
+__global__ void float4_shared(float4* out) {
+  __shared__ float4 cells[32];
+  const int lane = int(threadIdx.x);
+  cells[lane] = make_float4(float(lane), 1, 2, 3);
+  __syncwarp();
+  const float4 q = cells[lane];
+  out[lane] = make_float4(q.x, q.y, q.z, q.w);
+}
+
 // ---- launchers ----------------------------------------------------------------------------------
 void launch_coalesced_copy(const float* in, float* out, int n) { coalesced_copy<<<(n + 255) / 256, 256>>>(in, out, n); }
 void launch_strided_shared(float* out, int stride) { strided_shared<<<1, 32>>>(out, stride); }
 void launch_broadcast_read(float* out) { broadcast_read<<<1, 32>>>(out); }
 void launch_three_barriers(float* out, int blocks) { three_barriers<<<blocks, 64>>>(out); }
+void launch_float4_copy(const float* in, float* out, int n4) {
+  float4_copy<<<(n4 + 127) / 128, 128>>>(reinterpret_cast<const float4*>(in), reinterpret_cast<float4*>(out), n4);
+}
+void launch_float4_shared(float* out) { float4_shared<<<1, 32>>>(reinterpret_cast<float4*>(out)); }
 void launch_wmma_tile(float* out, int ldm) {
   if (ldm == 16) wmma_tile<16><<<1, 32>>>(out);
   else wmma_tile<24><<<1, 32>>>(out);

@@ -19,6 +19,8 @@ void launch_strided_shared(float* out, int stride);
 void launch_broadcast_read(float* out);
 void launch_three_barriers(float* out, int blocks);
 void launch_wmma_tile(float* out, int ldm);
+void launch_float4_copy(const float* in, float* out, int n4);
+void launch_float4_shared(float* out);
 }  // namespace cost_kernels
 
 namespace {
@@ -63,6 +65,27 @@ TEST_CASE("coalesced copy: n floats read and written are n * 4 bytes each way, i
   CHECK(c.shared_requests == 0);
   CHECK(c.barriers == 0);
   CHECK(c.mma_flops == 0);
+}
+
+TEST_CASE("float4: one 16-byte access per lane, 4 sectors per 128 useful bytes as a scalar copy's") {
+  const int n4 = 256;  // 2 blocks of 4 warps
+  Buffer in(4 * n4), out(4 * n4);
+  const auto c = count([&] { launch_float4_copy(in.p, out.p, n4); });
+  CHECK(c.read_sectors * 32 == n4 * 16);  // split into 4-byte accesses: 4x this
+  CHECK(c.write_sectors * 32 == n4 * 16);
+  CHECK(c.read_sectors * 128 / (n4 * 16) == 4);  // sectors per 128 useful bytes
+  CHECK(c.unique_read_sectors == c.read_sectors);
+  CHECK(c.global_requests == 2 * n4 / 32);  // one load and one store instruction per warp
+  for (int i = 0; i < 4 * n4; ++i) REQUIRE(out.p[i] == 2.0f * float(i));
+}
+
+TEST_CASE("float4 in shared memory: 4 wavefronts a warp instruction (quarter-warp phases)") {
+  Buffer out(4 * 32);
+  const auto c = count([&] { launch_float4_shared(out.p); });
+  CHECK(c.shared_requests == 2);  // the store and the load
+  CHECK(c.shared_wavefronts == 2 * 4);
+  CHECK(c.write_sectors == 32 * 16 / 32);
+  CHECK(c.global_requests == 1);
 }
 
 TEST_CASE("shared memory: wavefronts are the most distinct words in one bank") {

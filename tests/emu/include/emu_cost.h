@@ -61,7 +61,7 @@ struct Quiet {
   Quiet& operator=(const Quiet&) = delete;
 };
 
-// ---- called by the sanitizer's runtime (emu_sanitizer.cpp) ----
+// ---- called by the sanitizer's entry points (emu_access_hooks.cpp) ----
 void begin_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, size_t dynamic_shared);
 void end_epoch();  // a __syncthreads opened (by its last thread), or the block ended (barrier = false)
 void barrier();

@@ -41,7 +41,7 @@
 #include "emu_core.h"
 #include "emu_cost.h"
 
-// The sanitizer's entry points (emu_sanitizer.cpp): a cp.async's copy reported as the
+// The sanitizer's entry points (emu_access_hooks.cpp): a cp.async's copy reported as the
 // instrumented code's accesses would be.
 extern "C" void __tsan_read_range(void* p, unsigned long n);
 extern "C" void __tsan_write_range(void* p, unsigned long n);

@@ -1,11 +1,11 @@
 #pragma once
 // The emulator's sanitizer: what compute-sanitizer (racecheck, memcheck, initcheck,
-// synccheck) would report on a GPU, seen on the CPU. Runtime in tests/emu/emu_sanitizer.cpp;
+// synccheck) would report on a GPU, seen on the CPU. Runtime in tests/emu/emu_sanitizer*.cpp and emu_access_hooks.cpp;
 // what each detector sees and what it cannot is in tests/emu/README.md ("The sanitizer").
 //
 // How it sees memory: the rewritten kernels (nanoddp_emu_kernels) are compiled with
 // -fsanitize=thread but NOT linked with ThreadSanitizer's runtime: every load and store of
-// kernel code calls __tsan_readN / __tsan_writeN, which emu_sanitizer.cpp defines. Those
+// kernel code calls __tsan_readN / __tsan_writeN, which emu_access_hooks.cpp defines. Those
 // hooks ignore everything outside a kernel thread, the thread's own stack and memory
 // nobody tracks, and check:
 // - shared memory: every `__shared__` array and the launch's dynamic shared memory live in
@@ -46,6 +46,9 @@ void leave_thread();
 void block_barrier_opens();  // by the last thread to reach __syncthreads, before the others go on
 void warp_synced();          // after __syncwarp: this lane's accesses before it precede its warp's after it
 void atomic_access(const void* p, size_t n);
+// A vector type (float4, double2, ...) copied whole (emu_core.h): one naturally aligned
+// access of n bytes, checked for alignment and counted by the cost model as one.
+void vector_access(const void* p, size_t n, bool write);
 // A `__shared__` declaration (emu_rewrite): the array's place in this block's arena. Every
 // thread calls it; the first call of a block places the array.
 unsigned char* static_shared(const void* tag, size_t bytes, size_t align, const char* name);

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Measured next to estimated: each row of the cost model (impl "model", from
+nanoddp_emu_cost_model; committed as bench/cost_model.jsonl) beside the GPU's time for the
+same row (bench_kernels' "model" family, impl "cuda::kernels", bench/cost_model_rows.h),
+joined on (op, shape, dtype). Pure Python, no GPU, no torch: gpu_check.sh runs it on its
+bench_kernels.jsonl.
+
+    python3 bench/model_join.py MODEL.jsonl MEASURED.jsonl
+
+Prints, per model row, a JSON line
+    {"op","shape","dtype","impl":"measured_vs_model","ms","gflops","gbps","baseline":"model",
+     "ratio","model_ms","measured_over_model","bound"}
+("ms", "gflops", "gbps" measured; "ratio" = model ms / measured ms as every bench row's
+baseline ms / our ms, so > 1 means the GPU beat the estimate; "measured_over_model" its
+inverse, how many times the estimate the GPU took; both null for a row not measured), then
+a table. Measured rows are our own (impl "cuda::..." or "nd::..."), the first of each key;
+rows with "ms": null (a note) count as not measured. Exit status 0 (a missing row is a
+finding, not an error); 2 for a bad command line or a line that is not JSON.
+"""
+import json
+import sys
+
+KEY = ("op", "shape", "dtype")
+
+
+def read_rows(path):
+    """The JSON rows of a file (lines starting with '{'); ValueError naming the line."""
+    rows = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.startswith("{"):
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{number}: expected a JSON object, found {line.strip()[:80]!r} ({e})")
+    return rows
+
+
+def key_of(row):
+    return tuple(row.get(k) for k in KEY)
+
+
+def join(model_rows, measured_rows):
+    """One dict per model row, in the model's order (see the module's docstring)."""
+    measured = {}
+    for r in measured_rows:
+        impl = r.get("impl") or ""
+        if impl.startswith(("cuda::", "nd::")) and r.get("ms") and key_of(r) not in measured:
+            measured[key_of(r)] = r
+    joined = []
+    for m in model_rows:
+        if m.get("impl") != "model" or not m.get("ms"):
+            continue
+        got = measured.get(key_of(m))
+        out = {k: m[k] for k in KEY}
+        out["impl"] = "measured_vs_model"
+        out["ms"] = got["ms"] if got else None
+        out["gflops"] = got.get("gflops") if got else None
+        out["gbps"] = got.get("gbps") if got else None
+        out["baseline"] = "model"
+        out["ratio"] = round(m["ms"] / got["ms"], 3) if got else None
+        out["model_ms"] = m["ms"]
+        out["measured_over_model"] = round(got["ms"] / m["ms"], 3) if got else None
+        out["bound"] = m.get("bound")
+        joined.append(out)
+    return joined
+
+
+def table(joined):
+    lines = [f"measured vs model (joined on op, shape, dtype): {sum(r['ms'] is not None for r in joined)} of "
+             f"{len(joined)} model row(s) measured",
+             f"{'op':18} {'shape':24} {'dtype':5} {'model us':>9} {'GPU us':>9} {'GPU/model':>12}  model bound"]
+    for r in joined:
+        gpu = f"{r['ms'] * 1e3:9.2f}" if r["ms"] is not None else f"{'-':>9}"
+        over = f"{r['measured_over_model']:12.2f}" if r["ms"] is not None else "not measured"
+        lines.append(f"{r['op']:18} {r['shape']:24} {r['dtype']:5} {r['model_ms'] * 1e3:9.2f} {gpu} {over}  "
+                     f"{r['bound'] or '-'}")
+    return "\n".join(lines)
+
+
+def main(argv):
+    if len(argv) != 3:
+        print("usage: model_join.py MODEL.jsonl MEASURED.jsonl", file=sys.stderr)
+        return 2
+    try:
+        joined = join(read_rows(argv[1]), read_rows(argv[2]))
+    except (OSError, ValueError) as e:
+        print(f"model_join.py: {e}", file=sys.stderr)
+        return 2
+    for r in joined:
+        print(json.dumps(r, separators=(",", ":")))
+    print()
+    print(table(joined))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
