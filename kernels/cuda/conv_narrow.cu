@@ -18,7 +18,7 @@
 //            phase's weights [tap][channel] staged in shared memory; the thread loops over the
 //            taps and, innermost, the channels, reading dy at neighbouring ow across threads.
 //   wgrad    dw [C_out, taps] = sum over the pixels k = (n, oh, ow) of dy[n, c, k] x[patch of k]:
-//            a [64 x 16] output tile per block (grid x: channels, y: taps), thread 4 x 4 results;
+//            a [16 x 16] output tile per block (grid x: channels, y: taps), thread 2 x 2 results;
 //            each stage of 32 pixels puts dy [pixel][channel] and x's patches [pixel][tap] in
 //            shared memory. A depth long against few tiles is cut into chunks (grid z, split
 //            like conv.cu's split-K) whose partial results chunk_sum.cuh adds in chunk order.
@@ -64,14 +64,17 @@ namespace ci = kernels::conv_index;
 constexpr int kThreads = 64;                       // every kernel: 2 warps a block
 constexpr int kChannels = 16, kTaps = 64;          // forward: channels per thread, taps per weight stage
 constexpr int kDgradTaps = 16, kDgradChannels = 64;  // dgrad: the weight stage [taps][channels]
-constexpr int kWgradRows = 64, kWgradCols = 16;    // wgrad: the output tile [channels][taps] of a block
+constexpr int kWgradRows = 16, kWgradCols = 16;    // wgrad: the output tile [channels][taps] of a block
 constexpr int kWgradPixels = 32;                   // wgrad: pixels per shared stage
-constexpr int kMicro = 4;                          // wgrad: results per thread, kMicro x kMicro
-static_assert(kWgradRows * kWgradCols == kThreads * kMicro * kMicro, "the threads cover the wgrad tile");
+constexpr int kMicro = 2;                          // wgrad: results per thread, kMicro x kMicro
+constexpr int kRowStep = kWgradRows / kMicro, kColStep = kWgradCols / kMicro;  // a thread's rows / columns apart
+static_assert(kRowStep * kColStep == kThreads, "the threads cover the wgrad tile");
 static_assert(kThreads % kWgradPixels == 0, "every thread stages one pixel");
 // wgrad's chunks (as conv.cu's split-K): none shorter than this many pixels, enough of them
-// that about this many blocks run (an H200 has 132 SMs).
-constexpr int64_t kMinChunk = 128, kTargetBlocks = 512;
+// that about this many blocks run (an H200 has 132 SMs). 512: a second launch (the chunk sum)
+// costs more than a block's 16 stages (DCGAN D.main.0 at batch 2, 392 pixels: 3 chunks of
+// 128+ were slower in the cost model than none; bench/RESULTS.md).
+constexpr int64_t kMinChunk = 512, kTargetBlocks = 512;
 constexpr int64_t kMaxGridX = int64_t(1) << 30, kMaxGridYZ = 65535;
 
 // v as a product sees it: itself when R is T; rounded to R = bf16 / f16 (nearest even) and
@@ -184,8 +187,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // dw[c, t] = sum_{k = (n, oh, ow)} dy[n, c, oh, ow] * x[n, 0, ih(oh, t), iw(ow, t)] over chunk
 // z's pixels k in [z*chunk, (z+1)*chunk), stored at out + z*chunk_stride. Block: channels
-// [c0, c0 + 64) x taps [t0, t0 + 16); thread (ty, tx) owns channels c0 + ty + 16 i and taps
-// t0 + tx + 4 j (i, j < 4). Stage: thread tid gathers pixel k0 + tid % 32 (the division into
+// [c0, c0 + 16) x taps [t0, t0 + 16); thread (ty, tx) owns channels c0 + ty + 8 i and taps
+// t0 + tx + 8 j (i, j < 2). Stage: thread tid gathers pixel k0 + tid % 32 (the division into
 // (n, oh, ow) once per stage), its channels and taps tid / 32 + 2 i; a warp's 32 pixels are
 // neighbouring addresses of dy's rows.
 template <class T, class R>
@@ -195,7 +198,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ T xs[kWgradPixels][kWgradCols + 1];
   constexpr int kStageStep = kThreads / kWgradPixels;
   const int64_t taps = q.kH * q.kW, ohw = q.OH * q.OW, depth = q.N * ohw;
-  const int tid = threadIdx.x, tx = tid % kMicro, ty = tid / kMicro;
+  const int tid = threadIdx.x, tx = tid % kColStep, ty = tid / kColStep;
   const int pixel = tid % kWgradPixels, first = tid / kWgradPixels;
   for (int64_t z = blockIdx.z; z < splits; z += gridDim.z) {
     const int64_t k_begin = z * chunk, k_end = smaller(k_begin + chunk, depth);
@@ -225,8 +228,8 @@ __global__ void __launch_bounds__(kThreads)
             T a[kMicro], b[kMicro];
 #pragma unroll
             for (int i = 0; i < kMicro; ++i) {
-              a[i] = dys[kk][ty + 16 * i];
-              b[i] = xs[kk][tx + kMicro * i];
+              a[i] = dys[kk][ty + kRowStep * i];
+              b[i] = xs[kk][tx + kColStep * i];
             }
 #pragma unroll
             for (int i = 0; i < kMicro; ++i)
@@ -239,7 +242,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int i = 0; i < kMicro; ++i)
 #pragma unroll
           for (int j = 0; j < kMicro; ++j) {
-            const int64_t c = c0 + ty + 16 * i, t = t0 + tx + kMicro * j;
+            const int64_t c = c0 + ty + kRowStep * i, t = t0 + tx + kColStep * j;
             if (c < q.C_out && t < taps) out[z * chunk_stride + c * taps + t] = acc[i][j];
           }
       }

@@ -180,7 +180,7 @@ cpu::ConvTranspose2dShape transposed_split() {
 
 // The narrow kernels (conv_narrow.cu). DCGAN D.main.0 at batch 2: Conv2d(1, 64, 4, 2, 1) on
 // 28 x 28: forward 392 pixels (7 x 4 blocks), dgrad 4 phases of 196 pixels and 4 taps,
-// wgrad depth 392 in 3 chunks (chunk_sum.cuh).
+// wgrad depth 392 in one chunk over 4 channel tiles.
 cpu::Conv2dShape dcgan_d0() {
   cpu::Conv2dShape s;
   s.N = 2, s.C_in = 1, s.H = 28, s.W = 28, s.C_out = 64, s.kH = 4, s.kW = 4;
@@ -204,11 +204,18 @@ cpu::Conv2dShape narrow_odd() {
   return s;
 }
 // More than one stage everywhere: 81 taps (forward stages of 64, dgrad's of 16, 6 wgrad tap
-// tiles), 70 channels (two dgrad channel stages and wgrad channel tiles).
+// tiles), 70 channels (two dgrad channel stages, 5 wgrad channel tiles, the last partial).
 cpu::Conv2dShape narrow_many_taps() {
   cpu::Conv2dShape s;
   s.N = 1, s.C_in = 1, s.H = 10, s.W = 10, s.C_out = 70, s.kH = 9, s.kW = 9;
   s.padding = {4, 4};
+  return s;
+}
+// wgrad depth 3 x 30 x 30 = 2700 in 5 chunks (the last shorter), summed by chunk_sum.cuh.
+cpu::Conv2dShape narrow_chunked() {
+  cpu::Conv2dShape s;
+  s.N = 3, s.C_in = 1, s.H = 30, s.W = 30, s.C_out = 5, s.kH = 3, s.kW = 3;
+  s.padding = {1, 1};
   return s;
 }
 // Stride 3 x 2 against kernel 2 x 4 with dilation 1 x 2: phases of 1 tap and phases of none
@@ -231,12 +238,14 @@ TEST_CASE("narrow kernels (1 channel): DCGAN's layers at batch 2, f32, f64, bf16
   check_conv_transpose2d<float>("DCGAN G.main.6", dcgan_g6(), Op::kF16, 87);
 }
 
-TEST_CASE("narrow kernels (1 channel): odd sizes, dilation, several stages, phases without taps") {
+TEST_CASE("narrow kernels (1 channel): odd sizes, dilation, several stages, chunks, phases without taps") {
   check_conv2d<float>("narrow odd", narrow_odd(), Op::kExact, 90);
   check_conv2d<double>("narrow odd", narrow_odd(), Op::kExact, 91);
   check_conv2d<float>("narrow odd", narrow_odd(), Op::kBf16, 92);
   check_conv2d<float>("narrow many taps", narrow_many_taps(), Op::kExact, 93);
   check_conv2d<float>("narrow many taps", narrow_many_taps(), Op::kF16, 94);
+  check_conv2d<float>("narrow chunked", narrow_chunked(), Op::kExact, 99);
+  check_conv2d<float>("narrow chunked", narrow_chunked(), Op::kBf16, 100);
   check_conv_transpose2d<float>("narrow transposed stride 3", narrow_transposed_stride3(), Op::kExact, 95);
   check_conv_transpose2d<double>("narrow transposed stride 3", narrow_transposed_stride3(), Op::kExact, 96);
   check_conv_transpose2d<float>("narrow transposed stride 3", narrow_transposed_stride3(), Op::kBf16, 97);
@@ -244,10 +253,10 @@ TEST_CASE("narrow kernels (1 channel): odd sizes, dilation, several stages, phas
 
 // The same bits on a second run of every narrow pass (wgrad's chunks summed in chunk order).
 TEST_CASE("narrow kernels (1 channel): reruns give the same bits (f32, bf16)") {
-  const auto s = dcgan_d0();
+  const auto s = narrow_chunked();
   const size_t nx = s.N * s.H * s.W, nw = s.C_out * s.kH * s.kW, ny = s.N * s.C_out * s.out_h() * s.out_w();
   for (const Op op : {Op::kExact, Op::kBf16}) {
-    const ConvData<float> d("DCGAN D.main.0 rerun", nx, nw, s.C_out, ny, op, 98);
+    const ConvData<float> d("narrow chunked rerun", nx, nw, s.C_out, ny, op, 98);
     const auto twice = [&](const std::string& what, size_t n, auto pass) {
       std::vector<float> first = nans<float>(n), second = nans<float>(n);
       pass(first.data());
