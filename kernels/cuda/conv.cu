@@ -17,6 +17,8 @@
 // WMMA forward 254 / 255 (bf16 / f16) -> 238 / 174, dgrad 213 / 210 -> 190 / 198, but WMMA
 // wgrad 190 / 183 -> 254 / 243: its unrolled 16-cell gathers now issue all their loads
 // first. No spill; the WMMA kernels stay at 2 blocks per SM. The int64 twins: 128-255.
+// Not for one input channel (a GEMM dimension of 1 or 16 against 64-wide tiles): the
+// launchers hand those to conv_narrow.cu (narrow::applies, the one hook in each pass).
 //
 // Strided dgrad (conv2d's input gradient, conv_transpose2d's forward) runs as stride_h *
 // stride_w GEMMs, one per phase of the input pixels (ih mod stride_h, iw mod stride_w):
@@ -67,7 +69,9 @@
 
 #include "kernels/common/conv_index.h"
 #include "kernels/common/conv_walk.h"
+#include "kernels/cuda/chunk_sum.cuh"
 #include "kernels/cuda/conv_gather.cuh"
+#include "kernels/cuda/conv_narrow.cuh"
 #include "kernels/cuda/row_reduce.cuh"
 #include "kernels/cuda/scratch.cuh"
 #include "kernels/cuda/strided.cuh"
@@ -77,7 +81,6 @@ namespace nd::kernels::cuda {
 namespace {
 
 namespace ci = kernels::conv_index;
-using detail::kThreads;
 
 constexpr int kTileM = 64, kTileN = 64, kTileK = 16;
 constexpr int kMicro = 4;                                        // results per thread: kMicro x kMicro
@@ -318,16 +321,6 @@ void launch_gemm(const char* kernel, const Problem& p, int64_t groups, ci::Split
   launch_gemm_as<T, int64_t>(kernel, p, groups, split, operands, stream);
 }
 
-// out[i] = sum_{s < splits} partial[s*size + i], added in order s = 0, 1, ...
-template <class T>
-__global__ void sum_chunks_kernel(int64_t splits, int64_t size, const T* partial, T* out) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < size; i += int64_t(gridDim.x) * blockDim.x) {
-    T acc = partial[i];
-    for (int64_t s = 1; s < splits; ++s) acc += partial[s * size + i];
-    out[i] = acc;
-  }
-}
-
 // grad_bias[c] = sum_{n, p} dy[n, c, p]: one block per channel (grid-stride), each thread
 // a strided slice in double, then the block's fixed-order shuffle reduction.
 template <class T>
@@ -344,7 +337,7 @@ __global__ void bias_grad_kernel(int64_t N, int64_t C, int64_t HW, const T* dy, 
 
 // p over its `size` output elements at p.*out, its depth cut into chunks (split-K) when
 // it is long against the output tiles (split_depth): the chunks' partial results go to a
-// scratch buffer, chunk_stride = size apart, that sum_chunks_kernel adds in chunk order
+// scratch buffer, chunk_stride = size apart, that chunk_sum.cuh adds in chunk order
 // into the output. `depth`: the longest slice's. The chunking depends on the shape only,
 // so the result has the same bits on every run.
 template <class T, class Problem>
@@ -360,8 +353,7 @@ void launch_split(const char* kernel, Problem p, T* Problem::*out, int64_t size,
   p.*out = partial.as<T>();
   p.chunk_stride = size;
   launch_gemm<T>(kernel, p, p.q.groups, split, operands, stream);
-  sum_chunks_kernel<T><<<detail::blocks_for(size), kThreads, 0, stream>>>(split.splits, size, partial.as<T>(), result);
-  check_launch(kernel);
+  detail::sum_chunks(kernel, split.splits, size, partial.as<T>(), result, stream);
 }
 
 // wgrad of the conv2d s: dw = DY^T X (conv_index.h's WgradGemm).
@@ -375,6 +367,7 @@ void wgrad(const char* kernel, const Conv2dShape& s, const T* x, const T* dy, T*
     check(cudaMemsetAsync(dw, 0, sizeof(T) * size, stream), "cudaMemsetAsync", kernel);
     return;
   }
+  if (narrow::applies(s)) return narrow::wgrad(kernel, s, x, dy, dw, operands, stream);  // conv_narrow.cu
   launch_split<T>(kernel, p, &ci::WgradGemm<T>::out, size, p.depth(), operands, stream);
 }
 
@@ -385,6 +378,7 @@ void forward_pass(const char* kernel, const Conv2dShape& s, const T* in, const T
   require_operands<T>(kernel, operands);
   const ci::ForwardGemm<T> p{ci::geometry(s), in, w, bias, out};
   if (p.rows() == 0) return;
+  if (narrow::applies(s)) return narrow::forward(kernel, s, in, w, bias, out, operands, stream);  // conv_narrow.cu
   launch_split<T>(kernel, p, &ci::ForwardGemm<T>::y, p.rows() * p.q.C_out, p.depth(), operands, stream);
 }
 
@@ -398,6 +392,7 @@ void dgrad_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* 
   require_operands<T>(kernel, operands);
   const ci::DgradGemm<T> p = ci::dgrad_gemm(ci::geometry(s), in, w, bias, out);
   if (p.rows() == 0) return;
+  if (narrow::applies(s)) return narrow::dgrad(kernel, s, in, w, bias, out, operands, stream);  // conv_narrow.cu
   int64_t depth = 0;  // the phases' depths differ (1 or 2 taps of 3 at stride 2): the chunks cover the longest
   for (int64_t slice = 0; slice < p.slices(); ++slice) depth = std::max(depth, p.slice(slice).depth());
   launch_split<T>(kernel, p, &ci::DgradGemm<T>::dx, p.q.N * p.q.C_in * p.q.H * p.q.W, depth, operands, stream);

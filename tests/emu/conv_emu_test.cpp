@@ -2,7 +2,10 @@
 // and the bias gradient, f32 and f64 on the exact (SIMT) kernel and f32 with bf16 or f16
 // operands on the WMMA kernel, on shapes with partial tiles in every GEMM dimension, groups,
 // stride / dilation / padding, dgrad's stride phases (stride 2 and 3, phases no tap reaches,
-// output_padding), and depths long enough to be split (split-K) in every pass.
+// output_padding), and depths long enough to be split (split-K) in every pass; and the
+// narrow kernels of one input channel (conv_narrow.cu, which conv.cu's launchers choose for
+// C_in == 1 in conv2d terms: conv2d with 1 input channel, conv_transpose2d with 1 output
+// channel) on the same checks, plus bit-equal reruns.
 //
 // Tolerances (emu_test.h check_sum_bound): each output element is a sum of at most n
 // products (+ bias) that the CPU and the CUDA kernel add in different orders, so they differ
@@ -175,6 +178,97 @@ cpu::ConvTranspose2dShape transposed_split() {
   return s;
 }
 
+// The narrow kernels (conv_narrow.cu). DCGAN D.main.0 at batch 2: Conv2d(1, 64, 4, 2, 1) on
+// 28 x 28: forward 392 pixels (7 x 4 blocks), dgrad 4 phases of 196 pixels and 4 taps,
+// wgrad depth 392 in one chunk over 4 channel tiles.
+cpu::Conv2dShape dcgan_d0() {
+  cpu::Conv2dShape s;
+  s.N = 2, s.C_in = 1, s.H = 28, s.W = 28, s.C_out = 64, s.kH = 4, s.kW = 4;
+  s.stride = {2, 2}, s.padding = {1, 1};
+  return s;
+}
+// DCGAN G.main.6 at batch 2: ConvTranspose2d(64, 1, 4, 2, 1), 14 x 14 -> 28 x 28 (its
+// forward is the narrow dgrad with the bias, its input gradient the narrow forward).
+cpu::ConvTranspose2dShape dcgan_g6() {
+  cpu::ConvTranspose2dShape s;
+  s.N = 2, s.C_in = 64, s.H = 14, s.W = 14, s.C_out = 1, s.kH = 4, s.kW = 4;
+  s.stride = {2, 2}, s.padding = {1, 1};
+  return s;
+}
+// Odd sizes: 20 channels (a partial forward channel block), kernel 3 x 5, stride 1 x 2,
+// padding, dilation 2 x 1, 3 samples.
+cpu::Conv2dShape narrow_odd() {
+  cpu::Conv2dShape s;
+  s.N = 3, s.C_in = 1, s.H = 9, s.W = 11, s.C_out = 20, s.kH = 3, s.kW = 5;
+  s.stride = {1, 2}, s.padding = {1, 2}, s.dilation = {2, 1};
+  return s;
+}
+// More than one stage everywhere: 81 taps (forward stages of 64, dgrad's of 16, 6 wgrad tap
+// tiles), 70 channels (two dgrad channel stages, 5 wgrad channel tiles, the last partial).
+cpu::Conv2dShape narrow_many_taps() {
+  cpu::Conv2dShape s;
+  s.N = 1, s.C_in = 1, s.H = 10, s.W = 10, s.C_out = 70, s.kH = 9, s.kW = 9;
+  s.padding = {4, 4};
+  return s;
+}
+// wgrad depth 3 x 30 x 30 = 2700 in 5 chunks (the last shorter), summed by chunk_sum.cuh.
+cpu::Conv2dShape narrow_chunked() {
+  cpu::Conv2dShape s;
+  s.N = 3, s.C_in = 1, s.H = 30, s.W = 30, s.C_out = 5, s.kH = 3, s.kW = 3;
+  s.padding = {1, 1};
+  return s;
+}
+// Stride 3 x 2 against kernel 2 x 4 with dilation 1 x 2: phases of 1 tap and phases of none
+// (they store the bias only), output_padding, odd sizes.
+cpu::ConvTranspose2dShape narrow_transposed_stride3() {
+  cpu::ConvTranspose2dShape s;
+  s.N = 2, s.C_in = 5, s.H = 4, s.W = 5, s.C_out = 1, s.kH = 2, s.kW = 4;
+  s.stride = {3, 2}, s.padding = {0, 1}, s.output_padding = {2, 1}, s.dilation = {1, 2};
+  return s;
+}
+
+TEST_CASE("narrow kernels (1 channel): DCGAN's layers at batch 2, f32, f64, bf16, f16") {
+  check_conv2d<float>("DCGAN D.main.0", dcgan_d0(), Op::kExact, 80);
+  check_conv2d<double>("DCGAN D.main.0", dcgan_d0(), Op::kExact, 81);
+  check_conv2d<float>("DCGAN D.main.0", dcgan_d0(), Op::kBf16, 82);
+  check_conv2d<float>("DCGAN D.main.0", dcgan_d0(), Op::kF16, 83);
+  check_conv_transpose2d<float>("DCGAN G.main.6", dcgan_g6(), Op::kExact, 84);
+  check_conv_transpose2d<double>("DCGAN G.main.6", dcgan_g6(), Op::kExact, 85);
+  check_conv_transpose2d<float>("DCGAN G.main.6", dcgan_g6(), Op::kBf16, 86);
+  check_conv_transpose2d<float>("DCGAN G.main.6", dcgan_g6(), Op::kF16, 87);
+}
+
+TEST_CASE("narrow kernels (1 channel): odd sizes, dilation, several stages, chunks, phases without taps") {
+  check_conv2d<float>("narrow odd", narrow_odd(), Op::kExact, 90);
+  check_conv2d<double>("narrow odd", narrow_odd(), Op::kExact, 91);
+  check_conv2d<float>("narrow odd", narrow_odd(), Op::kBf16, 92);
+  check_conv2d<float>("narrow many taps", narrow_many_taps(), Op::kExact, 93);
+  check_conv2d<float>("narrow many taps", narrow_many_taps(), Op::kF16, 94);
+  check_conv2d<float>("narrow chunked", narrow_chunked(), Op::kExact, 99);
+  check_conv2d<float>("narrow chunked", narrow_chunked(), Op::kBf16, 100);
+  check_conv_transpose2d<float>("narrow transposed stride 3", narrow_transposed_stride3(), Op::kExact, 95);
+  check_conv_transpose2d<double>("narrow transposed stride 3", narrow_transposed_stride3(), Op::kExact, 96);
+  check_conv_transpose2d<float>("narrow transposed stride 3", narrow_transposed_stride3(), Op::kBf16, 97);
+}
+
+// The same bits on a second run of every narrow pass (wgrad's chunks summed in chunk order).
+TEST_CASE("narrow kernels (1 channel): reruns give the same bits (f32, bf16)") {
+  const auto s = narrow_chunked();
+  const size_t nx = s.N * s.H * s.W, nw = s.C_out * s.kH * s.kW, ny = s.N * s.C_out * s.out_h() * s.out_w();
+  for (const Op op : {Op::kExact, Op::kBf16}) {
+    const ConvData<float> d("narrow chunked rerun", nx, nw, s.C_out, ny, op, 98);
+    const auto twice = [&](const std::string& what, size_t n, auto pass) {
+      std::vector<float> first = nans<float>(n), second = nans<float>(n);
+      pass(first.data());
+      pass(second.data());
+      check_equal(d.tag + " " + what, second, first);
+    };
+    twice("forward", ny, [&](float* out) { cuda::conv2d_forward<float>(s, d.x.data(), d.w.data(), d.b.data(), out, nullptr, op); });
+    twice("dgrad", nx, [&](float* out) { cuda::conv2d_backward_input<float>(s, d.dy.data(), d.w.data(), out, nullptr, op); });
+    twice("wgrad", nw, [&](float* out) { cuda::conv2d_backward_weight<float>(s, d.x.data(), d.dy.data(), out, nullptr, op); });
+  }
+}
+
 TEST_CASE("conv2d dgrad phases: stride 3 x 2, dilation, phases without taps (f32, bf16, f64)") {
   check_conv2d<float>("phases", phases(), Op::kExact, 70);
   check_conv2d<float>("phases", phases(), Op::kBf16, 71);
@@ -223,6 +317,13 @@ TEST_CASE("conv2d bf16 operands on f64 tensors are an nd::Error") {
   CHECK_THROWS_WITH_AS(cuda::conv2d_forward<double>(s, x.data(), w.data(), nullptr, y.data(), nullptr, Op::kBf16),
                        doctest::Contains("expected f32 tensors for bf16 or f16 operands"), nd::Error);
   CHECK_THROWS_WITH_AS(cuda::conv2d_forward<double>(s, x.data(), w.data(), nullptr, y.data(), nullptr, Op::kF16),
+                       doctest::Contains("expected f32 tensors for bf16 or f16 operands"), nd::Error);
+  // The narrow kernels' shapes (1 input channel) are checked before the dispatch too.
+  const auto n = dcgan_d0();
+  std::vector<double> nx(n.N * n.H * n.W), nw(n.C_out * n.kH * n.kW), ny(n.N * n.C_out * n.out_h() * n.out_w());
+  CHECK_THROWS_WITH_AS(cuda::conv2d_backward_weight<double>(n, nx.data(), ny.data(), nw.data(), nullptr, Op::kBf16),
+                       doctest::Contains("expected f32 tensors for bf16 or f16 operands"), nd::Error);
+  CHECK_THROWS_WITH_AS(cuda::conv2d_backward_input<double>(n, ny.data(), nw.data(), nx.data(), nullptr, Op::kF16),
                        doctest::Contains("expected f32 tensors for bf16 or f16 operands"), nd::Error);
 }
 

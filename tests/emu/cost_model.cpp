@@ -109,8 +109,9 @@ Row attention_row(int64_t S, int64_t D, bool backward, int64_t replicate) {
   return r;
 }
 
-// A conv2d pass on [N, C_in, HW, HW], bf16 operands: "fwd" (conv2d_forward) or "dgrad"
-// (conv2d_backward_input, the GEMM conv_transpose2d's forward also runs).
+// A conv2d pass on [N, C_in, HW, HW], bf16 operands: "fwd" (conv2d_forward), "dgrad"
+// (conv2d_backward_input, the GEMM conv_transpose2d's forward also runs) or "wgrad"
+// (conv2d_backward_weight).
 Row conv_row(const std::string& pass, int64_t N, int64_t C_in, int64_t C_out, int64_t HW, int64_t k, int64_t stride,
              int64_t pad) {
   cpu::Conv2dShape s;
@@ -129,8 +130,10 @@ Row conv_row(const std::string& pass, int64_t N, int64_t C_in, int64_t C_out, in
     auto y = filled<float>(size_t(N * C_out * s.out_h() * s.out_w()), 0.5f);
     if (pass == "fwd")
       cuda::conv2d_forward<float>(s, x.data(), w.data(), nullptr, y.data(), nullptr, cuda::ConvOperands::kBf16);
-    else
+    else if (pass == "dgrad")
       cuda::conv2d_backward_input<float>(s, y.data(), w.data(), x.data(), nullptr, cuda::ConvOperands::kBf16);
+    else
+      cuda::conv2d_backward_weight<float>(s, x.data(), y.data(), w.data(), nullptr, cuda::ConvOperands::kBf16);
   };
   return r;
 }
@@ -204,6 +207,9 @@ std::vector<Row> rows() {
           batch_norm_backward_row(32, 16, 1024),
           conv_row("fwd", 2, 64, 128, 14, 4, 2, 1),    // DCGAN D.main.2 at batch 2
           conv_row("dgrad", 2, 64, 128, 14, 4, 2, 1),  // its input gradient
+          conv_row("fwd", 2, 1, 64, 28, 4, 2, 1),      // DCGAN D.main.0 at batch 2 (1 input channel)
+          conv_row("wgrad", 2, 1, 64, 28, 4, 2, 1),    // its weight gradient
+          conv_row("dgrad", 2, 1, 64, 28, 4, 2, 1),    // G.main.6's forward (ConvTranspose2d(64, 1, 4, 2, 1))
           attention_row(256, 64, false, 1),
           attention_row(256, 64, false, 32),
           attention_row(256, 128, false, 32),
