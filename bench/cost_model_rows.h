@@ -77,7 +77,24 @@ inline void batch_norm_fwd(Bench& b, int64_t N, int64_t C, int64_t S) {
                  }});
 }
 
-// conv2d "fwd" or "dgrad" on [N, C_in, HW, HW], f32 tensors, bf16 operands (autocast's conv).
+// The training backward with both parameter gradients (reads dy and x, writes dx).
+inline void batch_norm_bwd(Bench& b, int64_t N, int64_t C, int64_t S) {
+  b.compare({"batch_norm_bwd", "N=" + std::to_string(N) + " C=" + std::to_string(C) + " S=" + std::to_string(S), 0,
+             12.0 * double(N * C * S)},
+            {}, {kImpl, [&b, N, C, S]() -> Run {
+                   const nd::Tensor x = randn(b, {N, C, S}), dy = randn(b, {N, C, S}) * 0.01, weight = full(b, {C}, 1),
+                                    mean = full(b, {C}, 0), invstd = full(b, {C}, 1),
+                                    dx = nd::empty({N, C, S}, b.options()), dweight = nd::empty({C}, b.options()),
+                                    dbias = nd::empty({C}, b.options());
+                   const cudaStream_t stream = b.stream();
+                   return [=] {
+                     cu::batch_norm_backward<float>(ptr(dy), ptr(x), ptr(mean), ptr(invstd), ptr(weight), N, C, S, true,
+                                                    ptr(dx), ptr(dweight), ptr(dbias), stream);
+                   };
+                 }});
+}
+
+// conv2d "fwd", "dgrad" or "wgrad" on [N, C_in, HW, HW], f32 tensors, bf16 operands (autocast's conv).
 inline void conv(Bench& b, const std::string& pass, int64_t N, int64_t C_in, int64_t C_out, int64_t HW, int64_t k,
                  int64_t stride, int64_t pad) {
   kcpu::Conv2dShape s;
@@ -95,7 +112,9 @@ inline void conv(Bench& b, const std::string& pass, int64_t N, int64_t C_in, int
                const auto bf16 = cu::ConvOperands::kBf16;
                if (pass == "fwd")
                  return [=] { cu::conv2d_forward<float>(s, ptr(x), ptr(w), nullptr, ptr(y), stream, bf16); };
-               return [=] { cu::conv2d_backward_input<float>(s, ptr(y), ptr(w), ptr(x), stream, bf16); };
+               if (pass == "dgrad")
+                 return [=] { cu::conv2d_backward_input<float>(s, ptr(y), ptr(w), ptr(x), stream, bf16); };
+               return [=] { cu::conv2d_backward_weight<float>(s, ptr(x), ptr(y), ptr(w), stream, bf16); };
              }});
 }
 
@@ -133,8 +152,14 @@ inline void bench_model_rows(Bench& b) {
   model_rows::copy(b, int64_t(1) << 21);
   model_rows::adamw(b, 4, int64_t(1) << 16);
   model_rows::batch_norm_fwd(b, 16, 64, 256);
+  model_rows::batch_norm_bwd(b, 16, 64, 256);
+  model_rows::batch_norm_fwd(b, 32, 16, 1024);  // channels split over 8 blocks each
+  model_rows::batch_norm_bwd(b, 32, 16, 1024);
   model_rows::conv(b, "fwd", 2, 64, 128, 14, 4, 2, 1);
   model_rows::conv(b, "dgrad", 2, 64, 128, 14, 4, 2, 1);
+  model_rows::conv(b, "fwd", 2, 1, 64, 28, 4, 2, 1);  // DCGAN D.main.0 (1 input channel: conv_narrow.cu)
+  model_rows::conv(b, "wgrad", 2, 1, 64, 28, 4, 2, 1);
+  model_rows::conv(b, "dgrad", 2, 1, 64, 28, 4, 2, 1);  // = G.main.6's forward
   model_rows::attention(b, 2, 256, 64, false);
   model_rows::attention(b, 64, 256, 64, false);
   model_rows::attention(b, 64, 256, 128, false);
