@@ -94,9 +94,10 @@ inline void batch_norm_bwd(Bench& b, int64_t N, int64_t C, int64_t S) {
                  }});
 }
 
-// conv2d "fwd", "dgrad" or "wgrad" on [N, C_in, HW, HW], f32 tensors, bf16 operands (autocast's conv).
+// conv2d "fwd", "dgrad" or "wgrad" on [N, C_in, HW, HW], f32 tensors, bf16 operands (autocast's conv) or
+// exact f32 (the SIMT kernel).
 inline void conv(Bench& b, const std::string& pass, int64_t N, int64_t C_in, int64_t C_out, int64_t HW, int64_t k,
-                 int64_t stride, int64_t pad) {
+                 int64_t stride, int64_t pad, cu::ConvOperands operands = cu::ConvOperands::kBf16) {
   kcpu::Conv2dShape s;
   s.N = N, s.C_in = C_in, s.H = s.W = HW, s.C_out = C_out, s.kH = s.kW = k;
   s.stride = {stride, stride}, s.padding = {pad, pad};
@@ -104,17 +105,17 @@ inline void conv(Bench& b, const std::string& pass, int64_t N, int64_t C_in, int
                             "^2->" + std::to_string(C_out) + " k" + std::to_string(k) + "s" + std::to_string(stride);
   const double flops = 2.0 * double(N * C_out * s.out_h() * s.out_w() * C_in * k * k);
   const double bytes = 4.0 * double(N * C_in * HW * HW + C_out * C_in * k * k + N * C_out * s.out_h() * s.out_w());
-  b.compare({"conv2d_" + pass, shape, flops, bytes, "bf16"}, {},
-            {kImpl, [&b, s, pass]() -> Run {
+  const bool bf16 = operands == cu::ConvOperands::kBf16;
+  b.compare({"conv2d_" + pass, shape, flops, bytes, bf16 ? "bf16" : "f32"}, {},
+            {kImpl, [&b, s, pass, operands]() -> Run {
                const nd::Tensor x = randn(b, {s.N, s.C_in, s.H, s.W}), w = randn(b, {s.C_out, s.C_in, s.kH, s.kW}),
                                 y = randn(b, {s.N, s.C_out, s.out_h(), s.out_w()});
                const cudaStream_t stream = b.stream();
-               const auto bf16 = cu::ConvOperands::kBf16;
                if (pass == "fwd")
-                 return [=] { cu::conv2d_forward<float>(s, ptr(x), ptr(w), nullptr, ptr(y), stream, bf16); };
+                 return [=] { cu::conv2d_forward<float>(s, ptr(x), ptr(w), nullptr, ptr(y), stream, operands); };
                if (pass == "dgrad")
-                 return [=] { cu::conv2d_backward_input<float>(s, ptr(y), ptr(w), ptr(x), stream, bf16); };
-               return [=] { cu::conv2d_backward_weight<float>(s, ptr(x), ptr(y), ptr(w), stream, bf16); };
+                 return [=] { cu::conv2d_backward_input<float>(s, ptr(y), ptr(w), ptr(x), stream, operands); };
+               return [=] { cu::conv2d_backward_weight<float>(s, ptr(x), ptr(y), ptr(w), stream, operands); };
              }});
 }
 
@@ -160,6 +161,8 @@ inline void bench_model_rows(Bench& b) {
   model_rows::conv(b, "fwd", 2, 1, 64, 28, 4, 2, 1);  // DCGAN D.main.0 (1 input channel: conv_narrow.cu)
   model_rows::conv(b, "wgrad", 2, 1, 64, 28, 4, 2, 1);
   model_rows::conv(b, "dgrad", 2, 1, 64, 28, 4, 2, 1);  // = G.main.6's forward
+  model_rows::conv(b, "fwd", 2, 64, 128, 14, 4, 2, 1, cu::ConvOperands::kExact);  // the f32 SIMT kernel
+  model_rows::conv(b, "dgrad", 2, 64, 128, 14, 4, 2, 1, cu::ConvOperands::kExact);
   model_rows::attention(b, 2, 256, 64, false);
   model_rows::attention(b, 64, 256, 64, false);
   model_rows::attention(b, 64, 256, 128, false);

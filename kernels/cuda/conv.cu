@@ -11,8 +11,18 @@
 // a column) and steps the other by a constant: it splits both into digits ((n, h, w),
 // (c, kh, kw)) once per tile and then advances them with carries, in 32-bit integers
 // where fits_int32 allows (else the same kernels in 64-bit), with no division per element.
-// The walk saves im2col's buffer (kH*kW times the input) and the traffic to fill it. In
-// registers (bench/kernel_resources.md, int32 walks, before -> after): SIMT dgrad 176 / 186
+// The walk saves im2col's buffer (kH*kW times the input) and the traffic to fill it.
+// Pipeline (f32, f64): the gather copies element by element with cp.async (4- or 8-byte
+// .ca; the src-size-0 form writes the zeros of padding and overhang without reading) into
+// two shared stages: depth step k + 1 is issued, then step k waited for (wait_group, a
+// barrier) and multiplied, so the next tile's loads fly during the current tile's math
+// where the old fill stored, waited at the barrier, then multiplied. Element copies, not
+// 16-byte ones: a thread's cells are a walk's neighbours, contiguous only in some passes
+// and rows, and 4 bytes keep every alignment. Shared memory: 16 / 32 KiB (f32 / f64). Its
+// cost is registers: int32 f32 forward / dgrad / wgrad 128 / 128 / 64 -> 162 / 168 / 128
+// (blocks per SM 2 / 2 / 4 -> 1 / 1 / 2; bench/RESULTS.md): fewer warps to hide latency,
+// traded for the overlap; not yet timed on a GPU. The walks, in registers (accessors ->
+// int32 walks, before the pipeline; bench/kernel_resources.md then): SIMT dgrad 176 / 186
 // (f32 / f64) -> 128 / 174 (f32: 1 -> 2 blocks per SM), f32 wgrad 96 -> 64 (2 -> 4 blocks);
 // WMMA forward 254 / 255 (bf16 / f16) -> 238 / 174, dgrad 213 / 210 -> 190 / 198, but WMMA
 // wgrad 190 / 183 -> 254 / 243: its unrolled 16-cell gathers now issue all their loads
@@ -49,7 +59,8 @@
 // bias, groups and split-K are the accessors' business exactly as in the f32 kernel.
 // Not done: a cp.async pipeline for its tiles. The operands are f32 tensors rounded to
 // bf16 / f16 as they are gathered, and cp.async copies bytes: it needs double-buffered f32
-// staging tiles (past 48 KiB of static shared memory) and a rounding pass, or 16-bit tensors.
+// staging tiles (2 x (64x32 + 64x32) f32 = 32 KiB beside its 27 KiB of 16-bit and result
+// tiles: dynamic shared memory past 48 KiB) and a rounding pass, or 16-bit tensors.
 //
 // Checked: every pass against kernels/cpu in the emulator (tests/emu/conv_emu_test.cpp:
 // partial tiles, groups, stride 2 and 3, dilation, padding, phases without taps,
@@ -75,6 +86,7 @@
 #include "kernels/cuda/row_reduce.cuh"
 #include "kernels/cuda/scratch.cuh"
 #include "kernels/cuda/strided.cuh"
+#include "kernels/cuda/warp_mma.cuh"
 
 namespace nd::kernels::cuda {
 
@@ -108,12 +120,14 @@ __device__ __forceinline__ void walk_tile(int tid, F&& f) {
 // Thread (ty, tx) owns rows m0 + ty + 16*i and columns n0 + tx + 16*j (i, j < kMicro), so
 // a warp reads consecutive shared-memory words of Bs and one or two broadcast words of As.
 // The tiles are gathered by conv_gather.cuh's TileGather (I: the walk's index type).
-// Out-of-range rows, columns and depths load as 0 and are never stored.
+// Out-of-range rows, columns and depths load as 0 and are never stored. At least 1 block
+// per SM, said explicitly: with the pipeline ptxas otherwise settled at 128 registers and
+// spilled in the 64-bit f32 wgrad (as in tensor_core_gemm_kernel below).
 template <class T, class I, class Problem>
-__global__ void __launch_bounds__(kGemmThreads)
+__global__ void __launch_bounds__(kGemmThreads, 1)
     implicit_gemm_kernel(Problem p, int64_t groups, int64_t splits, int64_t chunk) {
-  __shared__ T As[kTileK][kTileM];
-  __shared__ T Bs[kTileK][kTileN];
+  __shared__ T As[2][kTileK][kTileM];  // two stages: one multiplied while the other fills
+  __shared__ T Bs[2][kTileK][kTileN];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   for (int64_t z = blockIdx.z; z < groups * splits * p.slices(); z += gridDim.z) {
     const int64_t g = z % groups, split = z / groups % splits;
@@ -128,23 +142,37 @@ __global__ void __launch_bounds__(kGemmThreads)
         const int64_t m0 = mt * kTileM, n0 = nt * kTileN;
         gather.tile(m0, n0, k_begin, k_end, M, Ncols);
         T acc[kMicro][kMicro] = {};
-        for (int64_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
-          gather.fill(k0, As, Bs);
-          __syncthreads();
+        // Depth step k0 lies in stage s; step k0 + kTileK is issued into 1 - s before the
+        // wait for k0, so its copies fly while k0 is multiplied. No group is left in flight
+        // after the last step (nor any empty one committed: a block walks many tiles).
+        if (k_begin < k_end) {
+          gather.issue(k_begin, As[0], Bs[0]);
+          cp_async_commit_group();
+        }
+        int s = 0;
+        for (int64_t k0 = k_begin; k0 < k_end; k0 += kTileK, s = 1 - s) {
+          if (k0 + kTileK < k_end) {
+            gather.issue(k0 + kTileK, As[1 - s], Bs[1 - s]);
+            cp_async_commit_group();
+            cp_async_wait_group<1>();  // this thread's copies of step k0 have landed
+          } else {
+            cp_async_wait_group<0>();
+          }
+          __syncthreads();  // and every thread's
 #pragma unroll
           for (int kk = 0; kk < kTileK; ++kk) {
             T a[kMicro], b[kMicro];
 #pragma unroll
             for (int i = 0; i < kMicro; ++i) {
-              a[i] = As[kk][ty + 16 * i];
-              b[i] = Bs[kk][tx + 16 * i];
+              a[i] = As[s][kk][ty + 16 * i];
+              b[i] = Bs[s][kk][tx + 16 * i];
             }
 #pragma unroll
             for (int i = 0; i < kMicro; ++i)
 #pragma unroll
               for (int j = 0; j < kMicro; ++j) acc[i][j] += a[i] * b[j];
           }
-          __syncthreads();  // the next tile overwrites As and Bs
+          __syncthreads();  // the next iteration issues step k0 + 2 kTileK into stage s
         }
         // A tile inside the problem stores every cell without a branch per cell: the compiler
         // then derives a row's pixel (integer divisions) once, not once per column; it does

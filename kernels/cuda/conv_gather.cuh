@@ -6,6 +6,8 @@
 // once per tile and steps the other with carries, in 32-bit integers where the launcher's
 // fits_int32 allowed (I = int32_t). A cell outside the problem (an edge tile's overhang)
 // or in the padding loads 0; its address may be computed (I's unsigned wrap) but is never read.
+// TileGather (f32, f64) copies with cp.async (warp_mma.cuh) so that the next depth step's
+// copies fly while the current one is multiplied; TensorCoreGather loads and rounds to 16 bits.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -13,6 +15,7 @@
 #include <type_traits>
 
 #include "kernels/common/conv_walk.h"
+#include "kernels/cuda/warp_mma.cuh"
 
 namespace nd::kernels::cuda::conv_gather {
 
@@ -24,6 +27,14 @@ __device__ __forceinline__ T load_or_zero(const T* src) {
   return src ? *src : T(0);
 }
 
+// cp.async of one element *src into *dst, or of zeros for no element (src-size 0 reads
+// nothing: src may be null there).
+template <class T>
+__device__ __forceinline__ void copy_or_zero(T* dst, const T* src) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "cp.async.ca copies 4- or 8-byte elements here (f32, f64)");
+  cp_async_ca_zfill<int(sizeof(T))>(dst, src, src ? int(sizeof(T)) : 0);
+}
+
 // An f32 value as the 16-bit operand type E (__nv_bfloat16 or __half), nearest even.
 template <class E>
 __device__ E to_operand(float v) {
@@ -33,7 +44,7 @@ __device__ E to_operand(float v) {
     return __float2bfloat16_rn(v);
 }
 
-// implicit_gemm_kernel's gather: Threads threads fill a Depth x Tile tile of A (As[k][m])
+// implicit_gemm_kernel's gather: Threads threads copy a Depth x Tile tile of A (As[k][m])
 // and one of B (Bs[k][j]) per depth step. Thread tid fills cell lane = tid % Tile of rows
 // first + Step*i (i < Depth / Step): neighbouring threads read neighbouring pixels (forward,
 // dgrad) or weights. Its row m0 + lane and column n0 + lane are split into digits once per
@@ -59,15 +70,17 @@ struct TileGather {
     depth = wk.depth.digits(I(k_begin + first));
   }
 
-  // As[kl][lane] = A[m0 + lane, k0 + kl] and Bs[kl][lane] = B[k0 + kl, n0 + lane].
+  // Issues the cp.async copies As[kl][lane] = A[m0 + lane, k0 + kl] and Bs[kl][lane] =
+  // B[k0 + kl, n0 + lane] (the caller commits and waits). A cell in the padding or outside
+  // the problem is the src-size-0 form: no read, the destination filled with zeros.
   template <class T>
-  __device__ void fill(int64_t k0, T (&As)[Depth][Tile], T (&Bs)[Depth][Tile]) {
+  __device__ void issue(int64_t k0, T (&As)[Depth][Tile], T (&Bs)[Depth][Tile]) {
 #pragma unroll
     for (int i = 0; i < Depth / kStep; ++i) {
       const int kl = first + i * kStep;
       const bool k_in = k0 + kl < k_end;
-      As[kl][lane] = load_or_zero(row_in && k_in ? wk.a(g, row, depth) : nullptr);
-      Bs[kl][lane] = load_or_zero(col_in && k_in ? wk.b(g, depth, col) : nullptr);
+      copy_or_zero(&As[kl][lane], row_in && k_in ? wk.a(g, row, depth) : nullptr);
+      copy_or_zero(&Bs[kl][lane], col_in && k_in ? wk.b(g, depth, col) : nullptr);
       wk.depth.advance(depth, by);
     }
   }

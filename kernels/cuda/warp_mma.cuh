@@ -20,8 +20,8 @@
 //     rows n of an [n][k] tile (K stored as in attention's S = Q K^T) is B's too.
 //   cp.async: a copy from global to shared memory that completes only at the matching
 //     cp.async.wait_group (not at __syncthreads); .cg (16 bytes, L2 only) or .ca (4, 8 or 16
-//     bytes); the src-size form copies src_bytes and fills the rest of the 16 with zeros (a
-//     padded tile edge without a branch). Both addresses aligned to the copy's size. The data
+//     bytes); the src-size form (cp_async_cg_16_zfill, cp_async_ca_zfill) copies src_bytes and
+//     fills the rest of the copy with zeros (a padded tile edge without a branch). Both addresses aligned to the copy's size. The data
 //     is visible to the issuing thread after its wait; other threads need a __syncthreads.
 //
 // Compiled by nvcc (sm_80 and newer; nanoddp builds sm_90) these are one instruction each.
@@ -61,6 +61,7 @@ __device__ __forceinline__ uint32_t pack2(T lo, T hi) {
 
 #if !defined(__CUDACC__)
 using emu_ptx::cp_async_ca;
+using emu_ptx::cp_async_ca_zfill;
 using emu_ptx::cp_async_cg_16;
 using emu_ptx::cp_async_cg_16_zfill;
 using emu_ptx::cp_async_commit_group;
@@ -135,6 +136,16 @@ __device__ __forceinline__ void cp_async_ca(void* smem, const void* gmem) {
   static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async.ca copies 4, 8 or 16 bytes");
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(__cvta_generic_to_global(gmem)), "n"(Bytes)
+               : "memory");
+}
+// The src-size form of .ca: src_bytes (0..Bytes) from gmem, zeros for the rest; 0 reads
+// nothing (a padded or out-of-range element without a branch around the copy).
+template <int Bytes>
+__device__ __forceinline__ void cp_async_ca_zfill(void* smem, const void* gmem, int src_bytes) {
+  static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async.ca copies 4, 8 or 16 bytes");
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(__cvta_generic_to_global(gmem)),
+               "n"(Bytes), "r"(src_bytes)
                : "memory");
 }
 // Closes the group of this thread's copies issued since the last commit.

@@ -109,11 +109,12 @@ Row attention_row(int64_t S, int64_t D, bool backward, int64_t replicate) {
   return r;
 }
 
-// A conv2d pass on [N, C_in, HW, HW], bf16 operands: "fwd" (conv2d_forward), "dgrad"
+// A conv2d pass on [N, C_in, HW, HW] of f32 tensors: "fwd" (conv2d_forward), "dgrad"
 // (conv2d_backward_input, the GEMM conv_transpose2d's forward also runs) or "wgrad"
-// (conv2d_backward_weight).
+// (conv2d_backward_weight); bf16 operands on the tensor cores (autocast's conv) or exact f32
+// (the SIMT kernel).
 Row conv_row(const std::string& pass, int64_t N, int64_t C_in, int64_t C_out, int64_t HW, int64_t k, int64_t stride,
-             int64_t pad) {
+             int64_t pad, cuda::ConvOperands ops = cuda::ConvOperands::kBf16) {
   cpu::Conv2dShape s;
   s.N = N, s.C_in = C_in, s.H = s.W = HW, s.C_out = C_out, s.kH = s.kW = k;
   s.stride = {stride, stride}, s.padding = {pad, pad};
@@ -121,7 +122,7 @@ Row conv_row(const std::string& pass, int64_t N, int64_t C_in, int64_t C_out, in
   r.op = "conv2d_" + pass;
   r.shape = "N=" + std::to_string(N) + " " + std::to_string(C_in) + "x" + std::to_string(HW) + "^2->" +
             std::to_string(C_out) + " k" + std::to_string(k) + "s" + std::to_string(stride);
-  r.dtype = "bf16";  // f32 tensors, bf16 operands on the tensor cores (autocast's conv)
+  r.dtype = ops == cuda::ConvOperands::kBf16 ? "bf16" : "f32";
   r.flops = 2.0 * double(N * C_out * s.out_h() * s.out_w() * C_in * k * k);
   r.bytes = 4.0 * double(N * C_in * HW * HW + C_out * C_in * k * k + N * C_out * s.out_h() * s.out_w());
   r.anchor = "none published for this shape: bench_kernels' cuDNN row on the GPU";
@@ -129,11 +130,11 @@ Row conv_row(const std::string& pass, int64_t N, int64_t C_in, int64_t C_out, in
     auto x = filled<float>(size_t(N * C_in * HW * HW)), w = filled<float>(size_t(C_out * C_in * k * k), 0.1f);
     auto y = filled<float>(size_t(N * C_out * s.out_h() * s.out_w()), 0.5f);
     if (pass == "fwd")
-      cuda::conv2d_forward<float>(s, x.data(), w.data(), nullptr, y.data(), nullptr, cuda::ConvOperands::kBf16);
+      cuda::conv2d_forward<float>(s, x.data(), w.data(), nullptr, y.data(), nullptr, ops);
     else if (pass == "dgrad")
-      cuda::conv2d_backward_input<float>(s, y.data(), w.data(), x.data(), nullptr, cuda::ConvOperands::kBf16);
+      cuda::conv2d_backward_input<float>(s, y.data(), w.data(), x.data(), nullptr, ops);
     else
-      cuda::conv2d_backward_weight<float>(s, x.data(), y.data(), w.data(), nullptr, cuda::ConvOperands::kBf16);
+      cuda::conv2d_backward_weight<float>(s, x.data(), y.data(), w.data(), nullptr, ops);
   };
   return r;
 }
@@ -210,6 +211,8 @@ std::vector<Row> rows() {
           conv_row("fwd", 2, 1, 64, 28, 4, 2, 1),      // DCGAN D.main.0 at batch 2 (1 input channel)
           conv_row("wgrad", 2, 1, 64, 28, 4, 2, 1),    // its weight gradient
           conv_row("dgrad", 2, 1, 64, 28, 4, 2, 1),    // G.main.6's forward (ConvTranspose2d(64, 1, 4, 2, 1))
+          conv_row("fwd", 2, 64, 128, 14, 4, 2, 1, cuda::ConvOperands::kExact),  // the f32 SIMT kernel
+          conv_row("dgrad", 2, 64, 128, 14, 4, 2, 1, cuda::ConvOperands::kExact),
           attention_row(256, 64, false, 1),
           attention_row(256, 64, false, 32),
           attention_row(256, 128, false, 32),

@@ -196,6 +196,11 @@ void cp_async_ca(void* smem, const void* gmem) {
   static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async.ca copies 4, 8 or 16 bytes");
   cp_async(smem, gmem, Bytes, Bytes, "cp.async.ca.shared.global");
 }
+template <int Bytes>
+void cp_async_ca_zfill(void* smem, const void* gmem, int src_bytes) {
+  static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async.ca copies 4, 8 or 16 bytes");
+  cp_async(smem, gmem, Bytes, src_bytes, "cp.async.ca.shared.global with src-size");
+}
 inline void cp_async_commit_group() {
   CpAsyncQueue& q = cp_async_queue;
   if (q.groups == kCpAsyncMaxGroups) {
@@ -213,7 +218,7 @@ EMU_UNCHECKED inline void cp_async_wait_pending(size_t newest_left) {
     const CpAsyncCopy& c = q.copies[i];
     if (c.src_bytes > 0) __tsan_read_range(const_cast<void*>(c.src), unsigned(c.src_bytes));
     __tsan_write_range(c.dst, unsigned(c.bytes));
-    std::memcpy(c.dst, c.src, size_t(c.src_bytes));
+    if (c.src_bytes > 0) std::memcpy(c.dst, c.src, size_t(c.src_bytes));  // src may be null at 0
     std::memset(static_cast<unsigned char*>(c.dst) + c.src_bytes, 0, size_t(c.bytes - c.src_bytes));
   }
   // The groups still in flight, and the copies not yet committed, move to the front.
