@@ -8,6 +8,7 @@
 #include <fstream>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "cost_estimate.h"
 #include "emu_cost.h"
@@ -175,11 +176,32 @@ TEST_CASE("estimate: each term is its count over its rate, the largest wins, plu
   CHECK(q.waves == 2);
 }
 
+namespace {
+// Column `column` (0 = the kernel's name) of the line of the resources table whose name cell is
+// `kernel` and whose registers cell is a number, split here by hand: what read_resources must
+// agree with, whatever the regenerated table says today.
+long table_cell(const std::string& path, const std::string& kernel, size_t column) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> cells;
+    for (size_t at = 1, bar; (bar = line.find('|', at)) != std::string::npos; at = bar + 1)
+      cells.push_back(line.substr(at + 1, bar - at - 2));
+    if (cells.size() > column && cells[0] == "`" + kernel + "`" && !cells[2].empty() &&
+        cells[2].find_first_not_of("0123456789") == std::string::npos)
+      return std::stol(cells[column]);
+  }
+  return -1;
+}
+}  // namespace
+
 TEST_CASE("the resources table: read from bench/kernel_resources.md, a bad file is an nd::Error naming it") {
-  const auto table = emu_cost::read_resources(NANODDP_SOURCE_DIR "/bench/kernel_resources.md");
+  const std::string file = NANODDP_SOURCE_DIR "/bench/kernel_resources.md";
+  const auto table = emu_cost::read_resources(file);
   REQUIRE(table.count("tc_dk_dv_kernel<BFloat16, 128>") == 1);
-  CHECK(table.at("tc_dk_dv_kernel<BFloat16, 128>").registers == 252);
-  CHECK(table.at("forward_kernel<float, 64>").static_shared == 20992);
+  CHECK(table.at("tc_dk_dv_kernel<BFloat16, 128>").registers == table_cell(file, "tc_dk_dv_kernel<BFloat16, 128>", 2));
+  CHECK(table.at("tc_dk_dv_kernel<BFloat16, 128>").registers > 0);
+  CHECK(table.at("forward_kernel<float, 64>").static_shared == table_cell(file, "forward_kernel<float, 64>", 5));
+  CHECK(table.at("forward_kernel<float, 64>").static_shared > 0);
   // GCC leaves out defaulted template arguments; the one row that adds them is the kernel's.
   const auto* delta = emu_cost::find_resources(table, "delta_kernel<BFloat16>");
   REQUIRE(delta != nullptr);
