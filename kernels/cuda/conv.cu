@@ -101,7 +101,8 @@ static_assert(kTileM / kMicro == 16 && kTileN / kMicro == 16, "the thread layout
 // split-K (every pass): no chunk shorter than this many depth elements, and enough chunks
 // that about this many blocks run (an H200 has 132 SMs).
 constexpr int64_t kMinChunk = 256, kTargetBlocks = 512;
-constexpr int64_t kMaxGridX = int64_t(1) << 30, kMaxGridYZ = 65535;
+using detail::kMaxGridX;
+using detail::kMaxGridYZ;
 
 // f(fast, slow) for every cell of a Fast x Slow tile, by a block of Threads threads:
 // each thread keeps one `fast` index (neighbouring threads, neighbouring addresses) and

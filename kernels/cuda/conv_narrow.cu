@@ -79,7 +79,8 @@ static_assert(kThreads % kWgradPixels == 0, "every thread stages one pixel");
 // costs more than a block's 16 stages (DCGAN D.main.0 at batch 2, 392 pixels: 3 chunks of
 // 128+ were slower in the cost model than none; bench/RESULTS.md).
 constexpr int64_t kMinChunk = 512, kTargetBlocks = 512;
-constexpr int64_t kMaxGridX = int64_t(1) << 30, kMaxGridYZ = 65535;
+using detail::kMaxGridX;
+using detail::kMaxGridYZ;
 
 // v as a product sees it: itself when R is T; rounded to R = bf16 / f16 (nearest even) and
 // widened back otherwise.

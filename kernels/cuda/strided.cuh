@@ -16,6 +16,10 @@ namespace nd::kernels::cuda::detail {
 constexpr int kMaxDims = 10;
 constexpr int kThreads = 256;
 
+// The grid's limits as the launchers that size every dimension use them (gridDim.x up to
+// 2^31 - 1, kept to 2^30; y and z up to 65535); past them a grid-stride loop covers the rest.
+constexpr int64_t kMaxGridX = int64_t(1) << 30, kMaxGridYZ = 65535;
+
 // Blocks for a grid-stride loop over n elements (at least one; capped, the loop covers the rest).
 inline unsigned blocks_for(int64_t n) {
   return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, int64_t(1) << 20));
