@@ -267,17 +267,20 @@ JOIN_TARGETS = {("attention_fwd", "bf16", "cuda::sdpa_bf16"): 0.6,
 
 
 def join(path):
-    """Our rows against PyTorch's of the same (op, shape, dtype): JSON lines, then a table."""
-    with open(path) as f:
-        rows = [json.loads(line) for line in f if line.startswith("{")]
-    torch_ms = {(r["op"], r["shape"], r["dtype"]): r["ms"] for r in rows if r["impl"] == "pytorch" and r.get("ms")}
+    """Our rows against PyTorch's of the same (op, shape, dtype): JSON lines, then a table.
+    Reads and picks our rows as model_join.py does (read_rows, is_ours; same folder)."""
+    from model_join import is_ours, key_of, read_rows
+    try:
+        rows = read_rows(path)
+    except (OSError, ValueError) as e:
+        print(f"bench_kernels_torch.py --join: {e}", file=sys.stderr)
+        return 2
+    torch_ms = {key_of(r): r["ms"] for r in rows if r.get("impl") == "pytorch" and r.get("ms")}
     joined, seen = [], set()
     for r in rows:
-        key = (r["op"], r["shape"], r["dtype"])
-        # ours: impl "nd::..." or "cuda::..." (the others are cuDNN, cuBLAS, copy baselines);
+        key = key_of(r)
         # once per impl (bench_kernels prints ours once per baseline)
-        if (not r["impl"].startswith(("nd::", "cuda::")) or not r.get("ms") or key not in torch_ms
-                or key + (r["impl"],) in seen):
+        if not is_ours(r) or key not in torch_ms or key + (r["impl"],) in seen:
             continue
         seen.add(key + (r["impl"],))
         out = dict(r, baseline="pytorch", ratio=round(torch_ms[key] / r["ms"], 3))

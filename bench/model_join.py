@@ -24,7 +24,8 @@ KEY = ("op", "shape", "dtype")
 
 
 def read_rows(path):
-    """The JSON rows of a file (lines starting with '{'); ValueError naming the line."""
+    """The JSON rows of a file (lines starting with '{'); ValueError naming the line.
+    bench_kernels_torch.py --join reads with it too."""
     rows = []
     with open(path) as f:
         for number, line in enumerate(f, 1):
@@ -41,12 +42,18 @@ def key_of(row):
     return tuple(row.get(k) for k in KEY)
 
 
+def is_ours(row):
+    """A measured row of nanoddp's own: impl "cuda::..." or "nd::..." with a time (the cuDNN,
+    cuBLAS, copy, PyTorch and model rows are what ours are compared with; "ms": null is a note).
+    bench_kernels_torch.py --join selects with it too."""
+    return (row.get("impl") or "").startswith(("cuda::", "nd::")) and bool(row.get("ms"))
+
+
 def join(model_rows, measured_rows):
     """One dict per model row, in the model's order (see the module's docstring)."""
     measured = {}
     for r in measured_rows:
-        impl = r.get("impl") or ""
-        if impl.startswith(("cuda::", "nd::")) and r.get("ms") and key_of(r) not in measured:
+        if is_ours(r) and key_of(r) not in measured:
             measured[key_of(r)] = r
     joined = []
     for m in model_rows:

@@ -4,7 +4,9 @@ nanoddp_emu_cost_model prints them; model_join_measured.jsonl: bench_kernels out
 text line, a baseline row, a repeated row, a row that could not run, a row of another shape
 and one of another dtype). Expected values by hand: copy 0.0128 ms measured / 0.0064 ms
 estimated = 2.0 (ratio 0.5); AdamW 0.00336 / 0.0042 = 0.8 (ratio 1.25), its cudaMemcpy
-baseline row ignored; attention and conv not measured (null ms, wrong dtype)."""
+baseline row ignored; attention and conv not measured (null ms, wrong dtype).
+TorchJoin: bench_kernels_torch.py --join (ours vs PyTorch), which reads and picks rows with
+model_join.py's read_rows and is_ours, on rows written here."""
 import json
 import os
 import subprocess
@@ -14,6 +16,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "..", "bench", "model_join.py")
+TORCH_SCRIPT = os.path.join(HERE, "..", "..", "bench", "bench_kernels_torch.py")
 MODEL = os.path.join(HERE, "model_join_model.jsonl")
 MEASURED = os.path.join(HERE, "model_join_measured.jsonl")
 
@@ -73,6 +76,47 @@ class ModelJoin(unittest.TestCase):
             self.assertIn(f"{f.name}:2: expected a JSON object", p.stderr)
         finally:
             os.unlink(f.name)
+
+
+class TorchJoin(unittest.TestCase):
+    ROWS = [
+        "bench_kernels: a text line",
+        '{"op":"attention_fwd","shape":"B=8 H=8 S=1024 D=64","dtype":"bf16","impl":"cuda::sdpa_bf16","ms":0.5}',
+        '{"op":"attention_fwd","shape":"B=8 H=8 S=1024 D=64","dtype":"bf16","impl":"cuda::sdpa_bf16","ms":9.0}',
+        '{"op":"attention_fwd","shape":"B=8 H=8 S=1024 D=64","dtype":"bf16","impl":"pytorch","ms":0.2}',
+        '{"op":"copy","shape":"n=8","dtype":"f32","impl":"cudaMemcpy","ms":0.1}',
+        '{"op":"copy","shape":"n=8","dtype":"f32","impl":"cuda::kernels","ms":0.25}',
+        '{"op":"copy","shape":"n=8","dtype":"f32","impl":"pytorch","ms":0.5}',
+        '{"op":"adamw","shape":"n=8","dtype":"f32","impl":"cuda::kernels","ms":null,"note":"failed"}',
+        '{"op":"adamw","shape":"n=8","dtype":"f32","impl":"pytorch","ms":0.5}',
+    ]
+
+    def join(self, lines):
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write("\n".join(lines) + "\n")
+        try:
+            return subprocess.run([sys.executable, TORCH_SCRIPT, "--join", f.name], capture_output=True, text=True)
+        finally:
+            os.unlink(f.name)
+
+    def test_ours_against_pytorch(self):
+        p = self.join(self.ROWS)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+        # the first of our repeated rows; the baseline, PyTorch and failed rows are not ours
+        self.assertEqual([(r["op"], r["impl"]) for r in rows],
+                         [("attention_fwd", "cuda::sdpa_bf16"), ("copy", "cuda::kernels")])
+        attention, copy = rows
+        self.assertEqual(attention["baseline"], "pytorch")
+        self.assertAlmostEqual(attention["ratio"], 0.4)  # 0.2 / 0.5
+        self.assertAlmostEqual(copy["ratio"], 2.0)  # 0.5 / 0.25
+        line = next(x for x in p.stdout.splitlines() if x.startswith("attention_fwd "))
+        self.assertIn("below the target 0.60", line)
+
+    def test_bad_json_names_the_line(self):
+        p = self.join(self.ROWS[:2] + ['{"op": broken'])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn(":3: expected a JSON object", p.stderr)
 
 
 if __name__ == "__main__":
