@@ -1,5 +1,6 @@
 // nanoddp_emu_cost_model: the cost model's estimates (include/emu_cost.h, cost_estimate.h) for
-// the library's CUDA kernels on rows like bench_kernels', with no GPU: each row's launchers
+// the library's CUDA kernels on the rows of bench/cost_model_row_list.h (which bench_kernels'
+// "model" family times on a GPU), with no GPU: each row's launchers
 // run in the emulator with counting on, every launch's counts become an H200 time, and the
 // row's time is the sum over its launches. Prints a table per launch and per row, and JSON
 // lines (bench/json_line.h's fields; "ms" is the ESTIMATE, impl "model").
@@ -16,8 +17,10 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <variant>
 #include <vector>
 
+#include "bench/cost_model_row_list.h"
 #include "bench/json_line.h"
 #include "cost_estimate.h"
 #include "cuda_runtime.h"
@@ -34,13 +37,15 @@ namespace {
 using namespace nd::kernels;
 using nd::BFloat16;
 
+namespace rows = nd::bench::cost_rows;
+
+// A row of bench/cost_model_row_list.h as the tool runs it.
 struct Row {
-  std::string op, shape, dtype;
-  double flops = 0, bytes = 0;  // the op's arithmetic and its minimal memory traffic (as bench_kernels counts)
-  std::string anchor;           // what the anchor is, with its source
+  rows::Key key;
+  std::string anchor;  // what the anchor is, with its source
   double anchor_tflops = 0, anchor_gbps = 0;
   std::function<void()> run;
-  // The row stands for `replicate` copies of what run() launches (see attention_row).
+  // The row stands for `replicate` copies of what run() launches (see the attention row).
   int64_t replicate = 1;
 };
 
@@ -82,16 +87,13 @@ constexpr double kFlashAttention2Tflops = 0.35 * 989;  // FlashAttention-2 forwa
 // or dropout every (b, h) runs the same instructions on its own slices of q, k, v, out and
 // lse (whole sectors apart: S x D x 2 bytes and S x 4 bytes are multiples of 32), so each
 // count for 2 x replicate heads is exactly replicate times the count for 2.
-Row attention_row(int64_t S, int64_t D, bool backward, int64_t replicate) {
-  const int64_t BH = 2;
+Row make(const rows::AttentionRow& a) {
+  const int64_t BH = 2, S = a.S, D = a.D;
+  const bool backward = a.backward;
+  ND_CHECK(a.BH % BH == 0, "cost model: expected an even BH for an attention row, found ", a.BH);
   Row r;
-  r.op = backward ? "attention_fwd_bwd" : "attention_fwd";
-  r.shape = "BH=" + std::to_string(BH * replicate) + " S=" + std::to_string(S) + " D=" + std::to_string(D);
-  r.dtype = "bf16";
-  r.replicate = replicate;
-  const double fwd = 4.0 * double(BH * replicate) * double(S) * double(S) * double(D);
-  r.flops = backward ? 3.5 * fwd : fwd;  // bench_kernels: backward = 2.5 x forward
-  r.bytes = double(BH * replicate * S * D) * 2 * (backward ? 8 : 4);
+  r.key = rows::key(a);
+  r.replicate = a.BH / BH;
   if (!backward) r.anchor = "FlashAttention-2 fwd, H100: ~35% of 989 TFLOP/s", r.anchor_tflops = kFlashAttention2Tflops;
   r.run = [=] {
     const size_t n = size_t(BH * S * D);
@@ -109,26 +111,18 @@ Row attention_row(int64_t S, int64_t D, bool backward, int64_t replicate) {
   return r;
 }
 
-// A conv2d pass on [N, C_in, HW, HW] of f32 tensors: "fwd" (conv2d_forward), "dgrad"
-// (conv2d_backward_input, the GEMM conv_transpose2d's forward also runs) or "wgrad"
-// (conv2d_backward_weight); bf16 operands on the tensor cores (autocast's conv) or exact f32
-// (the SIMT kernel).
-Row conv_row(const std::string& pass, int64_t N, int64_t C_in, int64_t C_out, int64_t HW, int64_t k, int64_t stride,
-             int64_t pad, cuda::ConvOperands ops = cuda::ConvOperands::kBf16) {
+Row make(const rows::ConvRow& c) {
   cpu::Conv2dShape s;
-  s.N = N, s.C_in = C_in, s.H = s.W = HW, s.C_out = C_out, s.kH = s.kW = k;
-  s.stride = {stride, stride}, s.padding = {pad, pad};
+  s.N = c.N, s.C_in = c.C_in, s.H = s.W = c.HW, s.C_out = c.C_out, s.kH = s.kW = c.k;
+  s.stride = {c.stride, c.stride}, s.padding = {c.pad, c.pad};
+  const auto ops = c.bf16 ? cuda::ConvOperands::kBf16 : cuda::ConvOperands::kExact;
+  const std::string pass = c.pass;
   Row r;
-  r.op = "conv2d_" + pass;
-  r.shape = "N=" + std::to_string(N) + " " + std::to_string(C_in) + "x" + std::to_string(HW) + "^2->" +
-            std::to_string(C_out) + " k" + std::to_string(k) + "s" + std::to_string(stride);
-  r.dtype = ops == cuda::ConvOperands::kBf16 ? "bf16" : "f32";
-  r.flops = 2.0 * double(N * C_out * s.out_h() * s.out_w() * C_in * k * k);
-  r.bytes = 4.0 * double(N * C_in * HW * HW + C_out * C_in * k * k + N * C_out * s.out_h() * s.out_w());
-  r.anchor = "none published for this shape: bench_kernels' cuDNN row on the GPU";
+  r.key = rows::key(c), r.anchor = "none published for this shape: bench_kernels' cuDNN row on the GPU";
   r.run = [=] {
-    auto x = filled<float>(size_t(N * C_in * HW * HW)), w = filled<float>(size_t(C_out * C_in * k * k), 0.1f);
-    auto y = filled<float>(size_t(N * C_out * s.out_h() * s.out_w()), 0.5f);
+    auto x = filled<float>(size_t(s.N * s.C_in * s.H * s.W));
+    auto w = filled<float>(size_t(s.C_out * s.C_in * s.kH * s.kW), 0.1f);
+    auto y = filled<float>(size_t(s.N * s.C_out * s.out_h() * s.out_w()), 0.5f);
     if (pass == "fwd")
       cuda::conv2d_forward<float>(s, x.data(), w.data(), nullptr, y.data(), nullptr, ops);
     else if (pass == "dgrad")
@@ -139,10 +133,10 @@ Row conv_row(const std::string& pass, int64_t N, int64_t C_in, int64_t C_out, in
   return r;
 }
 
-Row copy_row(int64_t n) {
-  Row r{"copy", "n=" + std::to_string(n), "f32", 0, 8.0 * double(n), "H200 device-to-device copy, measured", 0,
-        kCopyGbps, {}};
-  r.run = [=] {
+Row make(const rows::CopyRow& c) {
+  Row r;
+  r.key = rows::key(c), r.anchor = "H200 device-to-device copy, measured", r.anchor_gbps = kCopyGbps;
+  r.run = [n = c.n] {
     auto src = filled<float>(size_t(n));
     DeviceVector<float> dst(static_cast<size_t>(n));
     const int64_t shape[] = {n}, strides[] = {1};
@@ -151,24 +145,23 @@ Row copy_row(int64_t n) {
   return r;
 }
 
-Row batch_norm_row(int64_t N, int64_t C, int64_t S) {
-  Row r{"batch_norm_fwd", "N=" + std::to_string(N) + " C=" + std::to_string(C) + " S=" + std::to_string(S), "f32", 0,
-        8.0 * double(N * C * S), "copy bandwidth (reads x, writes y)", 0, kCopyGbps, {}};
-  r.run = [=] {
-    auto x = filled<float>(size_t(N * C * S)), weight = filled<float>(size_t(C)), bias = filled<float>(size_t(C));
-    const auto c = static_cast<size_t>(C);
-    DeviceVector<float> y(x.size()), mean(c), invstd(c), rm(c, 0.0f), rv(c, 1.0f);
-    cuda::batch_norm_forward_training<float>(x.data(), weight.data(), bias.data(), rm.data(), rv.data(), N, C, S, 0.1,
-                                             1e-5, y.data(), mean.data(), invstd.data(), nullptr);
-  };
-  return r;
-}
-
-// The training backward with both parameter gradients: reads dy and x (twice: the sums, then
-// dx; the second read an L1/L2 hit where one launch does both), writes dx.
-Row batch_norm_backward_row(int64_t N, int64_t C, int64_t S) {
-  Row r{"batch_norm_bwd", "N=" + std::to_string(N) + " C=" + std::to_string(C) + " S=" + std::to_string(S), "f32", 0,
-        12.0 * double(N * C * S), "copy bandwidth (reads dy x, writes dx)", 0, kCopyGbps, {}};
+// The training forward; the training backward with both parameter gradients: reads dy and x
+// (twice: the sums, then dx; the second read an L1/L2 hit where one launch does both), writes dx.
+Row make(const rows::BatchNormRow& b) {
+  const int64_t N = b.N, C = b.C, S = b.S;
+  Row r;
+  r.key = rows::key(b), r.anchor_gbps = kCopyGbps;
+  r.anchor = b.backward ? "copy bandwidth (reads dy x, writes dx)" : "copy bandwidth (reads x, writes y)";
+  if (!b.backward) {
+    r.run = [=] {
+      auto x = filled<float>(size_t(N * C * S)), weight = filled<float>(size_t(C)), bias = filled<float>(size_t(C));
+      const auto c = static_cast<size_t>(C);
+      DeviceVector<float> y(x.size()), mean(c), invstd(c), rm(c, 0.0f), rv(c, 1.0f);
+      cuda::batch_norm_forward_training<float>(x.data(), weight.data(), bias.data(), rm.data(), rv.data(), N, C, S,
+                                               0.1, 1e-5, y.data(), mean.data(), invstd.data(), nullptr);
+    };
+    return r;
+  }
   r.run = [=] {
     auto x = filled<float>(size_t(N * C * S)), dy = filled<float>(size_t(N * C * S), 0.01f);
     const auto c = static_cast<size_t>(C);
@@ -180,43 +173,23 @@ Row batch_norm_backward_row(int64_t N, int64_t C, int64_t S) {
   return r;
 }
 
-Row adamw_row(int tensors, int64_t each) {
-  const double n = double(tensors) * double(each);
-  Row r{"adamw", std::to_string(tensors) + " x " + std::to_string(each), "f32", 0, 4.0 * n * 7,
-        "copy bandwidth (reads p g m v, writes p m v)", 0, kCopyGbps, {}};
-  r.run = [=] {
+Row make(const rows::AdamwRow& a) {
+  Row r;
+  r.key = rows::key(a), r.anchor = "copy bandwidth (reads p g m v, writes p m v)", r.anchor_gbps = kCopyGbps;
+  r.run = [tensors = a.tensors, each = a.each] {
     std::vector<DeviceVector<float>> p, g, m, v;
     for (int t = 0; t < tensors; ++t) {
       p.push_back(filled<float>(size_t(each))), g.push_back(filled<float>(size_t(each), 0.01f));
       m.push_back(DeviceVector<float>(static_cast<size_t>(each))), v.push_back(m.back());
     }
     std::vector<cpu::AdamTensor<float>> list;
-    for (int t = 0; t < tensors; ++t) list.push_back({each, p[t].data(), g[t].data(), m[t].data(), v[t].data(), nullptr, 1});
+    for (int t = 0; t < tensors; ++t)
+      list.push_back({each, p[t].data(), g[t].data(), m[t].data(), v[t].data(), nullptr, 1});
     cpu::AdamParams hp;
     hp.lr = 1e-3, hp.weight_decay = 0.01, hp.decoupled_weight_decay = true;
     cuda::adam_step<float>(0, list, hp, nullptr);
   };
   return r;
-}
-
-std::vector<Row> rows() {
-  return {copy_row(1 << 21),
-          adamw_row(4, 1 << 16),
-          batch_norm_row(16, 64, 256),
-          batch_norm_backward_row(16, 64, 256),
-          batch_norm_row(32, 16, 1024),  // channels split over 8 blocks each
-          batch_norm_backward_row(32, 16, 1024),
-          conv_row("fwd", 2, 64, 128, 14, 4, 2, 1),    // DCGAN D.main.2 at batch 2
-          conv_row("dgrad", 2, 64, 128, 14, 4, 2, 1),  // its input gradient
-          conv_row("fwd", 2, 1, 64, 28, 4, 2, 1),      // DCGAN D.main.0 at batch 2 (1 input channel)
-          conv_row("wgrad", 2, 1, 64, 28, 4, 2, 1),    // its weight gradient
-          conv_row("dgrad", 2, 1, 64, 28, 4, 2, 1),    // G.main.6's forward (ConvTranspose2d(64, 1, 4, 2, 1))
-          conv_row("fwd", 2, 64, 128, 14, 4, 2, 1, cuda::ConvOperands::kExact),  // the f32 SIMT kernel
-          conv_row("dgrad", 2, 64, 128, 14, 4, 2, 1, cuda::ConvOperands::kExact),
-          attention_row(256, 64, false, 1),
-          attention_row(256, 64, false, 32),
-          attention_row(256, 128, false, 32),
-          attention_row(256, 64, true, 32)};
 }
 
 std::string grid_text(const emu_cost::LaunchCounts& c) {
@@ -241,8 +214,10 @@ int main(int argc, char** argv) {
     std::vector<std::string> summary, json;
     std::printf("%-36s %-11s %4s %9s %9s %9s %8s %8s %8s %8s %8s %-7s %9s\n", "kernel", "grid", "occ", "L2 MB",
                 "DRAM MB", "wavefr.", "conflict", "MFLOP", "barriers", "waves", "us", "bound", "emu s");
-    for (Row& row : rows()) {
-      if (!only.empty() && (row.op + " " + row.shape).find(only) == std::string::npos) continue;
+    for (const rows::Row& spec : rows::rows()) {
+      Row row = std::visit([](const auto& x) { return make(x); }, spec);
+      const rows::Key& key = row.key;
+      if (!only.empty() && (key.op + " " + key.shape).find(only) == std::string::npos) continue;
       emu_cost::clear();
       emu_cost::set_enabled(true);
       const auto t0 = std::chrono::steady_clock::now();
@@ -251,7 +226,7 @@ int main(int argc, char** argv) {
       emu_cost::set_enabled(false);
       double total_s = 0, l2_bytes = 0, dram_bytes = 0;
       std::string bounds;
-      std::printf("-- %s %s %s%s\n", row.op.c_str(), row.shape.c_str(), row.dtype.c_str(),
+      std::printf("-- %s %s %s%s\n", key.op.c_str(), key.shape.c_str(), key.dtype.c_str(),
                   row.replicate > 1 ? (" (emulated 1/" + std::to_string(row.replicate) + " of it)").c_str() : "");
       for (const auto& emulated : emu_cost::launches()) {
         const auto c = replicated(emulated, row.replicate);
@@ -269,23 +244,24 @@ int main(int argc, char** argv) {
                     double(c.mma_flops) / 1e6, static_cast<long long>(c.barriers), static_cast<long long>(e.waves),
                     e.total_s * 1e6, e.bound.c_str());
       }
-      const double tflops = row.flops / total_s / 1e12, gbps = row.bytes / total_s / 1e9;
+      const double tflops = key.flops / total_s / 1e12, gbps = key.bytes / total_s / 1e9;
       char line[400];
-      std::snprintf(line, sizeof line, "| %s | %s | %s | %zu | %.2f | %s | %s | %s | %s | %.0f |", row.op.c_str(),
-                    row.shape.c_str(), row.dtype.c_str(), emu_cost::launches().size(), total_s * 1e6,
-                    row.flops > 0 ? std::to_string(int(tflops + 0.5)).c_str() : "-",
+      std::snprintf(line, sizeof line, "| %s | %s | %s | %zu | %.2f | %s | %s | %s | %s | %.0f |", key.op.c_str(),
+                    key.shape.c_str(), key.dtype.c_str(), emu_cost::launches().size(), total_s * 1e6,
+                    key.flops > 0 ? std::to_string(int(tflops + 0.5)).c_str() : "-",
                     std::to_string(int(gbps + 0.5)).c_str(), bounds.c_str(),
                     row.anchor_tflops > 0 ? (std::to_string(int(row.anchor_tflops)) + " TFLOP/s").c_str()
                     : row.anchor_gbps > 0 ? (std::to_string(int(row.anchor_gbps)) + " GB/s").c_str()
                                           : "-",
                     emu_s);
       summary.push_back(line);
-      std::printf("   row: %zu launches, %.2f us estimated, %.3f TFLOP/s, %.0f GB/s (L2 %.2f MB, DRAM %.2f MB); emulated in %.0f s\n",
+      std::printf("   row: %zu launches, %.2f us estimated, %.3f TFLOP/s, %.0f GB/s (L2 %.2f MB, DRAM %.2f MB); "
+                  "emulated in %.0f s\n",
                   emu_cost::launches().size(), total_s * 1e6, tflops, gbps, l2_bytes / 1e6, dram_bytes / 1e6, emu_s);
       std::fflush(stdout);
-      json.push_back(nd::bench::JsonLine::row(row.op, row.shape, row.dtype, "model")
+      json.push_back(nd::bench::JsonLine::row(key.op, key.shape, key.dtype, "model")
                          .number("ms", total_s * 1e3, "%.5f")
-                         .positive_or_null("gflops", row.flops / total_s / 1e9, "%.1f")
+                         .positive_or_null("gflops", key.flops / total_s / 1e9, "%.1f")
                          .number("gbps", gbps, "%.1f")
                          .null("baseline")
                          .null("ratio")
