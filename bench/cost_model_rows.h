@@ -158,6 +158,7 @@ inline void bench_model_rows(Bench& b) {
   model_rows::batch_norm_bwd(b, 32, 16, 1024);
   model_rows::conv(b, "fwd", 2, 64, 128, 14, 4, 2, 1);
   model_rows::conv(b, "dgrad", 2, 64, 128, 14, 4, 2, 1);
+  model_rows::conv(b, "wgrad", 2, 64, 128, 14, 4, 2, 1);
   model_rows::conv(b, "fwd", 2, 1, 64, 28, 4, 2, 1);  // DCGAN D.main.0 (1 input channel: conv_narrow.cu)
   model_rows::conv(b, "wgrad", 2, 1, 64, 28, 4, 2, 1);
   model_rows::conv(b, "dgrad", 2, 1, 64, 28, 4, 2, 1);  // = G.main.6's forward

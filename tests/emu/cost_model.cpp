@@ -208,6 +208,7 @@ std::vector<Row> rows() {
           batch_norm_backward_row(32, 16, 1024),
           conv_row("fwd", 2, 64, 128, 14, 4, 2, 1),    // DCGAN D.main.2 at batch 2
           conv_row("dgrad", 2, 64, 128, 14, 4, 2, 1),  // its input gradient
+          conv_row("wgrad", 2, 64, 128, 14, 4, 2, 1),  // its weight gradient
           conv_row("fwd", 2, 1, 64, 28, 4, 2, 1),      // DCGAN D.main.0 at batch 2 (1 input channel)
           conv_row("wgrad", 2, 1, 64, 28, 4, 2, 1),    // its weight gradient
           conv_row("dgrad", 2, 1, 64, 28, 4, 2, 1),    // G.main.6's forward (ConvTranspose2d(64, 1, 4, 2, 1))
