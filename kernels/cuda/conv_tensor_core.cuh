@@ -58,8 +58,9 @@
 // and f16 against the CPU on rounded operands, the sanitizer on), and checked to fail with
 // the wait for step k dropped, the multiply reading the other stage (both the sanitizer's
 // uninitialised read of 'smem'), A's a[1] taken from row g instead of g + 8 (every pass off
-// by up to 4.8e5 x its tolerance) and bf16 truncated instead of rounded to nearest even (up
-// to 2756 x). Not yet run on a GPU: its speed is the cost model's estimate (bench/RESULTS.md
+// by up to 4.8e5 x its tolerance), B's b[1] from k = 2t instead of 2t + 8 (5.3e5 x), C's
+// rows g + 8 written to row g (9e5 x) and bf16 truncated instead of rounded to nearest even
+// (up to 2756 x). Not yet run on a GPU: its speed is the cost model's estimate (bench/RESULTS.md
 // "tcconv").
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -163,8 +164,8 @@ __device__ __forceinline__ void walk_tile(int tid, F&& f) {
 // For every z = (group g, chunk s, slice), column tile and row tile of that slice sp:
 //   C_g[m, j] = sum_{k in chunk s} round(sp.a(g, m, k)) * round(sp.b(g, k, j)) in f32,
 // stored by sp.store(g, s, m, j, .); E: the 16-bit operand type, I: the walk's index type.
-// Out-of-range rows, columns and depths copy as 0 and are never stored. At least 1 block per
-// SM, said explicitly, as for conv.cu's f32 kernel (ptxas otherwise aims at fewer registers).
+// Out-of-range rows, columns and depths copy as 0 and are never stored. Launch bounds: 128
+// threads, at least 1 block per SM (what ptxas then chose: the opening comment's registers).
 template <class E, class I, class Problem>
 __global__ void __launch_bounds__(kTcThreads, 1)
     tensor_core_gemm_kernel(Problem p, int64_t groups, int64_t splits, int64_t chunk) {
@@ -189,16 +190,16 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         // Depth step k0 lies in stage s; step k0 + kTcTileK is issued into 1 - s before the
         // wait for k0. No group is left in flight after the last step, and none committed
         // empty (a tile without depth: a stride phase without taps).
-        const auto issue = [&](int64_t k0, int stage) {
+        const auto issue_step = [&](int64_t k0, int stage) {
           float* As = smem + stage * L::kStage;
           gather.issue(k0, As, As + L::kA, L{});
           cp_async_commit_group();
         };
-        if (k_begin < k_end) issue(k_begin, 0);
+        if (k_begin < k_end) issue_step(k_begin, 0);
         int s = 0;
         for (int64_t k0 = k_begin; k0 < k_end; k0 += kTcTileK, s = 1 - s) {
           if (k0 + kTcTileK < k_end) {
-            issue(k0 + kTcTileK, 1 - s);
+            issue_step(k0 + kTcTileK, 1 - s);
             cp_async_wait_group<1>();  // this thread's copies of step k0 have landed
           } else {
             cp_async_wait_group<0>();
