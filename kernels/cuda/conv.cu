@@ -59,7 +59,9 @@
 // multiplied; each lane builds its A and B fragments from the f32 tiles, rounding to
 // bf16 / f16 (nearest even) as it packs them, and the result goes back through a shared f32
 // tile to p.store, so bias, groups and split-K are the accessors' business exactly as in the
-// f32 kernel. It replaced a WMMA kernel that rounded into 16-bit tiles with no pipeline.
+// f32 kernel. It replaced a WMMA kernel that rounded into 16-bit tiles with no pipeline:
+// registers 174-255 -> 128-202 (2 -> 2-4 blocks per SM), the cost model's estimates
+// unchanged (L2- or launch-bound rows; bench/RESULTS.md "tcconv"); not yet run on a GPU.
 //
 // Checked: every pass against kernels/cpu in the emulator (tests/emu/conv_emu_test.cpp:
 // partial tiles, groups, stride 2 and 3, dilation, padding, phases without taps,
