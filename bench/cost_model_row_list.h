@@ -89,6 +89,7 @@ inline std::vector<Row> rows() {
           BatchNormRow{true, 32, 16, 1024},
           ConvRow{"fwd", 2, 64, 128, 14, 4, 2, 1},    // DCGAN D.main.2 at batch 2
           ConvRow{"dgrad", 2, 64, 128, 14, 4, 2, 1},  // its input gradient
+          ConvRow{"wgrad", 2, 64, 128, 14, 4, 2, 1},  // its weight gradient
           ConvRow{"fwd", 2, 1, 64, 28, 4, 2, 1},      // DCGAN D.main.0 at batch 2 (1 input channel: conv_narrow.cu)
           ConvRow{"wgrad", 2, 1, 64, 28, 4, 2, 1},    // its weight gradient
           ConvRow{"dgrad", 2, 1, 64, 28, 4, 2, 1},    // G.main.6's forward (ConvTranspose2d(64, 1, 4, 2, 1))

@@ -24,9 +24,9 @@
 // traded for the overlap; not yet timed on a GPU. The walks, in registers (accessors ->
 // int32 walks, before the pipeline; bench/kernel_resources.md then): SIMT dgrad 176 / 186
 // (f32 / f64) -> 128 / 174 (f32: 1 -> 2 blocks per SM), f32 wgrad 96 -> 64 (2 -> 4 blocks);
-// WMMA forward 254 / 255 (bf16 / f16) -> 238 / 174, dgrad 213 / 210 -> 190 / 198, but WMMA
-// wgrad 190 / 183 -> 254 / 243: its unrolled 16-cell gathers now issue all their loads
-// first. No spill; the WMMA kernels stay at 2 blocks per SM. The int64 twins: 128-255.
+// the former WMMA kernel's forward 254 / 255 (bf16 / f16) -> 238 / 174, dgrad 213 / 210 ->
+// 190 / 198, but wgrad 190 / 183 -> 254 / 243: its unrolled 16-cell gathers issued all their
+// loads first. No spill. The int64 twins: 128-255.
 // Not for one input channel (a GEMM dimension of 1 or 16 against 64-wide tiles): the
 // launchers hand those to conv_narrow.cu (narrow::applies, the one hook in each pass).
 //
@@ -49,18 +49,19 @@
 // order: no atomics, the same bits on every run; the bias goes into chunk 0. Cost model,
 // that layer in bf16: forward 24.1 -> 10.7 us, dgrad 17.0 -> 12.7 us with 16 blocks each
 // (bench/RESULTS.md). The chunk's output offset and bias choice in the stores took the
-// WMMA forward from 166 to 254 registers (no spill; 3 -> 2 blocks per SM).
+// former WMMA forward from 166 to 254 registers (no spill; 3 -> 2 blocks per SM).
 //
-// Mixed precision (ConvOperands::kBf16 / kF16, float only): tensor_core_gemm_kernel is the
-// same tiling on bf16 or f16 tensor cores through the documented WMMA API (the 16-bit type
-// is its template argument; both have the same fragment shapes and ldm rules). It gathers
-// through the same walks, rounds each value to bf16 / f16 as it writes the shared tiles, multiplies 16x16x16
-// fragments into f32 accumulators, and goes back through a shared f32 tile to p.store, so
-// bias, groups and split-K are the accessors' business exactly as in the f32 kernel.
-// Not done: a cp.async pipeline for its tiles. The operands are f32 tensors rounded to
-// bf16 / f16 as they are gathered, and cp.async copies bytes: it needs double-buffered f32
-// staging tiles (2 x (64x32 + 64x32) f32 = 32 KiB beside its 27 KiB of 16-bit and result
-// tiles: dynamic shared memory past 48 KiB) and a rounding pass, or 16-bit tensors.
+// Mixed precision (ConvOperands::kBf16 / kF16, float only): tensor_core_gemm_kernel
+// (conv_tensor_core.cuh, whose opening comment has the layouts and their bank arithmetic)
+// is the same 64 x 64 tiling on mma.sync m16n8k16 (bf16 or f16 in, f32 accumulation). Its
+// gather copies f32 elements with cp.async through the same walks (zero-fill for padding
+// and overhang) into two f32 staging stages, step k + 1 in flight while step k is
+// multiplied; each lane builds its A and B fragments from the f32 tiles, rounding to
+// bf16 / f16 (nearest even) as it packs them, and the result goes back through a shared f32
+// tile to p.store, so bias, groups and split-K are the accessors' business exactly as in the
+// f32 kernel. It replaced a WMMA kernel that rounded into 16-bit tiles with no pipeline:
+// registers 174-255 -> 128-202 (2 -> 2-4 blocks per SM), the cost model's estimates
+// unchanged (L2- or launch-bound rows; bench/RESULTS.md "tcconv"); not yet run on a GPU.
 //
 // Checked: every pass against kernels/cpu in the emulator (tests/emu/conv_emu_test.cpp:
 // partial tiles, groups, stride 2 and 3, dilation, padding, phases without taps,
@@ -73,7 +74,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -83,6 +83,7 @@
 #include "kernels/cuda/chunk_sum.cuh"
 #include "kernels/cuda/conv_gather.cuh"
 #include "kernels/cuda/conv_narrow.cuh"
+#include "kernels/cuda/conv_tensor_core.cuh"
 #include "kernels/cuda/row_reduce.cuh"
 #include "kernels/cuda/scratch.cuh"
 #include "kernels/cuda/strided.cuh"
@@ -103,18 +104,7 @@ static_assert(kTileM / kMicro == 16 && kTileN / kMicro == 16, "the thread layout
 constexpr int64_t kMinChunk = 256, kTargetBlocks = 512;
 using detail::kMaxGridX;
 using detail::kMaxGridYZ;
-
-// f(fast, slow) for every cell of a Fast x Slow tile, by a block of Threads threads:
-// each thread keeps one `fast` index (neighbouring threads, neighbouring addresses) and
-// steps through `slow` (the stores of tensor_core_gemm_kernel).
-template <int Threads, int Fast, int Slow, class F>
-__device__ __forceinline__ void walk_tile(int tid, F&& f) {
-  constexpr int step = Threads / Fast;
-  static_assert(Threads % Fast == 0 && Slow % step == 0, "the threads tile the tile exactly");
-  const int fast = tid % Fast, first = tid / Fast;
-#pragma unroll
-  for (int i = 0; i < Slow / step; ++i) f(fast, first + i * step);
-}
+static_assert(kTcTileM == kTileM && kTcTileN == kTileN, "one grid of output tiles serves both kernels");
 
 // For every z = (group g, chunk s, slice), column tile and row tile of that slice sp:
 //   C_g[m, j] = sum_{k in chunk s} sp.a(g, m, k) * sp.b(g, k, j), stored by sp.store(g, s, m, j, .).
@@ -123,7 +113,7 @@ __device__ __forceinline__ void walk_tile(int tid, F&& f) {
 // The tiles are gathered by conv_gather.cuh's TileGather (I: the walk's index type).
 // Out-of-range rows, columns and depths load as 0 and are never stored. At least 1 block
 // per SM, said explicitly: with the pipeline ptxas otherwise settled at 128 registers and
-// spilled in the 64-bit f32 wgrad (as in tensor_core_gemm_kernel below).
+// spilled in the 64-bit f32 wgrad (as in conv_tensor_core.cuh's kernel).
 template <class T, class I, class Problem>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     implicit_gemm_kernel(Problem p, int64_t groups, int64_t splits, int64_t chunk) {
@@ -192,114 +182,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           store_tile(std::false_type{});
         else
           store_tile(std::true_type{});
-      }
-    }
-  }
-}
-
-// The tensor-core variant. 64x64 block tile (kTileM x kTileN), depth step 32, 4 warps
-// in a 2 x 2 layout, each owning a 32x32 sub-tile as 2 x 2 accumulator fragments.
-// Shared layouts follow the gather order so that neighbouring threads write neighbouring
-// shared words and read neighbouring global addresses:
-//   pixel-row problems (forward, dgrad: row m is a pixel): A gathered row-fastest, kept
-//     k-major (As[k][m], a col_major fragment); the result tile kept j-major
-//     (Cs[j][m]) so that the stores walk pixels;
-//   wgrad (its pixels are the depth): A gathered depth-fastest, kept m-major (As[m][k],
-//     row_major); Cs[m][j], stores walk the filter taps j.
-//   B is gathered depth-fastest in every pass (the weight rows of forward and dgrad, the
-//     pixels of wgrad's X) and kept j-major (Bs[j][k], a col_major fragment).
-// Rows are padded (+8 bf16, +4 f32) against bank conflicts; every fragment starts on a
-// 32-byte boundary (row offsets are multiples of 16 elements, the padded strides of 40,
-// 72 bf16 and 68 f32 keep 16-row steps at multiples of 32 bytes), as load_matrix_sync
-// and store_matrix_sync require; the strides are multiples of 8 (bf16) and 4 (f32).
-namespace wmma = nvcuda::wmma;
-constexpr int kTcTileK = 32, kFrag = 16;
-constexpr int kTcWarps = 4, kTcThreads = 32 * kTcWarps;  // 128
-constexpr int kLdKMajor = kTileM + 8;  // As[k][m]: 72 bf16 per k
-constexpr int kLdDepth = kTcTileK + 8;  // As[m][k] and Bs[j][k]: 40 bf16 per row
-constexpr int kLdC = kTileM + 4;        // Cs: 68 f32 per row (kTileM == kTileN)
-static_assert(kTileM == kTileN && kTileM == 2 * 2 * kFrag, "2 x 2 warps of 2 x 2 fragments cover the tile");
-static_assert((kFrag * kLdKMajor * 2) % 32 == 0 && (kFrag * kLdDepth * 2) % 32 == 0 && (kFrag * kLdC * 4) % 32 == 0,
-              "16 rows of every shared tile span a multiple of 32 bytes: fragment starts stay aligned");
-constexpr int kAsSize = kTcTileK * kLdKMajor > kTileM * kLdDepth ? kTcTileK * kLdKMajor : kTileM * kLdDepth;
-static_assert(kLdKMajor % 8 == 0 && kLdDepth % 8 == 0 && kLdC % 4 == 0, "WMMA ldm: 8 for bf16, 4 for f32");
-
-// Whether the rows of a problem are pixels (forward, dgrad) or its depth is (wgrad).
-template <class Problem>
-constexpr bool kPixelRows = true;
-template <class T>
-constexpr bool kPixelRows<ci::WgradGemm<T>> = false;
-
-// At least 1 block per SM, said explicitly: without it ptxas settled at 128 registers and
-// spilled in the wgrad variants (bench/kernel_resources.sh fails on any spill).
-template <class E, class I, class Problem>
-__global__ void __launch_bounds__(kTcThreads, 1)
-    tensor_core_gemm_kernel(Problem p, int64_t groups, int64_t splits, int64_t chunk) {
-  constexpr bool pixel_rows = kPixelRows<Problem>;
-  using ALayout = std::conditional_t<pixel_rows, wmma::col_major, wmma::row_major>;
-  constexpr int lda = pixel_rows ? kLdKMajor : kLdDepth;
-  constexpr wmma::layout_t c_layout = pixel_rows ? wmma::mem_col_major : wmma::mem_row_major;
-  __shared__ __align__(32) E As[kAsSize];
-  __shared__ __align__(32) E Bs[kTileN * kLdDepth];
-  __shared__ __align__(32) float Cs[kTileN * kLdC];
-  // Offsets of element (m, k) of A, (k, j) of B and (m, j) of C in their shared tiles.
-  auto a_at = [](int ml, int kl) { return pixel_rows ? kl * kLdKMajor + ml : ml * kLdDepth + kl; };
-  auto b_at = [](int kl, int jl) { return jl * kLdDepth + kl; };
-  auto c_at = [](int ml, int jl) { return pixel_rows ? jl * kLdC + ml : ml * kLdC + jl; };
-
-  const int tid = threadIdx.x, warp = tid / 32;
-  const int wm = (warp / 2) * 2 * kFrag, wn = (warp % 2) * 2 * kFrag;  // the warp's sub-tile origin
-  for (int64_t z = blockIdx.z; z < groups * splits * p.slices(); z += gridDim.z) {
-    const int64_t g = z % groups, split = z / groups % splits;
-    const auto& sp = p.slice(z / (groups * splits));
-    const auto wk = ci::walk<I>(sp);
-    conv_gather::TensorCoreGather<E, I, decltype(wk), pixel_rows, kTcThreads, kTileM, kTcTileK> gather(wk, g, tid);
-    const int64_t M = sp.rows(), Ncols = sp.cols(), K = sp.depth();
-    const int64_t m_tiles = (M + kTileM - 1) / kTileM, n_tiles = (Ncols + kTileN - 1) / kTileN;
-    const int64_t k_begin = split * chunk, k_end = k_begin + chunk < K ? k_begin + chunk : K;
-    for (int64_t nt = blockIdx.y; nt < n_tiles; nt += gridDim.y) {
-      for (int64_t mt = blockIdx.x; mt < m_tiles; mt += gridDim.x) {
-        const int64_t m0 = mt * kTileM, n0 = nt * kTileN;
-        wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float> acc[2][2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-        gather.tile(m0, n0, k_begin, k_end, M, Ncols);
-        for (int64_t k0 = k_begin; k0 < k_end; k0 += kTcTileK) {
-          gather.fill(k0, As, Bs, a_at, b_at);
-          __syncthreads();
-#pragma unroll
-          for (int kk = 0; kk < kTcTileK; kk += kFrag) {
-            wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, E, ALayout> a[2];
-            wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, E, wmma::col_major> b[2];
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              wmma::load_matrix_sync(a[i], As + a_at(wm + kFrag * i, kk), lda);
-              wmma::load_matrix_sync(b[i], Bs + b_at(kk, wn + kFrag * i), kLdDepth);
-            }
-#pragma unroll
-            for (int i = 0; i < 2; ++i)
-#pragma unroll
-              for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
-          }
-          __syncthreads();  // the next depth step overwrites As and Bs
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-            wmma::store_matrix_sync(Cs + c_at(wm + kFrag * i, wn + kFrag * j), acc[i][j], kLdC, c_layout);
-        __syncthreads();
-        const auto store = [&](int ml, int jl) {
-          const int64_t m = m0 + ml, col = n0 + jl;
-          if (m < M && col < Ncols) sp.store(g, split, m, col, Cs[c_at(ml, jl)]);
-        };
-        if constexpr (pixel_rows)
-          walk_tile<kTcThreads, kTileM, kTileN>(tid, store);
-        else
-          walk_tile<kTcThreads, kTileN, kTileM>(tid, [&](int jl, int ml) { store(ml, jl); });
-        __syncthreads();  // the next tile overwrites Cs
       }
     }
   }

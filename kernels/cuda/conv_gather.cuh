@@ -5,14 +5,12 @@
 // into digits with 64-bit divisions; here each thread splits the indices it keeps fixed
 // once per tile and steps the other with carries, in 32-bit integers where the launcher's
 // fits_int32 allowed (I = int32_t). A cell outside the problem (an edge tile's overhang)
-// or in the padding loads 0; its address may be computed (I's unsigned wrap) but is never read.
-// TileGather (f32, f64) copies with cp.async (warp_mma.cuh) so that the next depth step's
-// copies fly while the current one is multiplied; TensorCoreGather loads and rounds to 16 bits.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+// or in the padding is copied as zeros (cp.async's src-size 0); its address may be computed
+// (I's unsigned wrap) but is never read.
+// Both copy with cp.async (warp_mma.cuh) so that the next depth step's copies fly while
+// the current one is multiplied: TileGather for the f32 / f64 kernel, TensorCoreGather into
+// the f32 staging tiles of the tensor-core kernel (conv_tensor_core.cuh, which rounds).
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/common/conv_walk.h"
 #include "kernels/cuda/warp_mma.cuh"
@@ -21,27 +19,12 @@ namespace nd::kernels::cuda::conv_gather {
 
 namespace ci = kernels::conv_index;
 
-// *src, or 0 for no element.
-template <class T>
-__device__ __forceinline__ T load_or_zero(const T* src) {
-  return src ? *src : T(0);
-}
-
 // cp.async of one element *src into *dst, or of zeros for no element (src-size 0 reads
 // nothing: src may be null there).
 template <class T>
 __device__ __forceinline__ void copy_or_zero(T* dst, const T* src) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "cp.async.ca copies 4- or 8-byte elements here (f32, f64)");
   cp_async_ca_zfill<int(sizeof(T))>(dst, src, src ? int(sizeof(T)) : 0);
-}
-
-// An f32 value as the 16-bit operand type E (__nv_bfloat16 or __half), nearest even.
-template <class E>
-__device__ E to_operand(float v) {
-  if constexpr (std::is_same_v<E, __half>)
-    return __float2half_rn(v);
-  else
-    return __float2bfloat16_rn(v);
 }
 
 // implicit_gemm_kernel's gather: Threads threads copy a Depth x Tile tile of A (As[k][m])
@@ -86,13 +69,14 @@ struct TileGather {
   }
 };
 
-// tensor_core_gemm_kernel's gather, rounding to E as it stores; a_at(m, k) and b_at(k, j)
-// are the shared tiles' layouts. B (and wgrad's A, whose depth is its pixels) is gathered
-// depth-fastest: thread tid holds depth k0 + lane_k (lane_k = tid % Depth, on by Depth each
-// step) and walks the columns (rows) n0 + first_j + StepJ*i from digits split once per tile.
-// PixelRows (forward, dgrad): A row-fastest, thread tid holds row m0 + lane_m (lane_m =
-// tid % Tile) and walks depths first_k + StepK*i on by StepK, like TileGather.
-template <class E, class I, class Walk, bool PixelRows, int Threads, int Tile, int Depth>
+// tensor_core_gemm_kernel's gather (conv_tensor_core.cuh): cp.async copies of f32 elements
+// into a stage's tiles As and Bs, laid out by Layout::a_at(m, k) and Layout::b_at(k, j). B
+// (and wgrad's A, whose depth is its pixels) is gathered depth-fastest: thread tid holds
+// depth k0 + lane_k (lane_k = tid % Depth, on by Depth each step) and walks the columns
+// (rows) n0 + first_j + StepJ*i from digits split once per tile. PixelRows (forward,
+// dgrad): A row-fastest, thread tid holds row m0 + lane_m (lane_m = tid % Tile) and walks
+// depths first_k + StepK*i on by StepK, like TileGather. Steps are issued in depth order.
+template <class I, class Walk, bool PixelRows, int Threads, int Tile, int Depth>
 struct TensorCoreGather {
   static constexpr int kStepK = Threads / Tile, kStepJ = Threads / Depth;
   static_assert(Threads % Tile == 0 && Threads % Depth == 0 && Depth % kStepK == 0 && Tile % kStepJ == 0,
@@ -122,31 +106,33 @@ struct TensorCoreGather {
     depth = wk.depth.digits(I(k_begin + lane_k));
   }
 
-  template <class AAt, class BAt>
-  __device__ void fill(int64_t k0, E* As, E* Bs, AAt a_at, BAt b_at) {
+  // Issues the copies of depth step k0 (the caller commits and waits); a cell in the padding
+  // or outside the problem is the src-size-0 form: no read, zeros written.
+  template <class Layout>
+  __device__ void issue(int64_t k0, float* As, float* Bs, Layout) {
     const bool k_in = k0 + lane_k < k_end;
     if constexpr (PixelRows) {
-#pragma unroll
+#pragma unroll 4
       for (int i = 0; i < Depth / kStepK; ++i) {
         const int kl = first_k + i * kStepK;
         const bool in = m0 + lane_m < M && k0 + kl < k_end;
-        As[a_at(lane_m, kl)] = to_operand<E>(load_or_zero(in ? wk.a(g, row, depth_a) : nullptr));
+        copy_or_zero(&As[Layout::a_at(lane_m, kl)], in ? wk.a(g, row, depth_a) : nullptr);
         wk.depth.advance(depth_a, by_k);
       }
     } else {
       ci::Digits<I> m = rows_first;
-#pragma unroll
+#pragma unroll 4
       for (int i = 0; i < Tile / kStepJ; ++i) {
         const int ml = first_j + i * kStepJ;
-        As[a_at(ml, lane_k)] = to_operand<E>(load_or_zero(m0 + ml < M && k_in ? wk.a(g, m, depth) : nullptr));
+        copy_or_zero(&As[Layout::a_at(ml, lane_k)], m0 + ml < M && k_in ? wk.a(g, m, depth) : nullptr);
         wk.rows.advance(m, by_j_rows);
       }
     }
     ci::Digits<I> j = cols_first;
-#pragma unroll
+#pragma unroll 4
     for (int i = 0; i < Tile / kStepJ; ++i) {
       const int jl = first_j + i * kStepJ;
-      Bs[b_at(lane_k, jl)] = to_operand<E>(load_or_zero(n0 + jl < Ncols && k_in ? wk.b(g, depth, j) : nullptr));
+      copy_or_zero(&Bs[Layout::b_at(lane_k, jl)], n0 + jl < Ncols && k_in ? wk.b(g, depth, j) : nullptr);
       wk.cols.advance(j, by_j_cols);
     }
     wk.depth.advance(depth, by_depth);

@@ -1,11 +1,11 @@
 // kernels/cuda/conv.cu in the emulator against kernels/cpu/conv.cpp: all six GEMM passes
 // and the bias gradient, f32 and f64 on the exact (SIMT) kernel and f32 with bf16 or f16
-// operands on the WMMA kernel, on shapes with partial tiles in every GEMM dimension, groups,
-// stride / dilation / padding, dgrad's stride phases (stride 2 and 3, phases no tap reaches,
-// output_padding), and depths long enough to be split (split-K) in every pass; and the
-// narrow kernels of one input channel (conv_narrow.cu, which conv.cu's launchers choose for
-// C_in == 1 in conv2d terms: conv2d with 1 input channel, conv_transpose2d with 1 output
-// channel) on the same checks, plus bit-equal reruns.
+// operands on the mma.sync kernel (conv_tensor_core.cuh), on shapes with partial tiles in
+// every GEMM dimension, groups, stride / dilation / padding, dgrad's stride phases (stride 2
+// and 3, phases no tap reaches, output_padding), and depths long enough to be split
+// (split-K) in every pass; and the narrow kernels of one input channel (conv_narrow.cu,
+// which conv.cu's launchers choose for C_in == 1 in conv2d terms: conv2d with 1 input
+// channel, conv_transpose2d with 1 output channel) on the same checks, plus bit-equal reruns.
 //
 // Tolerances (emu_test.h check_sum_bound): each output element is a sum of at most n
 // products (+ bias) that the CPU and the CUDA kernel add in different orders, so they differ
@@ -281,13 +281,13 @@ TEST_CASE("conv2d f32 exact kernel: grouped, strided, dilated, padded, partial a
   check_conv2d<float>("full tiles", full_tiles(), Op::kExact, 25);
 }
 
-TEST_CASE("conv2d bf16 operands on the WMMA kernel") {
+TEST_CASE("conv2d bf16 operands on the tensor-core kernel") {
   check_conv2d<float>("grouped", grouped(), Op::kBf16, 10);
   check_conv2d<float>("wide", wide(), Op::kBf16, 20);
   check_conv2d<float>("full tiles", full_tiles(), Op::kBf16, 25);
 }
 
-TEST_CASE("conv2d f16 operands on the WMMA kernel") {
+TEST_CASE("conv2d f16 operands on the tensor-core kernel") {
   check_conv2d<float>("grouped", grouped(), Op::kF16, 11);
   check_conv2d<float>("full tiles", full_tiles(), Op::kF16, 26);
 }
