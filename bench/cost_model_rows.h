@@ -119,14 +119,15 @@ inline void conv(Bench& b, const std::string& pass, int64_t N, int64_t C_in, int
              }});
 }
 
-// bf16 attention on [1, BH, S, D] (no mask, not causal, scale 1/sqrt(D)): the forward, or the
-// forward then the backward.
-inline void attention(Bench& b, int64_t BH, int64_t S, int64_t D, bool backward) {
-  const double fwd = 4.0 * double(BH) * double(S) * double(S) * double(D);
+// bf16 attention on [1, BH, S, D] (no mask, scale 1/sqrt(D), causal or not): the forward, or
+// the forward then the backward. Causal counts half the flops (FlashAttention's convention).
+inline void attention(Bench& b, int64_t BH, int64_t S, int64_t D, bool backward, bool causal = false) {
+  const double fwd = (causal ? 2.0 : 4.0) * double(BH) * double(S) * double(S) * double(D);
   b.compare({backward ? "attention_fwd_bwd" : "attention_fwd",
-             "BH=" + std::to_string(BH) + " S=" + std::to_string(S) + " D=" + std::to_string(D),
+             "BH=" + std::to_string(BH) + " S=" + std::to_string(S) + " D=" + std::to_string(D) +
+                 (causal ? " causal" : ""),
              backward ? 3.5 * fwd : fwd, double(BH * S * D) * 2 * (backward ? 8 : 4), "bf16"},
-            {}, {kImpl, [&b, BH, S, D, backward]() -> Run {
+            {}, {kImpl, [&b, BH, S, D, backward, causal]() -> Run {
                    const nd::Shape shape{1, BH, S, D};
                    const auto half = [&] { return randn(b, shape).to(nd::kBFloat16); };
                    const nd::Tensor q = half(), k = half(), v = half(), dout = half(), out = half(), dq = half(),
@@ -135,11 +136,11 @@ inline void attention(Bench& b, int64_t BH, int64_t S, int64_t D, bool backward)
                    const cudaStream_t stream = b.stream();
                    const auto p = [](const nd::Tensor& t) { return t.data_ptr<nd::BFloat16>(); };
                    return [=] {
-                     cu::scaled_dot_product_attention_forward(p(q), p(k), p(v), {}, 1, BH, S, S, D, D, false, scale, {},
-                                                              p(out), ptr(lse), stream);
+                     cu::scaled_dot_product_attention_forward(p(q), p(k), p(v), {}, 1, BH, S, S, D, D, causal, scale,
+                                                              {}, p(out), ptr(lse), stream);
                      if (backward)
                        cu::scaled_dot_product_attention_backward(p(dout), p(q), p(k), p(v), {}, p(out), ptr(lse), 1, BH,
-                                                                 S, S, D, D, false, scale, {}, p(dq), p(dk), p(dv),
+                                                                 S, S, D, D, causal, scale, {}, p(dq), p(dk), p(dv),
                                                                  stream);
                    };
                  }});
@@ -167,6 +168,8 @@ inline void bench_model_rows(Bench& b) {
   model_rows::attention(b, 64, 256, 64, false);
   model_rows::attention(b, 64, 256, 128, false);
   model_rows::attention(b, 64, 256, 64, true);
+  model_rows::attention(b, 64, 256, 128, true);
+  model_rows::attention(b, 64, 256, 64, true, true);
 }
 
 }  // namespace nd::bench

@@ -78,18 +78,20 @@ DeviceVector<T> filled(size_t n, float scale = 1.0f) {
 constexpr double kCopyGbps = 4300;  // H200 device-to-device copy, read + write (KINDS.md, 2026-10-28)
 constexpr double kFlashAttention2Tflops = 0.35 * 989;  // FlashAttention-2 forward on H100: ~35% of bf16 peak
 
-// Emulates BH = 2 (batch x heads) and stands for BH = 2 x replicate: without a mask, causality
-// or dropout every (b, h) runs the same instructions on its own slices of q, k, v, out and
-// lse (whole sectors apart: S x D x 2 bytes and S x 4 bytes are multiples of 32), so each
-// count for 2 x replicate heads is exactly replicate times the count for 2.
-Row attention_row(int64_t S, int64_t D, bool backward, int64_t replicate) {
+// Emulates BH = 2 (batch x heads) and stands for BH = 2 x replicate: without a mask or dropout
+// every (b, h) runs the same instructions (causality depends on i and j alone) on its own
+// slices of q, k, v, out and lse (whole sectors apart: S x D x 2 bytes and S x 4 bytes are
+// multiples of 32), so each count for 2 x replicate heads is exactly replicate times the count
+// for 2. Causal: the flops counted are half (FlashAttention's convention: the allowed half).
+Row attention_row(int64_t S, int64_t D, bool backward, int64_t replicate, bool causal = false) {
   const int64_t BH = 2;
   Row r;
   r.op = backward ? "attention_fwd_bwd" : "attention_fwd";
-  r.shape = "BH=" + std::to_string(BH * replicate) + " S=" + std::to_string(S) + " D=" + std::to_string(D);
+  r.shape = "BH=" + std::to_string(BH * replicate) + " S=" + std::to_string(S) + " D=" + std::to_string(D) +
+            (causal ? " causal" : "");
   r.dtype = "bf16";
   r.replicate = replicate;
-  const double fwd = 4.0 * double(BH * replicate) * double(S) * double(S) * double(D);
+  const double fwd = (causal ? 2.0 : 4.0) * double(BH * replicate) * double(S) * double(S) * double(D);
   r.flops = backward ? 3.5 * fwd : fwd;  // bench_kernels: backward = 2.5 x forward
   r.bytes = double(BH * replicate * S * D) * 2 * (backward ? 8 : 4);
   if (!backward) r.anchor = "FlashAttention-2 fwd, H100: ~35% of 989 TFLOP/s", r.anchor_tflops = kFlashAttention2Tflops;
@@ -99,11 +101,11 @@ Row attention_row(int64_t S, int64_t D, bool backward, int64_t replicate) {
     auto dq = q, dk = k, dv = v;
     DeviceVector<float> lse(size_t(BH * S));
     const double scale = 1.0 / std::sqrt(double(D));
-    cuda::scaled_dot_product_attention_forward(q.data(), k.data(), v.data(), {}, 1, BH, S, S, D, D, false, scale, {},
+    cuda::scaled_dot_product_attention_forward(q.data(), k.data(), v.data(), {}, 1, BH, S, S, D, D, causal, scale, {},
                                                out.data(), lse.data(), nullptr);
     if (backward)
       cuda::scaled_dot_product_attention_backward(dout.data(), q.data(), k.data(), v.data(), {}, out.data(),
-                                                  lse.data(), 1, BH, S, S, D, D, false, scale, {}, dq.data(),
+                                                  lse.data(), 1, BH, S, S, D, D, causal, scale, {}, dq.data(),
                                                   dk.data(), dv.data(), nullptr);
   };
   return r;
@@ -216,7 +218,9 @@ std::vector<Row> rows() {
           attention_row(256, 64, false, 1),
           attention_row(256, 64, false, 32),
           attention_row(256, 128, false, 32),
-          attention_row(256, 64, true, 32)};
+          attention_row(256, 64, true, 32),
+          attention_row(256, 128, true, 32),
+          attention_row(256, 64, true, 32, true)};
 }
 
 std::string grid_text(const emu_cost::LaunchCounts& c) {
