@@ -41,11 +41,12 @@
 // waits. Dropout: Z from kernels/common/dropout_mask.h at (bh, i, j), the forward's bits.
 // Per-element work as in the forward (issue 26): causality and padding are one range per row
 // and tile (dq: keys c < seen, attention_keys_seen; dk/dv: queries seen_from <= c < rows,
-// attention_first_query_seeing), dq skips 16-key blocks past its warp's last row's range, and
-// the mask and dropout live in the kMaskDropout = true instantiation, run only by launches
-// that have one of them (with_mask_dropout).
-// Registers (ptxas, bench/kernel_resources.md), no spills: without mask and dropout dk/dv 159,
-// 228, 239 and dq 153, 168, 209 at D = 32, 64, 128; with them dk/dv 229, 249, 252 and dq 159,
+// attention_first_query_seeing), dq skips 16-key blocks past its warp's last row's range and
+// dk/dv 16-query blocks before its warp's first key's range (causal: the diagonal tiles'
+// masked halves), and the mask and dropout live in the kMaskDropout = true instantiation, run
+// only by launches that have one of them (with_mask_dropout).
+// Registers (ptxas, bench/kernel_resources.md), no spills: without mask and dropout dk/dv 165,
+// 232, 227 and dq 153, 168, 209 at D = 32, 64, 128; with them dk/dv 226, 244, 250 and dq 159,
 // 230, 231 (before the split, one kernel: dk/dv 230, 244, 246, dq 167, 228, 234). Blocks per
 // SM: 3 (12 warps; 168 registers, asked of ptxas by bwd_min_blocks) for the copies without mask
 // and dropout of dk/dv at D = 32 and dq at D <= 64 (and dq at D = 32 with them: 159), else 2.
@@ -64,7 +65,7 @@
 // built on a wrong lane map (rows g and g + 8 exchanged), with dS missing its delta term,
 // with dk/dv's dropout factor left out or its bits one element off (also dq's), with dq's
 // causal range one key too long or its block skip one row short, and with dk/dv's first
-// query one late. ptxas compiles it for sm_90; no GPU has run it yet.
+// query one late or its block skip one key late. ptxas compiles it for sm_90; no GPU has run it yet.
 #include "kernels/cuda/attention.h"
 
 #include <cuda_bf16.h>
@@ -130,9 +131,11 @@ struct OwnRows {
 };
 
 // c = A B^T for the warp's 16 own rows A (k_frags 16-column blocks) and the streamed rows
-// b + 16np.. as B^T (n-tiles 2np, 2np + 1 from one ldmatrix.x4), np < n_frags (N n-tiles).
+// b + 16np.. as B^T (n-tiles 2np, 2np + 1 from one ldmatrix.x4), n_first <= np < n_frags (N
+// n-tiles; those before n_first are 0).
 template <class T16, int D, int N>
-__device__ void mma_abt(float (&c)[N][4], const OwnRows<T16, D>& a, const T16* b, int n_frags, int k_frags) {
+__device__ void mma_abt(float (&c)[N][4], const OwnRows<T16, D>& a, const T16* b, int n_first, int n_frags,
+                        int k_frags) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int nt = 0; nt < N; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
@@ -144,6 +147,7 @@ __device__ void mma_abt(float (&c)[N][4], const OwnRows<T16, D>& a, const T16* b
 #pragma unroll
     for (int np = 0; np < N / 2; ++np) {
       if (np >= n_frags) break;
+      if (np < n_first) continue;
       uint32_t bf[4];
       ldmatrix<4>(bf, b + (16 * np + 8 * (lane / 16) + lane % 8) * (D + 8) + 16 * kk + 8 * (lane / 8 % 2));
       mma_m16n8k16<T16>(c[2 * np], af, {bf[0], bf[1]}, c[2 * np]);
@@ -152,14 +156,17 @@ __device__ void mma_abt(float (&c)[N][4], const OwnRows<T16, D>& a, const T16* b
   }
 }
 
-// acc += A B for A = a (k-block kk: the streamed rows b + 16kk.., kk < k_frags) and B those
-// rows [16 KB][D] read by ldmatrix.x4.trans (dims 16dp..16dp + 15, dp < d_frags).
+// acc += A B for A = a (k-block kk: the streamed rows b + 16kk.., k_first <= kk < k_frags;
+// a's other blocks are not read) and B those rows [16 KB][D] read by ldmatrix.x4.trans (dims
+// 16dp..16dp + 15, dp < d_frags).
 template <class T16, int D, int KB>
-__device__ void mma_ab(float (&acc)[D / 8][4], const uint32_t (&a)[KB][4], const T16* b, int k_frags, int d_frags) {
+__device__ void mma_ab(float (&acc)[D / 8][4], const uint32_t (&a)[KB][4], const T16* b, int k_first, int k_frags,
+                       int d_frags) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int kk = 0; kk < KB; ++kk) {
     if (kk >= k_frags) break;
+    if (kk < k_first) continue;
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       if (dp >= d_frags) break;
@@ -281,6 +288,9 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks(false, D, kMaskDropou
         const int64_t from = r < cols ? attention_first_query_seeing(j0 + r, i0, i0 + rows, p.is_causal) : rows;
         seen_from[h] = static_cast<int>(from);
       }
+      // 16-query blocks before the range of the warp's first key are skipped (causal: a
+      // diagonal tile's lower blocks, none of which the warp's keys are seen by).
+      const int warp_from = static_cast<int>(attention_first_query_seeing(j0 + 16 * warp, i0, i0 + rows, p.is_causal));
       // The tile's queries in chunks of kChunk (all 64 for D <= 64; 2 x 32 at D = 128, where
       // S^T and dP^T of 64 queries beside the dK, dV accumulators would spill).
       constexpr int kChunk = D <= 64 ? kBwdRows : kBwdRows / 2, kN = kChunk / 8;
@@ -288,13 +298,16 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks(false, D, kMaskDropou
       for (int c0 = 0; c0 < kBwdRows; c0 += kChunk) {
         const int query_frags = frags16(rows - c0 < kChunk ? rows - c0 : kChunk);
         if (query_frags <= 0) break;
+        const int first_frag = warp_from > c0 ? (warp_from - c0) / 16 : 0;
+        if (first_frag >= query_frags) continue;
         float s[kN][4], dp[kN][4];  // S^T, dP^T: rows = the warp's keys, columns = queries c0..
-        mma_abt<T16, D>(s, kr, tq + c0 * ld, query_frags, e_frags);
-        mma_abt<T16, D>(dp, vr, tdo + c0 * ld, query_frags, ev_frags);
+        mma_abt<T16, D>(s, kr, tq + c0 * ld, first_frag, query_frags, e_frags);
+        mma_abt<T16, D>(dp, vr, tdo + c0 * ld, first_frag, query_frags, ev_frags);
         uint32_t pf[kN / 2][4], dsf[kN / 2][4];
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt) {
           if (nt >= 2 * query_frags) break;
+          if (nt < 2 * first_frag) continue;
           float zp[4], ds[4];
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
@@ -311,8 +324,8 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks(false, D, kMaskDropou
           pack_a<S>(pf, nt, zp);
           pack_a<S>(dsf, nt, ds);
         }
-        mma_ab<T16, D>(dv_acc, pf, tdo + c0 * ld, query_frags, ev_frags);
-        mma_ab<T16, D>(dk_acc, dsf, tq + c0 * ld, query_frags, e_frags);
+        mma_ab<T16, D>(dv_acc, pf, tdo + c0 * ld, first_frag, query_frags, ev_frags);
+        mma_ab<T16, D>(dk_acc, dsf, tq + c0 * ld, first_frag, query_frags, e_frags);
       }
     }
     __syncthreads();  // every warp is done with buffer buf before tile qt + 2 copies into it
@@ -396,8 +409,8 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks(true, D, kMaskDropout
         seen[h] = r < rows ? static_cast<int>(attention_keys_seen(i0 + r, j0, j0 + cols, p.is_causal)) : 0;
       }
       float s[kBwdN][4], dp[kBwdN][4];  // S, dP: rows = the warp's queries, columns = keys
-      mma_abt<T16, D>(s, qr, tk, key_frags, e_frags);
-      mma_abt<T16, D>(dp, dor, tv, key_frags, ev_frags);
+      mma_abt<T16, D>(s, qr, tk, 0, key_frags, e_frags);
+      mma_abt<T16, D>(dp, dor, tv, 0, key_frags, ev_frags);
       uint32_t dsf[kBwdN / 2][4];
 #pragma unroll
       for (int nt = 0; nt < kBwdN; ++nt) {
@@ -415,7 +428,7 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks(true, D, kMaskDropout
         }
         pack_a<S>(dsf, nt, ds);
       }
-      mma_ab<T16, D>(dq_acc, dsf, tk, key_frags, e_frags);
+      mma_ab<T16, D>(dq_acc, dsf, tk, 0, key_frags, e_frags);
     }
     __syncthreads();
   }
