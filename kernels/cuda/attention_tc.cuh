@@ -3,8 +3,8 @@
 // load (cp.async; plain stores for rows that are not 16-byte aligned), the score of one
 // (query, key) pair with its mask (tc_score), the host's choice of the instantiation with or
 // without mask and dropout (with_mask_dropout), the 16-wide block count that skips padding,
-// and the request for more than 48 KiB of dynamic shared memory. Like attention.cuh, everything sits
-// in an anonymous namespace: each .cu compiles its own copy.
+// and the request for more than 48 KiB of dynamic shared memory. Like attention.cuh,
+// everything sits in an anonymous namespace: each .cu compiles its own copy.
 #pragma once
 
 #include <cuda_bf16.h>

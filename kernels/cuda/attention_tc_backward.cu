@@ -50,10 +50,11 @@
 // 230, 231 (before the split, one kernel: dk/dv 230, 244, 246, dq 167, 228, 234). Blocks per
 // SM: 3 (12 warps; 168 registers, asked of ptxas by bwd_min_blocks) for the copies without mask
 // and dropout of dk/dv at D = 32 and dq at D <= 64 (and dq at D = 32 with them: 159), else 2.
-// Not reached: dk/dv at D = 64 asked for 3 spills 780 bytes (12 with its queries in 32-query
-// chunks, free of extra loads there as K and V are held in registers) and at D = 128 500 bytes
-// (dK and dV alone are 128 registers); dq at D = 128 spills 24 bytes. At D = 128 dk/dv takes a
-// query tile in two 32-query halves: S^T, dP^T of 64 beside dK, dV's 128 spilled 20 bytes.
+// Not reached: dk/dv at D = 64 asked for 3 spills 1072 bytes (72 with its queries in 32-query
+// chunks, free of extra loads there as K and V are held in registers) and at D = 128 1332
+// bytes (dK and dV alone are 128 registers); dq at D = 128 spills 24 bytes. At D = 128 dk/dv
+// takes a query tile in two 32-query halves: S^T, dP^T of 64 beside dK, dV's 128 spilled 20
+// bytes.
 // Rounding points, all round-to-nearest-even: Z P and dS to bf16 before dV = (Z P)^T dO,
 // dK = dS^T Q and dQ = dS K; dq, dk, dv once at the end (dq and dk times the scale). The
 // scores, P, dP, lse, delta and every accumulator are f32. Bit-reproducible: each element is
@@ -65,7 +66,8 @@
 // built on a wrong lane map (rows g and g + 8 exchanged), with dS missing its delta term,
 // with dk/dv's dropout factor left out or its bits one element off (also dq's), with dq's
 // causal range one key too long or its block skip one row short, and with dk/dv's first
-// query one late or its block skip one key late. ptxas compiles it for sm_90; no GPU has run it yet.
+// query one late or its block skip one key late. ptxas compiles it for sm_90; no GPU has run
+// it yet.
 #include "kernels/cuda/attention.h"
 
 #include <cuda_bf16.h>

@@ -60,7 +60,8 @@
 // shapes (tests/emu/attention_emu_test.cpp); the test fails with P's fragment built on a
 // wrong lane map or without O's rescale, with the 16-key block skip one row short, the causal
 // range one key too long, the dropout bits one element off, and with the host running the
-// copy without mask and dropout for a launch with dropout alone. ptxas compiles it for sm_90; no GPU has run it yet.
+// copy without mask and dropout for a launch with dropout alone. ptxas compiles it for sm_90;
+// no GPU has run it yet.
 #include "kernels/cuda/attention.h"
 
 #include <cuda_bf16.h>
