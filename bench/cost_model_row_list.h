@@ -33,11 +33,12 @@ struct ConvRow {
   bool bf16 = true;
   int64_t out() const { return (HW + 2 * pad - k) / stride + 1; }
 };
-// bf16 attention on [1, BH, S, D], no mask, not causal, scale 1/sqrt(D): the forward, or the
-// forward then the backward.
+// bf16 attention on [1, BH, S, D], no mask, scale 1/sqrt(D), causal or not: the forward, or
+// the forward then the backward.
 struct AttentionRow {
   int64_t BH, S, D;
   bool backward;
+  bool causal = false;
 };
 using Row = std::variant<CopyRow, AdamwRow, BatchNormRow, ConvRow, AttentionRow>;
 
@@ -68,10 +69,14 @@ inline Key key(const ConvRow& r) {
           4.0 * double(r.N * r.C_in * r.HW * r.HW + r.C_out * r.C_in * r.k * r.k + out_pixels * r.C_out)};
 }
 
-inline Key key(const AttentionRow& r) {  // the backward counted as 2.5 forwards, as bench_kernels does
-  const double fwd = 4.0 * double(r.BH) * double(r.S) * double(r.S) * double(r.D);
+// The backward counted as 2.5 forwards, as bench_kernels does; causal as half the flops
+// (FlashAttention's convention: the allowed half).
+inline Key key(const AttentionRow& r) {
+  const double fwd = (r.causal ? 2.0 : 4.0) * double(r.BH) * double(r.S) * double(r.S) * double(r.D);
   return {r.backward ? "attention_fwd_bwd" : "attention_fwd",
-          "BH=" + std::to_string(r.BH) + " S=" + std::to_string(r.S) + " D=" + std::to_string(r.D), "bf16",
+          "BH=" + std::to_string(r.BH) + " S=" + std::to_string(r.S) + " D=" + std::to_string(r.D) +
+              (r.causal ? " causal" : ""),
+          "bf16",
           r.backward ? 3.5 * fwd : fwd, double(r.BH * r.S * r.D) * 2 * (r.backward ? 8 : 4)};
 }
 
@@ -98,7 +103,9 @@ inline std::vector<Row> rows() {
           AttentionRow{2, 256, 64, false},
           AttentionRow{64, 256, 64, false},
           AttentionRow{64, 256, 128, false},
-          AttentionRow{64, 256, 64, true}};
+          AttentionRow{64, 256, 64, true},
+          AttentionRow{64, 256, 128, true},
+          AttentionRow{64, 256, 64, true, true}};
 }
 
 }  // namespace nd::bench::cost_rows

@@ -118,9 +118,9 @@ inline void run(Bench& b, const cost_rows::ConvRow& r) {
 
 inline void run(Bench& b, const cost_rows::AttentionRow& r) {
   const int64_t BH = r.BH, S = r.S, D = r.D;
-  const bool backward = r.backward;
+  const bool backward = r.backward, causal = r.causal;
   b.compare(work(cost_rows::key(r)),
-            {}, {kImpl, [&b, BH, S, D, backward]() -> Run {
+            {}, {kImpl, [&b, BH, S, D, backward, causal]() -> Run {
                    const nd::Shape shape{1, BH, S, D};
                    const auto half = [&] { return randn(b, shape).to(nd::kBFloat16); };
                    const nd::Tensor q = half(), k = half(), v = half(), dout = half(), out = half(), dq = half(),
@@ -129,11 +129,11 @@ inline void run(Bench& b, const cost_rows::AttentionRow& r) {
                    const cudaStream_t stream = b.stream();
                    const auto p = [](const nd::Tensor& t) { return t.data_ptr<nd::BFloat16>(); };
                    return [=] {
-                     cu::scaled_dot_product_attention_forward(p(q), p(k), p(v), {}, 1, BH, S, S, D, D, false, scale, {},
-                                                              p(out), ptr(lse), stream);
+                     cu::scaled_dot_product_attention_forward(p(q), p(k), p(v), {}, 1, BH, S, S, D, D, causal, scale,
+                                                              {}, p(out), ptr(lse), stream);
                      if (backward)
                        cu::scaled_dot_product_attention_backward(p(dout), p(q), p(k), p(v), {}, p(out), ptr(lse), 1, BH,
-                                                                 S, S, D, D, false, scale, {}, p(dq), p(dk), p(dv),
+                                                                 S, S, D, D, causal, scale, {}, p(dq), p(dk), p(dv),
                                                                  stream);
                    };
                  }});

@@ -102,6 +102,20 @@ ND_HOST_DEVICE int64_t attention_first_query_tile(int64_t j0, int64_t tile, bool
   return is_causal ? j0 / tile : 0;
 }
 
+// Inside a tile, as one range per row (the tensor-core kernels compare an element's column
+// with it instead of testing attention_allowed element by element): query i sees the keys
+// j0 + c of [j0, j1) (j1 <= Sk) for 0 <= c < attention_keys_seen(i, j0, j1, is_causal), and
+// key j is seen by the queries i0 + c of [i0, i1) for attention_first_query_seeing(j, i0, i1,
+// is_causal) <= c < i1 - i0.
+ND_HOST_DEVICE int64_t attention_keys_seen(int64_t i, int64_t j0, int64_t j1, bool is_causal) {
+  const int64_t end = is_causal && i + 1 < j1 ? i + 1 : j1;
+  return end > j0 ? end - j0 : 0;
+}
+ND_HOST_DEVICE int64_t attention_first_query_seeing(int64_t j, int64_t i0, int64_t i1, bool is_causal) {
+  const int64_t first = is_causal && j > i0 ? j : i0;
+  return (first < i1 ? first : i1) - i0;
+}
+
 // A 1-D grid of n_tiles * BH blocks (x is not limited to 65535 like y and z): block ->
 // (bh, tile). Tiles of one head are neighbours, so a head's K, V stay warm in L2.
 struct TileOfBlock {

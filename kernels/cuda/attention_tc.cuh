@@ -1,9 +1,10 @@
 // Internal to the bf16/f16 attention kernels (attention_tc_forward.cu, attention_tc_backward.cu):
 // what both need. The 16-bit device types (Tc16, Dev), the shared-memory carver, the tile
 // load (cp.async; plain stores for rows that are not 16-byte aligned), the score of one
-// (query, key) pair with its mask and causality (tc_score), the 16-wide block count that
-// skips padding, and the request for more than 48 KiB of dynamic shared memory. Like attention.cuh, everything sits
-// in an anonymous namespace: each .cu compiles its own copy.
+// (query, key) pair with its mask (tc_score), the host's choice of the instantiation with or
+// without mask and dropout (with_mask_dropout), the 16-wide block count that skips padding,
+// and the request for more than 48 KiB of dynamic shared memory. Like attention.cuh,
+// everything sits in an anonymous namespace: each .cu compiles its own copy.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/float16.h"
 #include "kernels/cuda/attention.cuh"
@@ -86,15 +88,30 @@ __device__ void tile_load_async(Dev<S>* dst, const S* src, int64_t row0, int64_t
   }
 }
 
-// unit (scale dot + mask_ij), or -inf where key j may not be seen by query i or the row is
-// padding (valid == false). unit = 1 (the backward), or log2(e) (the forward's exp2): the
-// caller passes scale_unit = unit * scale.
-template <class S>
-__device__ float tc_score(const Problem<S>& p, const Head<S>& hd, float scale_unit, float unit, float dot, int64_t i,
-                          int64_t j, bool valid) {
-  if (!valid || !attention_allowed(i, j, p.Sk, p.is_causal)) return -INFINITY;
+// unit (scale dot + mask_ij) where the element is allowed (the caller's compare of its column
+// with the row's range: causality and padding), else -inf. unit = 1 (the backward) or log2(e)
+// (the forward's exp2): the caller passes scale_unit = unit * scale. kMaskDropout == false
+// (no mask: with_mask_dropout): the mask is not read, i and j go unused.
+template <bool kMaskDropout, class S>
+__device__ float tc_score(const Problem<S>& p, const Head<S>& hd, float scale_unit, float unit, float dot, bool allowed,
+                          int64_t i, int64_t j) {
+  if (!allowed) return -INFINITY;
   const float s = scale_unit * dot;
-  return hd.mask ? s + unit * to_compute(hd.mask[i * p.mask.stride_q + j * p.mask.stride_k]) : s;
+  if constexpr (kMaskDropout)
+    return hd.mask ? s + unit * to_compute(hd.mask[i * p.mask.stride_q + j * p.mask.stride_k]) : s;
+  else
+    return s;
+}
+
+// launch(std::bool_constant<kMaskDropout>) with kMaskDropout whether the launch has an additive
+// mask or dropout: the kernels are compiled twice per head dim, and the common launches (no mask,
+// no dropout; causal or not) run the copy whose per-element work is one compare of a column with
+// the row's range, without the mask's 64-bit address or the dropout hash (registers: the files'
+// comments). The other copy tests the mask pointer and p per element, as one kernel did before.
+template <class S, class Launch>
+void with_mask_dropout(const Problem<S>& p, Launch launch) {
+  if (p.mask.data || p.dropout.p != 0.0) launch(std::true_type{});
+  else launch(std::false_type{});
 }
 
 // 16-wide blocks with a real row or column: work on padding is skipped block-uniformly (so

@@ -39,9 +39,22 @@
 // stale: 0 x NaN would poison dS); 16-row blocks past the tile's end and 16-wide blocks past E
 // or Ev are skipped (block-uniform); a warp whose 16 rows are all padding only copies and
 // waits. Dropout: Z from kernels/common/dropout_mask.h at (bh, i, j), the forward's bits.
-// Registers (ptxas, bench/kernel_resources.md): dk/dv 230, 244, 246 and dq 167, 228, 234 at
-// D = 32, 64, 128, no spills (2 blocks per SM; 3 for dq at D = 32). At D = 128 dk/dv takes a
-// query tile in two 32-query halves: S^T, dP^T of 64 beside dK, dV's 128 spilled 20 bytes.
+// Per-element work as in the forward (issue 26): causality and padding are one range per row
+// and tile (dq: keys c < seen, attention_keys_seen; dk/dv: queries seen_from <= c < rows,
+// attention_first_query_seeing), dq skips 16-key blocks past its warp's last row's range and
+// dk/dv 16-query blocks before its warp's first key's range (causal: the diagonal tiles'
+// masked halves), and the mask and dropout live in the kMaskDropout = true instantiation, run
+// only by launches that have one of them (with_mask_dropout).
+// Registers (ptxas, bench/kernel_resources.md), no spills: without mask and dropout dk/dv 165,
+// 232, 227 and dq 153, 168, 209 at D = 32, 64, 128; with them dk/dv 226, 244, 250 and dq 159,
+// 230, 231 (before the split, one kernel: dk/dv 230, 244, 246, dq 167, 228, 234). Blocks per
+// SM: 3 (12 warps; 168 registers, asked of ptxas by bwd_min_blocks) for the copies without mask
+// and dropout of dk/dv at D = 32 and dq at D <= 64 (and dq at D = 32 with them: 159), else 2.
+// Not reached: dk/dv at D = 64 asked for 3 spills 1072 bytes (72 with its queries in 32-query
+// chunks, free of extra loads there as K and V are held in registers) and at D = 128 1332
+// bytes (dK and dV alone are 128 registers); dq at D = 128 spills 24 bytes. At D = 128 dk/dv
+// takes a query tile in two 32-query halves: S^T, dP^T of 64 beside dK, dV's 128 spilled 20
+// bytes.
 // Rounding points, all round-to-nearest-even: Z P and dS to bf16 before dV = (Z P)^T dO,
 // dK = dS^T Q and dQ = dS K; dq, dk, dv once at the end (dq and dk times the scale). The
 // scores, P, dP, lse, delta and every accumulator are f32. Bit-reproducible: each element is
@@ -50,8 +63,11 @@
 // mma.sync, ldmatrix and cp.async emulated with their lane maps; warp-collective calls and
 // shared-memory races checked) against the f32 CPU kernel at tests/emu's and tests/cuda's
 // shapes (tests/emu/attention_emu_test.cpp); the test fails with the P and dS A fragments
-// built on a wrong lane map (rows g and g + 8 exchanged), with dS missing its delta term and
-// with dk/dv's dropout factor left out. ptxas compiles it for sm_90; no GPU has run it yet.
+// built on a wrong lane map (rows g and g + 8 exchanged), with dS missing its delta term,
+// with dk/dv's dropout factor left out or its bits one element off (also dq's), with dq's
+// causal range one key too long or its block skip one row short, and with dk/dv's first
+// query one late or its block skip one key late. ptxas compiles it for sm_90; no GPU has run
+// it yet.
 #include "kernels/cuda/attention.h"
 
 #include <cuda_bf16.h>
@@ -117,9 +133,11 @@ struct OwnRows {
 };
 
 // c = A B^T for the warp's 16 own rows A (k_frags 16-column blocks) and the streamed rows
-// b + 16np.. as B^T (n-tiles 2np, 2np + 1 from one ldmatrix.x4), np < n_frags (N n-tiles).
+// b + 16np.. as B^T (n-tiles 2np, 2np + 1 from one ldmatrix.x4), n_first <= np < n_frags (N
+// n-tiles; those before n_first are 0).
 template <class T16, int D, int N>
-__device__ void mma_abt(float (&c)[N][4], const OwnRows<T16, D>& a, const T16* b, int n_frags, int k_frags) {
+__device__ void mma_abt(float (&c)[N][4], const OwnRows<T16, D>& a, const T16* b, int n_first, int n_frags,
+                        int k_frags) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int nt = 0; nt < N; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
@@ -131,6 +149,7 @@ __device__ void mma_abt(float (&c)[N][4], const OwnRows<T16, D>& a, const T16* b
 #pragma unroll
     for (int np = 0; np < N / 2; ++np) {
       if (np >= n_frags) break;
+      if (np < n_first) continue;
       uint32_t bf[4];
       ldmatrix<4>(bf, b + (16 * np + 8 * (lane / 16) + lane % 8) * (D + 8) + 16 * kk + 8 * (lane / 8 % 2));
       mma_m16n8k16<T16>(c[2 * np], af, {bf[0], bf[1]}, c[2 * np]);
@@ -139,14 +158,17 @@ __device__ void mma_abt(float (&c)[N][4], const OwnRows<T16, D>& a, const T16* b
   }
 }
 
-// acc += A B for A = a (k-block kk: the streamed rows b + 16kk.., kk < k_frags) and B those
-// rows [16 KB][D] read by ldmatrix.x4.trans (dims 16dp..16dp + 15, dp < d_frags).
+// acc += A B for A = a (k-block kk: the streamed rows b + 16kk.., k_first <= kk < k_frags;
+// a's other blocks are not read) and B those rows [16 KB][D] read by ldmatrix.x4.trans (dims
+// 16dp..16dp + 15, dp < d_frags).
 template <class T16, int D, int KB>
-__device__ void mma_ab(float (&acc)[D / 8][4], const uint32_t (&a)[KB][4], const T16* b, int k_frags, int d_frags) {
+__device__ void mma_ab(float (&acc)[D / 8][4], const uint32_t (&a)[KB][4], const T16* b, int k_first, int k_frags,
+                       int d_frags) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int kk = 0; kk < KB; ++kk) {
     if (kk >= k_frags) break;
+    if (kk < k_first) continue;
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       if (dp >= d_frags) break;
@@ -195,9 +217,16 @@ __device__ void stats_load(float* lse, float* delta, const Head<S>& hd, int64_t 
   else dst[r] = threadIdx.x < kBwdRows ? -INFINITY : 0.0f;
 }
 
+// Blocks per SM asked of ptxas (__launch_bounds__' second argument; 0: none asked): 3, at most
+// 168 registers, where that does not spill (the file comment's numbers).
+constexpr int bwd_min_blocks(bool dq, int D, bool mask_dropout) {
+  return !mask_dropout && D <= (dq ? 64 : 32) ? 3 : 0;
+}
+
 // dk, dv: one block per (64-key tile, b*h); see the file comment.
-template <class S, int D>
-__global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<S> p, int64_t n_tiles, S* dk, S* dv) {
+template <class S, int D, bool kMaskDropout>
+__global__ void __launch_bounds__(kThreads, bwd_min_blocks(false, D, kMaskDropout))
+    tc_dk_dv_kernel(Problem<S> p, int64_t n_tiles, S* dk, S* dv) {
   using L = BwdLayout<D>;
   using T16 = Dev<S>;
   constexpr int ld = L::ld;
@@ -214,7 +243,7 @@ __global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<S> p, int64_
   const Head<S> hd(p, tb.bh);
   const int64_t j0 = tb.tile * kBwdRows, cols = p.Sk - j0 < kBwdRows ? p.Sk - j0 : kBwdRows;
   const int64_t first = attention_first_query_tile(j0, kBwdRows, p.is_causal), q_tiles = (p.Sq + kBwdRows - 1) / kBwdRows;
-  const bool warp_busy = 16 * warp < cols, dropout = p.dropout.p != 0.0;
+  const bool warp_busy = 16 * warp < cols;
   const int e_frags = frags16(p.E), ev_frags = frags16(p.Ev);
   const float scale_log2 = p.scale * kLog2e;
   OwnRows<T16, D> kr{sk + 16 * warp * ld, {}}, vr{sv + 16 * warp * ld, {}};
@@ -252,6 +281,18 @@ __global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<S> p, int64_
         kr.hold(e_frags);
         vr.hold(ev_frags);
       }
+      // The queries i0 + c that key row r is seen by: seen_from <= c < rows (causality and
+      // padding queries in two compares; none for a padding key).
+      int seen_from[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = 16 * warp + g + 8 * h;
+        const int64_t from = r < cols ? attention_first_query_seeing(j0 + r, i0, i0 + rows, p.is_causal) : rows;
+        seen_from[h] = static_cast<int>(from);
+      }
+      // 16-query blocks before the range of the warp's first key are skipped (causal: a
+      // diagonal tile's lower blocks, none of which the warp's keys are seen by).
+      const int warp_from = static_cast<int>(attention_first_query_seeing(j0 + 16 * warp, i0, i0 + rows, p.is_causal));
       // The tile's queries in chunks of kChunk (all 64 for D <= 64; 2 x 32 at D = 128, where
       // S^T and dP^T of 64 queries beside the dK, dV accumulators would spill).
       constexpr int kChunk = D <= 64 ? kBwdRows : kBwdRows / 2, kN = kChunk / 8;
@@ -259,28 +300,34 @@ __global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<S> p, int64_
       for (int c0 = 0; c0 < kBwdRows; c0 += kChunk) {
         const int query_frags = frags16(rows - c0 < kChunk ? rows - c0 : kChunk);
         if (query_frags <= 0) break;
+        const int first_frag = warp_from > c0 ? (warp_from - c0) / 16 : 0;
+        if (first_frag >= query_frags) continue;
         float s[kN][4], dp[kN][4];  // S^T, dP^T: rows = the warp's keys, columns = queries c0..
-        mma_abt<T16, D>(s, kr, tq + c0 * ld, query_frags, e_frags);
-        mma_abt<T16, D>(dp, vr, tdo + c0 * ld, query_frags, ev_frags);
+        mma_abt<T16, D>(s, kr, tq + c0 * ld, first_frag, query_frags, e_frags);
+        mma_abt<T16, D>(dp, vr, tdo + c0 * ld, first_frag, query_frags, ev_frags);
         uint32_t pf[kN / 2][4], dsf[kN / 2][4];
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt) {
           if (nt >= 2 * query_frags) break;
+          if (nt < 2 * first_frag) continue;
           float zp[4], ds[4];
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
             const int r = 16 * warp + g + 8 * (x / 2), c = c0 + 8 * nt + 2 * t + x % 2;
-            const float s2 = tc_score(p, hd, scale_log2, kLog2e, s[nt][x], i0 + c, j0 + r, c < rows && r < cols);
+            const float s2 = tc_score<kMaskDropout>(p, hd, scale_log2, kLog2e, s[nt][x],
+                                                    c >= seen_from[x / 2] && c < rows, i0 + c, j0 + r);
             const float prob = probability_log2(s2, slse[c]);
-            const float z = prob != 0.0f && dropout ? p.dropout_factor(tb.bh, i0 + c, j0 + r) : 1.0f;
+            float z = 1.0f;
+            if constexpr (kMaskDropout)
+              if (prob != 0.0f && p.dropout.p != 0.0) z = p.dropout_factor(tb.bh, i0 + c, j0 + r);
             zp[x] = prob * z;
             ds[x] = prob != 0.0f ? prob * (z * dp[nt][x] - sdelta[c]) : 0.0f;
           }
           pack_a<S>(pf, nt, zp);
           pack_a<S>(dsf, nt, ds);
         }
-        mma_ab<T16, D>(dv_acc, pf, tdo + c0 * ld, query_frags, ev_frags);
-        mma_ab<T16, D>(dk_acc, dsf, tq + c0 * ld, query_frags, e_frags);
+        mma_ab<T16, D>(dv_acc, pf, tdo + c0 * ld, first_frag, query_frags, ev_frags);
+        mma_ab<T16, D>(dk_acc, dsf, tq + c0 * ld, first_frag, query_frags, e_frags);
       }
     }
     __syncthreads();  // every warp is done with buffer buf before tile qt + 2 copies into it
@@ -292,8 +339,9 @@ __global__ void __launch_bounds__(kThreads) tc_dk_dv_kernel(Problem<S> p, int64_
 }
 
 // dq: one block per (64-query tile, b*h); see the file comment.
-template <class S, int D>
-__global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<S> p, int64_t n_tiles, S* dq) {
+template <class S, int D, bool kMaskDropout>
+__global__ void __launch_bounds__(kThreads, bwd_min_blocks(true, D, kMaskDropout))
+    tc_dq_kernel(Problem<S> p, int64_t n_tiles, S* dq) {
   using L = BwdLayout<D>;
   using T16 = Dev<S>;
   constexpr int ld = L::ld;
@@ -310,7 +358,7 @@ __global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<S> p, int64_t n
   const int64_t i0 = tb.tile * kBwdRows, rows = p.Sq - i0 < kBwdRows ? p.Sq - i0 : kBwdRows;
   const int64_t key_end = attention_key_end(i0 + rows, p.Sk, p.is_causal);
   const int64_t key_tiles = (key_end + kBwdRows - 1) / kBwdRows;
-  const bool warp_busy = 16 * warp < rows, dropout = p.dropout.p != 0.0;
+  const bool warp_busy = 16 * warp < rows;
   const int e_frags = frags16(p.E), ev_frags = frags16(p.Ev);
   const float scale_log2 = p.scale * kLog2e;
   OwnRows<T16, D> qr{sq + 16 * warp * ld, {}}, dor{sdo + 16 * warp * ld, {}};
@@ -346,16 +394,25 @@ __global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<S> p, int64_t n
       cp_async_wait_group<0>();
     }
     __syncthreads();
-    if (warp_busy) {
+    if (warp_busy && kt == 0) {
+      qr.hold(e_frags);
+      dor.hold(ev_frags);
+    }
+    // The tile's keys j0 + c that row r sees: c < seen (the forward's ranges); 16-key blocks
+    // past the warp's last row's range are skipped.
+    const int64_t warp_last = 16 * warp + 15 < rows ? 16 * warp + 15 : rows - 1;
+    const int key_frags = warp_busy ? frags16(attention_keys_seen(i0 + warp_last, j0, j0 + cols, p.is_causal)) : 0;
+    if (key_frags > 0) {
       const T16 *tk = sk + buf * kBwdRows * ld, *tv = sv + buf * kBwdRows * ld;
-      if (kt == 0) {
-        qr.hold(e_frags);
-        dor.hold(ev_frags);
+      int seen[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = 16 * warp + g + 8 * h;
+        seen[h] = r < rows ? static_cast<int>(attention_keys_seen(i0 + r, j0, j0 + cols, p.is_causal)) : 0;
       }
-      const int key_frags = frags16(cols);
       float s[kBwdN][4], dp[kBwdN][4];  // S, dP: rows = the warp's queries, columns = keys
-      mma_abt<T16, D>(s, qr, tk, key_frags, e_frags);
-      mma_abt<T16, D>(dp, dor, tv, key_frags, ev_frags);
+      mma_abt<T16, D>(s, qr, tk, 0, key_frags, e_frags);
+      mma_abt<T16, D>(dp, dor, tv, 0, key_frags, ev_frags);
       uint32_t dsf[kBwdN / 2][4];
 #pragma unroll
       for (int nt = 0; nt < kBwdN; ++nt) {
@@ -364,14 +421,16 @@ __global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<S> p, int64_t n
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
           const int r = 16 * warp + g + 8 * (x / 2), c = 8 * nt + 2 * t + x % 2;
-          const float s2 = tc_score(p, hd, scale_log2, kLog2e, s[nt][x], i0 + r, j0 + c, r < rows && c < cols);
+          const float s2 = tc_score<kMaskDropout>(p, hd, scale_log2, kLog2e, s[nt][x], c < seen[x / 2], i0 + r, j0 + c);
           const float prob = probability_log2(s2, lse[x / 2]);
-          const float z = prob != 0.0f && dropout ? p.dropout_factor(tb.bh, i0 + r, j0 + c) : 1.0f;
+          float z = 1.0f;
+          if constexpr (kMaskDropout)
+            if (prob != 0.0f && p.dropout.p != 0.0) z = p.dropout_factor(tb.bh, i0 + r, j0 + c);
           ds[x] = prob != 0.0f ? prob * (z * dp[nt][x] - delta[x / 2]) : 0.0f;
         }
         pack_a<S>(dsf, nt, ds);
       }
-      mma_ab<T16, D>(dq_acc, dsf, tk, key_frags, e_frags);
+      mma_ab<T16, D>(dq_acc, dsf, tk, 0, key_frags, e_frags);
     }
     __syncthreads();
   }
@@ -379,23 +438,23 @@ __global__ void __launch_bounds__(kThreads) tc_dq_kernel(Problem<S> p, int64_t n
   store_rows<S, D>(dq_acc, p.scale, dq + (tb.bh * p.Sq + i0 + 16 * warp) * p.E, rows - 16 * warp, p.E);
 }
 
-template <class S, int D>
+template <class S, int D, bool kMaskDropout>
 void tc_backward_for(const Problem<S>& p, int64_t BH, S* dq, S* dk, S* dv, cudaStream_t stream) {
   constexpr bool f16 = std::is_same_v<S, Half>;
   if (p.Sk > 0) {  // dk, dv: written even when Sq == 0 (then zero)
     const char* name = f16 ? "attention backward dk, dv (f16)" : "attention backward dk, dv (bf16)";
     constexpr size_t bytes = BwdLayout<D>::dk_dv;
-    allow_shared(tc_dk_dv_kernel<S, D>, bytes, name);
+    allow_shared(tc_dk_dv_kernel<S, D, kMaskDropout>, bytes, name);
     const int64_t n_tiles = ceil_div(p.Sk, kBwdRows);
-    tc_dk_dv_kernel<S, D><<<grid_for(name, BH, n_tiles), kThreads, bytes, stream>>>(p, n_tiles, dk, dv);
+    tc_dk_dv_kernel<S, D, kMaskDropout><<<grid_for(name, BH, n_tiles), kThreads, bytes, stream>>>(p, n_tiles, dk, dv);
     check_launch(name);
   }
   if (p.Sq > 0) {
     const char* name = f16 ? "attention backward dq (f16)" : "attention backward dq (bf16)";
     constexpr size_t bytes = BwdLayout<D>::dq;
-    allow_shared(tc_dq_kernel<S, D>, bytes, name);
+    allow_shared(tc_dq_kernel<S, D, kMaskDropout>, bytes, name);
     const int64_t n_tiles = ceil_div(p.Sq, kBwdRows);
-    tc_dq_kernel<S, D><<<grid_for(name, BH, n_tiles), kThreads, bytes, stream>>>(p, n_tiles, dq);
+    tc_dq_kernel<S, D, kMaskDropout><<<grid_for(name, BH, n_tiles), kThreads, bytes, stream>>>(p, n_tiles, dq);
     check_launch(name);
   }
 }
@@ -409,7 +468,9 @@ void tc_backward_for(const Problem<S>& p, int64_t BH, S* dq, S* dk, S* dv, cudaS
                                              cudaStream_t stream) {                                                 \
     run_backward<S>("attention backward (" label ")", dout, q, k, v, mask, out, logsumexp, B, H, Sq, Sk, E, Ev,      \
                     is_causal, scale, dropout, stream, [&](auto D, const Problem<S>& p, int64_t BH) {               \
-                      tc_backward_for<S, decltype(D)::value>(p, BH, dq, dk, dv, stream);                            \
+                      with_mask_dropout(p, [&](auto md) {                                                           \
+                        tc_backward_for<S, decltype(D)::value, decltype(md)::value>(p, BH, dq, dk, dv, stream);     \
+                      });                                                                                           \
                     });                                                                                             \
   }
 ND_TC_ATTENTION_BACKWARD(BFloat16, "bf16")

@@ -30,13 +30,24 @@
 // head-dim columns past E, Ev are zero in shared memory (cp.async's zero-fill); 16-key blocks
 // past the tile's last key and 16-wide blocks past E or Ev are skipped (block-uniform); a
 // warp whose 16 rows are all padding only copies and waits at the barriers.
-// Registers (ptxas, bench/kernel_resources.md): 178, 200, 220 a thread at D = 32, 64, 128,
-// no spills, so one 8-warp block per SM (D = 128 needs O 64 + Q 32 + S 32 + P 16 before any
-// index). Why 128 rows of 8 warps and not 64 of 4: at these registers two 64-row blocks would
-// give an SM the same 8 warps while reading every K, V tile twice as often; asking ptxas for
-// two 128-row blocks per SM (128 registers) spills 100 and 336 bytes at D = 32 and 64. What
-// lifts D = 32 to 178 is the unrolled per-element SIMT work (mask, causality, dropout hash):
-// the next thing to shrink.
+// Per-element work (issue 26): causality and padding cost one compare per score, of its column
+// c in the tile with the row's range (c < seen: attention_keys_seen, kernels/common/
+// online_softmax.h, CPU-tested against attention_allowed), and 16-key blocks past the range of
+// the warp's last row are skipped (causal: a diagonal tile's upper blocks, and whole tiles for
+// a block's first warps). The additive mask (a 64-bit address per score) and dropout (a
+// splitmix64 hash per score) live in a second instantiation, kMaskDropout = true, which the host
+// picks only for launches that have one of them (with_mask_dropout, attention_tc.cuh). Measured
+// with ptxas before the split: compiling mask, causality and dropout out took D = 32 from 178 to
+// 122 registers and D = 64 from 200 to 172 (D = 128: 220 to 228, ptxas using what it is given).
+// Registers (ptxas, bench/kernel_resources.md), no spills: without mask and dropout 128, 128,
+// 216 at D = 32, 64, 128, where D <= 64 asks ptxas for two blocks (16 warps) per SM
+// (fwd_min_blocks; unasked they take 122 and 168); with them 159, 184, 234, one 8-warp block
+// (before the split: one kernel at 178, 200, 220). D = 128 stays at one block: two need 128
+// registers and spill 808 bytes even with every per-element test compiled out (O 64 + Q 32 +
+// S 32 + P 16 = 144 before any index). Why 128 rows of 8 warps and not 64 of 4: two 64-row
+// blocks give an SM the warps of one 128-row block while reading every K, V tile twice as often.
+// The second instantiation doubles the file's kernels (12) and its device compile time
+// (bench/RESULTS.md, "attnregs").
 // Rounding points, all round-to-nearest-even: P = exp2(s2 - m) to bf16 before P V (the row
 // sum l adds the f32 weights, as FlashAttention does; the exponent in log2 units moves P by a
 // few f32 ulps from exp(s - m), far below the bf16 rounding that follows); out once at the
@@ -47,7 +58,10 @@
 // ldmatrix and cp.async emulated with their lane maps; warp-collective calls and
 // shared-memory races checked) against the f32 CPU kernel at tests/emu's and tests/cuda's
 // shapes (tests/emu/attention_emu_test.cpp); the test fails with P's fragment built on a
-// wrong lane map or without O's rescale. ptxas compiles it for sm_90; no GPU has run it yet.
+// wrong lane map or without O's rescale, with the 16-key block skip one row short, the causal
+// range one key too long, the dropout bits one element off, and with the host running the
+// copy without mask and dropout for a launch with dropout alone. ptxas compiles it for sm_90;
+// no GPU has run it yet.
 #include "kernels/cuda/attention.h"
 
 #include <cuda_bf16.h>
@@ -89,10 +103,14 @@ struct FwdLayout {
   static_assert(bytes <= 227 * 1024, "sm_90 allows 227 KiB per block");
 };
 
+// Blocks per SM asked of ptxas (__launch_bounds__' second argument; 0: none asked): 2, at most
+// 128 registers, where that does not spill (the file comment's numbers).
+constexpr int fwd_min_blocks(int D, bool mask_dropout) { return !mask_dropout && D <= 64 ? 2 : 0; }
+
 // One block per (128-row query tile, b*h), 8 warps; see the file comment.
-template <class S, int D>
-__global__ void __launch_bounds__(kFwdThreads) tc_forward_kernel(Problem<S> p, int64_t n_tiles, S* out,
-                                                                 float* lse) {
+template <class S, int D, bool kMaskDropout>
+__global__ void __launch_bounds__(kFwdThreads, fwd_min_blocks(D, kMaskDropout))
+    tc_forward_kernel(Problem<S> p, int64_t n_tiles, S* out, float* lse) {
   using L = FwdLayout<D>;
   using T16 = Dev<S>;
   constexpr int ld = L::ld;
@@ -138,15 +156,25 @@ __global__ void __launch_bounds__(kFwdThreads) tc_forward_kernel(Problem<S> p, i
       cp_async_wait_group<0>();
     }
     __syncthreads();  // every thread's copies of tile kt (and Q) are visible
-    if (warp_busy) {
+    if (warp_busy && kt == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        if (kk < e_frags) ldmatrix<4>(qf[kk], sq + (16 * warp + lane % 16) * ld + 16 * kk + 8 * (lane / 16));
+    }
+    // The tile's keys j0 + c that row r sees: c < seen (causality and padding keys in one
+    // compare; 0 for a padding row). 16-key blocks past the warp's last row's range are skipped
+    // (causal: a diagonal tile's upper blocks, or the whole tile for the block's first warps).
+    const int64_t warp_last = 16 * warp + 15 < rows ? 16 * warp + 15 : rows - 1;
+    const int key_frags = warp_busy ? frags16(attention_keys_seen(i0 + warp_last, j0, j0 + cols, p.is_causal)) : 0;
+    if (key_frags > 0) {
       const T16* tk = sk + kt % 2 * kFwdKeys * ld;
       const T16* tv = sv + kt % 2 * kFwdKeys * ld;
-      if (kt == 0) {
+      int seen[2];
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-          if (kk < e_frags) ldmatrix<4>(qf[kk], sq + (16 * warp + lane % 16) * ld + 16 * kk + 8 * (lane / 16));
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = 16 * warp + g + 8 * h;
+        seen[h] = r < rows ? static_cast<int>(attention_keys_seen(i0 + r, j0, j0 + cols, p.is_causal)) : 0;
       }
-      const int key_frags = frags16(cols);  // 16-key blocks with a real key; the rest is skipped
       // S = Q K^T: n-tiles 2np, 2np + 1 from one ldmatrix.x4 of K rows 16np..16np + 15.
       float s[kFwdKeys / 8][4];
 #pragma unroll
@@ -169,8 +197,9 @@ __global__ void __launch_bounds__(kFwdThreads) tc_forward_kernel(Problem<S> p, i
         if (nt >= 2 * key_frags) break;
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
-          const int r = 16 * warp + g + 8 * (x / 2);
-          const float v = tc_score(p, hd, scale_log2, kLog2e, s[nt][x], i0 + r, j0 + 8 * nt + 2 * t + x % 2, r < rows);
+          const int c = 8 * nt + 2 * t + x % 2;
+          const float v = tc_score<kMaskDropout>(p, hd, scale_log2, kLog2e, s[nt][x], c < seen[x / 2],
+                                                 i0 + 16 * warp + g + 8 * (x / 2), j0 + c);
           s[nt][x] = v;
           tile_max[x / 2] = v > tile_max[x / 2] ? v : tile_max[x / 2];
         }
@@ -194,8 +223,12 @@ __global__ void __launch_bounds__(kFwdThreads) tc_forward_kernel(Problem<S> p, i
         for (int x = 0; x < 4; ++x) {
           const float w = row_state[x / 2].weight(s[nt][x]);
           sum[x / 2] += w;
-          const int64_t i = i0 + 16 * warp + g + 8 * (x / 2), j = j0 + 8 * nt + 2 * t + x % 2;
-          w16[x] = Tc16<S>::round(w != 0.0f ? w * p.dropout_factor(tb.bh, i, j) : 0.0f);
+          if constexpr (kMaskDropout) {
+            const int64_t i = i0 + 16 * warp + g + 8 * (x / 2), j = j0 + 8 * nt + 2 * t + x % 2;
+            w16[x] = Tc16<S>::round(w != 0.0f ? w * p.dropout_factor(tb.bh, i, j) : 0.0f);
+          } else {
+            w16[x] = Tc16<S>::round(w);
+          }
         }
         pf[nt / 2][2 * (nt % 2)] = pack2(w16[0], w16[1]);
         pf[nt / 2][2 * (nt % 2) + 1] = pack2(w16[2], w16[3]);
@@ -249,13 +282,14 @@ __global__ void __launch_bounds__(kFwdThreads) tc_forward_kernel(Problem<S> p, i
   }
 }
 
-template <class S, int D>
+template <class S, int D, bool kMaskDropout>
 void tc_forward_for(const Problem<S>& p, int64_t BH, S* out, float* lse, cudaStream_t stream) {
   constexpr size_t bytes = FwdLayout<D>::bytes;
   const char* name = std::is_same_v<S, Half> ? "attention forward (f16)" : "attention forward (bf16)";
-  allow_shared(tc_forward_kernel<S, D>, bytes, name);
+  allow_shared(tc_forward_kernel<S, D, kMaskDropout>, bytes, name);
   const int64_t n_tiles = ceil_div(p.Sq, kFwdRows);
-  tc_forward_kernel<S, D><<<grid_for(name, BH, n_tiles), kFwdThreads, bytes, stream>>>(p, n_tiles, out, lse);
+  tc_forward_kernel<S, D, kMaskDropout><<<grid_for(name, BH, n_tiles), kFwdThreads, bytes, stream>>>(p, n_tiles, out,
+                                                                                                   lse);
   check_launch(name);
 }
 }  // namespace
@@ -267,7 +301,9 @@ void tc_forward_for(const Problem<S>& p, int64_t BH, S* out, float* lse, cudaStr
                                             S* out, float* logsumexp, cudaStream_t stream) {                       \
     run_forward<S>("attention forward (" label ")", q, k, v, mask, B, H, Sq, Sk, E, Ev, is_causal, scale, dropout, \
                    [&](auto D, const Problem<S>& p, int64_t BH) {                                                   \
-                     tc_forward_for<S, decltype(D)::value>(p, BH, out, logsumexp, stream);                          \
+                     with_mask_dropout(p, [&](auto md) {                                                            \
+                       tc_forward_for<S, decltype(D)::value, decltype(md)::value>(p, BH, out, logsumexp, stream);   \
+                     });                                                                                            \
                    });                                                                                              \
   }
 ND_TC_ATTENTION_FORWARD(BFloat16, "bf16")

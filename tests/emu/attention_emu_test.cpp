@@ -6,6 +6,11 @@
 // causal (Sq < Sk and Sq > Sk), an additive mask broadcast over heads with -inf entries,
 // a fully masked row, and dropout on the weights (the same generator state on both sides:
 // a kernel that ignored it, or indexed the weights differently, differs by whole weights).
+// The 16-bit kernels are compiled twice per head dim (kMaskDropout, attention_tc.cuh): every
+// copy runs here, bf16 and f16: without mask and dropout at D = 32, 64, 128 (kE32, kE64 or
+// kPadded, kE128Causal), with them at D = 32 (kMask, kMaskedRow, kDropout), 64
+// (kDropoutCausal) and 128 (kMaskCausal128: mask and causality together); both copies are run
+// twice and compared bit for bit (kCausalWide; kMask, kDropout).
 //
 // Tolerances, relative to the largest |value| of each output tensor (each element is a
 // sum of at most n = Sk (out, dq) or Sq (dk, dv) terms, each a softmax weight times an
@@ -178,6 +183,7 @@ const Case kMask{"additive mask over heads, -inf entries", 2, 2, 45, 70, 32, 32,
 const Case kMaskedRow{"fully masked query row", 1, 2, 19, 23, 32, 32, false, 2};
 const Case kDropout{"dropout 0.3, mask, two heads", 2, 2, 45, 70, 32, 32, false, 1, 0.3};
 const Case kDropoutCausal{"dropout 0.5, causal, tails", 1, 1, 70, 45, 64, 40, true, 0, 0.5};
+const Case kMaskCausal128{"additive mask, causal, E=128 Ev=100, Sq=70 Sk=80", 1, 2, 70, 80, 128, 100, true, 1};
 
 TEST_CASE("attention f32 SIMT kernels: head dims 32/64/128 and padded, tails, causal, masks") {
   for (const Case& c : {kE32, kE64, kE128Causal, kPadded, kPadded128, kCausalWide, kMask, kMaskedRow})
@@ -189,13 +195,19 @@ TEST_CASE("attention f64 SIMT kernels") {
 }
 
 TEST_CASE("attention bf16 tensor-core kernels: head dims 32/64/128 and padded, tails, causal, two query tiles") {
-  for (const Case& c : {kE32, kE64, kE128Causal, kPadded, kPadded128, kUnaligned, kCausalWide, kTwoQueryTiles})
+  for (const Case& c : {kE32, kE64, kE128Causal, kPadded, kPadded128, kUnaligned, kTwoQueryTiles})
     check_half<BFloat16>(c);
+  check_half<BFloat16>(kCausalWide, true);  // the copy without mask and dropout, bit-reproducible
 }
 
 TEST_CASE("attention bf16 tensor-core kernels: additive mask, a fully masked row, bit-reproducible") {
   check_half<BFloat16>(kMask, true);
   check_half<BFloat16>(kMaskedRow);
+}
+
+TEST_CASE("attention 16-bit tensor-core kernels: additive mask and causal at head dim 128") {
+  check_half<BFloat16>(kMaskCausal128);
+  check_half<nd::Half>(kMaskCausal128);
 }
 
 TEST_CASE("attention f16 tensor-core kernels: head dims 32/64/128, causal, mask, a fully masked row, bit-reproducible") {

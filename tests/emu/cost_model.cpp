@@ -83,13 +83,14 @@ DeviceVector<T> filled(size_t n, float scale = 1.0f) {
 constexpr double kCopyGbps = 4300;  // H200 device-to-device copy, read + write (KINDS.md, 2026-10-28)
 constexpr double kFlashAttention2Tflops = 0.35 * 989;  // FlashAttention-2 forward on H100: ~35% of bf16 peak
 
-// Emulates BH = 2 (batch x heads) and stands for BH = 2 x replicate: without a mask, causality
-// or dropout every (b, h) runs the same instructions on its own slices of q, k, v, out and
-// lse (whole sectors apart: S x D x 2 bytes and S x 4 bytes are multiples of 32), so each
-// count for 2 x replicate heads is exactly replicate times the count for 2.
+// Emulates BH = 2 (batch x heads) and stands for BH = 2 x replicate: without a mask or dropout
+// every (b, h) runs the same instructions (causality depends on i and j alone) on its own
+// slices of q, k, v, out and lse (whole sectors apart: S x D x 2 bytes and S x 4 bytes are
+// multiples of 32), so each count for 2 x replicate heads is exactly replicate times the count
+// for 2.
 Row make(const rows::AttentionRow& a) {
   const int64_t BH = 2, S = a.S, D = a.D;
-  const bool backward = a.backward;
+  const bool backward = a.backward, causal = a.causal;
   ND_CHECK(a.BH % BH == 0, "cost model: expected an even BH for an attention row, found ", a.BH);
   Row r;
   r.key = rows::key(a);
@@ -101,11 +102,11 @@ Row make(const rows::AttentionRow& a) {
     auto dq = q, dk = k, dv = v;
     DeviceVector<float> lse(size_t(BH * S));
     const double scale = 1.0 / std::sqrt(double(D));
-    cuda::scaled_dot_product_attention_forward(q.data(), k.data(), v.data(), {}, 1, BH, S, S, D, D, false, scale, {},
+    cuda::scaled_dot_product_attention_forward(q.data(), k.data(), v.data(), {}, 1, BH, S, S, D, D, causal, scale, {},
                                                out.data(), lse.data(), nullptr);
     if (backward)
       cuda::scaled_dot_product_attention_backward(dout.data(), q.data(), k.data(), v.data(), {}, out.data(),
-                                                  lse.data(), 1, BH, S, S, D, D, false, scale, {}, dq.data(),
+                                                  lse.data(), 1, BH, S, S, D, D, causal, scale, {}, dq.data(),
                                                   dk.data(), dv.data(), nullptr);
   };
   return r;

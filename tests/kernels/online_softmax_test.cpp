@@ -225,6 +225,36 @@ TEST_CASE("attention tile bounds: causal skipping drops exactly the tiles no row
   }
 }
 
+// Checked to fail with attention_keys_seen's causal end at i instead of i + 1 (495 checks) and
+// attention_first_query_seeing's first query at j + 1 (540 checks) (never committed).
+TEST_CASE("attention tile bounds: a row's range inside a tile is exactly its allowed keys or queries") {
+  using nd::kernels::attention_allowed;
+  for (bool causal : {false, true}) {
+    for (int64_t Sk = 0; Sk <= 9; ++Sk) {
+      for (int64_t a0 = 0; a0 <= 9; ++a0) {
+        for (int64_t a1 = a0; a1 <= 9; ++a1) {
+          for (int64_t other = 0; other <= 10; ++other) {
+            CAPTURE(causal);
+            CAPTURE(Sk);
+            CAPTURE(a0);
+            CAPTURE(a1);
+            CAPTURE(other);
+            if (a1 <= Sk) {  // query `other` against the key tile [a0, a1)
+              const int64_t seen = nd::kernels::attention_keys_seen(other, a0, a1, causal);
+              for (int64_t c = 0; c < a1 - a0; ++c) CHECK((c < seen) == attention_allowed(other, a0 + c, Sk, causal));
+            }
+            if (other < Sk) {  // key `other` against the query tile [a0, a1)
+              const int64_t first = nd::kernels::attention_first_query_seeing(other, a0, a1, causal);
+              CHECK(first >= 0);
+              for (int64_t c = 0; c < a1 - a0; ++c) CHECK((c >= first) == attention_allowed(a0 + c, other, Sk, causal));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("attention tile bounds: the 1-D grid covers every (head, tile) once") {
   for (int64_t n_tiles : {1, 3, 7}) {
     for (int64_t BH : {1, 4, 9}) {
