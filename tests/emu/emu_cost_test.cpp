@@ -197,16 +197,17 @@ long table_cell(const std::string& path, const std::string& kernel, size_t colum
 TEST_CASE("the resources table: read from bench/kernel_resources.md, a bad file is an nd::Error naming it") {
   const std::string file = NANODDP_SOURCE_DIR "/bench/kernel_resources.md";
   const auto table = emu_cost::read_resources(file);
-  REQUIRE(table.count("tc_dk_dv_kernel<BFloat16, 128>") == 1);
-  CHECK(table.at("tc_dk_dv_kernel<BFloat16, 128>").registers == table_cell(file, "tc_dk_dv_kernel<BFloat16, 128>", 2));
-  CHECK(table.at("tc_dk_dv_kernel<BFloat16, 128>").registers > 0);
+  const std::string dk_dv = "tc_dk_dv_kernel<BFloat16, 128, false>";
+  REQUIRE(table.count(dk_dv) == 1);
+  CHECK(table.at(dk_dv).registers == table_cell(file, dk_dv, 2));
+  CHECK(table.at(dk_dv).registers > 0);
   CHECK(table.at("forward_kernel<float, 64>").static_shared == table_cell(file, "forward_kernel<float, 64>", 5));
   CHECK(table.at("forward_kernel<float, 64>").static_shared > 0);
   // GCC leaves out defaulted template arguments; the one row that adds them is the kernel's.
   const auto* delta = emu_cost::find_resources(table, "delta_kernel<BFloat16>");
   REQUIRE(delta != nullptr);
   CHECK(delta->registers == table.at("delta_kernel<BFloat16, float>").registers);
-  CHECK(emu_cost::find_resources(table, "tc_forward_kernel<BFloat16>") == nullptr);  // three rows: ambiguous
+  CHECK(emu_cost::find_resources(table, "tc_forward_kernel<BFloat16>") == nullptr);  // six rows: ambiguous
   CHECK(emu_cost::find_resources(table, "no_such_kernel<float>") == nullptr);
   CHECK_THROWS_WITH_AS(emu_cost::read_resources("/nonexistent/kernel_resources.md"),
                        doctest::Contains("cannot read /nonexistent/kernel_resources.md"), nd::Error);
