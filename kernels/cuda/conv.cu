@@ -19,9 +19,15 @@
 // where the old fill stored, waited at the barrier, then multiplied. Element copies, not
 // 16-byte ones: a thread's cells are a walk's neighbours, contiguous only in some passes
 // and rows, and 4 bytes keep every alignment. Shared memory: 16 / 32 KiB (f32 / f64). Its
-// cost is registers: int32 f32 forward / dgrad / wgrad 128 / 128 / 64 -> 162 / 168 / 128
-// (blocks per SM 2 / 2 / 4 -> 1 / 1 / 2; bench/RESULTS.md): fewer warps to hide latency,
-// traded for the overlap; not yet timed on a GPU. The walks, in registers (accessors ->
+// cost was registers: int32 f32 forward / dgrad / wgrad 128 / 128 / 64 -> 162 / 168 / 128
+// (blocks per SM 2 / 2 / 4 -> 1 / 1 / 2; bench/RESULTS.md). Won back by the stores: they
+// derived each stored element's pixel from m (two 64-bit divisions), which kept the slice's
+// 64-bit geometry (dgrad: two DgradPhase) live across the depth loop; the OutputWalk
+// (conv_walk.h) splits a thread's first row once per tile in I and steps it. With
+// __launch_bounds__ asking 2 blocks per SM (simt_min_blocks) every int32 variant holds
+// 124-128 registers, f32 and f64 (f32 162 / 168 / 128 -> 128 / 128 / 124, f64 178 / 208 /
+// 162 -> 126 / 128 / 128: 2 blocks per SM each), and the int64 f32 forward and wgrad 127 /
+// 128 (168 / 168: 1 -> 2 blocks); no spill. Not yet timed on a GPU. The walks, in registers (accessors ->
 // int32 walks, before the pipeline; bench/kernel_resources.md then): SIMT dgrad 176 / 186
 // (f32 / f64) -> 128 / 174 (f32: 1 -> 2 blocks per SM), f32 wgrad 96 -> 64 (2 -> 4 blocks);
 // WMMA forward 254 / 255 (bf16 / f16) -> 238 / 174, dgrad 213 / 210 -> 190 / 198, but WMMA
@@ -39,7 +45,8 @@
 // from 117 to 34 MFLOP (bench/RESULTS.md "Cost model"). The phases are slices of one launch
 // (grid z), so the blocks of all phases share the SMs: one launch per phase would run four
 // quarter-size grids one after another. Its cost: a slice carries two DgradPhase (the
-// 64-bit walk of the SIMT dgrad still needs 164 / 178 registers, one block per SM).
+// 64-bit SIMT dgrad needs 238 / 242 registers, f32 / f64, one block per SM: capped at 128
+// it spilled 300 / 344 bytes).
 //
 // Grid: x = row tiles, y = column tiles, z = (group, depth chunk, slice), each walked by a
 // grid-stride loop, so no size runs into gridDim.y/z <= 65535. A depth long against few
@@ -64,8 +71,9 @@
 //
 // Checked: every pass against kernels/cpu in the emulator (tests/emu/conv_emu_test.cpp:
 // partial tiles, groups, stride 2 and 3, dilation, padding, phases without taps,
-// output_padding; the sanitizer on), the accessors, phases and walks (every cell, both
-// index types) on the CPU (tests/kernels/conv_index_test.cpp), bit-reproducibility and autocast in
+// output_padding; the sanitizer on; a store walk stepped by 17 rows instead of 16 fails
+// there as a global write conflict), the accessors, phases, walks and output walks (every
+// cell, both index types) on the CPU (tests/kernels/conv_index_test.cpp), bit-reproducibility and autocast in
 // tests/cuda/cuda_conv_test.cpp on the emulated library. The phase split is not yet run on
 // a GPU: its speed is the cost model's estimate only.
 #include "kernels/cuda/conv.h"
@@ -116,16 +124,27 @@ __device__ __forceinline__ void walk_tile(int tid, F&& f) {
   for (int i = 0; i < Slow / step; ++i) f(fast, first + i * step);
 }
 
+// Blocks per SM that implicit_gemm_kernel is compiled for (__launch_bounds__' minimum: 2
+// caps it at 128 registers). 2 wherever ptxas fits that without a spill: every int32 walk
+// (f32 and f64), and f32's int64 forward and wgrad. 1 for the rest, which spilled at 128
+// (int64 dgrad 300 / 344 bytes for f32 / f64, f64 int64 forward 72 and wgrad 40; ptxas of
+// nvcc 13.0, bench/kernel_resources.md).
+template <class T, class I, class Problem>
+constexpr int simt_min_blocks() {
+  if constexpr (std::is_same_v<I, int32_t>) return 2;
+  if constexpr (std::is_same_v<Problem, ci::DgradGemm<T>>) return 1;
+  return sizeof(T) == 4 ? 2 : 1;
+}
+
 // For every z = (group g, chunk s, slice), column tile and row tile of that slice sp:
-//   C_g[m, j] = sum_{k in chunk s} sp.a(g, m, k) * sp.b(g, k, j), stored by sp.store(g, s, m, j, .).
+//   C_g[m, j] = sum_{k in chunk s} sp.a(g, m, k) * sp.b(g, k, j), stored where sp.store(g, s, m, j, .) puts it.
 // Thread (ty, tx) owns rows m0 + ty + 16*i and columns n0 + tx + 16*j (i, j < kMicro), so
 // a warp reads consecutive shared-memory words of Bs and one or two broadcast words of As.
 // The tiles are gathered by conv_gather.cuh's TileGather (I: the walk's index type).
-// Out-of-range rows, columns and depths load as 0 and are never stored. At least 1 block
-// per SM, said explicitly: with the pipeline ptxas otherwise settled at 128 registers and
-// spilled in the 64-bit f32 wgrad (as in tensor_core_gemm_kernel below).
+// Out-of-range rows, columns and depths load as 0 and are never stored. The stores go
+// through the slice's OutputWalk (conv_walk.h): the thread's four rows split once per tile.
 template <class T, class I, class Problem>
-__global__ void __launch_bounds__(kGemmThreads, 1)
+__global__ void __launch_bounds__(kGemmThreads, simt_min_blocks<T, I, Problem>())
     implicit_gemm_kernel(Problem p, int64_t groups, int64_t splits, int64_t chunk) {
   __shared__ T As[2][kTileK][kTileM];  // two stages: one multiplied while the other fills
   __shared__ T Bs[2][kTileK][kTileN];
@@ -135,6 +154,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const auto& sp = p.slice(z / (groups * splits));
     const auto wk = ci::walk<I>(sp);
     conv_gather::TileGather<I, decltype(wk), kGemmThreads, kTileM, kTileK> gather(wk, g, tid);
+    const auto out = ci::output_walk<I>(sp, split);
+    const ci::Digits<I> by_row = out.rows.digits(16);
     const int64_t M = sp.rows(), Ncols = sp.cols(), K = sp.depth();
     const int64_t m_tiles = (M + kTileM - 1) / kTileM, n_tiles = (Ncols + kTileN - 1) / kTileN;
     const int64_t k_begin = split * chunk, k_end = k_begin + chunk < K ? k_begin + chunk : K;
@@ -175,23 +196,17 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           }
           __syncthreads();  // the next iteration issues step k0 + 2 kTileK into stage s
         }
-        // A tile inside the problem stores every cell without a branch per cell: the compiler
-        // then derives a row's pixel (integer divisions) once, not once per column; it does
-        // not move a division out of a branch (the divisor might be 0). (Not in
-        // tensor_core_gemm_kernel: there it took forward from 128 registers to 231.)
-        const auto store_tile = [&](auto checked) {
+        // The thread's rows m0 + ty + 16 i: split once, stepped by 16 (no division per store).
+        ci::Digits<I> row = out.rows.digits(I(m0 + ty));
 #pragma unroll
-          for (int i = 0; i < kMicro; ++i)
+        for (int i = 0; i < kMicro; ++i, out.rows.advance(row, by_row)) {
+          const auto row_offset = out.row(row);
 #pragma unroll
-            for (int j = 0; j < kMicro; ++j) {
-              const int64_t m = m0 + ty + 16 * i, col = n0 + tx + 16 * j;
-              if (!decltype(checked)::value || (m < M && col < Ncols)) sp.store(g, split, m, col, acc[i][j]);
-            }
-        };
-        if (m0 + kTileM <= M && n0 + kTileN <= Ncols)
-          store_tile(std::false_type{});
-        else
-          store_tile(std::true_type{});
+          for (int j = 0; j < kMicro; ++j) {
+            const int64_t col = n0 + tx + 16 * j;
+            if (m0 + ty + 16 * i < M && col < Ncols) out.store(row_offset, I(g), I(col), acc[i][j]);
+          }
+        }
       }
     }
   }

@@ -138,7 +138,7 @@ cpu::Conv2dShape long_depth() {
   return s;
 }
 // Whole tiles: forward and dgrad rows N*8*8 = 128 (two full 64-row tiles), 64 channels
-// (one full column tile), so their stores take the no-bounds-check path of full tiles.
+// (one full column tile): every cell of a tile is stored.
 cpu::Conv2dShape full_tiles() {
   cpu::Conv2dShape s;
   s.N = 2, s.C_in = 64, s.H = 8, s.W = 8, s.C_out = 64, s.kH = 3, s.kW = 3;
