@@ -163,6 +163,11 @@ inline void bench_model_rows(Bench& b) {
   model_rows::conv(b, "dgrad", 2, 1, 64, 28, 4, 2, 1);  // = G.main.6's forward
   model_rows::conv(b, "fwd", 2, 64, 128, 14, 4, 2, 1, cu::ConvOperands::kExact);  // the f32 SIMT kernel
   model_rows::conv(b, "dgrad", 2, 64, 128, 14, 4, 2, 1, cu::ConvOperands::kExact);
+  model_rows::conv(b, "fwd", 64, 128, 1, 7, 7, 1, 0);  // DCGAN D.main.5 at batch 64 (1 output channel)
+  model_rows::conv(b, "wgrad", 64, 128, 1, 7, 7, 1, 0);
+  model_rows::conv(b, "fwd", 64, 32, 64, 14, 4, 2, 1);  // train_gan's D.main.2 (ndf 32) at batch 64
+  model_rows::conv(b, "wgrad", 64, 32, 64, 14, 4, 2, 1);
+  model_rows::conv(b, "wgrad", 64, 1, 64, 28, 4, 2, 1);  // D.main.0's weight gradient at batch 64
   model_rows::attention(b, 2, 256, 64, false);
   model_rows::attention(b, 64, 256, 64, false);
   model_rows::attention(b, 64, 256, 128, false);

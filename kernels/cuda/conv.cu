@@ -27,14 +27,16 @@
 // __launch_bounds__ asking 2 blocks per SM (simt_min_blocks) every int32 variant holds
 // 124-128 registers, f32 and f64 (f32 162 / 168 / 128 -> 128 / 128 / 124, f64 178 / 208 /
 // 162 -> 126 / 128 / 128: 2 blocks per SM each), and the int64 f32 forward and wgrad 127 /
-// 128 (168 / 168: 1 -> 2 blocks); no spill. Not yet timed on a GPU. The walks, in registers (accessors ->
-// int32 walks, before the pipeline; bench/kernel_resources.md then): SIMT dgrad 176 / 186
+// 128 (168 / 168: 1 -> 2 blocks); no spill. Not yet timed on a GPU. The walks, in
+// registers (accessors -> int32 walks, before the pipeline; bench/kernel_resources.md
+// then): SIMT dgrad 176 / 186
 // (f32 / f64) -> 128 / 174 (f32: 1 -> 2 blocks per SM), f32 wgrad 96 -> 64 (2 -> 4 blocks);
 // WMMA forward 254 / 255 (bf16 / f16) -> 238 / 174, dgrad 213 / 210 -> 190 / 198, but WMMA
 // wgrad 190 / 183 -> 254 / 243: its unrolled 16-cell gathers now issue all their loads
 // first. No spill; the WMMA kernels stay at 2 blocks per SM. The int64 twins: 128-255.
-// Not for one input channel (a GEMM dimension of 1 or 16 against 64-wide tiles): the
-// launchers hand those to conv_narrow.cu (narrow::applies, the one hook in each pass).
+// Not for one input channel (a GEMM dimension of 1 or 16 against 64-wide tiles), nor the
+// forward and wgrad of one output channel (a GEMM of one column or one row): the launchers
+// hand those to conv_narrow.cu (narrow::applies, the one hook in each pass).
 //
 // Strided dgrad (conv2d's input gradient, conv_transpose2d's forward) runs as stride_h *
 // stride_w GEMMs, one per phase of the input pixels (ih mod stride_h, iw mod stride_w):
@@ -411,7 +413,8 @@ void wgrad(const char* kernel, const Conv2dShape& s, const T* x, const T* dy, T*
     check(cudaMemsetAsync(dw, 0, sizeof(T) * size, stream), "cudaMemsetAsync", kernel);
     return;
   }
-  if (narrow::applies(s)) return narrow::wgrad(kernel, s, x, dy, dw, operands, stream);  // conv_narrow.cu
+  if (narrow::applies(s, narrow::Pass::kWgrad))  // conv_narrow.cu
+    return narrow::wgrad(kernel, s, x, dy, dw, operands, stream);
   launch_split<T>(kernel, p, &ci::WgradGemm<T>::out, size, p.depth(), operands, stream);
 }
 
@@ -422,7 +425,8 @@ void forward_pass(const char* kernel, const Conv2dShape& s, const T* in, const T
   require_operands<T>(kernel, operands);
   const ci::ForwardGemm<T> p{ci::geometry(s), in, w, bias, out};
   if (p.rows() == 0) return;
-  if (narrow::applies(s)) return narrow::forward(kernel, s, in, w, bias, out, operands, stream);  // conv_narrow.cu
+  if (narrow::applies(s, narrow::Pass::kForward))  // conv_narrow.cu
+    return narrow::forward(kernel, s, in, w, bias, out, operands, stream);
   launch_split<T>(kernel, p, &ci::ForwardGemm<T>::y, p.rows() * p.q.C_out, p.depth(), operands, stream);
 }
 
@@ -436,7 +440,8 @@ void dgrad_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* 
   require_operands<T>(kernel, operands);
   const ci::DgradGemm<T> p = ci::dgrad_gemm(ci::geometry(s), in, w, bias, out);
   if (p.rows() == 0) return;
-  if (narrow::applies(s)) return narrow::dgrad(kernel, s, in, w, bias, out, operands, stream);  // conv_narrow.cu
+  if (narrow::applies(s, narrow::Pass::kDgrad))  // conv_narrow.cu
+    return narrow::dgrad(kernel, s, in, w, bias, out, operands, stream);
   int64_t depth = 0;  // the phases' depths differ (1 or 2 taps of 3 at stride 2): the chunks cover the longest
   for (int64_t slice = 0; slice < p.slices(); ++slice) depth = std::max(depth, p.slice(slice).depth());
   launch_split<T>(kernel, p, &ci::DgradGemm<T>::dx, p.q.N * p.q.C_in * p.q.H * p.q.W, depth, operands, stream);

@@ -213,6 +213,11 @@ std::vector<Row> rows() {
           conv_row("dgrad", 2, 1, 64, 28, 4, 2, 1),    // G.main.6's forward (ConvTranspose2d(64, 1, 4, 2, 1))
           conv_row("fwd", 2, 64, 128, 14, 4, 2, 1, cuda::ConvOperands::kExact),  // the f32 SIMT kernel
           conv_row("dgrad", 2, 64, 128, 14, 4, 2, 1, cuda::ConvOperands::kExact),
+          conv_row("fwd", 64, 128, 1, 7, 7, 1, 0),     // DCGAN D.main.5 at batch 64 (1 output channel)
+          conv_row("wgrad", 64, 128, 1, 7, 7, 1, 0),   // its weight gradient
+          conv_row("fwd", 64, 32, 64, 14, 4, 2, 1),    // train_gan's D.main.2 (ndf 32) at batch 64
+          conv_row("wgrad", 64, 32, 64, 14, 4, 2, 1),
+          conv_row("wgrad", 64, 1, 64, 28, 4, 2, 1),   // D.main.0's weight gradient at batch 64 (conv_narrow.cu)
           attention_row(256, 64, false, 1),
           attention_row(256, 64, false, 32),
           attention_row(256, 128, false, 32),
