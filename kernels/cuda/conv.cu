@@ -57,8 +57,14 @@
 // launch_split) whose partial results go to a buffer that a second kernel sums in chunk
 // order: no atomics, the same bits on every run; the bias goes into chunk 0. Cost model,
 // that layer in bf16: forward 24.1 -> 10.7 us, dgrad 17.0 -> 12.7 us with 16 blocks each
-// (bench/RESULTS.md). The chunk's output offset and bias choice in the stores took the
-// WMMA forward from 166 to 254 registers (no spill; 3 -> 2 blocks per SM).
+// (bench/RESULTS.md); then, with chunks of 128 (kMinChunk, was 256) and the cut that
+// minimises the busiest SM's share of the depth (conv_index.h split_depth: not the most
+// chunks allowed, which can leave a part wave), 32 blocks: forward 10.66 -> 8.12 us, dgrad
+// 12.59 -> 9.24 (f32: 18.59 -> 12.46, 17.43 -> 11.94); train_gan's D.main.2 (ndf 32) wgrad
+// at batch 64 88 -> 112 blocks, 11.13 -> 10.05 us ("convfill"). Its forward at batch 64 (49
+// row tiles, depth 512) stays at 98 blocks for 132 SMs: a smaller tile for such shapes is
+// not done. The chunk's output offset and bias choice in the stores took the WMMA forward
+// from 166 to 254 registers (no spill; 3 -> 2 blocks per SM).
 //
 // Mixed precision (ConvOperands::kBf16 / kF16, float only): tensor_core_gemm_kernel is the
 // same tiling on bf16 or f16 tensor cores through the documented WMMA API (the 16-bit type
@@ -108,9 +114,11 @@ constexpr int kTileM = 64, kTileN = 64, kTileK = 16;
 constexpr int kMicro = 4;                                        // results per thread: kMicro x kMicro
 constexpr int kGemmThreads = (kTileM / kMicro) * (kTileN / kMicro);  // 256
 static_assert(kTileM / kMicro == 16 && kTileN / kMicro == 16, "the thread layout below is 16 x 16");
-// split-K (every pass): no chunk shorter than this many depth elements, and enough chunks
-// that about this many blocks run (an H200 has 132 SMs).
-constexpr int64_t kMinChunk = 256, kTargetBlocks = 512;
+// split-K (every pass; conv_index.h split_depth picks the cut with the least busiest-SM
+// share): no chunk shorter than this many depth elements (8 bf16 depth steps), at most
+// about this many blocks. 128 (was 256) lets a small batch's layers fill the SMs: DCGAN
+// D.main.2 at batch 2 16 -> 32 blocks (bench/RESULTS.md "convfill").
+constexpr int64_t kMinChunk = 128, kTargetBlocks = 512;
 using detail::kMaxGridX;
 using detail::kMaxGridYZ;
 

@@ -36,12 +36,13 @@
 //            of x's rows), rows::block_sum adds the threads' sums in a fixed order.
 //   wgrad    one thread per tap k = (c, kh, kw) of dw [1, depth], summing dy[m] * x[patch of m]
 //            over its chunk's pixels m in order (a warp: one dy word, a broadcast, and
-//            neighbouring x); pixels long against the taps' blocks are cut into chunks as wgrad's.
+//            neighbouring x); pixels long against the taps' blocks are cut into chunks as
+//            wgrad's. 64 threads a block: D.main.5's 6272 taps make 98 blocks (256: 25).
 // Both step x's index digits with conv_walk.h's InputPatch (no division per element), in
 // int64_t. Cost model, D.main.5 at batch 64, bf16 (bench/RESULTS.md "convfill"): forward
 // 16.15 -> 3.45 us (the tiles' split-K of 22 blocks and its sum launch -> 64 blocks, one
-// launch), wgrad 4.98 -> 4.03 us. Registers: forward 46 (f64 48), wgrad 116-120 (2 blocks of
-// 256 per SM; no spill).
+// launch), wgrad 4.98 -> 4.03 us (25 blocks of 256) -> 2.89 us (98 of 64). Registers:
+// forward 46 (f64 48), wgrad 96 (f64 94; 10 blocks of 64 per SM); no spill.
 //
 // Arithmetic: T (f32, f64) accumulation; each thread adds its products in a fixed order
 // (forward: taps in order, then + bias; dgrad: channel chunks of 64, the phase's taps in
@@ -98,11 +99,12 @@ constexpr int kMicro = 2;                          // wgrad: results per thread,
 constexpr int kRowStep = kWgradRows / kMicro, kColStep = kWgradCols / kMicro;  // a thread's rows / columns apart
 static_assert(kRowStep * kColStep == kThreads, "the threads cover the wgrad tile");
 static_assert(kThreads % kWgradPixels == 0, "every thread stages one pixel");
-// wgrad's chunks (as conv.cu's split-K): none shorter than this many pixels, enough of them
-// that about this many blocks run (an H200 has 132 SMs). 512: a second launch (the chunk sum)
-// costs more than a block's 16 stages (DCGAN D.main.0 at batch 2, 392 pixels: 3 chunks of
-// 128+ were slower in the cost model than none; bench/RESULTS.md).
-constexpr int64_t kMinChunk = 512, kTargetBlocks = 512;
+// wgrad's chunks (as conv.cu's split-K, conv_index.h split_depth): none shorter than this
+// many pixels, at most about this many blocks. 256 (was 512): a second launch (the chunk sum)
+// costs more than a block's 8 stages, so D.main.0 at batch 2 (392 pixels) stays one chunk
+// (3 chunks of 128+ were slower in the cost model than none; bench/RESULTS.md); at batch 64
+// (12544 pixels) 33 chunks fill the 132 SMs where 512 allowed 24 (96 blocks): 8.01 -> 7.49 us.
+constexpr int64_t kMinChunk = 256, kTargetBlocks = 512;
 using detail::kMaxGridX;
 using detail::kMaxGridYZ;
 
@@ -314,7 +316,7 @@ __global__ void __launch_bounds__(rows::kMaxThreads)
 // out + z*chunk_stride. Thread: one tap (grid x, grid-stride), the chunk's pixels in order,
 // their digits stepped by one; a warp reads one dy value (a broadcast) and neighbouring taps.
 template <class T, class R>
-__global__ void __launch_bounds__(rows::kMaxThreads)
+__global__ void __launch_bounds__(kThreads)
     one_output_wgrad_kernel(ci::Geometry q, const T* x, const T* dy, T* out, int64_t splits, int64_t chunk,
                             int64_t chunk_stride) {
   const int64_t pixels = q.N * q.OH * q.OW, depth = q.C_in * q.kH * q.kW;
@@ -361,13 +363,13 @@ template <class T>
 void one_output_wgrad(const char* kernel, const ci::Geometry& q, const T* x, const T* dy, T* dw, ConvOperands operands,
                       cudaStream_t stream) {
   const int64_t size = q.C_in * q.kH * q.kW, pixels = q.N * q.OH * q.OW;
-  const unsigned threads = rows::threads_for(size), blocks = grid_size(size, threads, kMaxGridX);
+  const unsigned blocks = grid_size(size, kThreads, kMaxGridX);  // D.main.5: 98 blocks (256 threads: 25)
   const ci::SplitK split = ci::split_depth(pixels, blocks, 1, kMinChunk, kTargetBlocks);
   const detail::Scratch partial(kernel, split.splits > 1 ? sizeof(T) * split.splits * size : 0, stream);
   T* const out = split.splits > 1 ? partial.as<T>() : dw;
   with_operands<T>(operands, [&](auto rounding) {
     using R = typename decltype(rounding)::type;
-    one_output_wgrad_kernel<T, R><<<dim3(blocks, grid_size(split.splits, 1, kMaxGridYZ)), threads, 0, stream>>>(
+    one_output_wgrad_kernel<T, R><<<dim3(blocks, grid_size(split.splits, 1, kMaxGridYZ)), kThreads, 0, stream>>>(
         q, x, dy, out, split.splits, split.chunk, size);
   });
   check_launch(kernel);

@@ -133,7 +133,7 @@ cpu::Conv2dShape wide() {
   s.padding = {1, 1};
   return s;
 }
-// wgrad depth N*OH*OW = 1058 against one output tile: split into 4 chunks, the last partial.
+// wgrad depth N*OH*OW = 1058 against one output tile: split into 8 chunks (7 in bf16), the last partial.
 cpu::Conv2dShape long_depth() {
   cpu::Conv2dShape s;
   s.N = 2, s.C_in = 3, s.H = 23, s.W = 23, s.C_out = 5, s.kH = 3, s.kW = 3;
@@ -173,7 +173,7 @@ cpu::ConvTranspose2dShape transposed_stride3() {
 }
 
 // DCGAN's generator layer with few pixels: transposed forward (a dgrad GEMM) of depth 128
-// channels x 4 taps per phase = 512 split into 2 chunks, the bias added in chunk 0 only.
+// channels x 4 taps per phase = 512 split into 4 chunks, the bias added in chunk 0 only.
 cpu::ConvTranspose2dShape transposed_split() {
   cpu::ConvTranspose2dShape s;
   s.N = 1, s.C_in = 128, s.H = 3, s.W = 3, s.C_out = 8, s.kH = 4, s.kW = 4;
@@ -214,7 +214,7 @@ cpu::Conv2dShape narrow_many_taps() {
   s.padding = {4, 4};
   return s;
 }
-// wgrad depth 3 x 30 x 30 = 2700 in 5 chunks (the last shorter), summed by chunk_sum.cuh.
+// wgrad depth 3 x 30 x 30 = 2700 in 10 chunks (the last shorter), summed by chunk_sum.cuh.
 cpu::Conv2dShape narrow_chunked() {
   cpu::Conv2dShape s;
   s.N = 3, s.C_in = 1, s.H = 30, s.W = 30, s.C_out = 5, s.kH = 3, s.kW = 3;
@@ -252,7 +252,7 @@ cpu::Conv2dShape one_output_deep() {
   s.N = 1, s.C_in = 37, s.H = 5, s.W = 5, s.C_out = 1, s.kH = 3, s.kW = 3;
   return s;
 }
-// wgrad over 2 x 24 x 24 = 1152 pixels against one block of taps: 2 chunks of 576.
+// wgrad over 2 x 24 x 24 = 1152 pixels against one block of taps: 4 chunks of 288.
 cpu::Conv2dShape one_output_chunked() {
   cpu::Conv2dShape s;
   s.N = 2, s.C_in = 3, s.H = 24, s.W = 24, s.C_out = 1, s.kH = 3, s.kW = 3;

@@ -315,7 +315,16 @@ TEST_CASE("conv_index: conv_transpose2d through as_conv() equals kernels/cpu") {
   }
 }
 
-TEST_CASE("conv_index: split_depth covers the depth with whole-tile chunks, fixed by the shape") {
+namespace {
+
+// The depth the busiest of kSplitSms SMs works through: ceil(blocks / SMs) chunks.
+int64_t share(int64_t tiles, const ci::SplitK& k) {
+  return (tiles * k.splits + ci::kSplitSms - 1) / ci::kSplitSms * k.chunk;
+}
+
+}  // namespace
+
+TEST_CASE("conv_index: split_depth takes whole-tile chunks, the least busiest-SM share, fixed by the shape") {
   for (int64_t depth : {1, 15, 16, 17, 255, 256, 257, 3136, 100000})
     for (int64_t tiles : {1, 3, 8, 600})
       for (int64_t min_chunk : {16, 256}) {
@@ -331,8 +340,21 @@ TEST_CASE("conv_index: split_depth covers the depth with whole-tile chunks, fixe
         if (tiles >= 512) CHECK(k.splits == 1);   // enough blocks without splitting
         const ci::SplitK again = ci::split_depth(depth, tiles, 16, min_chunk, 512);
         CHECK((again.splits == k.splits && again.chunk == k.chunk));
+        // No worse a busiest-SM share than the cut into the most chunks allowed (the rule before).
+        const int64_t most = std::max<int64_t>(1, std::min((512 + tiles - 1) / tiles, depth / min_chunk));
+        const int64_t most_chunk = std::max<int64_t>(1, ((depth + most - 1) / most + 15) / 16) * 16;
+        const int64_t most_splits = std::max<int64_t>(1, (depth + most_chunk - 1) / most_chunk);
+        CHECK(share(tiles, k) <= share(tiles, {most_splits, most_chunk}));
       }
   CHECK(ci::split_depth(3136, 8, 16, 256, 512).splits == 12);  // DCGAN D layer 2 at batch 64: 7x7 maps
+  // conv_narrow.cu's wgrad of D.main.0 at batch 64 (4 tiles, 12544 pixels, stages of 32,
+  // chunks >= 256): 33 chunks, 132 blocks, where the most allowed (49) made 196, two waves.
+  const ci::SplitK narrow = ci::split_depth(12544, 4, 32, 256, 512);
+  CHECK((narrow.splits == 33 && narrow.chunk == 384));
+  // D.main.2's wgrad at batch 64 in bf16 (32 tiles, depth 3136): 4 chunks of 800, 128 blocks,
+  // where 11 chunks of 288 made 352 blocks, a busiest SM of 3 blocks (864 deep).
+  const ci::SplitK wide = ci::split_depth(3136, 32, 32, 128, 512);
+  CHECK((wide.splits == 4 && wide.chunk == 800));
 }
 
 namespace {
