@@ -27,13 +27,13 @@
 // __launch_bounds__ asking 2 blocks per SM (simt_min_blocks) every int32 variant holds
 // 124-128 registers, f32 and f64 (f32 162 / 168 / 128 -> 128 / 128 / 124, f64 178 / 208 /
 // 162 -> 126 / 128 / 128: 2 blocks per SM each), and the int64 f32 forward and wgrad 127 /
-// 128 (168 / 168: 1 -> 2 blocks); no spill. Not yet timed on a GPU. The walks, in
-// registers (accessors -> int32 walks, before the pipeline; bench/kernel_resources.md
-// then): SIMT dgrad 176 / 186
-// (f32 / f64) -> 128 / 174 (f32: 1 -> 2 blocks per SM), f32 wgrad 96 -> 64 (2 -> 4 blocks);
-// WMMA forward 254 / 255 (bf16 / f16) -> 238 / 174, dgrad 213 / 210 -> 190 / 198, but WMMA
-// wgrad 190 / 183 -> 254 / 243: its unrolled 16-cell gathers now issue all their loads
-// first. No spill; the WMMA kernels stay at 2 blocks per SM. The int64 twins: 128-255.
+// 128 (168 / 168: 1 -> 2 blocks); no spill. Not yet timed on a GPU. The walks, in registers
+// (accessors -> int32 walks, before the pipeline; bench/kernel_resources.md then): SIMT
+// dgrad 176 / 186 (f32 / f64) -> 128 / 174 (f32: 1 -> 2 blocks per SM), f32 wgrad 96 -> 64
+// (2 -> 4 blocks); WMMA forward 254 / 255 (bf16 / f16) -> 238 / 174, dgrad 213 / 210 -> 190
+// / 198, but WMMA wgrad 190 / 183 -> 254 / 243: its unrolled 16-cell gathers now issue all
+// their loads first. No spill; the WMMA kernels stay at 2 blocks per SM. The int64 twins:
+// 128-255.
 // Not for one input channel (a GEMM dimension of 1 or 16 against 64-wide tiles), nor the
 // forward and wgrad of one output channel (a GEMM of one column or one row): the launchers
 // hand those to conv_narrow.cu (narrow::applies, the one hook in each pass).
@@ -81,9 +81,10 @@
 // partial tiles, groups, stride 2 and 3, dilation, padding, phases without taps,
 // output_padding; the sanitizer on; a store walk stepped by 17 rows instead of 16 fails
 // there as a global write conflict), the accessors, phases, walks and output walks (every
-// cell, both index types) on the CPU (tests/kernels/conv_index_test.cpp), bit-reproducibility and autocast in
-// tests/cuda/cuda_conv_test.cpp on the emulated library. The phase split is not yet run on
-// a GPU: its speed is the cost model's estimate only.
+// cell, both index types) on the CPU (tests/kernels/conv_index_test.cpp),
+// bit-reproducibility and autocast in tests/cuda/cuda_conv_test.cpp on the emulated
+// library. The phase split is not yet run on a GPU: its speed is the cost model's estimate
+// only.
 #include "kernels/cuda/conv.h"
 
 #include <cuda_bf16.h>
@@ -147,7 +148,8 @@ constexpr int simt_min_blocks() {
 }
 
 // For every z = (group g, chunk s, slice), column tile and row tile of that slice sp:
-//   C_g[m, j] = sum_{k in chunk s} sp.a(g, m, k) * sp.b(g, k, j), stored where sp.store(g, s, m, j, .) puts it.
+//   C_g[m, j] = sum_{k in chunk s} sp.a(g, m, k) * sp.b(g, k, j),
+// stored where sp.store(g, s, m, j, .) puts it.
 // Thread (ty, tx) owns rows m0 + ty + 16*i and columns n0 + tx + 16*j (i, j < kMicro), so
 // a warp reads consecutive shared-memory words of Bs and one or two broadcast words of As.
 // The tiles are gathered by conv_gather.cuh's TileGather (I: the walk's index type).
