@@ -48,27 +48,29 @@
 // (forward: taps in order, then + bias; dgrad: channel chunks of 64, the phase's taps in
 // order, channels in order, then + bias; wgrad: pixels in order within a chunk, chunks in
 // order; one output channel's forward: a thread's taps in order, then the block's fixed
-// reduction, then + bias), so every run gives the same bits. Not the CPU's order (Eigen GEMMs): the emulator
-// tests hold the results to the bound of an n-term sum (tests/emu/conv_emu_test.cpp), as for
-// conv.cu. Mixed precision (ConvOperands::kBf16 / kF16, float only): each operand is rounded
-// to bf16 / f16 (nearest even) as it is loaded and widened back, so every product is the
-// exact product of the 16-bit values (8 + 8 or 11 + 11 significant bits fit f32) and the sums
-// are f32: the WMMA path's numbers, with SIMT FMAs instead of tensor cores (at 1 input
-// channel the FMAs are few; the loads are the cost). Bias, output and partial sums stay f32.
+// reduction, then + bias), so every run gives the same bits. Not the CPU's order (Eigen
+// GEMMs): the emulator tests hold the results to the bound of an n-term sum
+// (tests/emu/conv_emu_test.cpp), as for conv.cu. Mixed precision (ConvOperands::kBf16 /
+// kF16, float only): each operand is rounded to bf16 / f16 (nearest even) as it is loaded
+// and widened back, so every product is the exact product of the 16-bit values (8 + 8 or 11
+// + 11 significant bits fit f32) and the sums are f32: the WMMA path's numbers, with SIMT
+// FMAs instead of tensor cores (at 1 input channel the FMAs are few; the loads are the
+// cost). Bias, output and partial sums stay f32.
 //
 // Checked: every pass in the emulator against kernels/cpu with the sanitizer on
 // (tests/emu/conv_emu_test.cpp, its "narrow kernels" cases: DCGAN's two layers at batch 2,
 // odd sizes, padding, stride 1 / 2 / 3, dilation, bias, more channels and taps than one
-// stage, chunked wgrad, f32 / f64 / bf16 / f16, bit-equal reruns; one output channel: D.main.5
-// at batch 2 and 64, odd sizes with stride, padding and dilation, depth 333 past one stride
-// of 256, two wgrad chunks, conv_transpose2d with one input channel); the dispatch through the
-// engine in tests/cuda/cuda_conv_test.cpp and cuda_models_test.cpp (DCGAN) on the emulated
-// library. Speed: the cost model only (bench/RESULTS.md, DCGAN at batch 2 in bf16: dgrad
-// 8.93 -> 3.92 us, forward 3.33 -> 2.80, wgrad 5.86 -> 4.42); not yet run on a GPU. The
-// dgrad kernel holds 127 registers (two DgradPhase; 16 warps per SM; capping it at 64 spills).
-// Not covered here: groups > 1 at one output channel (impossible: groups divides C_out) and
-// the dgrad of one output channel (conv.cu's tiles); the one-output forward is a block per
-// pixel whatever the depth, not measured on shapes with many pixels and a short depth.
+// stage, chunked wgrad, f32 / f64 / bf16 / f16, bit-equal reruns; one output channel:
+// D.main.5 at batch 2 and 64, odd sizes with stride, padding and dilation, depth 333 past
+// one stride of 256, four wgrad chunks, conv_transpose2d with one input channel); the
+// dispatch through the engine in tests/cuda/cuda_conv_test.cpp and cuda_models_test.cpp
+// (DCGAN) on the emulated library. Speed: the cost model only (bench/RESULTS.md, DCGAN at
+// batch 2 in bf16: dgrad 8.93 -> 3.92 us, forward 3.33 -> 2.80, wgrad 5.86 -> 4.42); not
+// yet run on a GPU. The dgrad kernel holds 127 registers (two DgradPhase; 16 warps per SM;
+// capping it at 64 spills). Not covered here: groups > 1 at one output channel (impossible:
+// groups divides C_out) and the dgrad of one output channel (conv.cu's tiles); the
+// one-output forward is a block per pixel whatever the depth, not measured on shapes with
+// many pixels and a short depth.
 #include "kernels/cuda/conv_narrow.cuh"
 
 #include <cuda_bf16.h>
