@@ -217,20 +217,33 @@ struct WgradGemm {
 };
 
 // How a long depth against few output tiles (wgrad's N*OH*OW; forward's and dgrad's
-// C*kH*kW on a small batch) is cut into chunks of whole k-tiles: enough chunks that tiles*splits comes near target_blocks, each
-// at least min_chunk long (the last may be shorter). Depends on the shape only, so the
-// summation order -- and the result -- is the same on every run.
+// C*kH*kW on a small batch) is cut into chunks of whole k-tiles. The tiles x chunks run as
+// blocks dealt over kSplitSms SMs, so a pass takes about its busiest SM's share of the depth:
+// ceil(tiles*splits / kSplitSms) blocks of `chunk` each. Of the cuts into at most
+// ceil(target_blocks / tiles) chunks, none shorter than min_chunk (but the last), split_depth
+// takes the one with the least such share, and the fewest chunks among equals (every chunk
+// writes partial results that are read back). Taking the most chunks allowed instead left a
+// part wave: 96 blocks for 132 SMs where 132 fit (bench/RESULTS.md "convfill"). The cut
+// depends on the shape only (kSplitSms is a constant, not the device's count), so the
+// summation order -- and the result -- is the same on every run and every device.
 struct SplitK {
   int64_t splits, chunk;  // chunk s covers depth [s*chunk, min((s+1)*chunk, depth))
 };
+constexpr int64_t kSplitSms = 132;  // an H200's (and an H100 SXM's) SMs
 // requires: tiles, tile_k, min_chunk >= 1. Host only.
 inline SplitK split_depth(int64_t depth, int64_t tiles, int64_t tile_k, int64_t min_chunk, int64_t target_blocks) {
   const int64_t by_blocks = (target_blocks + tiles - 1) / tiles;
-  const int64_t by_depth = depth / min_chunk;
-  const int64_t wanted = std::max<int64_t>(1, std::min(by_blocks, by_depth));
-  const int64_t per = (depth + wanted - 1) / wanted;
-  const int64_t chunk = std::max<int64_t>(1, (per + tile_k - 1) / tile_k) * tile_k;
-  return {std::max<int64_t>(1, (depth + chunk - 1) / chunk), chunk};
+  const int64_t most = std::max<int64_t>(1, std::min(by_blocks, depth / min_chunk));
+  SplitK best{1, 0};
+  int64_t best_share = -1;
+  for (int64_t wanted = 1; wanted <= most; ++wanted) {
+    const int64_t per = (depth + wanted - 1) / wanted;
+    const int64_t chunk = std::max<int64_t>(1, (per + tile_k - 1) / tile_k) * tile_k;
+    const int64_t splits = std::max<int64_t>(1, (depth + chunk - 1) / chunk);
+    const int64_t share = (tiles * splits + kSplitSms - 1) / kSplitSms * chunk;
+    if (best_share < 0 || share < best_share) best = {splits, chunk}, best_share = share;
+  }
+  return best;
 }
 
 }  // namespace nd::kernels::conv_index

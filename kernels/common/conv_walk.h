@@ -13,9 +13,11 @@
 //
 // Each pass's Walk (walk(problem), one per slice: dgrad's phases) names its three index
 // axes as mixed radices and gives the address of A[m, k] and B[k, j] from their digits,
-// nullptr where the accessor reads 0 (padding, a dgrad tap past the output's edge).
-// tests/kernels/conv_index_test.cpp checks that every walk visits exactly the accessors'
-// elements, at every shape class, for both index types.
+// nullptr where the accessor reads 0 (padding, a dgrad tap past the output's edge); its
+// OutputWalk (output_walk(problem, split)) gives where C[m, j] is stored, from the row's
+// digits. tests/kernels/conv_index_test.cpp checks that every walk visits exactly the
+// accessors' elements, and every store lands where the accessor's store() puts it, at every
+// shape class, for both index types.
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -151,6 +153,56 @@ ND_HOST_DEVICE WgradWalk<T, I> walk(const WgradGemm<T>& p) {
   const Geometry& q = p.q;
   return {linear_radix<I>(), radix_of<I>(q.OH, q.OW), radix_of<I>(q.kH, q.kW), input_patch<T, I>(q, p.x), p.dy,
           I(q.C_out), I(q.OH), I(q.OW), I(q.Cg), I(q.Og)};
+}
+
+// Where a pass's result C_g[m, j] goes, without a division per stored element (the
+// accessors' store() splits m with two 64-bit divisions each time). A storing thread keeps
+// one index of its cells fixed and steps the other, as the gathers do: a row m is split into
+// digits once (rows.digits) and stepped with rows.advance, a column j is linear. Then
+//   C_g[m, j] -> out[row(m) + col(g, j)],
+//   row(n, h, w) = n*sample + (first_h + h*step_h)*Ws + first_w + w*step_w,
+//   col(g, j) = (g*group_cols + j)*col_stride,  plus bias[g*group_cols + j] where bias is set,
+// with out the chunk's output (split-K: the tensor itself, or chunk `split` of the partial
+// buffer) and bias only in chunk 0. Forward and dgrad rows are pixels (n, h, w) of an
+// [N, C, Hs, Ws] map (dgrad's a phase's: first + h*stride), a column a channel at
+// Hs*Ws apart; wgrad's rows are linear (output channels, Cg*kH*kW apart) and its column
+// index g*Og*cols + j is the flat position in dw's row. Offsets in I's unsigned twin (an
+// edge tile's row past the end computes a wrapped offset and stores nothing).
+template <class T, class I>
+struct OutputWalk {
+  using U = std::make_unsigned_t<I>;
+  Radix<I> rows;
+  T* out;
+  const T* bias;  // nullptr: no bias (wgrad, conv2d's dgrad, chunks past 0)
+  I sample, Ws, first_h, first_w, step_h, step_w, group_cols, col_stride;
+  ND_HOST_DEVICE U row(const Digits<I>& m) const {
+    return U(m.hi) * U(sample) + U(first_h + m.mid * step_h) * U(Ws) + U(first_w + m.lo * step_w);
+  }
+  ND_HOST_DEVICE void store(U row_offset, I g, I j, T v) const {
+    const I c = g * group_cols + j;
+    out[row_offset + U(c) * U(col_stride)] = bias ? v + bias[c] : v;
+  }
+};
+
+template <class I, class T>
+ND_HOST_DEVICE OutputWalk<T, I> output_walk(const ForwardGemm<T>& p, int64_t split) {
+  const Geometry& q = p.q;
+  return {radix_of<I>(q.OH, q.OW), p.y + split * p.chunk_stride, split == 0 ? p.bias : nullptr,
+          I(q.C_out * q.OH * q.OW), I(q.OW), 0, 0, 1, 1, I(q.Og), I(q.OH * q.OW)};
+}
+
+template <class I, class T>
+ND_HOST_DEVICE OutputWalk<T, I> output_walk(const DgradGemm<T>& p, int64_t split) {
+  const Geometry& q = p.q;
+  return {radix_of<I>(p.ph.rows, p.pw.rows), p.dx + split * p.chunk_stride, split == 0 ? p.bias : nullptr,
+          I(q.C_in * q.H * q.W), I(q.W), I(p.ph.first), I(p.pw.first), I(q.stride_h), I(q.stride_w),
+          I(q.Cg), I(q.H * q.W)};
+}
+
+template <class I, class T>
+ND_HOST_DEVICE OutputWalk<T, I> output_walk(const WgradGemm<T>& p, int64_t split) {
+  return {linear_radix<I>(), p.out + split * p.chunk_stride, nullptr, I(p.cols()), 0, 0, 0, 0, 0,
+          I(p.q.Og * p.cols()), 1};
 }
 
 // Whether int32_t walks are exact for conv q: every tensor's elements, every GEMM index

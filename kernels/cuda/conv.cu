@@ -19,16 +19,23 @@
 // where the old fill stored, waited at the barrier, then multiplied. Element copies, not
 // 16-byte ones: a thread's cells are a walk's neighbours, contiguous only in some passes
 // and rows, and 4 bytes keep every alignment. Shared memory: 16 / 32 KiB (f32 / f64). Its
-// cost is registers: int32 f32 forward / dgrad / wgrad 128 / 128 / 64 -> 162 / 168 / 128
-// (blocks per SM 2 / 2 / 4 -> 1 / 1 / 2; bench/RESULTS.md): fewer warps to hide latency,
-// traded for the overlap; not yet timed on a GPU. The walks, in registers (accessors ->
-// int32 walks, before the pipeline; bench/kernel_resources.md then): SIMT dgrad 176 / 186
-// (f32 / f64) -> 128 / 174 (f32: 1 -> 2 blocks per SM), f32 wgrad 96 -> 64 (2 -> 4 blocks);
-// the former WMMA kernel's forward 254 / 255 (bf16 / f16) -> 238 / 174, dgrad 213 / 210 ->
-// 190 / 198, but wgrad 190 / 183 -> 254 / 243: its unrolled 16-cell gathers issued all their
-// loads first. No spill. The int64 twins: 128-255.
-// Not for one input channel (a GEMM dimension of 1 or 16 against 64-wide tiles): the
-// launchers hand those to conv_narrow.cu (narrow::applies, the one hook in each pass).
+// cost was registers: int32 f32 forward / dgrad / wgrad 128 / 128 / 64 -> 162 / 168 / 128
+// (blocks per SM 2 / 2 / 4 -> 1 / 1 / 2; bench/RESULTS.md). Won back by the stores: they
+// derived each stored element's pixel from m (two 64-bit divisions), which kept the slice's
+// 64-bit geometry (dgrad: two DgradPhase) live across the depth loop; the OutputWalk
+// (conv_walk.h) splits a thread's first row once per tile in I and steps it. With
+// __launch_bounds__ asking 2 blocks per SM (simt_min_blocks) every int32 variant holds
+// 124-128 registers, f32 and f64 (f32 162 / 168 / 128 -> 128 / 128 / 124, f64 178 / 208 /
+// 162 -> 126 / 128 / 128: 2 blocks per SM each), and the int64 f32 forward and wgrad 127 /
+// 128 (168 / 168: 1 -> 2 blocks); no spill. Not yet timed on a GPU. The walks, in registers
+// (accessors -> int32 walks, before the pipeline; bench/kernel_resources.md then): SIMT
+// dgrad 176 / 186 (f32 / f64) -> 128 / 174 (f32: 1 -> 2 blocks per SM), f32 wgrad 96 -> 64
+// (2 -> 4 blocks); the former WMMA kernel's forward 254 / 255 (bf16 / f16) -> 238 / 174,
+// dgrad 213 / 210 -> 190 / 198, but wgrad 190 / 183 -> 254 / 243: its unrolled 16-cell
+// gathers issued all their loads first. No spill.
+// Not for one input channel (a GEMM dimension of 1 or 16 against 64-wide tiles), nor the
+// forward and wgrad of one output channel (a GEMM of one column or one row): the launchers
+// hand those to conv_narrow.cu (narrow::applies, the one hook in each pass).
 //
 // Strided dgrad (conv2d's input gradient, conv_transpose2d's forward) runs as stride_h *
 // stride_w GEMMs, one per phase of the input pixels (ih mod stride_h, iw mod stride_w):
@@ -39,7 +46,8 @@
 // from 117 to 34 MFLOP (bench/RESULTS.md "Cost model"). The phases are slices of one launch
 // (grid z), so the blocks of all phases share the SMs: one launch per phase would run four
 // quarter-size grids one after another. Its cost: a slice carries two DgradPhase (the
-// 64-bit walk of the SIMT dgrad still needs 164 / 178 registers, one block per SM).
+// 64-bit SIMT dgrad needs 238 / 242 registers, f32 / f64, one block per SM: capped at 128
+// it spilled 300 / 344 bytes).
 //
 // Grid: x = row tiles, y = column tiles, z = (group, depth chunk, slice), each walked by a
 // grid-stride loop, so no size runs into gridDim.y/z <= 65535. A depth long against few
@@ -48,8 +56,14 @@
 // launch_split) whose partial results go to a buffer that a second kernel sums in chunk
 // order: no atomics, the same bits on every run; the bias goes into chunk 0. Cost model,
 // that layer in bf16: forward 24.1 -> 10.7 us, dgrad 17.0 -> 12.7 us with 16 blocks each
-// (bench/RESULTS.md). The chunk's output offset and bias choice in the stores took the
-// former WMMA forward from 166 to 254 registers (no spill; 3 -> 2 blocks per SM).
+// (bench/RESULTS.md); then, with chunks of 128 (kMinChunk, was 256) and the cut that
+// minimises the busiest SM's share of the depth (conv_index.h split_depth: not the most
+// chunks allowed, which can leave a part wave), 32 blocks: forward 10.66 -> 8.12 us, dgrad
+// 12.59 -> 9.24 (f32: 18.59 -> 12.46, 17.43 -> 11.94); train_gan's D.main.2 (ndf 32) wgrad
+// at batch 64 88 -> 112 blocks, 11.13 -> 10.05 us ("convfill"). Its forward at batch 64 (49
+// row tiles, depth 512) stays at 98 blocks for 132 SMs: a smaller tile for such shapes is
+// not done. The chunk's output offset and bias choice in the stores took the former WMMA
+// forward from 166 to 254 registers (no spill; 3 -> 2 blocks per SM).
 //
 // Mixed precision (ConvOperands::kBf16 / kF16, float only): tensor_core_gemm_kernel
 // (conv_tensor_core.cuh, whose opening comment has the layouts and their bank arithmetic)
@@ -65,10 +79,12 @@
 //
 // Checked: every pass against kernels/cpu in the emulator (tests/emu/conv_emu_test.cpp:
 // partial tiles, groups, stride 2 and 3, dilation, padding, phases without taps,
-// output_padding; the sanitizer on), the accessors, phases and walks (every cell, both
-// index types) on the CPU (tests/kernels/conv_index_test.cpp), bit-reproducibility and autocast in
-// tests/cuda/cuda_conv_test.cpp on the emulated library. The phase split is not yet run on
-// a GPU: its speed is the cost model's estimate only.
+// output_padding; the sanitizer on; a store walk stepped by 17 rows instead of 16 fails
+// there as a global write conflict), the accessors, phases, walks and output walks (every
+// cell, both index types) on the CPU (tests/kernels/conv_index_test.cpp),
+// bit-reproducibility and autocast in tests/cuda/cuda_conv_test.cpp on the emulated
+// library. The phase split is not yet run on a GPU: its speed is the cost model's estimate
+// only.
 #include "kernels/cuda/conv.h"
 
 #include <cuda_bf16.h>
@@ -99,23 +115,37 @@ constexpr int kTileM = 64, kTileN = 64, kTileK = 16;
 constexpr int kMicro = 4;                                        // results per thread: kMicro x kMicro
 constexpr int kGemmThreads = (kTileM / kMicro) * (kTileN / kMicro);  // 256
 static_assert(kTileM / kMicro == 16 && kTileN / kMicro == 16, "the thread layout below is 16 x 16");
-// split-K (every pass): no chunk shorter than this many depth elements, and enough chunks
-// that about this many blocks run (an H200 has 132 SMs).
-constexpr int64_t kMinChunk = 256, kTargetBlocks = 512;
+// split-K (every pass; conv_index.h split_depth picks the cut with the least busiest-SM
+// share): no chunk shorter than this many depth elements (8 bf16 depth steps), at most
+// about this many blocks. 128 (was 256) lets a small batch's layers fill the SMs: DCGAN
+// D.main.2 at batch 2 16 -> 32 blocks (bench/RESULTS.md "convfill").
+constexpr int64_t kMinChunk = 128, kTargetBlocks = 512;
 using detail::kMaxGridX;
 using detail::kMaxGridYZ;
 static_assert(kTcTileM == kTileM && kTcTileN == kTileN, "one grid of output tiles serves both kernels");
 
+// Blocks per SM that implicit_gemm_kernel is compiled for (__launch_bounds__' minimum: 2
+// caps it at 128 registers). 2 wherever ptxas fits that without a spill: every int32 walk
+// (f32 and f64), and f32's int64 forward and wgrad. 1 for the rest, which spilled at 128
+// (int64 dgrad 300 / 344 bytes for f32 / f64, f64 int64 forward 72 and wgrad 40; ptxas of
+// nvcc 13.0, bench/kernel_resources.md).
+template <class T, class I, class Problem>
+constexpr int simt_min_blocks() {
+  if constexpr (std::is_same_v<I, int32_t>) return 2;
+  if constexpr (std::is_same_v<Problem, ci::DgradGemm<T>>) return 1;
+  return sizeof(T) == 4 ? 2 : 1;
+}
+
 // For every z = (group g, chunk s, slice), column tile and row tile of that slice sp:
-//   C_g[m, j] = sum_{k in chunk s} sp.a(g, m, k) * sp.b(g, k, j), stored by sp.store(g, s, m, j, .).
+//   C_g[m, j] = sum_{k in chunk s} sp.a(g, m, k) * sp.b(g, k, j),
+// stored where sp.store(g, s, m, j, .) puts it.
 // Thread (ty, tx) owns rows m0 + ty + 16*i and columns n0 + tx + 16*j (i, j < kMicro), so
 // a warp reads consecutive shared-memory words of Bs and one or two broadcast words of As.
 // The tiles are gathered by conv_gather.cuh's TileGather (I: the walk's index type).
-// Out-of-range rows, columns and depths load as 0 and are never stored. At least 1 block
-// per SM, said explicitly: with the pipeline ptxas otherwise settled at 128 registers and
-// spilled in the 64-bit f32 wgrad (as in conv_tensor_core.cuh's kernel).
+// Out-of-range rows, columns and depths load as 0 and are never stored. The stores go
+// through the slice's OutputWalk (conv_walk.h): the thread's four rows split once per tile.
 template <class T, class I, class Problem>
-__global__ void __launch_bounds__(kGemmThreads, 1)
+__global__ void __launch_bounds__(kGemmThreads, simt_min_blocks<T, I, Problem>())
     implicit_gemm_kernel(Problem p, int64_t groups, int64_t splits, int64_t chunk) {
   __shared__ T As[2][kTileK][kTileM];  // two stages: one multiplied while the other fills
   __shared__ T Bs[2][kTileK][kTileN];
@@ -125,6 +155,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const auto& sp = p.slice(z / (groups * splits));
     const auto wk = ci::walk<I>(sp);
     conv_gather::TileGather<I, decltype(wk), kGemmThreads, kTileM, kTileK> gather(wk, g, tid);
+    const auto out = ci::output_walk<I>(sp, split);
+    const ci::Digits<I> by_row = out.rows.digits(16);
     const int64_t M = sp.rows(), Ncols = sp.cols(), K = sp.depth();
     const int64_t m_tiles = (M + kTileM - 1) / kTileM, n_tiles = (Ncols + kTileN - 1) / kTileN;
     const int64_t k_begin = split * chunk, k_end = k_begin + chunk < K ? k_begin + chunk : K;
@@ -165,23 +197,17 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           }
           __syncthreads();  // the next iteration issues step k0 + 2 kTileK into stage s
         }
-        // A tile inside the problem stores every cell without a branch per cell: the compiler
-        // then derives a row's pixel (integer divisions) once, not once per column; it does
-        // not move a division out of a branch (the divisor might be 0). (Not in
-        // tensor_core_gemm_kernel: there it took forward from 128 registers to 231.)
-        const auto store_tile = [&](auto checked) {
+        // The thread's rows m0 + ty + 16 i: split once, stepped by 16 (no division per store).
+        ci::Digits<I> row = out.rows.digits(I(m0 + ty));
 #pragma unroll
-          for (int i = 0; i < kMicro; ++i)
+        for (int i = 0; i < kMicro; ++i, out.rows.advance(row, by_row)) {
+          const auto row_offset = out.row(row);
 #pragma unroll
-            for (int j = 0; j < kMicro; ++j) {
-              const int64_t m = m0 + ty + 16 * i, col = n0 + tx + 16 * j;
-              if (!decltype(checked)::value || (m < M && col < Ncols)) sp.store(g, split, m, col, acc[i][j]);
-            }
-        };
-        if (m0 + kTileM <= M && n0 + kTileN <= Ncols)
-          store_tile(std::false_type{});
-        else
-          store_tile(std::true_type{});
+          for (int j = 0; j < kMicro; ++j) {
+            const int64_t col = n0 + tx + 16 * j;
+            if (m0 + ty + 16 * i < M && col < Ncols) out.store(row_offset, I(g), I(col), acc[i][j]);
+          }
+        }
       }
     }
   }
@@ -278,7 +304,8 @@ void wgrad(const char* kernel, const Conv2dShape& s, const T* x, const T* dy, T*
     check(cudaMemsetAsync(dw, 0, sizeof(T) * size, stream), "cudaMemsetAsync", kernel);
     return;
   }
-  if (narrow::applies(s)) return narrow::wgrad(kernel, s, x, dy, dw, operands, stream);  // conv_narrow.cu
+  if (narrow::applies(s, narrow::Pass::kWgrad))  // conv_narrow.cu
+    return narrow::wgrad(kernel, s, x, dy, dw, operands, stream);
   launch_split<T>(kernel, p, &ci::WgradGemm<T>::out, size, p.depth(), operands, stream);
 }
 
@@ -289,7 +316,8 @@ void forward_pass(const char* kernel, const Conv2dShape& s, const T* in, const T
   require_operands<T>(kernel, operands);
   const ci::ForwardGemm<T> p{ci::geometry(s), in, w, bias, out};
   if (p.rows() == 0) return;
-  if (narrow::applies(s)) return narrow::forward(kernel, s, in, w, bias, out, operands, stream);  // conv_narrow.cu
+  if (narrow::applies(s, narrow::Pass::kForward))  // conv_narrow.cu
+    return narrow::forward(kernel, s, in, w, bias, out, operands, stream);
   launch_split<T>(kernel, p, &ci::ForwardGemm<T>::y, p.rows() * p.q.C_out, p.depth(), operands, stream);
 }
 
@@ -303,7 +331,8 @@ void dgrad_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* 
   require_operands<T>(kernel, operands);
   const ci::DgradGemm<T> p = ci::dgrad_gemm(ci::geometry(s), in, w, bias, out);
   if (p.rows() == 0) return;
-  if (narrow::applies(s)) return narrow::dgrad(kernel, s, in, w, bias, out, operands, stream);  // conv_narrow.cu
+  if (narrow::applies(s, narrow::Pass::kDgrad))  // conv_narrow.cu
+    return narrow::dgrad(kernel, s, in, w, bias, out, operands, stream);
   int64_t depth = 0;  // the phases' depths differ (1 or 2 taps of 3 at stride 2): the chunks cover the longest
   for (int64_t slice = 0; slice < p.slices(); ++slice) depth = std::max(depth, p.slice(slice).depth());
   launch_split<T>(kernel, p, &ci::DgradGemm<T>::dx, p.q.N * p.q.C_in * p.q.H * p.q.W, depth, operands, stream);

@@ -1,4 +1,5 @@
-// conv2d's passes when the input has ONE channel (C_in == 1, so groups == 1), instead of
+// conv2d's passes when the input has ONE channel (C_in == 1, so groups == 1), and its
+// forward and wgrad when the output has ONE channel (C_out == 1, groups == 1), instead of
 // conv.cu's 64 x 64 tile implicit GEMM; conv.cu's launchers hand these shapes over
 // (narrow::applies, conv_narrow.cuh). The index math is kernels/common/conv_index.h's.
 //
@@ -25,27 +26,53 @@
 // All three: 64 threads (2 warps) a block, so a small batch still makes several blocks (D's
 // first layer at batch 2: 392 output pixels, 7 x 4 forward blocks).
 //
+// One output channel: DCGAN's last discriminator layer, Conv2d(128 -> 1, kernel 7) on 7 x 7,
+// has a forward GEMM of ONE column (cols = C_out) and depth C_in*kH*kW = 6272, and a wgrad
+// of ONE row, against 64-wide tiles (63/64 of B padding). conv_transpose2d with one input
+// channel reaches the same kernels through as_conv(). Its dgrad (C_in columns) stays on
+// conv.cu's tiles.
+//   forward  one block per output pixel (rows::threads_for(depth) threads, up to 256): thread
+//            t adds taps t, t + blockDim, ... in order (neighbouring threads, neighbouring taps
+//            of x's rows), rows::block_sum adds the threads' sums in a fixed order.
+//   wgrad    one thread per tap k = (c, kh, kw) of dw [1, depth], summing dy[m] * x[patch of m]
+//            over its chunk's pixels m in order (a warp: one dy word, a broadcast, and
+//            neighbouring x); pixels long against the taps' blocks are cut into chunks as
+//            wgrad's. 64 threads a block: D.main.5's 6272 taps make 98 blocks (256: 25).
+// Both step x's index digits with conv_walk.h's InputPatch (no division per element), in
+// int64_t. Cost model, D.main.5 at batch 64, bf16 (bench/RESULTS.md "convfill"): forward
+// 16.15 -> 3.45 us (the tiles' split-K of 22 blocks and its sum launch -> 64 blocks, one
+// launch), wgrad 4.98 -> 4.03 us (25 blocks of 256) -> 2.89 us (98 of 64). Registers:
+// forward 46 (f64 48), wgrad 96 (f64 94; 10 blocks of 64 per SM); no spill.
+//
 // Arithmetic: T (f32, f64) accumulation; each thread adds its products in a fixed order
 // (forward: taps in order, then + bias; dgrad: channel chunks of 64, the phase's taps in
 // order, channels in order, then + bias; wgrad: pixels in order within a chunk, chunks in
-// order), so every run gives the same bits. Not the CPU's order (Eigen GEMMs): the emulator
-// tests hold the results to the bound of an n-term sum (tests/emu/conv_emu_test.cpp), as for
-// conv.cu. Mixed precision (ConvOperands::kBf16 / kF16, float only): each operand is rounded
-// to bf16 / f16 (nearest even) as it is loaded and widened back, so every product is the
-// exact product of the 16-bit values (8 + 8 or 11 + 11 significant bits fit f32) and the sums
-// are f32: the WMMA path's numbers, with SIMT FMAs instead of tensor cores (at 1 input
-// channel the FMAs are few; the loads are the cost). Bias, output and partial sums stay f32.
+// order; one output channel's forward: a thread's taps in order, then the block's fixed
+// reduction, then + bias), so every run gives the same bits. Not the CPU's order (Eigen
+// GEMMs): the emulator tests hold the results to the bound of an n-term sum
+// (tests/emu/conv_emu_test.cpp), as for conv.cu. Mixed precision (ConvOperands::kBf16 /
+// kF16, float only): each operand is rounded to bf16 / f16 (nearest even) as it is loaded
+// and widened back, so every product is the exact product of the 16-bit values (8 + 8 or 11
+// + 11 significant bits fit f32) and the sums are f32: the WMMA path's numbers, with SIMT
+// FMAs instead of tensor cores (at 1 input channel the FMAs are few; the loads are the
+// cost). Bias, output and partial sums stay f32.
 //
 // Checked: every pass in the emulator against kernels/cpu with the sanitizer on
 // (tests/emu/conv_emu_test.cpp, its "narrow kernels" cases: DCGAN's two layers at batch 2,
 // odd sizes, padding, stride 1 / 2 / 3, dilation, bias, more channels and taps than one
-// stage, chunked wgrad, f32 / f64 / bf16 / f16, bit-equal reruns); the dispatch through the
-// engine in tests/cuda/cuda_conv_test.cpp and cuda_models_test.cpp (DCGAN) on the emulated
-// library. Speed: the cost model only (bench/RESULTS.md, DCGAN at batch 2 in bf16: dgrad
-// 8.93 -> 3.92 us, forward 3.33 -> 2.80, wgrad 5.86 -> 4.42); not yet run on a GPU. The
-// dgrad kernel holds 127 registers (two DgradPhase; 16 warps per SM; capping it at 64 spills).
-// Not covered here: C_out == 1 in conv2d terms (D's last conv, a 1-column forward of depth
-// 128*49) still runs conv.cu's tiles.
+// stage, chunked wgrad, f32 / f64 / bf16 / f16, bit-equal reruns; one output channel:
+// D.main.5 at batch 2 and 64, odd sizes with stride, padding and dilation, depth 333 past
+// one stride of 256, four wgrad chunks, conv_transpose2d with one input channel); the
+// dispatch through the engine in tests/cuda/cuda_conv_test.cpp and cuda_models_test.cpp
+// (DCGAN) on the emulated library. Speed: the cost model only (bench/RESULTS.md, DCGAN at
+// batch 2 in bf16: dgrad 8.93 -> 3.92 us, forward 3.33 -> 2.80, wgrad 5.86 -> 4.42); not
+// yet run on a GPU. The dgrad kernel holds 127 registers (two DgradPhase; 16 warps per SM;
+// capping it at 64 spills). Not covered here: groups > 1 at one output channel (impossible:
+// groups divides C_out) and the dgrad of one output channel (conv.cu's tiles). The
+// one-output forward is a block per pixel whatever the depth: on 2 x 28 x 28 pixels of depth
+// 288 / 72 the cost model has it at 3.64 / 2.79 us against the tiles' 6.07 / 3.10, but with
+// about 3x their L2 traffic (x's patches read per pixel, w per block), so a large batch of
+// many pixels and a short depth may favour the tiles: not measured.
 #include "kernels/cuda/conv_narrow.cuh"
 
 #include <cuda_bf16.h>
@@ -56,7 +83,9 @@
 #include <type_traits>
 
 #include "kernels/common/conv_index.h"
+#include "kernels/common/conv_walk.h"
 #include "kernels/cuda/chunk_sum.cuh"
+#include "kernels/cuda/row_reduce.cuh"
 #include "kernels/cuda/scratch.cuh"
 
 namespace nd::kernels::cuda::narrow {
@@ -74,11 +103,12 @@ constexpr int kMicro = 2;                          // wgrad: results per thread,
 constexpr int kRowStep = kWgradRows / kMicro, kColStep = kWgradCols / kMicro;  // a thread's rows / columns apart
 static_assert(kRowStep * kColStep == kThreads, "the threads cover the wgrad tile");
 static_assert(kThreads % kWgradPixels == 0, "every thread stages one pixel");
-// wgrad's chunks (as conv.cu's split-K): none shorter than this many pixels, enough of them
-// that about this many blocks run (an H200 has 132 SMs). 512: a second launch (the chunk sum)
-// costs more than a block's 16 stages (DCGAN D.main.0 at batch 2, 392 pixels: 3 chunks of
-// 128+ were slower in the cost model than none; bench/RESULTS.md).
-constexpr int64_t kMinChunk = 512, kTargetBlocks = 512;
+// wgrad's chunks (as conv.cu's split-K, conv_index.h split_depth): none shorter than this
+// many pixels, at most about this many blocks. 256 (was 512): a second launch (the chunk sum)
+// costs more than a block's 8 stages, so D.main.0 at batch 2 (392 pixels) stays one chunk
+// (3 chunks of 128+ were slower in the cost model than none; bench/RESULTS.md); at batch 64
+// (12544 pixels) 33 chunks fill the 132 SMs where 512 allowed 24 (96 blocks): 8.01 -> 7.49 us.
+constexpr int64_t kMinChunk = 256, kTargetBlocks = 512;
 using detail::kMaxGridX;
 using detail::kMaxGridYZ;
 
@@ -255,6 +285,64 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One output channel (C_out == 1, groups == 1; C_in > 1): the forward GEMM has one column
+// and wgrad one row. Both walk x through conv_walk.h's InputPatch: a thread keeps one index
+// fixed and steps the other's digits with carries, with no division per element.
+
+// y[m] = bias[0] + sum_{k = (c, kh, kw)} w[0, k] * x[n, c, oh*sh - ph + kh*dh, ow*sw - pw + kw*dw]
+// for pixel m = (n, oh, ow). Block: one pixel (grid x, grid-stride); thread t adds the taps
+// k = t + i*blockDim in order (neighbouring threads, neighbouring taps of x's rows), then
+// rows::block_sum adds the threads' sums in a fixed order (it depends on blockDim only).
+template <class T, class R>
+__global__ void __launch_bounds__(rows::kMaxThreads)
+    one_output_forward_kernel(ci::Geometry q, const T* x, const T* w, const T* bias, T* y) {
+  __shared__ T smem[rows::kWarp];
+  const int64_t pixels = q.N * q.OH * q.OW, depth = q.C_in * q.kH * q.kW;
+  const ci::InputPatch<T, int64_t> patch = ci::input_patch<T, int64_t>(q, x);
+  const ci::Radix<int64_t> pixel_radix = ci::radix_of<int64_t>(q.OH, q.OW);
+  const ci::Radix<int64_t> tap_radix = ci::radix_of<int64_t>(q.kH, q.kW);
+  const ci::Digits<int64_t> by = tap_radix.digits(blockDim.x);
+  for (int64_t m = blockIdx.x; m < pixels; m += gridDim.x) {
+    const ci::Digits<int64_t> pixel = pixel_radix.digits(m);
+    ci::Digits<int64_t> tap = tap_radix.digits(threadIdx.x);
+    T acc = T(0);
+    for (int64_t k = threadIdx.x; k < depth; k += blockDim.x, tap_radix.advance(tap, by)) {
+      const T* const src = patch.at(0, pixel, tap);
+      if (src) acc += operand<R>(*src) * operand<R>(w[k]);
+    }
+    const T total = rows::block_sum(acc, smem);
+    if (threadIdx.x == 0) y[m] = bias ? total + bias[0] : total;
+  }
+}
+
+// dw[0, k] = sum_{m = (n, oh, ow)} dy[m] * x[n, c, oh*sh - ph + kh*dh, ow*sw - pw + kw*dw] for
+// tap k = (c, kh, kw), over chunk z's pixels [z*chunk, (z+1)*chunk) (grid y), stored at
+// out + z*chunk_stride. Thread: one tap (grid x, grid-stride), the chunk's pixels in order,
+// their digits stepped by one; a warp reads one dy value (a broadcast) and neighbouring taps.
+template <class T, class R>
+__global__ void __launch_bounds__(kThreads)
+    one_output_wgrad_kernel(ci::Geometry q, const T* x, const T* dy, T* out, int64_t splits, int64_t chunk,
+                            int64_t chunk_stride) {
+  const int64_t pixels = q.N * q.OH * q.OW, depth = q.C_in * q.kH * q.kW;
+  const ci::InputPatch<T, int64_t> patch = ci::input_patch<T, int64_t>(q, x);
+  const ci::Radix<int64_t> pixel_radix = ci::radix_of<int64_t>(q.OH, q.OW);
+  const ci::Radix<int64_t> tap_radix = ci::radix_of<int64_t>(q.kH, q.kW);
+  const ci::Digits<int64_t> next = pixel_radix.digits(1);
+  for (int64_t z = blockIdx.y; z < splits; z += gridDim.y) {
+    const int64_t m_begin = z * chunk, m_end = smaller(m_begin + chunk, pixels);
+    for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < depth; k += int64_t(gridDim.x) * blockDim.x) {
+      const ci::Digits<int64_t> tap = tap_radix.digits(k);
+      ci::Digits<int64_t> pixel = pixel_radix.digits(m_begin);
+      T acc = T(0);
+      for (int64_t m = m_begin; m < m_end; ++m, pixel_radix.advance(pixel, next)) {
+        const T* const src = patch.at(0, pixel, tap);
+        if (src) acc += operand<R>(dy[m]) * operand<R>(*src);
+      }
+      out[z * chunk_stride + k] = acc;
+    }
+  }
+}
+
 unsigned grid_size(int64_t n, int64_t per_block, int64_t cap) {
   return static_cast<unsigned>(std::clamp<int64_t>((n + per_block - 1) / per_block, 1, cap));
 }
@@ -273,12 +361,40 @@ void with_operands(ConvOperands operands, Launch&& launch) {
   launch(Rounding<T>{});
 }
 
+// dw [1, C_in*kH*kW] of one output channel: a thread per tap, the pixels cut into chunks
+// (split-K, as wgrad's) when they are long against the taps' blocks.
+template <class T>
+void one_output_wgrad(const char* kernel, const ci::Geometry& q, const T* x, const T* dy, T* dw, ConvOperands operands,
+                      cudaStream_t stream) {
+  const int64_t size = q.C_in * q.kH * q.kW, pixels = q.N * q.OH * q.OW;
+  const unsigned blocks = grid_size(size, kThreads, kMaxGridX);  // D.main.5: 98 blocks (256 threads: 25)
+  const ci::SplitK split = ci::split_depth(pixels, blocks, 1, kMinChunk, kTargetBlocks);
+  const detail::Scratch partial(kernel, split.splits > 1 ? sizeof(T) * split.splits * size : 0, stream);
+  T* const out = split.splits > 1 ? partial.as<T>() : dw;
+  with_operands<T>(operands, [&](auto rounding) {
+    using R = typename decltype(rounding)::type;
+    one_output_wgrad_kernel<T, R><<<dim3(blocks, grid_size(split.splits, 1, kMaxGridYZ)), kThreads, 0, stream>>>(
+        q, x, dy, out, split.splits, split.chunk, size);
+  });
+  check_launch(kernel);
+  if (split.splits > 1) detail::sum_chunks(kernel, split.splits, size, partial.as<T>(), dw, stream);
+}
+
 }  // namespace
 
 template <class T>
 void forward(const char* kernel, const Conv2dShape& s, const T* x, const T* w, const T* bias, T* y,
              ConvOperands operands, cudaStream_t stream) {
   const ci::Geometry q = ci::geometry(s);
+  if (q.C_in != 1) {  // one output channel (applies)
+    const int64_t pixels = q.N * q.OH * q.OW;
+    with_operands<T>(operands, [&](auto rounding) {
+      using R = typename decltype(rounding)::type;
+      const unsigned threads = rows::threads_for(q.C_in * q.kH * q.kW);
+      one_output_forward_kernel<T, R><<<grid_size(pixels, 1, kMaxGridX), threads, 0, stream>>>(q, x, w, bias, y);
+    });
+    return check_launch(kernel);
+  }
   const dim3 grid(grid_size(q.N * q.OH * q.OW, kThreads, kMaxGridX), grid_size(q.C_out, kChannels, kMaxGridYZ));
   with_operands<T>(operands, [&](auto rounding) {
     using R = typename decltype(rounding)::type;
@@ -306,6 +422,7 @@ template <class T>
 void wgrad(const char* kernel, const Conv2dShape& s, const T* x, const T* dy, T* dw, ConvOperands operands,
            cudaStream_t stream) {
   const ci::Geometry q = ci::geometry(s);
+  if (q.C_in != 1) return one_output_wgrad(kernel, q, x, dy, dw, operands, stream);  // one output channel (applies)
   const int64_t taps = q.kH * q.kW, size = q.C_out * taps, depth = q.N * q.OH * q.OW;
   const unsigned row_tiles = grid_size(q.C_out, kWgradRows, kMaxGridX), col_tiles = grid_size(taps, kWgradCols, kMaxGridYZ);
   const ci::SplitK split =

@@ -57,6 +57,8 @@ TEST_CASE("cuda conv: conv_transpose2d forward and gradients match the CPU") {
        [](const V& x) { return conv_transpose2d(x[0], x[1], x[2], {2}, {1}); }},
       {"DCGAN G 32->1 k4 s2 p1 on 14x14, no bias", {{3, 32, 14, 14}, {32, 1, 4, 4}},
        [](const V& x) { return conv_transpose2d(x[0], x[1], {}, {2}, {1}); }},
+      {"one input channel 1->6 k3 s2 p1 (its input and weight gradients: conv2d's of one output channel)",
+       {{2, 1, 5, 4}, {1, 6, 3, 3}, {6}}, [](const V& x) { return conv_transpose2d(x[0], x[1], x[2], {2}, {1}); }},
       {"output_padding 1, stride 2", {{2, 6, 7, 7}, {6, 4, 3, 3}, {4}},
        [](const V& x) { return conv_transpose2d(x[0], x[1], x[2], {2}, {1}, {1}); }},
       {"stride 3, dilation 2, groups 2, output_padding 1", {{2, 4, 5, 6}, {4, 3, 3, 2}, {6}},

@@ -5,7 +5,9 @@
 // and 3, phases no tap reaches, output_padding), and depths long enough to be split
 // (split-K) in every pass; and the narrow kernels of one input channel (conv_narrow.cu,
 // which conv.cu's launchers choose for C_in == 1 in conv2d terms: conv2d with 1 input
-// channel, conv_transpose2d with 1 output channel) on the same checks, plus bit-equal reruns.
+// channel, conv_transpose2d with 1 output channel) and of one output channel (forward and
+// wgrad at C_out == 1: DCGAN's last discriminator layer, conv_transpose2d with 1 input
+// channel) on the same checks, plus bit-equal reruns.
 //
 // Tolerances (emu_test.h check_sum_bound): each output element is a sum of at most n
 // products (+ bias) that the CPU and the CUDA kernel add in different orders, so they differ
@@ -15,6 +17,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "emu_test.h"
@@ -130,7 +133,7 @@ cpu::Conv2dShape wide() {
   s.padding = {1, 1};
   return s;
 }
-// wgrad depth N*OH*OW = 1058 against one output tile: split into 4 chunks, the last partial.
+// wgrad depth N*OH*OW = 1058 against one output tile: split into 8 chunks (7 in bf16), the last partial.
 cpu::Conv2dShape long_depth() {
   cpu::Conv2dShape s;
   s.N = 2, s.C_in = 3, s.H = 23, s.W = 23, s.C_out = 5, s.kH = 3, s.kW = 3;
@@ -138,7 +141,7 @@ cpu::Conv2dShape long_depth() {
   return s;
 }
 // Whole tiles: forward and dgrad rows N*8*8 = 128 (two full 64-row tiles), 64 channels
-// (one full column tile), so their stores take the no-bounds-check path of full tiles.
+// (one full column tile): every cell of a tile is stored.
 cpu::Conv2dShape full_tiles() {
   cpu::Conv2dShape s;
   s.N = 2, s.C_in = 64, s.H = 8, s.W = 8, s.C_out = 64, s.kH = 3, s.kW = 3;
@@ -170,7 +173,7 @@ cpu::ConvTranspose2dShape transposed_stride3() {
 }
 
 // DCGAN's generator layer with few pixels: transposed forward (a dgrad GEMM) of depth 128
-// channels x 4 taps per phase = 512 split into 2 chunks, the bias added in chunk 0 only.
+// channels x 4 taps per phase = 512 split into 4 chunks, the bias added in chunk 0 only.
 cpu::ConvTranspose2dShape transposed_split() {
   cpu::ConvTranspose2dShape s;
   s.N = 1, s.C_in = 128, s.H = 3, s.W = 3, s.C_out = 8, s.kH = 4, s.kW = 4;
@@ -211,7 +214,7 @@ cpu::Conv2dShape narrow_many_taps() {
   s.padding = {4, 4};
   return s;
 }
-// wgrad depth 3 x 30 x 30 = 2700 in 5 chunks (the last shorter), summed by chunk_sum.cuh.
+// wgrad depth 3 x 30 x 30 = 2700 in 10 chunks (the last shorter), summed by chunk_sum.cuh.
 cpu::Conv2dShape narrow_chunked() {
   cpu::Conv2dShape s;
   s.N = 3, s.C_in = 1, s.H = 30, s.W = 30, s.C_out = 5, s.kH = 3, s.kW = 3;
@@ -225,6 +228,66 @@ cpu::ConvTranspose2dShape narrow_transposed_stride3() {
   s.N = 2, s.C_in = 5, s.H = 4, s.W = 5, s.C_out = 1, s.kH = 2, s.kW = 4;
   s.stride = {3, 2}, s.padding = {0, 1}, s.output_padding = {2, 1}, s.dilation = {1, 2};
   return s;
+}
+
+// One output channel (conv_narrow.cu's one_output kernels: forward and wgrad; dgrad, with
+// C_in columns, stays on conv.cu's tiles). DCGAN D.main.5: Conv2d(128, 1, 7) on 7 x 7, one
+// output pixel per sample, depth 6272 (25 threads' strides of 256 per pixel).
+cpu::Conv2dShape dcgan_d5(int64_t N) {
+  cpu::Conv2dShape s;
+  s.N = N, s.C_in = 128, s.H = 7, s.W = 7, s.C_out = 1, s.kH = 7, s.kW = 7;
+  return s;
+}
+// Odd: kernel 3 x 2, stride 2 x 1, padding, dilation 1 x 2, 3 samples, depth 30 (one
+// partial warp of taps per pixel).
+cpu::Conv2dShape one_output_odd() {
+  cpu::Conv2dShape s;
+  s.N = 3, s.C_in = 5, s.H = 9, s.W = 8, s.C_out = 1, s.kH = 3, s.kW = 2;
+  s.stride = {2, 1}, s.padding = {1, 1}, s.dilation = {1, 2};
+  return s;
+}
+// Depth 37 x 9 = 333: a thread adds two taps 256 apart, the second past the end for most.
+cpu::Conv2dShape one_output_deep() {
+  cpu::Conv2dShape s;
+  s.N = 1, s.C_in = 37, s.H = 5, s.W = 5, s.C_out = 1, s.kH = 3, s.kW = 3;
+  return s;
+}
+// wgrad over 2 x 24 x 24 = 1152 pixels against one block of taps: 4 chunks of 288.
+cpu::Conv2dShape one_output_chunked() {
+  cpu::Conv2dShape s;
+  s.N = 2, s.C_in = 3, s.H = 24, s.W = 24, s.C_out = 1, s.kH = 3, s.kW = 3;
+  s.padding = {1, 1};
+  return s;
+}
+// conv_transpose2d with ONE input channel: its input gradient and weight gradient are the
+// forward and wgrad of a conv2d with one output channel (as_conv); its forward, the dgrad
+// GEMM, has one depth channel and runs on conv.cu's tiles.
+cpu::ConvTranspose2dShape one_output_transposed() {
+  cpu::ConvTranspose2dShape s;
+  s.N = 2, s.C_in = 1, s.H = 5, s.W = 4, s.C_out = 6, s.kH = 3, s.kW = 3;
+  s.stride = {2, 2}, s.padding = {1, 0}, s.output_padding = {1, 1};
+  return s;
+}
+
+TEST_CASE("narrow kernels (1 output channel): DCGAN D.main.5 at batch 2 and 64, f32, f64, bf16, f16") {
+  check_conv2d<float>("DCGAN D.main.5 N=2", dcgan_d5(2), Op::kExact, 110);
+  check_conv2d<double>("DCGAN D.main.5 N=2", dcgan_d5(2), Op::kExact, 111);
+  check_conv2d<float>("DCGAN D.main.5 N=2", dcgan_d5(2), Op::kBf16, 112);
+  check_conv2d<float>("DCGAN D.main.5 N=2", dcgan_d5(2), Op::kF16, 113);
+  check_conv2d<float>("DCGAN D.main.5 N=64", dcgan_d5(64), Op::kBf16, 114);
+}
+
+TEST_CASE("narrow kernels (1 output channel): odd sizes, dilation, long depth, chunks, conv_transpose2d") {
+  check_conv2d<float>("one output odd", one_output_odd(), Op::kExact, 120);
+  check_conv2d<double>("one output odd", one_output_odd(), Op::kExact, 121);
+  check_conv2d<float>("one output odd", one_output_odd(), Op::kBf16, 122);
+  check_conv2d<float>("one output deep", one_output_deep(), Op::kExact, 123);
+  check_conv2d<float>("one output deep", one_output_deep(), Op::kF16, 124);
+  check_conv2d<float>("one output chunked", one_output_chunked(), Op::kExact, 125);
+  check_conv2d<float>("one output chunked", one_output_chunked(), Op::kBf16, 126);
+  check_conv_transpose2d<float>("one output transposed", one_output_transposed(), Op::kExact, 127);
+  check_conv_transpose2d<double>("one output transposed", one_output_transposed(), Op::kExact, 128);
+  check_conv_transpose2d<float>("one output transposed", one_output_transposed(), Op::kBf16, 129);
 }
 
 TEST_CASE("narrow kernels (1 channel): DCGAN's layers at batch 2, f32, f64, bf16, f16") {
@@ -251,21 +314,28 @@ TEST_CASE("narrow kernels (1 channel): odd sizes, dilation, several stages, chun
   check_conv_transpose2d<float>("narrow transposed stride 3", narrow_transposed_stride3(), Op::kBf16, 97);
 }
 
-// The same bits on a second run of every narrow pass (wgrad's chunks summed in chunk order).
+// The same bits on a second run of every narrow pass (wgrad's chunks summed in chunk order),
+// one input channel and one output channel.
 TEST_CASE("narrow kernels (1 channel): reruns give the same bits (f32, bf16)") {
-  const auto s = narrow_chunked();
-  const size_t nx = s.N * s.H * s.W, nw = s.C_out * s.kH * s.kW, ny = s.N * s.C_out * s.out_h() * s.out_w();
-  for (const Op op : {Op::kExact, Op::kBf16}) {
-    const ConvData<float> d("narrow chunked rerun", nx, nw, s.C_out, ny, op, 98);
-    const auto twice = [&](const std::string& what, size_t n, auto pass) {
-      std::vector<float> first = nans<float>(n), second = nans<float>(n);
-      pass(first.data());
-      pass(second.data());
-      check_equal(d.tag + " " + what, second, first);
-    };
-    twice("forward", ny, [&](float* out) { cuda::conv2d_forward<float>(s, d.x.data(), d.w.data(), d.b.data(), out, nullptr, op); });
-    twice("dgrad", nx, [&](float* out) { cuda::conv2d_backward_input<float>(s, d.dy.data(), d.w.data(), out, nullptr, op); });
-    twice("wgrad", nw, [&](float* out) { cuda::conv2d_backward_weight<float>(s, d.x.data(), d.dy.data(), out, nullptr, op); });
+  for (const auto& [name, s] : {std::pair{"narrow chunked rerun", narrow_chunked()},
+                                std::pair{"one output chunked rerun", one_output_chunked()}}) {
+    const size_t nx = s.N * s.C_in * s.H * s.W, nw = s.C_out * s.C_in * s.kH * s.kW,
+                 ny = s.N * s.C_out * s.out_h() * s.out_w();
+    for (const Op op : {Op::kExact, Op::kBf16}) {
+      const ConvData<float> d(name, nx, nw, s.C_out, ny, op, 98);
+      const auto twice = [&](const std::string& what, size_t n, auto pass) {
+        std::vector<float> first = nans<float>(n), second = nans<float>(n);
+        pass(first.data());
+        pass(second.data());
+        check_equal(d.tag + " " + what, second, first);
+      };
+      twice("forward", ny,
+            [&](float* out) { cuda::conv2d_forward<float>(s, d.x.data(), d.w.data(), d.b.data(), out, nullptr, op); });
+      twice("dgrad", nx,
+            [&](float* out) { cuda::conv2d_backward_input<float>(s, d.dy.data(), d.w.data(), out, nullptr, op); });
+      twice("wgrad", nw,
+            [&](float* out) { cuda::conv2d_backward_weight<float>(s, d.x.data(), d.dy.data(), out, nullptr, op); });
+    }
   }
 }
 

@@ -5,8 +5,9 @@
 // problems summed the way implicit_gemm_kernel sums them (per group, per depth chunk in
 // order, then chunks in order) against kernels/cpu/conv.h, with outputs poisoned by NaN
 // so a position no store reaches fails; (4) conv_walk.h's walks (the CUDA kernels' gathers)
-// against the accessors, at 32- and 64-bit indices. Shapes: odd sizes, stride 2 and 3, dilation 2,
-// padding, groups, 1x1, stride larger than the kernel, and conv_transpose2d's as_conv().
+// and output walks (their stores) against the accessors, at 32- and 64-bit indices.
+// Shapes: odd sizes, stride 2 and 3, dilation 2, padding, groups, 1x1, stride larger than
+// the kernel, and conv_transpose2d's as_conv().
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -314,7 +315,16 @@ TEST_CASE("conv_index: conv_transpose2d through as_conv() equals kernels/cpu") {
   }
 }
 
-TEST_CASE("conv_index: split_depth covers the depth with whole-tile chunks, fixed by the shape") {
+namespace {
+
+// The depth the busiest of kSplitSms SMs works through: ceil(blocks / SMs) chunks.
+int64_t share(int64_t tiles, const ci::SplitK& k) {
+  return (tiles * k.splits + ci::kSplitSms - 1) / ci::kSplitSms * k.chunk;
+}
+
+}  // namespace
+
+TEST_CASE("conv_index: split_depth takes whole-tile chunks, the least busiest-SM share, fixed by the shape") {
   for (int64_t depth : {1, 15, 16, 17, 255, 256, 257, 3136, 100000})
     for (int64_t tiles : {1, 3, 8, 600})
       for (int64_t min_chunk : {16, 256}) {
@@ -330,8 +340,21 @@ TEST_CASE("conv_index: split_depth covers the depth with whole-tile chunks, fixe
         if (tiles >= 512) CHECK(k.splits == 1);   // enough blocks without splitting
         const ci::SplitK again = ci::split_depth(depth, tiles, 16, min_chunk, 512);
         CHECK((again.splits == k.splits && again.chunk == k.chunk));
+        // No worse a busiest-SM share than the cut into the most chunks allowed (the rule before).
+        const int64_t most = std::max<int64_t>(1, std::min((512 + tiles - 1) / tiles, depth / min_chunk));
+        const int64_t most_chunk = std::max<int64_t>(1, ((depth + most - 1) / most + 15) / 16) * 16;
+        const int64_t most_splits = std::max<int64_t>(1, (depth + most_chunk - 1) / most_chunk);
+        CHECK(share(tiles, k) <= share(tiles, {most_splits, most_chunk}));
       }
   CHECK(ci::split_depth(3136, 8, 16, 256, 512).splits == 12);  // DCGAN D layer 2 at batch 64: 7x7 maps
+  // conv_narrow.cu's wgrad of D.main.0 at batch 64 (4 tiles, 12544 pixels, stages of 32,
+  // chunks >= 256): 33 chunks, 132 blocks, where the most allowed (49) made 196, two waves.
+  const ci::SplitK narrow = ci::split_depth(12544, 4, 32, 256, 512);
+  CHECK((narrow.splits == 33 && narrow.chunk == 384));
+  // D.main.2's wgrad at batch 64 in bf16 (32 tiles, depth 3136): 4 chunks of 800, 128 blocks,
+  // where 11 chunks of 288 made 352 blocks, a busiest SM of 3 blocks (864 deep).
+  const ci::SplitK wide = ci::split_depth(3136, 32, 32, 128, 512);
+  CHECK((wide.splits == 4 && wide.chunk == 800));
 }
 
 namespace {
@@ -372,6 +395,39 @@ void check_walk(const Problem& p, int64_t groups, const Vec& a_src, const Vec& b
     }
 }
 
+// conv_walk.h's OutputWalk against the accessors' store(): every cell of every group and of
+// two depth chunks stored both ways, each with its own value (and a bias where the pass has
+// one), into buffers poisoned with NaN with a poisoned margin of a whole output on each side:
+// they must agree bit for bit, margins included, so every store lands where store() puts it.
+// Rows are walked as conv.cu's threads walk them: from each first row below 16, on by 16.
+template <class I, class Problem>
+void check_output_walk(Problem p, double* Problem::*out, int64_t size, int64_t groups) {
+  Vec want = poisoned(4 * size), got = poisoned(4 * size);
+  p.chunk_stride = size;
+  const auto value = [&](int64_t split, int64_t g, int64_t m, int64_t j) {
+    return double(((split * groups + g) * p.rows() + m) * p.cols() + j + 1);
+  };
+  for (int64_t split = 0; split < 2; ++split)
+    for (int64_t g = 0; g < groups; ++g) {
+      p.*out = want.data() + size;
+      for (int64_t m = 0; m < p.rows(); ++m)
+        for (int64_t j = 0; j < p.cols(); ++j) p.store(g, split, m, j, value(split, g, m, j));
+      p.*out = got.data() + size;
+      const auto walk = ci::output_walk<I>(p, split);
+      const ci::Digits<I> by = walk.rows.digits(16);
+      for (int64_t first = 0; first < 16; ++first) {
+        ci::Digits<I> d = walk.rows.digits(I(first));
+        for (int64_t m = first; m < p.rows(); m += 16, walk.rows.advance(d, by)) {
+          const auto row = walk.row(d);
+          for (int64_t j = 0; j < p.cols(); ++j) walk.store(row, I(g), I(j), value(split, g, m, j));
+        }
+      }
+    }
+  for (size_t i = 0; i < want.size(); ++i)
+    REQUIRE_MESSAGE((want[i] == got[i] || (std::isnan(want[i]) && std::isnan(got[i]))), "element ", i,
+                    " of the buffer (outputs from ", size, "): ", got[i], " stored, ", want[i], " wanted");
+}
+
 template <class I>
 void check_walks(const Conv2dShape& s) {
   CAPTURE(describe(s));
@@ -382,11 +438,19 @@ void check_walks(const Conv2dShape& s) {
   check_walk<I>(ci::WgradGemm<double>{q, x.data(), dy.data(), nullptr}, s.groups, dy, x);
   const auto dgrad = ci::dgrad_gemm<double>(q, dy.data(), w.data(), nullptr, nullptr);
   for (int64_t slice = 0; slice < dgrad.slices(); ++slice) check_walk<I>(dgrad.slice(slice), s.groups, dy, w);
+  const Vec bias_out = random_vec(s.C_out, 15), bias_in = random_vec(s.C_in, 16);
+  check_output_walk<I>(ci::ForwardGemm<double>{q, x.data(), w.data(), bias_out.data(), nullptr},
+                       &ci::ForwardGemm<double>::y, s.N * s.C_out * q.OH * q.OW, s.groups);
+  const ci::WgradGemm<double> wgrad{q, x.data(), dy.data(), nullptr};
+  check_output_walk<I>(wgrad, &ci::WgradGemm<double>::out, s.C_out * wgrad.cols(), s.groups);
+  const auto dgrad_bias = ci::dgrad_gemm<double>(q, dy.data(), w.data(), bias_in.data(), nullptr);
+  for (int64_t slice = 0; slice < dgrad.slices(); ++slice)
+    check_output_walk<I>(dgrad_bias.slice(slice), &ci::DgradGemm<double>::dx, s.N * s.C_in * s.H * s.W, s.groups);
 }
 
 }  // namespace
 
-TEST_CASE("conv_index: the walks of conv_walk.h visit exactly the accessors' elements (int32 and int64)") {
+TEST_CASE("conv_index: the walks of conv_walk.h visit exactly the accessors' elements and stores (int32 and int64)") {
   std::vector<Conv2dShape> shapes = kShapes;
   for (const ConvTranspose2dShape& t : {ConvTranspose2dShape{2, 4, 7, 5, 6, 4, 3, {2, 2}, {1, 0}, {1, 1}, {1, 1}, 2},
                                         ConvTranspose2dShape{1, 3, 4, 4, 2, 3, 3, {3, 3}, {0, 1}, {1, 2}, {2, 2}, 1}})
