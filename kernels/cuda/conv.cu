@@ -80,7 +80,8 @@
 // Checked: every pass against kernels/cpu in the emulator (tests/emu/conv_emu_test.cpp:
 // partial tiles, groups, stride 2 and 3, dilation, padding, phases without taps,
 // output_padding; the sanitizer on; a store walk stepped by 17 rows instead of 16 fails
-// there as a global write conflict), the accessors, phases, walks and output walks (every
+// there as a global write conflict; the int64_t kernels too, forced by
+// set_conv_index_width), the accessors, phases, walks and output walks (every
 // cell, both index types) on the CPU (tests/kernels/conv_index_test.cpp),
 // bit-reproducibility and autocast in tests/cuda/cuda_conv_test.cpp on the emulated
 // library. The phase split is not yet run on a GPU: its speed is the cost model's estimate
@@ -92,6 +93,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "kernels/common/conv_index.h"
@@ -251,10 +253,13 @@ void launch_gemm_as(const char* kernel, const Problem& p, int64_t groups, ci::Sp
 // A walk's indices overhang the problem by less than a tile and a step (edge tiles).
 constexpr int64_t kIndexMargin = 2 * kTileM;
 
+std::atomic<ConvIndexWidth> index_width{ConvIndexWidth::kAuto};  // set_conv_index_width
+
 template <class T, class Problem>
 void launch_gemm(const char* kernel, const Problem& p, int64_t groups, ci::SplitK split, ConvOperands operands,
                  cudaStream_t stream) {
-  if (ci::fits_int32(p.q, kIndexMargin)) return launch_gemm_as<T, int32_t>(kernel, p, groups, split, operands, stream);
+  if (index_width.load(std::memory_order_relaxed) == ConvIndexWidth::kAuto && ci::fits_int32(p.q, kIndexMargin))
+    return launch_gemm_as<T, int32_t>(kernel, p, groups, split, operands, stream);
   launch_gemm_as<T, int64_t>(kernel, p, groups, split, operands, stream);
 }
 
@@ -339,6 +344,10 @@ void dgrad_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* 
 }
 
 }  // namespace
+
+ConvIndexWidth set_conv_index_width(ConvIndexWidth width) {
+  return index_width.exchange(width, std::memory_order_relaxed);
+}
 
 template <class T>
 void conv2d_forward(const Conv2dShape& s, const T* input, const T* weight, const T* bias, T* output,

@@ -14,7 +14,7 @@
 // Mixed precision (engine/autocast.h): the six GEMM passes take a last argument
 // ConvOperands::kBf16 or kF16 (float only; on double an nd::Error). Both operands are
 // rounded to bf16 / f16 (nearest even) as the kernel gathers them, multiplied on tensor
-// cores (WMMA) with f32 accumulation; tensors, bias, split-K sums and the output stay f32. The CPU
+// cores (mma.sync) with f32 accumulation; tensors, bias, split-K sums and the output stay f32. The CPU
 // twin is the cpu:: function on operands rounded to bf16 / f16 and widened back to f32: the
 // products are the same (bf16 x bf16 and f16 x f16 are exact in f32), only the order of the f32
 // additions differs. The bias gradient is a sum, not a product: always f32.
@@ -30,6 +30,14 @@ using cpu::ConvTranspose2dShape;
 
 // The precision of a pass's products: T x T, or bf16 x bf16 / f16 x f16 into f32 (float only).
 enum class ConvOperands { kExact, kBf16, kF16 };
+
+// The index type of the implicit-GEMM kernels' walks (conv.cu): kAuto (the default) takes
+// int32_t where every index of the conv fits (conv_walk.h fits_int32), else int64_t; kInt64
+// always int64_t. For tests: the 64-bit kernels otherwise run only on tensors past 2^31
+// elements, which no test can allocate (tests/emu/conv_emu_test.cpp runs them forced).
+// Process-wide, read at each launch; returns the previous setting.
+enum class ConvIndexWidth { kAuto, kInt64 };
+ConvIndexWidth set_conv_index_width(ConvIndexWidth width);
 
 // y = conv2d(x, w) + bias. requires/ensures as cpu::conv2d_forward.  in-place: no.
 template <class T>

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "emu_cost.h"
 #include "emu_test.h"
 #include "engine/error.h"
 #include "kernels/cpu/conv.h"
@@ -378,6 +379,46 @@ TEST_CASE("conv_transpose2d f32, bf16, f16 and f64") {
   check_conv_transpose2d<float>("transposed stride 3", transposed_stride3(), Op::kF16, 62);
   check_conv_transpose2d<float>("transposed split-K", transposed_split(), Op::kExact, 63);
   check_conv_transpose2d<float>("transposed split-K", transposed_split(), Op::kBf16, 64);
+}
+
+// The kernels' walks in int64_t (conv.h set_conv_index_width), which only tensors past 2^31
+// elements would reach otherwise: every pass of the SIMT kernel (f32, f64) and of the
+// tensor-core kernel (bf16, f16), with groups, phases and split-K. Which instantiations ran
+// is read from the cost model's launch names (int64_t is `long` there, int32_t `int`).
+TEST_CASE("conv2d and conv_transpose2d on 64-bit index walks (forced), and the walks that ran") {
+  struct Restore {
+    ~Restore() { cuda::set_conv_index_width(cuda::ConvIndexWidth::kAuto); }
+  } restore;
+  const auto kernels_run = [](auto&& run) {
+    emu_cost::clear();
+    emu_cost::set_enabled(true);
+    run();
+    emu_cost::set_enabled(false);
+    std::string names;
+    for (const auto& launch : emu_cost::launches()) names += launch.kernel + "\n";
+    return names;
+  };
+  const auto s = grouped();
+  std::vector<float> x(s.N * s.C_in * s.H * s.W, 1.0f), w(s.C_out * s.C_in / s.groups * s.kH * s.kW, 0.5f),
+      y(s.N * s.C_out * s.out_h() * s.out_w());
+  const auto forward = [&](Op op) {
+    return kernels_run([&] { cuda::conv2d_forward<float>(s, x.data(), w.data(), nullptr, y.data(), nullptr, op); });
+  };
+  CHECK_MESSAGE(forward(Op::kExact).find("implicit_gemm_kernel<float, int, ") != std::string::npos,
+                forward(Op::kExact));
+  CHECK(forward(Op::kBf16).find("tensor_core_gemm_kernel<__nv_bfloat16, int, ") != std::string::npos);
+
+  CHECK(cuda::set_conv_index_width(cuda::ConvIndexWidth::kInt64) == cuda::ConvIndexWidth::kAuto);
+  CHECK_MESSAGE(forward(Op::kExact).find("implicit_gemm_kernel<float, long, ") != std::string::npos,
+                forward(Op::kExact));
+  CHECK_MESSAGE(forward(Op::kF16).find("tensor_core_gemm_kernel<__half, long, ") != std::string::npos,
+                forward(Op::kF16));
+  check_conv2d<float>("grouped (int64)", grouped(), Op::kExact, 80);
+  check_conv2d<double>("phases (int64)", phases(), Op::kExact, 81);
+  check_conv2d<float>("phases (int64)", phases(), Op::kBf16, 82);
+  check_conv2d<float>("long depth (int64)", long_depth(), Op::kF16, 83);
+  check_conv_transpose2d<float>("transposed split-K (int64)", transposed_split(), Op::kExact, 84);
+  check_conv_transpose2d<float>("transposed (int64)", transposed(), Op::kBf16, 85);
 }
 
 TEST_CASE("conv2d bf16 operands on f64 tensors are an nd::Error") {
