@@ -8,7 +8,7 @@
 //     (CUDA: cuBLAS bf16 tensor cores; CPU: an f32 GEMM of the rounded operands, exact
 //     products); addmm's added input (Linear's bias) stays f32, engine/ops/matmul.cpp;
 //   - conv2d and conv_transpose2d, forward, dgrad and wgrad (CUDA: the implicit GEMM's
-//     WMMA tensor-core twin, kernels/cuda/conv.h ConvOperands::kBf16; CPU: the f32 kernels
+//     mma.sync tensor-core twin, kernels/cuda/conv.h ConvOperands::kBf16; CPU: the f32 kernels
 //     on rounded copies); the bias and its gradient stay f32, engine/ops/conv.cpp;
 //   - scaled_dot_product_attention: q, k, v, a floating mask and, in the backward, dout
 //     rounded to bf16, out, dq, dk, dv rounded to bf16, logsumexp f32 (CUDA: the bf16
