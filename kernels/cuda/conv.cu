@@ -72,8 +72,8 @@
 // and overhang) into two f32 staging stages, step k + 1 in flight while step k is
 // multiplied; each lane builds its A and B fragments from the f32 tiles, rounding to
 // bf16 / f16 (nearest even) as it packs them, and the result goes back through a shared f32
-// tile to p.store, so bias, groups and split-K are the accessors' business exactly as in the
-// f32 kernel. It replaced a WMMA kernel that rounded into 16-bit tiles with no pipeline:
+// tile to the slice's OutputWalk, as in the f32 kernel (a row split once per tile, no
+// division per stored element). It replaced a WMMA kernel that rounded into 16-bit tiles with no pipeline:
 // registers 174-255 -> 128-202 (2 -> 2-4 blocks per SM), the cost model's estimates
 // unchanged (L2- or launch-bound rows; bench/RESULTS.md "tcconv"); not yet run on a GPU.
 //
