@@ -50,7 +50,9 @@
 // it spilled 300 / 344 bytes).
 //
 // Grid: x = row tiles, y = column tiles, z = (group, depth chunk, slice), each walked by a
-// grid-stride loop, so no size runs into gridDim.y/z <= 65535. A depth long against few
+// grid-stride loop, so no size runs into gridDim.y/z <= 65535. Both kernels spell that loop
+// out: one device helper for it (per z a lambda, per tile one inside it) spilled 20 bytes in
+// the f64 int32 dgrad at its 128-register cap ("tcstore"). A depth long against few
 // output tiles (wgrad's N*OH*OW; forward's and dgrad's C*kH*kW on a small batch: DCGAN D's
 // middle layer at batch 2 had 4 blocks for 132 SMs) is cut into chunks (split-K,
 // launch_split) whose partial results go to a buffer that a second kernel sums in chunk
