@@ -50,7 +50,9 @@
 // it spilled 300 / 344 bytes).
 //
 // Grid: x = row tiles, y = column tiles, z = (group, depth chunk, slice), each walked by a
-// grid-stride loop, so no size runs into gridDim.y/z <= 65535. A depth long against few
+// grid-stride loop, so no size runs into gridDim.y/z <= 65535. Both kernels spell that loop
+// out: one device helper for it (per z a lambda, per tile one inside it) spilled 20 bytes in
+// the f64 int32 dgrad at its 128-register cap ("tcstore"). A depth long against few
 // output tiles (wgrad's N*OH*OW; forward's and dgrad's C*kH*kW on a small batch: DCGAN D's
 // middle layer at batch 2 had 4 blocks for 132 SMs) is cut into chunks (split-K,
 // launch_split) whose partial results go to a buffer that a second kernel sums in chunk
@@ -72,8 +74,8 @@
 // and overhang) into two f32 staging stages, step k + 1 in flight while step k is
 // multiplied; each lane builds its A and B fragments from the f32 tiles, rounding to
 // bf16 / f16 (nearest even) as it packs them, and the result goes back through a shared f32
-// tile to p.store, so bias, groups and split-K are the accessors' business exactly as in the
-// f32 kernel. It replaced a WMMA kernel that rounded into 16-bit tiles with no pipeline:
+// tile to the slice's OutputWalk, as in the f32 kernel (a row split once per tile, no
+// division per stored element). It replaced a WMMA kernel that rounded into 16-bit tiles with no pipeline:
 // registers 174-255 -> 128-202 (2 -> 2-4 blocks per SM), the cost model's estimates
 // unchanged (L2- or launch-bound rows; bench/RESULTS.md "tcconv"); not yet run on a GPU.
 //

@@ -41,18 +41,25 @@
 // in the fragments instead of in a pass of its own.
 // Epilogue: the accumulators go through a shared f32 tile on the staging memory (free once
 // the last step's barrier is passed): Cs[j][m] (stride 68, scalar writes at 68 * 2t + g:
-// conflict-free) where the stores walk pixels, Cs[m][j] (stride 72, float2 writes at 72 g
-// + 2t: two wavefronts) in wgrad, whose stores walk the filter taps; then every thread stores
-// its cells through sp.store (bias, groups and split-K are the accessors' business).
+// conflict-free) where neighbouring threads store neighbouring pixels, Cs[m][j] (stride 72,
+// float2 writes at 72 g + 2t: two wavefronts) in wgrad, where they store neighbouring filter
+// taps; then every thread stores its cells through the slice's OutputWalk (conv_walk.h;
+// bias, groups and split-K are its business), with no division per element: a pixel-row
+// thread keeps its pixel row (Cs's column m) fixed, splits it once per tile and steps the
+// channels (an add of col_stride); a wgrad thread keeps its tap column fixed and steps its
+// rows (output channels, linear). The accessors' store() it replaced split m with two 64-bit
+// divisions per stored element.
 //
 // Registers (ptxas, bench/kernel_resources.md; bf16 and f16 alike), int32 / int64 walks:
-// forward 128 / 155, dgrad 155 / 202, wgrad 143 / 168, so 4 / 3, 3 / 2 and 3 / 3 blocks per
-// SM (the WMMA kernel: 174-255, 2 blocks). No spill. What keeps them there: the loop over the
-// two 16-deep halves of a step is not unrolled, and the gather's copy loops and the
-// epilogue's stores are unrolled by 4, not fully (all three unrolled, eight of the twelve
-// instantiations spilled 16 to 300 bytes at 255 registers; with the halves' loop alone
-// unrolled, the int64 forward still spilled 52 bytes). The copies are asynchronous, so
-// unrolling them buys no overlap.
+// forward 127 / 168, dgrad 128 / 204, wgrad 128 / 168, so 4 / 3, 4 / 2 and 4 / 3 blocks per
+// SM (the WMMA kernel: 174-255, 2 blocks). No spill. With sp.store they were 128 / 155,
+// 155 / 202, 143 / 168; the OutputWalk, uncapped, took the int32 ones to 142 / 160 / 144
+// (the forward 4 -> 3 blocks), so tc_min_blocks caps the int32 walks at 128 (4 blocks), which
+// ptxas meets without a spill. What keeps them there: the loop over the two 16-deep halves
+// of a step is not unrolled, and the gather's copy loops and the epilogue's stores are
+// unrolled by 4, not fully (all three unrolled, eight of the twelve instantiations spilled
+// 16 to 300 bytes at 255 registers; with the halves' loop alone unrolled, the int64 forward
+// still spilled 52 bytes). The copies are asynchronous, so unrolling them buys no overlap.
 //
 // Checked in the emulator (tests/emu/conv_emu_test.cpp: every pass and shape class in bf16
 // and f16 against the CPU on rounded operands, the sanitizer on), and checked to fail with
@@ -60,7 +67,11 @@
 // uninitialised read of 'smem'), A's a[1] taken from row g instead of g + 8 (every pass off
 // by up to 4.8e5 x its tolerance), B's b[1] from k = 2t instead of 2t + 8 (5.3e5 x), C's
 // rows g + 8 written to row g (9e5 x) and bf16 truncated instead of rounded to nearest even
-// (up to 2756 x). Not yet run on a GPU: its speed is the cost model's estimate (bench/RESULTS.md
+// (up to 2756 x); the stores' walk checked to fail with a pixel row one too far (m0 + fixed
+// + 1: the sanitizer's out-of-bounds write, 5 tests), wgrad's rows stepped by 3 instead of 2
+// (a global write conflict between blocks, 4 tests) and the pixel-row columns stepped by 3
+// (cells never stored: values outside tolerance, and split-K's uninitialised partial sums).
+// Not yet run on a GPU: its speed is the cost model's estimate (bench/RESULTS.md
 // "tcconv").
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -80,6 +91,8 @@ namespace {
 constexpr int kTcTileM = 64, kTcTileN = 64, kTcTileK = 32;
 constexpr int kTcWarps = 4, kTcThreads = 32 * kTcWarps;  // 128
 constexpr int kTcStages = 2;
+constexpr int kTcStoreStep = kTcThreads / kTcTileM;  // 2: the epilogue's stores, a 64-thread row at a time
+static_assert(kTcThreads % kTcTileM == 0 && kTcTileM == kTcTileN, "the stores tile Cs exactly");
 
 // Whether the rows of a problem are pixels (forward, dgrad) or its depth is (wgrad).
 template <class Problem>
@@ -149,25 +162,22 @@ __device__ __forceinline__ void c_pair(float* Cs, int m, int j, float lo, float 
   }
 }
 
-// f(fast, slow) for every cell of a Fast x Slow tile, by a block of Threads threads:
-// each thread keeps one `fast` index (neighbouring threads, neighbouring addresses) and
-// steps through `slow` (the epilogue's stores).
-template <int Threads, int Fast, int Slow, class F>
-__device__ __forceinline__ void walk_tile(int tid, F&& f) {
-  constexpr int step = Threads / Fast;
-  static_assert(Threads % Fast == 0 && Slow % step == 0, "the threads tile the tile exactly");
-  const int fast = tid % Fast, first = tid / Fast;
-#pragma unroll 4
-  for (int i = 0; i < Slow / step; ++i) f(fast, first + i * step);
+// Blocks per SM that tensor_core_gemm_kernel is compiled for (__launch_bounds__' minimum):
+// 4 for the int32 walks (caps them at 128 registers, no spill: 3 -> 4 blocks for dgrad and
+// wgrad; the forward, at 142 uncapped since the stores' OutputWalk, keeps its 4), 1 for the
+// int64 walks (ptxas's own 168 / 204: 3 / 2 blocks; 3 for dgrad spilled 44 bytes).
+template <class I>
+constexpr int tc_min_blocks() {
+  return std::is_same_v<I, int32_t> ? 4 : 1;
 }
 
 // For every z = (group g, chunk s, slice), column tile and row tile of that slice sp:
 //   C_g[m, j] = sum_{k in chunk s} round(sp.a(g, m, k)) * round(sp.b(g, k, j)) in f32,
-// stored by sp.store(g, s, m, j, .); E: the 16-bit operand type, I: the walk's index type.
-// Out-of-range rows, columns and depths copy as 0 and are never stored. Launch bounds: 128
-// threads, at least 1 block per SM (what ptxas then chose: the opening comment's registers).
+// stored where sp.store(g, s, m, j, .) puts it, through the slice's OutputWalk (conv_walk.h);
+// E: the 16-bit operand type, I: the walk's index type. Out-of-range rows, columns and
+// depths copy as 0 and are never stored.
 template <class E, class I, class Problem>
-__global__ void __launch_bounds__(kTcThreads, 1)
+__global__ void __launch_bounds__(kTcThreads, tc_min_blocks<I>())
     tensor_core_gemm_kernel(Problem p, int64_t groups, int64_t splits, int64_t chunk) {
   constexpr bool pixel_rows = kPixelRows<Problem>;
   using L = ConvTcLayout<pixel_rows>;
@@ -243,14 +253,30 @@ __global__ void __launch_bounds__(kTcThreads, 1)
             c_pair<pixel_rows>(Cs, m + 8, col, acc[i][j][2], acc[i][j][3]);
           }
         __syncthreads();
-        const auto store = [&](int ml, int jl) {
-          const int64_t m = m0 + ml, col = n0 + jl;
-          if (m < M && col < Ncols) sp.store(g, split, m, col, Cs[L::c_at(ml, jl)]);
-        };
-        if constexpr (pixel_rows)
-          walk_tile<kTcThreads, kTcTileM, kTcTileN>(tid, store);
-        else
-          walk_tile<kTcThreads, kTcTileN, kTcTileM>(tid, [&](int jl, int ml) { store(ml, jl); });
+        // The stores, through the slice's OutputWalk (conv_walk.h: no division per element).
+        // Each thread keeps one index of Cs fixed (neighbouring threads, neighbouring
+        // addresses) and steps the other by kTcStoreStep.
+        const auto out = kernels::conv_index::output_walk<I>(sp, split);
+        const int fixed = tid % kTcTileM, first = tid / kTcTileM;
+        if constexpr (pixel_rows) {
+          // The thread's pixel row m0 + fixed: split once; its columns add col_stride each.
+          if (m0 + fixed < M) {
+            const auto row = out.row(out.rows.digits(I(m0 + fixed)));
+#pragma unroll 4
+            for (int jl = first; jl < kTcTileN; jl += kTcStoreStep)
+              if (n0 + jl < Ncols) out.store(row, I(g), I(n0 + jl), Cs[L::c_at(fixed, jl)]);
+          }
+        } else {
+          // wgrad: the thread's column n0 + fixed (a flat tap of dw's row); its rows (output
+          // channels) split once and stepped by kTcStoreStep.
+          if (n0 + fixed < Ncols) {
+            auto row = out.rows.digits(I(m0 + first));
+            const auto by_row = out.rows.digits(I(kTcStoreStep));
+#pragma unroll 4
+            for (int ml = first; ml < kTcTileM; ml += kTcStoreStep, out.rows.advance(row, by_row))
+              if (m0 + ml < M) out.store(out.row(row), I(g), I(n0 + fixed), Cs[L::c_at(ml, fixed)]);
+          }
+        }
         __syncthreads();  // the next tile's copies overwrite Cs
       }
     }
