@@ -6,7 +6,8 @@
 // is bit-identical run to run, and an empty batch still writes zero weight and bias
 // gradients. Under autocast (ConvOperands::kBf16, the tensor-core kernel) all six passes
 // match the CPU's bf16- (or f16-) operand reference (tests/ops/autocast_conv_test.cpp pins that one
-// down) element by element and are bit-identical run to run. Without a GPU every case
+// down) element by element and are bit-identical run to run; so do the 64-bit index
+// kernels, forced (set_conv_index_width). Without a GPU every case
 // reports "SKIPPED:" (the index math these kernels run is tested on the CPU in
 // tests/kernels/conv_index_test.cpp).
 #include <algorithm>
@@ -18,6 +19,7 @@
 
 #include "cuda/cuda_compare.h"
 #include "harness.h"
+#include "kernels/cuda/conv.h"
 
 using namespace nd;
 using namespace nd::testing::cuda_compare;
@@ -296,3 +298,31 @@ TEST_CASE("cuda conv: autocast leaves f64 exact and a forward outside it exact i
   const auto exact_bwd = run(x32, w32, false, true), plain = run(x32, w32, false, false);
   for (size_t i = 0; i < plain.size(); ++i) CHECK(testing::to_vector(exact_bwd[i]) == testing::to_vector(plain[i]));
 }
+
+// Kernel level (kernels::cuda, which CUDA builds alone contain): the int64_t walks, which
+// only tensors past 2^31 elements take on their own, forced (kernels/cuda/conv.h
+// set_conv_index_width) through conv2d and conv_transpose2d in f32 and under autocast.
+#ifdef NANODDP_WITH_CUDA
+
+TEST_CASE("cuda conv: the 64-bit index kernels (forced) match the CPU, f32 and autocast") {
+  if (skip_without_gpu()) return;
+  namespace kc = kernels::cuda;
+  struct Restore {
+    ~Restore() { kc::set_conv_index_width(kc::ConvIndexWidth::kAuto); }
+  } restore;
+  kc::set_conv_index_width(kc::ConvIndexWidth::kInt64);
+  run_table({
+      {"int64 walks: stride 3x2, padding 0x2, dilation 1x2, groups 2", {{2, 4, 10, 7}, {6, 2, 2, 3}, {6}},
+       [](const V& x) { return conv2d(x[0], x[1], x[2], {3, 2}, {0, 2}, {1, 2}, 2); }},
+      {"int64 walks: 70 output channels, depth 180", {{2, 20, 9, 9}, {70, 20, 3, 3}, {70}},
+       [](const V& x) { return conv2d(x[0], x[1], x[2], {1}, {1}); }},
+      {"int64 walks: conv_transpose2d stride 3, dilation 2, groups 2, output_padding 1",
+       {{2, 4, 5, 6}, {4, 3, 3, 2}, {6}},
+       [](const V& x) { return conv_transpose2d(x[0], x[1], x[2], {3}, {1}, {1}, 2, {2}); }},
+  });
+  const AmpCase amp{"int64 walks: conv2d groups 3, 6->9 k3 p1 on 11x9", {2, 6, 11, 9}, {9, 2, 3, 3}, true,
+                    [](const V& v) { return conv2d(v[0], v[1], v[2], {1}, {1}, {1}, 3); }};
+  compare_amp_case(amp, 7000, kBFloat16);
+  compare_amp_case(amp, 7005, kFloat16);
+}
+#endif
