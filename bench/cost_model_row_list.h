@@ -3,13 +3,16 @@
 // (bench/cost_model_rows.h) times the same row on a GPU, and bench/model_join.py joins the two
 // on the key (op, shape, dtype) that key() gives here, with the FLOP and byte counts that both
 // report. A row is added here only; each side says how to run its kind. Host-only C++ (no
-// CUDA, no engine): the emulator's tool and bench_kernels both include it.
+// CUDA, no engine; kernels/cpu/conv.h for the conv shape): the emulator's tool and
+// bench_kernels both include it.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <variant>
 #include <vector>
+
+#include "kernels/cpu/conv.h"
 
 namespace nd::bench::cost_rows {
 
@@ -31,7 +34,12 @@ struct ConvRow {
   const char* pass;
   int64_t N, C_in, C_out, HW, k, stride, pad;
   bool bf16 = true;
-  int64_t out() const { return (HW + 2 * pad - k) / stride + 1; }
+  kernels::cpu::Conv2dShape shape() const {
+    kernels::cpu::Conv2dShape s;
+    s.N = N, s.C_in = C_in, s.H = s.W = HW, s.C_out = C_out, s.kH = s.kW = k;
+    s.stride = {stride, stride}, s.padding = {pad, pad};
+    return s;
+  }
 };
 // bf16 attention on [1, BH, S, D], no mask, scale 1/sqrt(D), causal or not: the forward, or
 // the forward then the backward.
@@ -61,7 +69,8 @@ inline Key key(const BatchNormRow& r) {  // forward: reads x, writes y; backward
 }
 
 inline Key key(const ConvRow& r) {
-  const int64_t out_pixels = r.N * r.out() * r.out();
+  const kernels::cpu::Conv2dShape s = r.shape();
+  const int64_t out_pixels = r.N * s.out_h() * s.out_w();
   return {std::string("conv2d_") + r.pass,
           "N=" + std::to_string(r.N) + " " + std::to_string(r.C_in) + "x" + std::to_string(r.HW) + "^2->" +
               std::to_string(r.C_out) + " k" + std::to_string(r.k) + "s" + std::to_string(r.stride),

@@ -98,9 +98,7 @@ inline void run(Bench& b, const cost_rows::BatchNormRow& r) {
 }
 
 inline void run(Bench& b, const cost_rows::ConvRow& r) {
-  kcpu::Conv2dShape s;
-  s.N = r.N, s.C_in = r.C_in, s.H = s.W = r.HW, s.C_out = r.C_out, s.kH = s.kW = r.k;
-  s.stride = {r.stride, r.stride}, s.padding = {r.pad, r.pad};
+  const kcpu::Conv2dShape s = r.shape();
   const std::string pass = r.pass;
   const auto operands = r.bf16 ? cu::ConvOperands::kBf16 : cu::ConvOperands::kExact;
   b.compare(work(cost_rows::key(r)), {},

@@ -113,9 +113,7 @@ Row make(const rows::AttentionRow& a) {
 }
 
 Row make(const rows::ConvRow& c) {
-  cpu::Conv2dShape s;
-  s.N = c.N, s.C_in = c.C_in, s.H = s.W = c.HW, s.C_out = c.C_out, s.kH = s.kW = c.k;
-  s.stride = {c.stride, c.stride}, s.padding = {c.pad, c.pad};
+  const cpu::Conv2dShape s = c.shape();
   const auto ops = c.bf16 ? cuda::ConvOperands::kBf16 : cuda::ConvOperands::kExact;
   const std::string pass = c.pass;
   Row r;
