@@ -361,6 +361,17 @@ void with_operands(ConvOperands operands, Launch&& launch) {
   launch(Rounding<T>{});
 }
 
+// launch(out) writes dw's `size` values at out: dw itself, or with split-K (split.splits > 1)
+// chunk s of a scratch buffer at out + s * size, which chunk_sum.cuh then adds in chunk order
+// into dw.
+template <class T, class Launch>
+void into_chunks(const char* kernel, ci::SplitK split, int64_t size, T* dw, cudaStream_t stream, Launch&& launch) {
+  const detail::Scratch partial(kernel, split.splits > 1 ? sizeof(T) * split.splits * size : 0, stream);
+  launch(split.splits > 1 ? partial.as<T>() : dw);
+  check_launch(kernel);
+  if (split.splits > 1) detail::sum_chunks(kernel, split.splits, size, partial.as<T>(), dw, stream);
+}
+
 // dw [1, C_in*kH*kW] of one output channel: a thread per tap, the pixels cut into chunks
 // (split-K, as wgrad's) when they are long against the taps' blocks.
 template <class T>
@@ -369,15 +380,13 @@ void one_output_wgrad(const char* kernel, const ci::Geometry& q, const T* x, con
   const int64_t size = q.C_in * q.kH * q.kW, pixels = q.N * q.OH * q.OW;
   const unsigned blocks = grid_size(size, kThreads, kMaxGridX);  // D.main.5: 98 blocks (256 threads: 25)
   const ci::SplitK split = ci::split_depth(pixels, blocks, 1, kMinChunk, kTargetBlocks);
-  const detail::Scratch partial(kernel, split.splits > 1 ? sizeof(T) * split.splits * size : 0, stream);
-  T* const out = split.splits > 1 ? partial.as<T>() : dw;
-  with_operands<T>(operands, [&](auto rounding) {
-    using R = typename decltype(rounding)::type;
-    one_output_wgrad_kernel<T, R><<<dim3(blocks, grid_size(split.splits, 1, kMaxGridYZ)), kThreads, 0, stream>>>(
-        q, x, dy, out, split.splits, split.chunk, size);
+  into_chunks(kernel, split, size, dw, stream, [&](T* out) {
+    with_operands<T>(operands, [&](auto rounding) {
+      using R = typename decltype(rounding)::type;
+      one_output_wgrad_kernel<T, R><<<dim3(blocks, grid_size(split.splits, 1, kMaxGridYZ)), kThreads, 0, stream>>>(
+          q, x, dy, out, split.splits, split.chunk, size);
+    });
   });
-  check_launch(kernel);
-  if (split.splits > 1) detail::sum_chunks(kernel, split.splits, size, partial.as<T>(), dw, stream);
 }
 
 }  // namespace
@@ -427,15 +436,13 @@ void wgrad(const char* kernel, const Conv2dShape& s, const T* x, const T* dy, T*
   const unsigned row_tiles = grid_size(q.C_out, kWgradRows, kMaxGridX), col_tiles = grid_size(taps, kWgradCols, kMaxGridYZ);
   const ci::SplitK split =
       ci::split_depth(depth, int64_t(row_tiles) * col_tiles, kWgradPixels, kMinChunk, kTargetBlocks);
-  const detail::Scratch partial(kernel, split.splits > 1 ? sizeof(T) * split.splits * size : 0, stream);
-  T* const out = split.splits > 1 ? partial.as<T>() : dw;
   const dim3 grid(row_tiles, col_tiles, grid_size(split.splits, 1, kMaxGridYZ));
-  with_operands<T>(operands, [&](auto rounding) {
-    using R = typename decltype(rounding)::type;
-    wgrad_kernel<T, R><<<grid, kThreads, 0, stream>>>(q, x, dy, out, split.splits, split.chunk, size);
+  into_chunks(kernel, split, size, dw, stream, [&](T* out) {
+    with_operands<T>(operands, [&](auto rounding) {
+      using R = typename decltype(rounding)::type;
+      wgrad_kernel<T, R><<<grid, kThreads, 0, stream>>>(q, x, dy, out, split.splits, split.chunk, size);
+    });
   });
-  check_launch(kernel);
-  if (split.splits > 1) detail::sum_chunks(kernel, split.splits, size, partial.as<T>(), dw, stream);
 }
 
 #define ND_INSTANTIATE_CONV_NARROW(T)                                                                        \
