@@ -111,6 +111,7 @@ inline std::vector<Row> rows() {
           ConvRow{"dgrad", 2, 64, 128, 14, 4, 2, 1, false},
           ConvRow{"fwd", 64, 128, 1, 7, 7, 1, 0},    // DCGAN D.main.5 at batch 64 (1 output channel: conv_narrow.cu)
           ConvRow{"wgrad", 64, 128, 1, 7, 7, 1, 0},  // its weight gradient
+          ConvRow{"dgrad", 64, 128, 1, 7, 7, 1, 0},  // its input gradient (an outer product: depth 1)
           ConvRow{"fwd", 64, 32, 64, 14, 4, 2, 1},   // train_gan's D.main.2 (ndf 32) at batch 64
           ConvRow{"wgrad", 64, 32, 64, 14, 4, 2, 1},
           ConvRow{"wgrad", 64, 1, 64, 28, 4, 2, 1},  // D.main.0's weight gradient at batch 64 (conv_narrow.cu)

@@ -33,9 +33,10 @@
 // (2 -> 4 blocks); the former WMMA kernel's forward 254 / 255 (bf16 / f16) -> 238 / 174,
 // dgrad 213 / 210 -> 190 / 198, but wgrad 190 / 183 -> 254 / 243: its unrolled 16-cell
 // gathers issued all their loads first. No spill.
-// Not for one input channel (a GEMM dimension of 1 or 16 against 64-wide tiles), nor the
-// forward and wgrad of one output channel (a GEMM of one column or one row): the launchers
-// hand those to conv_narrow.cu (narrow::applies, the one hook in each pass).
+// Not for one input channel (a GEMM dimension of 1 or 16 against 64-wide tiles), nor one
+// output channel (a forward GEMM of one column, a wgrad of one row, a dgrad of depth 1 at
+// DCGAN's D.main.5): the launchers hand those to conv_narrow.cu (narrow::applies, the one
+// hook in each pass).
 //
 // Strided dgrad (conv2d's input gradient, conv_transpose2d's forward) runs as stride_h *
 // stride_w GEMMs, one per phase of the input pixels (ih mod stride_h, iw mod stride_w):
@@ -311,7 +312,7 @@ void wgrad(const char* kernel, const Conv2dShape& s, const T* x, const T* dy, T*
     check(cudaMemsetAsync(dw, 0, sizeof(T) * size, stream), "cudaMemsetAsync", kernel);
     return;
   }
-  if (narrow::applies(s, narrow::Pass::kWgrad))  // conv_narrow.cu
+  if (narrow::applies(s))  // conv_narrow.cu
     return narrow::wgrad(kernel, s, x, dy, dw, operands, stream);
   launch_split<T>(kernel, p, &ci::WgradGemm<T>::out, size, p.depth(), operands, stream);
 }
@@ -323,7 +324,7 @@ void forward_pass(const char* kernel, const Conv2dShape& s, const T* in, const T
   require_operands<T>(kernel, operands);
   const ci::ForwardGemm<T> p{ci::geometry(s), in, w, bias, out};
   if (p.rows() == 0) return;
-  if (narrow::applies(s, narrow::Pass::kForward))  // conv_narrow.cu
+  if (narrow::applies(s))  // conv_narrow.cu
     return narrow::forward(kernel, s, in, w, bias, out, operands, stream);
   launch_split<T>(kernel, p, &ci::ForwardGemm<T>::y, p.rows() * p.q.C_out, p.depth(), operands, stream);
 }
@@ -338,7 +339,7 @@ void dgrad_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* 
   require_operands<T>(kernel, operands);
   const ci::DgradGemm<T> p = ci::dgrad_gemm(ci::geometry(s), in, w, bias, out);
   if (p.rows() == 0) return;
-  if (narrow::applies(s, narrow::Pass::kDgrad))  // conv_narrow.cu
+  if (narrow::applies(s))  // conv_narrow.cu
     return narrow::dgrad(kernel, s, in, w, bias, out, operands, stream);
   int64_t depth = 0;  // the phases' depths differ (1 or 2 taps of 3 at stride 2): the chunks cover the longest
   for (int64_t slice = 0; slice < p.slices(); ++slice) depth = std::max(depth, p.slice(slice).depth());

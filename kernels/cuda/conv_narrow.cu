@@ -1,6 +1,5 @@
-// conv2d's passes when the input has ONE channel (C_in == 1, so groups == 1), and its
-// forward and wgrad when the output has ONE channel (C_out == 1, groups == 1), instead of
-// conv.cu's 64 x 64 tile implicit GEMM; conv.cu's launchers hand these shapes over
+// conv2d's passes when the input has ONE channel (C_in == 1, so groups == 1) or the output
+// has ONE channel (C_out == 1, groups == 1), instead of conv.cu's 64 x 64 tile implicit GEMM; conv.cu's launchers hand these shapes over
 // (narrow::applies, conv_narrow.cuh). The index math is kernels/common/conv_index.h's.
 //
 // Why: with one input channel a GEMM dimension of every pass is tiny. DCGAN on Fashion-MNIST
@@ -28,9 +27,10 @@
 //
 // One output channel: DCGAN's last discriminator layer, Conv2d(128 -> 1, kernel 7) on 7 x 7,
 // has a forward GEMM of ONE column (cols = C_out) and depth C_in*kH*kW = 6272, and a wgrad
-// of ONE row, against 64-wide tiles (63/64 of B padding). conv_transpose2d with one input
-// channel reaches the same kernels through as_conv(). Its dgrad (C_in columns) stays on
-// conv.cu's tiles.
+// of ONE row, against 64-wide tiles (63/64 of B padding), and a dgrad of depth 1 (one tap
+// reaches each input pixel: an outer product of dy and w) against 16- or 32-deep tile steps.
+// conv_transpose2d with one input channel reaches the same kernels through as_conv() (its
+// forward is the dgrad, with a bias per output channel).
 //   forward  one block per output pixel (rows::threads_for(depth) threads, up to 256): thread
 //            t adds taps t, t + blockDim, ... in order (neighbouring threads, neighbouring taps
 //            of x's rows), rows::block_sum adds the threads' sums in a fixed order.
@@ -38,17 +38,26 @@
 //            over its chunk's pixels m in order (a warp: one dy word, a broadcast, and
 //            neighbouring x); pixels long against the taps' blocks are cut into chunks as
 //            wgrad's. 64 threads a block: D.main.5's 6272 taps make 98 blocks (256: 25).
-// Both step x's index digits with conv_walk.h's InputPatch (no division per element), in
-// int64_t. Cost model, D.main.5 at batch 64, bf16 (bench/RESULTS.md "convfill"): forward
+//   dgrad    dgrad's rows (one thread per input pixel of a stride phase, grid z) times
+//            kChannels input channels in registers (grid y); the phase's weights [tap][channel]
+//            staged in shared memory (a broadcast); per tap one dy read (neighbouring threads,
+//            neighbouring ow) and kChannels FMAs; stores of neighbouring iw per channel row.
+//            D.main.5 at batch 64: 49 x 8 = 392 blocks where the tiles launched 98, the
+//            mma's 51 MFLOP of padding for 0.8 of work gone.
+// The forward and wgrad step x's index digits with conv_walk.h's InputPatch (no division
+// per element), in int64_t. Cost model, D.main.5 at batch 64, bf16 (bench/RESULTS.md "convfill"): forward
 // 16.15 -> 3.45 us (the tiles' split-K of 22 blocks and its sum launch -> 64 blocks, one
 // launch), wgrad 4.98 -> 4.03 us (25 blocks of 256) -> 2.89 us (98 of 64). Registers:
-// forward 46 (f64 48), wgrad 96 (f64 94; 10 blocks of 64 per SM); no spill.
+// forward 46 (f64 48), wgrad 96 (f64 94; 10 blocks of 64 per SM); no spill. dgrad at
+// batch 64, bf16: 3.44 -> 3.11 us (launch-bound either way: the model's floor; L2 4.90 ->
+// 4.20 MB, shared wavefronts 123k -> 69k; bench/RESULTS.md "one output channel's dgrad"),
+// 118 registers (f64 128: 8 blocks of 64 per SM), no spill.
 //
 // Arithmetic: T (f32, f64) accumulation; each thread adds its products in a fixed order
 // (forward: taps in order, then + bias; dgrad: channel chunks of 64, the phase's taps in
 // order, channels in order, then + bias; wgrad: pixels in order within a chunk, chunks in
 // order; one output channel's forward: a thread's taps in order, then the block's fixed
-// reduction, then + bias), so every run gives the same bits. Not the CPU's order (Eigen
+// reduction, then + bias; its dgrad: the phase's taps in order, then + bias), so every run gives the same bits. Not the CPU's order (Eigen
 // GEMMs): the emulator tests hold the results to the bound of an n-term sum
 // (tests/emu/conv_emu_test.cpp), as for conv.cu. Mixed precision (ConvOperands::kBf16 /
 // kF16, float only): each operand is rounded to bf16 / f16 (nearest even) as it is loaded
@@ -62,13 +71,14 @@
 // odd sizes, padding, stride 1 / 2 / 3, dilation, bias, more channels and taps than one
 // stage, chunked wgrad, f32 / f64 / bf16 / f16, bit-equal reruns; one output channel:
 // D.main.5 at batch 2 and 64, odd sizes with stride, padding and dilation, depth 333 past
-// one stride of 256, four wgrad chunks, conv_transpose2d with one input channel); the
+// one stride of 256, four wgrad chunks, conv_transpose2d with one input channel and its
+// forward's phases of 1, 2 and no taps; which kernels each pass launched); the
 // dispatch through the engine in tests/cuda/cuda_conv_test.cpp and cuda_models_test.cpp
 // (DCGAN) on the emulated library. Speed: the cost model only (bench/RESULTS.md, DCGAN at
 // batch 2 in bf16: dgrad 8.93 -> 3.92 us, forward 3.33 -> 2.80, wgrad 5.86 -> 4.42); not
 // yet run on a GPU. The dgrad kernel holds 127 registers (two DgradPhase; 16 warps per SM;
 // capping it at 64 spills). Not covered here: groups > 1 at one output channel (impossible:
-// groups divides C_out) and the dgrad of one output channel (conv.cu's tiles). The
+// groups divides C_out). The
 // one-output forward is a block per pixel whatever the depth: on 2 x 28 x 28 pixels of depth
 // 288 / 72 the cost model has it at 3.64 / 2.79 us against the tiles' 6.07 / 3.10, but with
 // about 3x their L2 traffic (x's patches read per pixel, w per block), so a large batch of
@@ -168,6 +178,28 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Both dgrads' weight stage: ws[ul][j] = w[c, kh, kw] (rounded as R) for the phase's tap
+// u = u0 + ul = (a, b), (kh, kw) = (ph.first_tap + a*ph.tap_step, pw.first_tap + b*pw.tap_step),
+// and channel c = c0 + j of the weight's `channels` (C_out for one input channel, C_in for
+// one output channel: w is [channels, kH, kW] either way); 0 past the taps or channels.
+// Neighbouring threads write neighbouring taps, Pitch = Cols + 1 words apart (no bank conflict).
+template <class R, class T, int Pitch>
+__device__ __forceinline__ void stage_phase_weights(T (&ws)[kDgradTaps][Pitch], const ci::Geometry& q,
+                                                    const ci::DgradPhase& ph, const ci::DgradPhase& pw, const T* w,
+                                                    int64_t u0, int64_t taps, int64_t c0, int64_t channels) {
+  constexpr int Cols = Pitch - 1;
+  for (int i = threadIdx.x; i < kDgradTaps * Cols; i += kThreads) {
+    const int ul = i % kDgradTaps, j = i / kDgradTaps;
+    const int64_t u = u0 + ul, c = c0 + j;
+    T v = T(0);
+    if (u < taps && c < channels) {
+      const int64_t kh = ph.first_tap + u / pw.taps * ph.tap_step, kw = pw.first_tap + u % pw.taps * pw.tap_step;
+      v = operand<R>(w[(c * q.kH + kh) * q.kW + kw]);
+    }
+    ws[ul][j] = v;
+  }
+}
+
 // dx[n, 0, ih, iw] = bias[0] + sum_{c, taps (kh, kw) reaching (ih, iw)} w[c, kh, kw] * dy[n, c, oh, ow],
 // for the pixels of phase z = (ih mod sh, iw mod sw): row r = (n, i, j) of the phase is
 // (ih, iw) = (ph.first + i*sh, pw.first + j*sw), its tap u = (a, b) is (kh, kw) =
@@ -189,16 +221,7 @@ __global__ void __launch_bounds__(kThreads)
       T acc = T(0);
       for (int64_t c0 = 0; c0 < q.C_out; c0 += kDgradChannels) {
         for (int64_t u0 = 0; u0 < taps; u0 += kDgradTaps) {
-          for (int i = threadIdx.x; i < kDgradTaps * kDgradChannels; i += kThreads) {
-            const int ul = i % kDgradTaps, cl = i / kDgradTaps;
-            const int64_t u = u0 + ul, c = c0 + cl;
-            T v = T(0);
-            if (u < taps && c < q.C_out) {
-              const int64_t kh = ph.first_tap + u / pw.taps * ph.tap_step, kw = pw.first_tap + u % pw.taps * pw.tap_step;
-              v = operand<R>(w[(c * q.kH + kh) * q.kW + kw]);
-            }
-            ws[ul][cl] = v;
-          }
+          stage_phase_weights<R>(ws, q, ph, pw, w, u0, taps, c0, q.C_out);
           __syncthreads();
           const int stage = static_cast<int>(smaller(taps - u0, kDgradTaps));
           const int channels = static_cast<int>(smaller(q.C_out - c0, kDgradChannels));
@@ -285,8 +308,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One output channel (C_out == 1, groups == 1; C_in > 1): the forward GEMM has one column
-// and wgrad one row. Both walk x through conv_walk.h's InputPatch: a thread keeps one index
+// One output channel (C_out == 1, groups == 1; C_in > 1): the forward GEMM has one column,
+// wgrad one row, and dgrad the depth of a phase's taps. The forward and wgrad walk x through conv_walk.h's InputPatch: a thread keeps one index
 // fixed and steps the other's digits with carries, with no division per element.
 
 // y[m] = bias[0] + sum_{k = (c, kh, kw)} w[0, k] * x[n, c, oh*sh - ph + kh*dh, ow*sw - pw + kw*dw]
@@ -339,6 +362,57 @@ __global__ void __launch_bounds__(kThreads)
         if (src) acc += operand<R>(dy[m]) * operand<R>(*src);
       }
       out[z * chunk_stride + k] = acc;
+    }
+  }
+}
+
+// dx[n, c, ih, iw] = bias[c] + sum_{taps (kh, kw) reaching (ih, iw)} w[0, c, kh, kw] * dy[n, 0, oh, ow]:
+// an outer product of dy and w when one tap reaches each pixel (DCGAN D.main.5), so a GEMM
+// of depth 1 (or ph.taps * pw.taps) on the tiles. The pixels of phase z (grid z) are the
+// rows of dgrad_kernel; a block takes kThreads of them (grid x) times kChannels channels
+// (grid y), the thread its pixel's channels in registers. Each weight stage holds the
+// phase's taps [tap][channel] (every thread reads the same word: a broadcast); per tap a
+// thread reads its one dy value (neighbouring threads, neighbouring ow) and adds it times
+// the tap's kChannels weights; it stores neighbouring iw of each channel's row.
+template <class T, class R>
+__global__ void __launch_bounds__(kThreads)
+    one_output_dgrad_kernel(ci::Geometry q, const T* dy, const T* w, const T* bias, T* dx) {
+  __shared__ T ws[kDgradTaps][kChannels + 1];  // +1: the stage writes walk taps, 17 words apart
+  const int64_t ohw = q.OH * q.OW, hw = q.H * q.W;
+  for (int64_t z = blockIdx.z; z < q.stride_h * q.stride_w; z += gridDim.z) {
+    const ci::DgradPhase ph = ci::dgrad_phase(z / q.stride_w, q.H, q.kH, q.stride_h, q.pad_h, q.dil_h);
+    const ci::DgradPhase pw = ci::dgrad_phase(z % q.stride_w, q.W, q.kW, q.stride_w, q.pad_w, q.dil_w);
+    const int64_t rows = q.N * ph.rows * pw.rows, taps = ph.taps * pw.taps;
+    for (int64_t c0 = int64_t(blockIdx.y) * kChannels; c0 < q.C_in; c0 += int64_t(gridDim.y) * kChannels) {
+      for (int64_t m0 = int64_t(blockIdx.x) * kThreads; m0 < rows; m0 += int64_t(gridDim.x) * kThreads) {
+        const int64_t m = m0 + threadIdx.x;  // past the end: computes row m0's sums, stores nothing
+        const ci::Pixel p = ci::pixel_of(m < rows ? m : m0, ph.rows, pw.rows);
+        const T* const dyn = dy + p.n * ohw;
+        T acc[kChannels] = {};
+        for (int64_t u0 = 0; u0 < taps; u0 += kDgradTaps) {
+          stage_phase_weights<R>(ws, q, ph, pw, w, u0, taps, c0, q.C_in);
+          __syncthreads();
+          const int stage = static_cast<int>(smaller(taps - u0, kDgradTaps));
+          for (int ul = 0; ul < stage; ++ul) {
+            const int64_t u = u0 + ul;
+            const int64_t oh = p.h + ph.base - u / pw.taps * ph.out_step, ow = p.w + pw.base - u % pw.taps * pw.out_step;
+            if (!ci::in_range(oh, q.OH) || !ci::in_range(ow, q.OW)) continue;  // padding, or rows OH's floor dropped
+            const T d = operand<R>(dyn[oh * q.OW + ow]);
+#pragma unroll
+            for (int j = 0; j < kChannels; ++j) acc[j] += d * ws[ul][j];
+          }
+          __syncthreads();  // the next stage overwrites ws
+        }
+        if (m < rows) {
+          const int64_t ih = ph.first + p.h * q.stride_h, iw = pw.first + p.w * q.stride_w;
+          T* const dxp = dx + p.n * q.C_in * hw + ih * q.W + iw;
+#pragma unroll
+          for (int j = 0; j < kChannels; ++j) {
+            const int64_t c = c0 + j;
+            if (c < q.C_in) dxp[c * hw] = bias ? acc[j] + bias[c] : acc[j];
+          }
+        }
+      }
     }
   }
 }
@@ -419,7 +493,16 @@ void dgrad(const char* kernel, const Conv2dShape& s, const T* dy, const T* w, co
   // Phase (0, 0) has the most rows; the blocks past a smaller phase's rows idle there.
   const int64_t rows = q.N * ci::dgrad_phase(0, q.H, q.kH, q.stride_h, q.pad_h, q.dil_h).rows *
                        ci::dgrad_phase(0, q.W, q.kW, q.stride_w, q.pad_w, q.dil_w).rows;
-  const dim3 grid(grid_size(rows, kThreads, kMaxGridX), 1, grid_size(q.stride_h * q.stride_w, 1, kMaxGridYZ));
+  const unsigned phases = grid_size(q.stride_h * q.stride_w, 1, kMaxGridYZ);
+  if (q.C_in != 1) {  // one output channel (applies)
+    const dim3 grid(grid_size(rows, kThreads, kMaxGridX), grid_size(q.C_in, kChannels, kMaxGridYZ), phases);
+    with_operands<T>(operands, [&](auto rounding) {
+      using R = typename decltype(rounding)::type;
+      one_output_dgrad_kernel<T, R><<<grid, kThreads, 0, stream>>>(q, dy, w, bias, dx);
+    });
+    return check_launch(kernel);
+  }
+  const dim3 grid(grid_size(rows, kThreads, kMaxGridX), 1, phases);
   with_operands<T>(operands, [&](auto rounding) {
     using R = typename decltype(rounding)::type;
     dgrad_kernel<T, R><<<grid, kThreads, 0, stream>>>(q, dy, w, bias, dx);

@@ -46,6 +46,19 @@ void check_pass(const std::string& what, size_t n, int64_t terms, Cpu cpu_pass, 
   check_sum_bound(what, got, ref, bound, terms);
 }
 
+// The names of the kernels run() launches, one a line (the cost model's launch records:
+// int64_t is `long` there, int32_t `int`).
+template <class Run>
+std::string kernels_run(Run&& run) {
+  emu_cost::clear();
+  emu_cost::set_enabled(true);
+  run();
+  emu_cost::set_enabled(false);
+  std::string names;
+  for (const auto& launch : emu_cost::launches()) names += launch.kernel + "\n";
+  return names;
+}
+
 // The operands of one conv check: x, w, b, dy; the CPU reference's xr, wr, dyr (rounded
 // to bf16 for Op::kBf16, f16 for Op::kF16: the CUDA kernel rounds them itself); their absolute values for the
 // bound; and the tag naming the case and precision.
@@ -231,23 +244,25 @@ cpu::ConvTranspose2dShape narrow_transposed_stride3() {
   return s;
 }
 
-// One output channel (conv_narrow.cu's one_output kernels: forward and wgrad; dgrad, with
-// C_in columns, stays on conv.cu's tiles). DCGAN D.main.5: Conv2d(128, 1, 7) on 7 x 7, one
-// output pixel per sample, depth 6272 (25 threads' strides of 256 per pixel).
+// One output channel (conv_narrow.cu's one_output kernels: forward, dgrad and wgrad).
+// DCGAN D.main.5: Conv2d(128, 1, 7) on 7 x 7, one output pixel per sample, forward depth
+// 6272 (25 threads' strides of 256 per pixel); its dgrad is an outer product (one tap
+// reaches each input pixel), 8 blocks of 16 channels.
 cpu::Conv2dShape dcgan_d5(int64_t N) {
   cpu::Conv2dShape s;
   s.N = N, s.C_in = 128, s.H = 7, s.W = 7, s.C_out = 1, s.kH = 7, s.kW = 7;
   return s;
 }
 // Odd: kernel 3 x 2, stride 2 x 1, padding, dilation 1 x 2, 3 samples, depth 30 (one
-// partial warp of taps per pixel).
+// partial warp of taps per pixel); dgrad: phases of 1 and 2 taps in h, 5 of 16 channels.
 cpu::Conv2dShape one_output_odd() {
   cpu::Conv2dShape s;
   s.N = 3, s.C_in = 5, s.H = 9, s.W = 8, s.C_out = 1, s.kH = 3, s.kW = 2;
   s.stride = {2, 1}, s.padding = {1, 1}, s.dilation = {1, 2};
   return s;
 }
-// Depth 37 x 9 = 333: a thread adds two taps 256 apart, the second past the end for most.
+// Depth 37 x 9 = 333: a thread adds two taps 256 apart, the second past the end for most;
+// dgrad: 9 taps reach the middle pixels, 37 channels (three channel blocks, the last partial).
 cpu::Conv2dShape one_output_deep() {
   cpu::Conv2dShape s;
   s.N = 1, s.C_in = 37, s.H = 5, s.W = 5, s.C_out = 1, s.kH = 3, s.kW = 3;
@@ -260,13 +275,21 @@ cpu::Conv2dShape one_output_chunked() {
   s.padding = {1, 1};
   return s;
 }
-// conv_transpose2d with ONE input channel: its input gradient and weight gradient are the
-// forward and wgrad of a conv2d with one output channel (as_conv); its forward, the dgrad
-// GEMM, has one depth channel and runs on conv.cu's tiles.
+// conv_transpose2d with ONE input channel: its forward (with the bias), input gradient and
+// weight gradient are the dgrad, forward and wgrad of a conv2d with one output channel (as_conv).
 cpu::ConvTranspose2dShape one_output_transposed() {
   cpu::ConvTranspose2dShape s;
   s.N = 2, s.C_in = 1, s.H = 5, s.W = 4, s.C_out = 6, s.kH = 3, s.kW = 3;
   s.stride = {2, 2}, s.padding = {1, 0}, s.output_padding = {1, 1};
+  return s;
+}
+// Stride 3 x 2 against kernel 2 x 4, dilation 1 x 2, output_padding: the forward's phases of
+// 1 and 2 taps and phases of none (they store the bias only); 20 output channels (a partial
+// second channel block).
+cpu::ConvTranspose2dShape one_output_transposed_stride3() {
+  cpu::ConvTranspose2dShape s;
+  s.N = 2, s.C_in = 1, s.H = 4, s.W = 5, s.C_out = 20, s.kH = 2, s.kW = 4;
+  s.stride = {3, 2}, s.padding = {0, 1}, s.output_padding = {2, 1}, s.dilation = {1, 2};
   return s;
 }
 
@@ -289,6 +312,38 @@ TEST_CASE("narrow kernels (1 output channel): odd sizes, dilation, long depth, c
   check_conv_transpose2d<float>("one output transposed", one_output_transposed(), Op::kExact, 127);
   check_conv_transpose2d<double>("one output transposed", one_output_transposed(), Op::kExact, 128);
   check_conv_transpose2d<float>("one output transposed", one_output_transposed(), Op::kBf16, 129);
+  check_conv_transpose2d<float>("one output transposed stride 3", one_output_transposed_stride3(), Op::kExact, 130);
+  check_conv_transpose2d<double>("one output transposed stride 3", one_output_transposed_stride3(), Op::kExact, 131);
+  check_conv_transpose2d<float>("one output transposed stride 3", one_output_transposed_stride3(), Op::kF16, 132);
+}
+
+// The kernels each narrow shape launches, read from the cost model's launch names: with one
+// output channel every pass leaves the 64 x 64 tiles (the dgrad, an outer product there, ran
+// on them before), and a conv with more channels both ways stays on them.
+TEST_CASE("narrow kernels: which kernels the passes of one input or output channel launch") {
+  const auto launched = [](const cpu::Conv2dShape& s, Op op) {
+    std::vector<float> x(s.N * s.C_in * s.H * s.W, 1.0f), w(s.C_out * s.C_in / s.groups * s.kH * s.kW, 0.5f),
+        y(s.N * s.C_out * s.out_h() * s.out_w(), 1.0f);
+    return kernels_run([&] {
+      cuda::conv2d_forward<float>(s, x.data(), w.data(), nullptr, y.data(), nullptr, op);
+      cuda::conv2d_backward_input<float>(s, y.data(), w.data(), x.data(), nullptr, op);
+      cuda::conv2d_backward_weight<float>(s, x.data(), y.data(), w.data(), nullptr, op);
+    });
+  };
+  for (const Op op : {Op::kExact, Op::kBf16}) {
+    const std::string one_output = launched(dcgan_d5(2), op);
+    CHECK_MESSAGE(one_output.find("one_output_forward_kernel<") != std::string::npos, one_output);
+    CHECK_MESSAGE(one_output.find("one_output_dgrad_kernel<") != std::string::npos, one_output);
+    CHECK_MESSAGE(one_output.find("one_output_wgrad_kernel<") != std::string::npos, one_output);
+    CHECK_MESSAGE(one_output.find("gemm_kernel<") == std::string::npos, one_output);
+    const std::string one_input = launched(dcgan_d0(), op);
+    CHECK_MESSAGE(one_input.find("gemm_kernel<") == std::string::npos, one_input);
+    CHECK_MESSAGE(one_input.find("one_output_") == std::string::npos, one_input);
+    const std::string tiles = launched(grouped(), op);
+    CHECK_MESSAGE(tiles.find(op == Op::kExact ? "implicit_gemm_kernel<" : "tensor_core_gemm_kernel<") !=
+                      std::string::npos,
+                  tiles);
+  }
 }
 
 TEST_CASE("narrow kernels (1 channel): DCGAN's layers at batch 2, f32, f64, bf16, f16") {
@@ -319,7 +374,8 @@ TEST_CASE("narrow kernels (1 channel): odd sizes, dilation, several stages, chun
 // one input channel and one output channel.
 TEST_CASE("narrow kernels (1 channel): reruns give the same bits (f32, bf16)") {
   for (const auto& [name, s] : {std::pair{"narrow chunked rerun", narrow_chunked()},
-                                std::pair{"one output chunked rerun", one_output_chunked()}}) {
+                                std::pair{"one output chunked rerun", one_output_chunked()},
+                                std::pair{"one output deep rerun", one_output_deep()}}) {
     const size_t nx = s.N * s.C_in * s.H * s.W, nw = s.C_out * s.C_in * s.kH * s.kW,
                  ny = s.N * s.C_out * s.out_h() * s.out_w();
     for (const Op op : {Op::kExact, Op::kBf16}) {
@@ -389,15 +445,6 @@ TEST_CASE("conv2d and conv_transpose2d on 64-bit index walks (forced), and the w
   struct Restore {
     ~Restore() { cuda::set_conv_index_width(cuda::ConvIndexWidth::kAuto); }
   } restore;
-  const auto kernels_run = [](auto&& run) {
-    emu_cost::clear();
-    emu_cost::set_enabled(true);
-    run();
-    emu_cost::set_enabled(false);
-    std::string names;
-    for (const auto& launch : emu_cost::launches()) names += launch.kernel + "\n";
-    return names;
-  };
   const auto s = grouped();
   std::vector<float> x(s.N * s.C_in * s.H * s.W, 1.0f), w(s.C_out * s.C_in / s.groups * s.kH * s.kW, 0.5f),
       y(s.N * s.C_out * s.out_h() * s.out_w());
