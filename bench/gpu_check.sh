@@ -22,10 +22,12 @@
 # 15 s left is skipped and says so in the table.
 #
 #   bash bench/gpu_check.sh                # fresh build in build-gpu/
+#   bash bench/gpu_check.sh .gpu-bin       # the bundle bench/gpu_prebuild.sh made here: no build
 #   bash bench/gpu_check.sh build-gpu      # reuse a build dir carried with the call
 #
 # The device image lacks Eigen3, doctest and zlib headers: run bench/gpu_deps.sh here
-# first and carry .gpu-deps/ with the call (this script uses it when present).
+# first and carry .gpu-deps/ with the call (this script uses it when present; a bundle whose
+# libraries the device lacks falls back to a fresh build with it).
 #
 # See bench/GPU.md for the device-tool invocation and what to look at first.
 set -uo pipefail
@@ -71,14 +73,9 @@ echo "== toolkit"
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())" 2>&1 | tail -1
 } 2>&1 | tee -a "$OUT/env.txt"
 
-# CUDA test targets: tests/cuda/*_test.cpp and any tests/**/*cuda*_test.cpp.
-TARGETS=$(find tests -name '*_test.cpp' \( -path 'tests/cuda/*' -o -name '*cuda*' \) -exec basename {} .cpp \; | sort -u)
-[ -f bench/bench_kernels.cpp ] && TARGETS="$TARGETS bench_kernels"
-[ -f bench/bench_train.cpp ] && TARGETS="$TARGETS bench_train"
-# collectives_test holds the NCCL process group's test (world size 1 here, no MPI).
-[ -f tests/dist/collectives_test.cpp ] && TARGETS="$TARGETS collectives_test"
-echo "== build ($BUILD): $TARGETS"
-t=$(now)
+# shellcheck source=bench/gpu_targets.sh
+source bench/gpu_targets.sh
+TARGETS=$(gpu_targets)
 DEPS_ARGS=()
 if [ -d .gpu-deps ]; then
   DEPS=$PWD/.gpu-deps
@@ -100,7 +97,55 @@ if ! ls /usr/local/cuda/include/cudnn.h /usr/include/cudnn.h >/dev/null 2>&1; th
     BENCH_LIBS="$BENCH_LIBS:$cudnn/lib"
   fi
 fi
-if [ ! -f "$BUILD/build.ninja" ]; then
+
+# A bundle of gpu_prebuild.sh ($BUILD/BUNDLE: binaries and lib/libnanoddp.so, no CTest files)
+# runs as it is when the loader finds every library its binaries need. One it misses is
+# looked for in the CUDA toolkit's folders, then in the Python path's nvidia wheels (NCCL,
+# cuDNN, cuBLAS come with PyTorch there), and its folder goes on OURS_LD, the library path
+# our binaries run with (not exported: the toolkit's copies must not shadow PyTorch's own).
+# Anything still missing: say so and build from source in build-gpu/ as without a bundle.
+OURS_LD=${LD_LIBRARY_PATH:-}
+PREBUILT=0
+find_lib() {
+  local d
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -e "$d/$1" ] && { echo "$d"; return; }
+  done
+  python3 -c 'import glob, os, sys
+for p in sys.path:
+    for f in glob.glob(os.path.join(p, "nvidia", "**", sys.argv[1]), recursive=True):
+        print(os.path.dirname(f))
+        sys.exit()' "$1" 2>/dev/null
+}
+missing_libs() {
+  env LD_LIBRARY_PATH="$OURS_LD" ldd "$BUILD"/tests/* "$BUILD"/bench/* "$BUILD"/lib/* 2>/dev/null |
+    awk '/not found/ {print $1}' | sort -u
+}
+if [ -f "$BUILD/BUNDLE" ]; then
+  echo "== prebuilt bundle ($BUILD)"
+  t=$(now)
+  tee -a "$OUT/env.txt" <"$BUILD/BUNDLE"
+  OURS_LD="$PWD/$BUILD/lib${OURS_LD:+:$OURS_LD}"
+  for lib in $(missing_libs); do
+    dir=$(find_lib "$lib")
+    [ -n "$dir" ] && echo "$lib: $dir" && OURS_LD="$OURS_LD:$dir"
+  done
+  left=$(missing_libs | tr '\n' ' ')
+  if [ -z "$left" ]; then
+    PREBUILT=1
+    row "prebuilt" "ok" $(($(now) - t)) "$(head -1 "$BUILD/BUNDLE" | sed 's/^nanoddp GPU bundle: //')"
+  else
+    echo "missing on this machine: $left"
+    row "prebuilt" "FAIL" $(($(now) - t)) "missing $left-> built from source in build-gpu"
+    BUILD=build-gpu
+  fi
+fi
+
+echo "== build ($BUILD): $TARGETS"
+t=$(now)
+if [ $PREBUILT -eq 1 ]; then
+  row "build" "prebuilt" 0 "none: the bundle's binaries"
+elif [ ! -f "$BUILD/build.ninja" ]; then
   timeout 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNANODDP_CUDA=ON -DNANODDP_NATIVE=OFF \
     -DNANODDP_MPI=OFF -DNANODDP_BUILD_APPS=OFF "${DEPS_ARGS[@]}" "${CUDNN_ARGS[@]}" >"$OUT/build.log" 2>&1
   rc=$?
@@ -108,7 +153,7 @@ if [ ! -f "$BUILD/build.ninja" ]; then
   [ $rc -ne 0 ] && row "configure" "FAIL" $(($(now) - t)) "see build.log"
 fi
 cap=$(limit $((DEADLINE - $(now) - 120)))  # leaves 2 minutes for the tests and benchmarks
-if [ "$cap" -eq 0 ]; then row "build" "skipped" 0 "time budget spent"; else
+if [ $PREBUILT -eq 1 ]; then :; elif [ "$cap" -eq 0 ]; then row "build" "skipped" 0 "time budget spent"; else
   # shellcheck disable=SC2086
   timeout "$cap" ninja -C "$BUILD" -j "$JOBS" $TARGETS >>"$OUT/build.log" 2>&1
   rc=$?
@@ -122,7 +167,27 @@ fi
 echo "== CUDA tests"
 t=$(now)
 cap=$(limit 150)
-if [ "$cap" -eq 0 ]; then row "ctest -R cuda" "skipped" 0 "time budget spent"; else
+if [ "$cap" -eq 0 ]; then row "ctest -R cuda" "skipped" 0 "time budget spent"; elif [ $PREBUILT -eq 1 ]; then
+  # A bundle has no CTest files: each test binary straight (collectives_test: its NCCL case
+  # only, as ctest -R nccl picks), all within the phase's cap; doctest's summaries added up.
+  end=$(($(now) + cap))
+  rc=0
+  : >"$OUT/ctest.log"
+  for bin in $TARGETS; do
+    exe="$BUILD/tests/$bin"
+    [ -x "$exe" ] || continue
+    args=()
+    [ "$bin" = collectives_test ] && args=(-tc='nccl*')
+    left=$((end - $(now)))
+    if [ "$left" -lt 5 ]; then echo "=== $bin: skipped, the phase's time is spent" >>"$OUT/ctest.log"; rc=124; continue; fi
+    echo "=== $bin" >>"$OUT/ctest.log"
+    timeout "$left" env LD_LIBRARY_PATH="$OURS_LD" "$exe" "${args[@]}" >>"$OUT/ctest.log" 2>&1 || rc=$?
+  done
+  grep -E "^=== |test cases:|ERROR|FATAL" "$OUT/ctest.log" | tail -20
+  summary=$(awk -F'|' '/test cases:/ {split($1, a, ":"); n += a[2]; p += $2; f += $3} END {printf "%d cases, %d passed, %d failed", n, p, f}' "$OUT/ctest.log")
+  skipped=$(grep -c "SKIPPED" "$OUT/ctest.log")
+  row "tests (bundle)" "$(status "$rc")" $(($(now) - t)) "$summary ($skipped SKIPPED lines)"
+else
   # -LE emu: the emulated copies of these suites ("<suite> (emu)", label emu) match the names
   # too; they are CI's, and on the CPU they took this phase's whole 150 s (dry run, 2026-12-07).
   timeout "$cap" ctest --test-dir "$BUILD" -R "cuda|nccl" -LE emu --output-on-failure --timeout 120 \
@@ -154,8 +219,13 @@ run_bench() {
   row "$name" "$(status "$rc")" $(($(now) - t0)) "rc=$rc, $($detail <"$out")"
   rm -f "$out"
 }
-# run_built NAME CAP DETAIL EXE ARGS...: run_bench of EXE when it was built.
-run_built() { if [ -x "$4" ]; then run_bench "$@"; else row "$1" "absent" 0 "not built (see build.log)"; fi; }
+# run_built NAME CAP DETAIL EXE ARGS...: run_bench of EXE (with OURS_LD) when it was built.
+run_built() {
+  if [ ! -x "$4" ]; then row "$1" "absent" 0 "not built (see build.log)"; return; fi
+  local name=$1 cap=$2 detail=$3
+  shift 3
+  run_bench "$name" "$cap" "$detail" env LD_LIBRARY_PATH="$OURS_LD" "$@"
+}
 # run_torch NAME CAP DETAIL SCRIPT ARGS...: run_bench of python3 SCRIPT when torch sees the GPU.
 run_torch() {
   if ! python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
@@ -185,7 +255,7 @@ BENCH_TXT="$OUT/bench_kernels.txt" BENCH_JSON="$OUT/bench_kernels.jsonl"
 : >"$BENCH_JSON"
 # bench_kernels' cuDNN 9 loads its sub-libraries with dlopen: their folder on its path only.
 if [ -x "$BUILD/bench/bench_kernels" ]; then
-  run_bench "bench_kernels" 150 kernel_rows env LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$BENCH_LIBS" \
+  run_bench "bench_kernels" 150 kernel_rows env LD_LIBRARY_PATH="${OURS_LD:+$OURS_LD:}$BENCH_LIBS" \
     "$BUILD/bench/bench_kernels" --device cuda
 else
   row "bench_kernels" "absent" 0 "not built (see build.log)"
@@ -242,7 +312,7 @@ for bin in $TARGETS; do
   cap=$(limit 60)
   if [ "$cap" -eq 0 ]; then row "$bin -s -d" "skipped" 0 "time budget spent"; continue; fi
   echo "=== $bin" >>"$log"
-  timeout "$cap" "$exe" -s -d >>"$log" 2>&1  # full doctest output, durations per case
+  timeout "$cap" env LD_LIBRARY_PATH="$OURS_LD" "$exe" -s -d >>"$log" 2>&1  # full doctest output, durations per case
 done
 
 echo
