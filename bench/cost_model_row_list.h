@@ -114,6 +114,7 @@ inline std::vector<Row> rows() {
           ConvRow{"dgrad", 64, 128, 1, 7, 7, 1, 0},  // its input gradient (an outer product: depth 1)
           ConvRow{"fwd", 64, 32, 64, 14, 4, 2, 1},   // train_gan's D.main.2 (ndf 32) at batch 64
           ConvRow{"wgrad", 64, 32, 64, 14, 4, 2, 1},
+          ConvRow{"wgrad", 64, 64, 64, 7, 7, 1, 0},  // train_gan's G.main.0 (nz 64, ngf 32) weight gradient: depth 64
           ConvRow{"wgrad", 64, 1, 64, 28, 4, 2, 1},  // D.main.0's weight gradient at batch 64 (conv_narrow.cu)
           AttentionRow{2, 256, 64, false},
           AttentionRow{64, 256, 64, false},

@@ -97,21 +97,40 @@ inline void run(Bench& b, const cost_rows::BatchNormRow& r) {
             }});
 }
 
-inline void run(Bench& b, const cost_rows::ConvRow& r) {
+// One conv row's launch under the split rule `split` (conv.h ConvSplit), named `name`.
+inline Impl conv_impl(Bench& b, const cost_rows::ConvRow& r, const char* name, cu::ConvSplit split) {
   const kcpu::Conv2dShape s = r.shape();
   const std::string pass = r.pass;
   const auto operands = r.bf16 ? cu::ConvOperands::kBf16 : cu::ConvOperands::kExact;
-  b.compare(work(cost_rows::key(r)), {},
-            {kImpl, [&b, s, pass, operands]() -> Run {
-               const nd::Tensor x = randn(b, {s.N, s.C_in, s.H, s.W}), w = randn(b, {s.C_out, s.C_in, s.kH, s.kW}),
-                                y = randn(b, {s.N, s.C_out, s.out_h(), s.out_w()});
-               const cudaStream_t stream = b.stream();
-               if (pass == "fwd")
-                 return [=] { cu::conv2d_forward<float>(s, ptr(x), ptr(w), nullptr, ptr(y), stream, operands); };
-               if (pass == "dgrad")
-                 return [=] { cu::conv2d_backward_input<float>(s, ptr(y), ptr(w), ptr(x), stream, operands); };
-               return [=] { cu::conv2d_backward_weight<float>(s, ptr(x), ptr(y), ptr(w), stream, operands); };
-             }});
+  return {name, [&b, s, pass, operands, split]() -> Run {
+            const nd::Tensor x = randn(b, {s.N, s.C_in, s.H, s.W}), w = randn(b, {s.C_out, s.C_in, s.kH, s.kW}),
+                             y = randn(b, {s.N, s.C_out, s.out_h(), s.out_w()});
+            const cudaStream_t stream = b.stream();
+            return [=] {
+              const cu::ConvSplit before = cu::set_conv_split(split);  // read when the launcher runs
+              if (pass == "fwd")
+                cu::conv2d_forward<float>(s, ptr(x), ptr(w), nullptr, ptr(y), stream, operands);
+              else if (pass == "dgrad")
+                cu::conv2d_backward_input<float>(s, ptr(y), ptr(w), ptr(x), stream, operands);
+              else
+                cu::conv2d_backward_weight<float>(s, ptr(x), ptr(y), ptr(w), stream, operands);
+              cu::set_conv_split(before);
+            };
+          }};
+}
+
+// The row; then the batch-64 rows under ConvSplit::kFillSms against the default, sampled in
+// turn ("ratio" = default ms / fill ms: above 1 where covering every SM with more split-K
+// chunks pays, below where their partial sums cost more; 1 within noise where the rule
+// changes nothing, as on passes that fill the SMs already). Their shape ends in "fill-sms",
+// so model_join.py's measured-vs-model table leaves them out.
+inline void run(Bench& b, const cost_rows::ConvRow& r) {
+  b.compare(work(cost_rows::key(r)), {}, conv_impl(b, r, kImpl, cu::ConvSplit::kBusiestSm));
+  if (r.N < 64 || r.C_in == 1 || r.C_out == 1) return;  // the narrow kernels (conv_narrow.cu) have no such rule
+  Work fill = work(cost_rows::key(r));
+  fill.shape += " fill-sms";
+  b.compare(fill, {conv_impl(b, r, "cuda::kernels busiest-sm", cu::ConvSplit::kBusiestSm)},
+            conv_impl(b, r, "cuda::kernels fill-sms", cu::ConvSplit::kFillSms));
 }
 
 inline void run(Bench& b, const cost_rows::AttentionRow& r) {

@@ -246,4 +246,21 @@ inline SplitK split_depth(int64_t depth, int64_t tiles, int64_t tile_k, int64_t 
   return best;
 }
 
+// The cut `cut` (split_depth's) made finer until its blocks cover kSplitSms SMs, or its
+// chunks are one k-tile: each time the fewest more chunks that split_depth's rounding to
+// whole k-tiles gives. conv.cu's ConvSplit::kFillSms, an experiment for the first GPU run: where
+// the busiest-SM measure ties (D.main.2's forward at batch 64: 49 tiles x 2 chunks of 256 =
+// 98 blocks against 196 of 128 or 392 of 64), does filling every SM, at more partial
+// results to write and sum, pay? The cost model cannot say (it has no latency term).
+// requires: tiles, tile_k >= 1; cut from split_depth(depth, tiles, tile_k, ...). Host only.
+inline SplitK fill_sms(SplitK cut, int64_t depth, int64_t tiles, int64_t tile_k) {
+  for (int64_t wanted = cut.splits + 1; tiles * cut.splits < kSplitSms && cut.chunk > tile_k; ++wanted) {
+    const int64_t per = (depth + wanted - 1) / wanted;
+    const int64_t chunk = std::max<int64_t>(1, (per + tile_k - 1) / tile_k) * tile_k;
+    const int64_t splits = std::max<int64_t>(1, (depth + chunk - 1) / chunk);
+    if (splits > cut.splits) cut = {splits, chunk};
+  }
+  return cut;
+}
+
 }  // namespace nd::kernels::conv_index

@@ -64,9 +64,14 @@
 // chunks allowed, which can leave a part wave), 32 blocks: forward 10.66 -> 8.12 us, dgrad
 // 12.59 -> 9.24 (f32: 18.59 -> 12.46, 17.43 -> 11.94); train_gan's D.main.2 (ndf 32) wgrad
 // at batch 64 88 -> 112 blocks, 11.13 -> 10.05 us ("convfill"). Its forward at batch 64 (49
-// row tiles, depth 512) stays at 98 blocks for 132 SMs: a smaller tile for such shapes is
-// not done. The chunk's output offset and bias choice in the stores took the former WMMA
-// forward from 166 to 254 registers (no spill; 3 -> 2 blocks per SM).
+// row tiles, depth 512) stays at 98 blocks for 132 SMs: the busiest-SM measure ties it with
+// 196 blocks of half the depth, and what more blocks buy (latency hidden) the cost model does
+// not have. ConvSplit::kFillSms (conv.h, conv_index.h fill_sms: finer cuts until 132 SMs are
+// covered) is the experiment for the first GPU run: bench_kernels' model family times both
+// rules on the batch-64 rows; the model has fill 8-32% slower there (more partial results
+// and their sum; bench/RESULTS.md "fill-sms"). A smaller tile for such shapes is not done.
+// The chunk's output offset and bias choice in the stores took the former WMMA forward from
+// 166 to 254 registers (no spill; 3 -> 2 blocks per SM).
 //
 // Mixed precision (ConvOperands::kBf16 / kF16, float only): tensor_core_gemm_kernel
 // (conv_tensor_core.cuh, whose opening comment has the layouts and their bank arithmetic)
@@ -257,6 +262,7 @@ void launch_gemm_as(const char* kernel, const Problem& p, int64_t groups, ci::Sp
 constexpr int64_t kIndexMargin = 2 * kTileM;
 
 std::atomic<ConvIndexWidth> index_width{ConvIndexWidth::kAuto};  // set_conv_index_width
+std::atomic<ConvSplit> split_rule{ConvSplit::kBusiestSm};         // set_conv_split
 
 template <class T, class Problem>
 void launch_gemm(const char* kernel, const Problem& p, int64_t groups, ci::SplitK split, ConvOperands operands,
@@ -291,7 +297,8 @@ void launch_split(const char* kernel, Problem p, T* Problem::*out, int64_t size,
   const int64_t tiles =
       (p.rows() + kTileM - 1) / kTileM * ((p.cols() + kTileN - 1) / kTileN) * p.q.groups * p.slices();
   const int64_t tile_k = operands == ConvOperands::kExact ? kTileK : kTcTileK;  // chunks of whole depth steps
-  const ci::SplitK split = ci::split_depth(depth, tiles, tile_k, kMinChunk, kTargetBlocks);
+  ci::SplitK split = ci::split_depth(depth, tiles, tile_k, kMinChunk, kTargetBlocks);
+  if (split_rule.load(std::memory_order_relaxed) == ConvSplit::kFillSms) split = ci::fill_sms(split, depth, tiles, tile_k);
   if (split.splits == 1) return launch_gemm<T>(kernel, p, p.q.groups, whole_depth(depth), operands, stream);
   const detail::Scratch partial(kernel, sizeof(T) * split.splits * size, stream);
   T* const result = p.*out;
@@ -351,6 +358,8 @@ void dgrad_pass(const char* kernel, const Conv2dShape& s, const T* in, const T* 
 ConvIndexWidth set_conv_index_width(ConvIndexWidth width) {
   return index_width.exchange(width, std::memory_order_relaxed);
 }
+
+ConvSplit set_conv_split(ConvSplit split) { return split_rule.exchange(split, std::memory_order_relaxed); }
 
 template <class T>
 void conv2d_forward(const Conv2dShape& s, const T* input, const T* weight, const T* bias, T* output,

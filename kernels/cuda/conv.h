@@ -39,6 +39,16 @@ enum class ConvOperands { kExact, kBf16, kF16 };
 enum class ConvIndexWidth { kAuto, kInt64 };
 ConvIndexWidth set_conv_index_width(ConvIndexWidth width);
 
+// How the tile kernels cut a long depth into chunks (split-K, conv.cu): kBusiestSm (the
+// default) takes the cut with the least depth on the busiest SM (conv_index.h split_depth);
+// kFillSms then cuts finer until the blocks cover 132 SMs or a chunk is one k-tile
+// (conv_index.h fill_sms). An experiment for the first GPU run (bench_kernels' model family
+// times both on the batch-64 rows), not a tuning knob: both give the same results up to the
+// order of the chunks' sums, each the same bits on every run. Process-wide, read at each
+// launch; returns the previous setting.
+enum class ConvSplit { kBusiestSm, kFillSms };
+ConvSplit set_conv_split(ConvSplit split);
+
 // y = conv2d(x, w) + bias. requires/ensures as cpu::conv2d_forward.  in-place: no.
 template <class T>
 void conv2d_forward(const Conv2dShape& s, const T* input, const T* weight, const T* bias, T* output,

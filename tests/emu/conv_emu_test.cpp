@@ -468,6 +468,47 @@ TEST_CASE("conv2d and conv_transpose2d on 64-bit index walks (forced), and the w
   check_conv_transpose2d<float>("transposed (int64)", transposed(), Op::kBf16, 85);
 }
 
+// ConvSplit::kFillSms (conv.h): the depth cut finer until the blocks cover 132 SMs or a
+// chunk is one k-tile. full_tiles' forward (2 tiles, depth 576): 4 chunks of 144 -> 36 of 16
+// (18 of 32 in bf16); its wgrad (9 tiles, depth 128): none -> 8 chunks of 16. The results
+// stay within the same bound of the CPU's and the same bits run to run; the launches have
+// more blocks than under the default.
+TEST_CASE("conv2d with ConvSplit::kFillSms: more chunks, the same results (f32, bf16)") {
+  struct Restore {
+    ~Restore() { cuda::set_conv_split(cuda::ConvSplit::kBusiestSm); }
+  } restore;
+  const auto s = full_tiles();
+  std::vector<float> x(s.N * s.C_in * s.H * s.W, 1.0f), w(s.C_out * s.C_in * s.kH * s.kW, 0.5f),
+      y(s.N * s.C_out * s.out_h() * s.out_w(), 0.25f);
+  // The gemm kernel's blocks in one forward and one wgrad.
+  const auto gemm_blocks = [&](Op op) {
+    emu_cost::clear();
+    emu_cost::set_enabled(true);
+    cuda::conv2d_forward<float>(s, x.data(), w.data(), nullptr, y.data(), nullptr, op);
+    cuda::conv2d_backward_weight<float>(s, x.data(), y.data(), w.data(), nullptr, op);
+    emu_cost::set_enabled(false);
+    int64_t blocks = 0;
+    for (const auto& launch : emu_cost::launches())
+      if (launch.kernel.find("gemm_kernel<") != std::string::npos) blocks += launch.blocks;
+    return blocks;
+  };
+  for (const Op op : {Op::kExact, Op::kBf16}) {
+    CAPTURE(int(op));
+    const int64_t busiest = gemm_blocks(op);
+    CHECK(cuda::set_conv_split(cuda::ConvSplit::kFillSms) == cuda::ConvSplit::kBusiestSm);
+    const int64_t filled = gemm_blocks(op);
+    CHECK(filled == (op == Op::kExact ? 2 * 36 + 9 * 8 : 2 * 18 + 9 * 4));
+    CHECK(busiest == (op == Op::kExact ? 2 * 4 + 9 : 2 * 4 + 9));
+    check_conv2d<float>("full tiles (fill SMs)", s, op, 27);
+    const ConvData<float> d("full tiles (fill SMs) rerun", x.size(), w.size(), s.C_out, y.size(), op, 28);
+    std::vector<float> first = nans<float>(y.size()), second = nans<float>(y.size());
+    cuda::conv2d_forward<float>(s, d.x.data(), d.w.data(), d.b.data(), first.data(), nullptr, op);
+    cuda::conv2d_forward<float>(s, d.x.data(), d.w.data(), d.b.data(), second.data(), nullptr, op);
+    check_equal(d.tag + " forward", second, first);
+    CHECK(cuda::set_conv_split(cuda::ConvSplit::kBusiestSm) == cuda::ConvSplit::kFillSms);
+  }
+}
+
 TEST_CASE("conv2d bf16 operands on f64 tensors are an nd::Error") {
   const auto s = grouped();
   std::vector<double> x(s.N * s.C_in * s.H * s.W), w(s.C_out * s.C_in / s.groups * s.kH * s.kW),

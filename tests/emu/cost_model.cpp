@@ -5,7 +5,11 @@
 // row's time is the sum over its launches. Prints a table per launch and per row, and JSON
 // lines (bench/json_line.h's fields; "ms" is the ESTIMATE, impl "model").
 //
-//   build/tests/emu/nanoddp_emu_cost_model [--only SUBSTRING] [--resources PATH]
+//   build/tests/emu/nanoddp_emu_cost_model [--only SUBSTRING] [--resources PATH] [--fill-sms]
+//
+// --fill-sms: conv's tile kernels under ConvSplit::kFillSms (kernels/cuda/conv.h), the
+// model's side of bench_kernels' "fill-sms" rows (bench/cost_model_rows.h); the committed
+// bench/cost_model.jsonl is the default rule's.
 //
 // The emulator runs one OS thread per CUDA thread, so the shapes are small (seconds per row
 // on two cores), not bench_kernels' model-sized ones: an estimate is for the shape printed.
@@ -203,8 +207,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if ((a == "--only" || a == "--resources") && i + 1 < argc) (a == "--only" ? only : resources_path) = argv[++i];
+    else if (a == "--fill-sms") nd::kernels::cuda::set_conv_split(nd::kernels::cuda::ConvSplit::kFillSms);
     else {
-      std::fprintf(stderr, "usage: nanoddp_emu_cost_model [--only SUBSTRING] [--resources PATH]\n");
+      std::fprintf(stderr, "usage: nanoddp_emu_cost_model [--only SUBSTRING] [--resources PATH] [--fill-sms]\n");
       return 2;
     }
   }

@@ -357,6 +357,35 @@ TEST_CASE("conv_index: split_depth takes whole-tile chunks, the least busiest-SM
   CHECK((wide.splits == 4 && wide.chunk == 800));
 }
 
+TEST_CASE("conv_index: fill_sms cuts finer until the blocks cover the SMs or a chunk is one k-tile") {
+  for (int64_t depth : {0, 1, 15, 16, 17, 64, 255, 512, 3136, 100000})
+    for (int64_t tiles : {1, 3, 49, 98, 132, 600})
+      for (int64_t tile_k : {16, 32}) {
+        CAPTURE(depth);
+        CAPTURE(tiles);
+        CAPTURE(tile_k);
+        const ci::SplitK cut = ci::split_depth(depth, tiles, tile_k, 128, 512);
+        const ci::SplitK k = ci::fill_sms(cut, depth, tiles, tile_k);
+        REQUIRE(k.splits >= cut.splits);
+        CHECK(k.chunk % tile_k == 0);
+        CHECK(k.splits * k.chunk >= std::max<int64_t>(depth, 1));  // nothing left over
+        if (k.splits > 1) CHECK((k.splits - 1) * k.chunk < depth);  // no empty chunk
+        if (tiles * cut.splits >= ci::kSplitSms) CHECK((k.splits == cut.splits && k.chunk == cut.chunk));
+        // Stopped only where the SMs are covered or no finer cut exists.
+        const bool covered = tiles * k.splits >= ci::kSplitSms;
+        CHECK((covered || k.chunk == tile_k));
+      }
+  // train_gan's D.main.2 forward at batch 64 in bf16 (49 tiles, depth 512): split_depth's 2
+  // chunks of 256 (98 blocks) -> 3 chunks of 192 (147 blocks).
+  const ci::SplitK d2 = ci::split_depth(512, 49, 32, 128, 512);
+  CHECK((d2.splits == 2 && d2.chunk == 256));
+  const ci::SplitK filled = ci::fill_sms(d2, 512, 49, 32);
+  CHECK((filled.splits == 3 && filled.chunk == 192));
+  // G.main.0's wgrad there (49 tiles, depth 64): one chunk -> 2 of 32 (98 blocks: one k-tile each).
+  const ci::SplitK g0 = ci::fill_sms(ci::split_depth(64, 49, 32, 128, 512), 64, 49, 32);
+  CHECK((g0.splits == 2 && g0.chunk == 32));
+}
+
 namespace {
 
 template <class I>
