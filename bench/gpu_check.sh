@@ -6,8 +6,10 @@
 # bench_kernels_torch.py, then the cost model's estimates beside bench_kernels' "model"
 # rows (bench/model_join.py), then bench_train --device cuda and bench_train_torch.py --device
 # cuda (training steps of the DCGAN and the MAE, ours vs PyTorch eager, in f32 and under
-# --amp bf16), then each CUDA test binary again with full doctest output, and prints a
-# short table last.
+# --amp bf16), then train_gan and train_mae for 300 steps on the GPU and on the CPU
+# (bench/gpu_train_check.py: the loss curves side by side, cudaMalloc calls in the steady
+# state), then each CUDA test binary again with full doctest output, and prints a short
+# table last.
 # Files in $OUT (the device tool returns at most 8): env.txt, build.log, ctest.log, one
 # <test binary>.log for the first two CUDA test binaries (any further ones append to
 # cuda_tests_more.log), bench_kernels.txt (both benchmarks' tables and messages) and
@@ -15,8 +17,8 @@
 # again with "baseline":"pytorch" and the ratio, from bench_kernels_torch.py --join, then
 # impl "measured_vs_model" (bench_kernels' "model" rows beside the cost model's estimates of
 # bench/cost_model.jsonl, from bench/model_join.py, its table in bench_kernels.txt), then
-# the train_step rows of bench_train and bench_train_torch.py, whose tables also go to
-# bench_kernels.txt).
+# the train_step rows of bench_train and bench_train_torch.py, then the train_curve rows of
+# gpu_train_check.py; their tables also go to bench_kernels.txt).
 # Budget: well inside 8 minutes. Every phase has its own timeout, and no phase runs past
 # BUDGET_S seconds (default 420) from the start: a phase that would start with less than
 # 15 s left is skipped and says so in the table.
@@ -118,7 +120,7 @@ for p in sys.path:
         sys.exit()' "$1" 2>/dev/null
 }
 missing_libs() {
-  env LD_LIBRARY_PATH="$OURS_LD" ldd "$BUILD"/tests/* "$BUILD"/bench/* "$BUILD"/lib/* 2>/dev/null |
+  env LD_LIBRARY_PATH="$OURS_LD" ldd "$BUILD"/tests/* "$BUILD"/bench/* "$BUILD"/apps/* "$BUILD"/lib/* 2>/dev/null |
     awk '/not found/ {print $1}' | sort -u
 }
 if [ -f "$BUILD/BUNDLE" ]; then
@@ -147,7 +149,7 @@ if [ $PREBUILT -eq 1 ]; then
   row "build" "prebuilt" 0 "none: the bundle's binaries"
 elif [ ! -f "$BUILD/build.ninja" ]; then
   timeout 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNANODDP_CUDA=ON -DNANODDP_NATIVE=OFF \
-    -DNANODDP_MPI=OFF -DNANODDP_BUILD_APPS=OFF "${DEPS_ARGS[@]}" "${CUDNN_ARGS[@]}" >"$OUT/build.log" 2>&1
+    -DNANODDP_MPI=OFF -DNANODDP_BUILD_APPS=ON "${DEPS_ARGS[@]}" "${CUDNN_ARGS[@]}" >"$OUT/build.log" 2>&1
   rc=$?
   grep "nanoddp:" "$OUT/build.log"
   [ $rc -ne 0 ] && row "configure" "FAIL" $(($(now) - t)) "see build.log"
@@ -298,6 +300,24 @@ run_torch "bench_train_torch cuda bf16" 60 train_steps bench/bench_train_torch.p
 # above apart (host overhead or kernel time).
 run_built "bench_train cuda batch 1" 30 train_steps "$BUILD/bench/bench_train" --device cuda --steps 20 --batch 1
 run_torch "bench_train_torch cuda b1" 45 train_steps bench/bench_train_torch.py --device cuda --steps 20 --batch 1
+
+# Training on the GPU against the CPU (issue 21): train_gan and train_mae (tiny) for 300 steps
+# on each, the same seed and data (.gpu-deps' slice of Fashion-MNIST, else the Debian
+# package's), their losses side by side and cuda_mallocs from the second log to the last
+# (bench/gpu_train_check.py; equal = no cudaMalloc in the steady state).
+train_curves() {
+  python3 -c 'import json, sys
+rows = [json.loads(l) for l in sys.stdin if l.startswith("{") and "\"train_curve\"" in l]
+print(" ".join("%s follows=%s steady=%s" % (r["shape"].split()[0], r["follows"], r["steady"]) for r in rows) or "no rows")' 2>/dev/null
+}
+DATA=/usr/share/datasets/fashion-mnist
+[ -d .gpu-deps/fashion-mnist ] && DATA=.gpu-deps/fashion-mnist
+if [ -x "$BUILD/apps/train_gan" ]; then
+  run_bench "train cuda vs cpu" 120 train_curves env LD_LIBRARY_PATH="$OURS_LD" \
+    python3 bench/gpu_train_check.py "$BUILD" --data "$DATA" --steps 300
+else
+  row "train cuda vs cpu" "absent" 0 "apps not built (see build.log)"
+fi
 
 # Last, with what is left of the budget: each test binary again with full doctest output
 # (ctest.log already holds the output of any test that failed).

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run HERE (no device time) before a GPU check, after bench/gpu_deps.sh: builds the check's
-# targets (gpu_targets.sh) with nvcc for sm_90 + PTX (Release, portable CPU code, MPI and
-# apps off) with libnanoddp SHARED, so the kernels' device code is in one file and not in
+# targets (gpu_targets.sh) with nvcc for sm_90 + PTX (Release, portable CPU code, MPI off)
+# with libnanoddp SHARED, so the kernels' device code is in one file and not in
 # each of nine binaries, and packs what they run into the git-ignored .gpu-bin/, laid out as
-# a build dir (tests/, bench/, lib/libnanoddp.so; stripped; RUNPATH $ORIGIN/../lib first,
+# a build dir (tests/, bench/, apps/, lib/libnanoddp.so; stripped; RUNPATH $ORIGIN/../lib first,
 # then the build dir and the CUDA libraries' folder here, which the device lacks or has):
 #
 #   bash bench/gpu_deps.sh && bash bench/gpu_prebuild.sh
@@ -26,22 +26,22 @@ source bench/gpu_targets.sh
 TARGETS=$(gpu_targets)
 # shellcheck disable=SC2016  # $ORIGIN is the loader's, not the shell's
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNANODDP_CUDA=ON -DNANODDP_NATIVE=OFF -DNANODDP_MPI=OFF \
-  -DNANODDP_BUILD_APPS=OFF -DNANODDP_SHARED=ON -DCMAKE_BUILD_RPATH='$ORIGIN/../lib' | grep "nanoddp:"
+  -DNANODDP_BUILD_APPS=ON -DNANODDP_SHARED=ON -DCMAKE_BUILD_RPATH='$ORIGIN/../lib' | grep "nanoddp:"
 # shellcheck disable=SC2086
 ninja -C "$B" -j "$JOBS" $TARGETS
 
 grep -qxF "/$D/" .git/info/exclude 2>/dev/null || echo "/$D/" >>.git/info/exclude
 rm -rf "$D"
-mkdir -p "$D/tests" "$D/bench" "$D/lib"
+mkdir -p "$D/tests" "$D/bench" "$D/apps" "$D/lib"
 for t in $TARGETS; do
   found=0
-  for dir in tests bench; do
+  for dir in tests bench apps; do
     if [ -x "$B/$dir/$t" ]; then cp "$B/$dir/$t" "$D/$dir/" && found=1; fi
   done
   [ $found -eq 1 ] || { echo "gpu_prebuild: $t was not built in $B" >&2; exit 1; }
 done
 cp -L "$B/libnanoddp.so" "$D/lib/"
-strip --strip-unneeded "$D"/tests/* "$D"/bench/* "$D"/lib/*
+strip --strip-unneeded "$D"/tests/* "$D"/bench/* "$D"/apps/* "$D"/lib/*
 {
   echo "nanoddp GPU bundle: commit $(git describe --always --dirty --abbrev=12), built $(date -u +%Y-%m-%dT%H:%MZ)"
   echo "built with: $(nvcc --version | tail -1); $(g++ --version | head -1); $(ldd --version | head -1)"

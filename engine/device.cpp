@@ -1,6 +1,7 @@
 #include "engine/device.h"
 
 #include "engine/error.h"
+#include "kernels/cuda/allocator.h"
 #include "kernels/cuda/runtime.h"
 
 namespace nd {
@@ -49,6 +50,14 @@ void check_device(const Device& device) {
 void check_pinned_memory(const char* what) {
   ND_CHECK(is_available(), what, ": pinned host memory needs a CUDA GPU, and none is available (",
            kernels::cuda::unavailable_reason(), "); leave pin_memory off on the CPU");
+}
+
+MemoryStats memory_stats(const Device& device) {
+  ND_CHECK(device.is_cuda(), "cuda::memory_stats: expected a CUDA device (cuda:N), found ", device.str(),
+           "; the CPU allocator's counters are nd::cpu::memory_stats()");
+  check_device(device);
+  const kernels::cuda::AllocatorStats s = kernels::cuda::memory_stats(device.index);
+  return {s.allocated_bytes, s.reserved_bytes, s.peak_allocated_bytes, s.num_mallocs, s.num_frees, s.num_cache_hits};
 }
 
 }  // namespace cuda

@@ -47,14 +47,21 @@ World world() {
   return World{pg->rank(), pg->size()};
 }
 
+namespace {
+// --device D on this rank: D, where "cuda" is this rank's GPU (cuda:<local rank>).
+nd::Device rank_device(const std::string& flag) {
+  const nd::Device device(flag);
+  return device.is_cuda() && flag == "cuda" ? nd::Device(nd::kCUDA, nd::dist::local_rank()) : device;
+}
+}  // namespace
+
 nd::Device setup(const std::string& program, CommonOptions& o, const World& world) {
   nd::Device device = nd::kCPU;
   try {
-    device = nd::Device(o.device);
+    device = rank_device(o.device);
   } catch (const nd::Error& e) {
     throw UsageError{std::string("--device: ") + e.what()};
   }
-  if (device.is_cuda() && o.device == "cuda") device = nd::Device(nd::kCUDA, nd::dist::local_rank());
   nd::cuda::check_device(device);  // one clear line when CUDA or the GPU is missing
   if (o.batch_size % world.size != 0)
     throw UsageError{"--batch-size " + std::to_string(o.batch_size) + " does not divide by the world size " +
@@ -232,7 +239,8 @@ std::vector<std::pair<std::string, double>> parse_numbers(const std::string& lin
 }  // namespace
 
 Logger::Logger(std::string program, const CommonOptions& o, const World& world, int64_t start_step)
-    : program_(std::move(program)), out_(o.out), world_(world), total_(o.steps), log_every_(o.log_every),
+    : program_(std::move(program)), out_(o.out), device_(rank_device(o.device)), world_(world), total_(o.steps),
+      log_every_(o.log_every),
       start_step_(start_step), terminal_(world.size == 1 && isatty(fileno(stdout)) != 0), started_(std::chrono::steady_clock::now()),
       last_draw_(started_) {
   if (!world_.rank0()) return;
@@ -343,6 +351,8 @@ void Logger::step(int64_t step, const Values& losses, const Values& update_norms
     values.insert(values.end(), other.begin(), other.end());
     if (scaler_ && scaler_->is_enabled()) values.emplace_back("amp_scale", scaler_->get_scale());
     values.emplace_back("steps_per_s", rate);
+    // cudaMalloc calls so far: constant after the first steps (the caching allocator's steady state).
+    if (device_.is_cuda()) values.emplace_back("cuda_mallocs", double(nd::cuda::memory_stats(device_).num_mallocs));
     if (tensorboard_)  // histograms only here: copying every parameter to the host each step would cost
       for (const auto& [name, module] : watched_)
         for (const auto& [param, p] : module->named_parameters()) tensorboard_->add_histogram(name + "/" + param, p, step);

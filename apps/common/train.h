@@ -179,6 +179,7 @@ class Logger {
   void print_line(const std::string& line, bool permanent);
 
   std::string program_, out_;
+  nd::Device device_;  // this rank's --device
   World world_;
   int64_t total_, log_every_, start_step_;
   bool terminal_;

@@ -95,6 +95,12 @@ TEST_CASE("emulib: a steady training step makes no cudaMalloc, and empty_cache r
   CHECK(a1.allocated_bytes == a0.allocated_bytes);
   // The allocator's count is the runtime's: every cudaMalloc it made is one the stand-in saw.
   CHECK(a1.num_mallocs <= s1.mallocs);
+  // The public view (nd::cuda::memory_stats, which the apps log as cuda_mallocs) is the same.
+  const cuda::MemoryStats m1 = cuda::memory_stats(kGpu);
+  CHECK(m1.num_mallocs == a1.num_mallocs);
+  CHECK(m1.num_cache_hits == a1.num_cache_hits);
+  CHECK(m1.allocated_bytes == a1.allocated_bytes);
+  CHECK(m1.reserved_bytes == a1.reserved_bytes);
   kc::empty_cache(0);
   const kc::AllocatorStats a2 = kc::memory_stats(0);
   CHECK(a2.reserved_bytes == a2.allocated_bytes);  // blocks are never split: reserved = live

@@ -156,7 +156,12 @@ TEST_CASE("tensor: argument errors") {
   if (!cuda::is_available()) {
     const std::string msg = error_message([] { zeros({2}).to(Device("cuda:0")); });
     CHECK((contains(msg, "built without CUDA") || contains(msg, "no CUDA GPU is available")));
+    const std::string stats = error_message([] { cuda::memory_stats(Device("cuda:0")); });
+    CHECK((contains(stats, "built without CUDA") || contains(stats, "no CUDA GPU is available")));
   }
+  CHECK(error_message([] { cuda::memory_stats(Device("cpu")); }) ==
+        "cuda::memory_stats: expected a CUDA device (cuda:N), found cpu; the CPU allocator's counters are "
+        "nd::cpu::memory_stats()");
 }
 
 TEST_CASE("tensor: pinned memory without a GPU is an error naming the caller and the reason") {
