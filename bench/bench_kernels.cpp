@@ -5,12 +5,12 @@
 //   conv_transpose2d fwd / dgrad / wgrad (DCGAN G)       vs cuDNN: the fastest FP32 algorithm
 //       from cudnnFind*Ex, one workspace for the whole run. A transposed conv is the conv
 //       with input and output swapped, so its fwd is cuDNN's BackwardData, its dgrad
-//       cuDNN's Forward and its wgrad BackwardFilter of that conv.   Target ratio >= 0.8.
+//       cuDNN's Forward and its wgrad BackwardFilter of that conv.   Target ratio >= 0.9.
 //       Each pass again under autocast (dtype "bf16": f32 tensors, bf16 operands on tensor
 //       cores, f32 accumulation) vs cuDNN's fastest on bf16 tensors with f32 compute and
 //       tensor-op math ("cudnn_bf16"), the bytes counted as for f32.
 //   batch_norm training fwd+bwd      vs cuDNN (ForwardTraining + Backward, spatial) and vs
-//       a device-to-device copy that moves the same bytes.         Target >= 0.75 of copy.
+//       a device-to-device copy that moves the same bytes.         Target >= 0.8 of copy.
 //   layer_norm fwd+bwd, AdamW step (10M and 100M elements) vs a copy of the same bytes.
 //                                                                  Target >= 0.8 of copy.
 //   attention fwd and fwd+bwd        no baseline in this binary: bench_kernels_torch.py times
@@ -21,7 +21,8 @@
 //       tensors under autocast, so the conversions to bf16 and back are timed too.
 //       dtype "bf16", impl "cuda::sdpa_bf16": the bf16 tensor-core kernel entry points called
 //       directly on bf16 device buffers, the kernel-level number the targets are about:
-//       forward >= 0.6, fwd+bwd >= 0.5 of PyTorch's flash SDPA on bf16 tensors.
+//       forward >= 1.0, fwd+bwd >= 0.9 of PyTorch's flash SDPA on bf16 tensors. Shapes:
+//       head dims 64 and 128 at S = 512 to 4096 (issue 21), and the MAE small's attention.
 //       dtype "f16", impl "cuda::sdpa_f16": the same kernels with f16 operands, vs flash
 //       SDPA on f16 tensors (no target; f16 autocast with GradScaler).
 //   matmul                           vs raw cublasSgemm (a sanity check: ratio ~ 1).
@@ -75,8 +76,8 @@ using namespace nd::bench;
 // The issue's targets for ours vs a baseline (0: none): ratio >= target.
 double target(const Row& r) {
   const auto is = [&](const char* prefix) { return r.op.rfind(prefix, 0) == 0; };
-  if (r.baseline == "cudnn" && (is("conv2d") || is("conv_transpose2d"))) return 0.8;
-  if (r.baseline == "cudaMemcpy" && is("batch_norm")) return 0.75;
+  if (r.baseline == "cudnn" && (is("conv2d") || is("conv_transpose2d"))) return 0.9;
+  if (r.baseline == "cudaMemcpy" && is("batch_norm")) return 0.8;
   if (r.baseline == "cudaMemcpy" && (is("layer_norm") || is("adamw"))) return 0.8;
   return 0;
 }
@@ -279,7 +280,9 @@ Impl half_kernels(Bench& b, const nd::Shape& shape, bool backward) {
 // (half_kernels above), the number the issue's targets are about; f16 rows: the f16
 // kernels alone, against PyTorch's flash SDPA on f16 tensors.
 void bench_attention(Context& c) {
-  const int64_t shapes[][4] = {{8, 8, 1024, 64}, {128, 6, 13, 32}, {128, 3, 50, 32}};
+  // B, H, S, D: as bench_kernels_torch.py's ATTENTION.
+  const int64_t shapes[][4] = {{8, 8, 1024, 64}, {8, 16, 512, 128}, {2, 16, 4096, 64}, {2, 16, 4096, 128},
+                               {128, 6, 13, 32},  {128, 3, 50, 32}};
   for (const auto& s : shapes) {
     const nd::Shape shape{s[0], s[1], s[2], s[3]};
     Bench& b = c.bench;

@@ -111,7 +111,7 @@ class TorchJoin(unittest.TestCase):
         self.assertAlmostEqual(attention["ratio"], 0.4)  # 0.2 / 0.5
         self.assertAlmostEqual(copy["ratio"], 2.0)  # 0.5 / 0.25
         line = next(x for x in p.stdout.splitlines() if x.startswith("attention_fwd "))
-        self.assertIn("below the target 0.60", line)
+        self.assertIn("below the target 1.00", line)
 
     def test_bad_json_names_the_line(self):
         p = self.join(self.ROWS[:2] + ['{"op": broken'])
