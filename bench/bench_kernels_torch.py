@@ -258,10 +258,10 @@ def bench_copy(b):
     b.row("copy", "1 GiB", "f32", 0, 2.0 * 4 * n, prepare)
 
 
-FAMILIES = {
-    "copy": bench_copy, "matmul": bench_matmul, "conv2d": bench_conv2d,
+FAMILIES = {  # in run order, as bench_kernels': attention first (gpu_check.sh caps the run)
+    "attention": bench_attention, "copy": bench_copy, "matmul": bench_matmul, "conv2d": bench_conv2d,
     "conv_transpose2d": bench_conv_transpose2d, "batch_norm": bench_batch_norm,
-    "layer_norm": bench_layer_norm, "adamw": bench_adamw, "attention": bench_attention,
+    "layer_norm": bench_layer_norm, "adamw": bench_adamw,
 }
 
 
