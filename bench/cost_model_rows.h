@@ -17,6 +17,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/batch_norm.h"
 #include "kernels/cuda/conv.h"
+#include "kernels/cuda/conv_narrow.cuh"
 #include "kernels/cuda/copy.h"
 #include "kernels/cuda/optim.h"
 
@@ -126,7 +127,7 @@ inline Impl conv_impl(Bench& b, const cost_rows::ConvRow& r, const char* name, c
 // so model_join.py's measured-vs-model table leaves them out.
 inline void run(Bench& b, const cost_rows::ConvRow& r) {
   b.compare(work(cost_rows::key(r)), {}, conv_impl(b, r, kImpl, cu::ConvSplit::kBusiestSm));
-  if (r.N < 64 || r.C_in == 1 || r.C_out == 1) return;  // the narrow kernels (conv_narrow.cu) have no such rule
+  if (r.N < 64 || cu::narrow::applies(r.shape())) return;  // the narrow kernels (conv_narrow.cu) have no such rule
   Work fill = work(cost_rows::key(r));
   fill.shape += " fill-sms";
   b.compare(fill, {conv_impl(b, r, "cuda::kernels busiest-sm", cu::ConvSplit::kBusiestSm)},

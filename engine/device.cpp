@@ -1,7 +1,6 @@
 #include "engine/device.h"
 
 #include "engine/error.h"
-#include "kernels/cuda/allocator.h"
 #include "kernels/cuda/runtime.h"
 
 namespace nd {
@@ -56,8 +55,7 @@ MemoryStats memory_stats(const Device& device) {
   ND_CHECK(device.is_cuda(), "cuda::memory_stats: expected a CUDA device (cuda:N), found ", device.str(),
            "; the CPU allocator's counters are nd::cpu::memory_stats()");
   check_device(device);
-  const kernels::cuda::AllocatorStats s = kernels::cuda::memory_stats(device.index);
-  return {s.allocated_bytes, s.reserved_bytes, s.peak_allocated_bytes, s.num_mallocs, s.num_frees, s.num_cache_hits};
+  return kernels::cuda::memory_stats(device.index);
 }
 
 }  // namespace cuda

@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/allocator.h"
+
 namespace nd {
 
 enum class DeviceType : uint8_t { CPU, CUDA };
@@ -37,17 +39,10 @@ void check_device(const Device& device);
 // for it) and why there is none.
 void check_pinned_memory(const char* what);
 
-// The caching allocator of a CUDA device (kernels/cuda/allocator.h), as
+// The counters of a CUDA device's caching allocator (kernels/cuda/allocator.h), as
 // torch.cuda.memory_stats(): a steady training step makes no cudaMalloc, so num_mallocs stops
 // growing after the first steps (the apps log it as "cuda_mallocs").
-struct MemoryStats {
-  int64_t allocated_bytes = 0;       // held by live tensors (rounded sizes)
-  int64_t reserved_bytes = 0;        // obtained from cudaMalloc and not yet returned
-  int64_t peak_allocated_bytes = 0;  // the most allocated_bytes held at once
-  int64_t num_mallocs = 0;           // cudaMalloc calls
-  int64_t num_frees = 0;             // cudaFree calls
-  int64_t num_cache_hits = 0;        // requests served from the cache
-};
+using MemoryStats = kernels::cuda::AllocatorStats;
 // requires: device is cuda:N (check_device's errors otherwise; a cpu device is an nd::Error
 // pointing to nd::cpu::memory_stats).
 MemoryStats memory_stats(const Device& device);

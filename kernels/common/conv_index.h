@@ -230,6 +230,14 @@ struct SplitK {
   int64_t splits, chunk;  // chunk s covers depth [s*chunk, min((s+1)*chunk, depth))
 };
 constexpr int64_t kSplitSms = 132;  // an H200's (and an H100 SXM's) SMs
+// depth cut into about `wanted` chunks of whole k-tiles: the chunk rounded up to tile_k,
+// then as many chunks as that takes (fewer than wanted where the rounding covers more).
+// requires: wanted, tile_k >= 1. Host only.
+inline SplitK cut_into(int64_t depth, int64_t wanted, int64_t tile_k) {
+  const int64_t per = (depth + wanted - 1) / wanted;
+  const int64_t chunk = std::max<int64_t>(1, (per + tile_k - 1) / tile_k) * tile_k;
+  return {std::max<int64_t>(1, (depth + chunk - 1) / chunk), chunk};
+}
 // requires: tiles, tile_k, min_chunk >= 1. Host only.
 inline SplitK split_depth(int64_t depth, int64_t tiles, int64_t tile_k, int64_t min_chunk, int64_t target_blocks) {
   const int64_t by_blocks = (target_blocks + tiles - 1) / tiles;
@@ -237,28 +245,23 @@ inline SplitK split_depth(int64_t depth, int64_t tiles, int64_t tile_k, int64_t 
   SplitK best{1, 0};
   int64_t best_share = -1;
   for (int64_t wanted = 1; wanted <= most; ++wanted) {
-    const int64_t per = (depth + wanted - 1) / wanted;
-    const int64_t chunk = std::max<int64_t>(1, (per + tile_k - 1) / tile_k) * tile_k;
-    const int64_t splits = std::max<int64_t>(1, (depth + chunk - 1) / chunk);
-    const int64_t share = (tiles * splits + kSplitSms - 1) / kSplitSms * chunk;
-    if (best_share < 0 || share < best_share) best = {splits, chunk}, best_share = share;
+    const SplitK cut = cut_into(depth, wanted, tile_k);
+    const int64_t share = (tiles * cut.splits + kSplitSms - 1) / kSplitSms * cut.chunk;
+    if (best_share < 0 || share < best_share) best = cut, best_share = share;
   }
   return best;
 }
 
 // The cut `cut` (split_depth's) made finer until its blocks cover kSplitSms SMs, or its
-// chunks are one k-tile: each time the fewest more chunks that split_depth's rounding to
-// whole k-tiles gives. conv.cu's ConvSplit::kFillSms, an experiment for the first GPU run: where
-// the busiest-SM measure ties (D.main.2's forward at batch 64: 49 tiles x 2 chunks of 256 =
-// 98 blocks against 196 of 128 or 392 of 64), does filling every SM, at more partial
-// results to write and sum, pay? The cost model cannot say (it has no latency term).
+// chunks are one k-tile: each time the fewest more chunks that cut_into gives. conv.cu's
+// ConvSplit::kFillSms, an experiment for the first GPU run: where the busiest-SM measure
+// ties (D.main.2's forward at batch 64: 49 tiles x 2 chunks of 256 = 98 blocks against 196
+// of 128 or 392 of 64), does filling every SM, at more partial results to write and sum, pay? The cost model cannot say (it has no latency term).
 // requires: tiles, tile_k >= 1; cut from split_depth(depth, tiles, tile_k, ...). Host only.
 inline SplitK fill_sms(SplitK cut, int64_t depth, int64_t tiles, int64_t tile_k) {
   for (int64_t wanted = cut.splits + 1; tiles * cut.splits < kSplitSms && cut.chunk > tile_k; ++wanted) {
-    const int64_t per = (depth + wanted - 1) / wanted;
-    const int64_t chunk = std::max<int64_t>(1, (per + tile_k - 1) / tile_k) * tile_k;
-    const int64_t splits = std::max<int64_t>(1, (depth + chunk - 1) / chunk);
-    if (splits > cut.splits) cut = {splits, chunk};
+    const SplitK finer = cut_into(depth, wanted, tile_k);
+    if (finer.splits > cut.splits) cut = finer;
   }
   return cut;
 }

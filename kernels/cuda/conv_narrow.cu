@@ -200,6 +200,15 @@ __device__ __forceinline__ void stage_phase_weights(T (&ws)[kDgradTaps][Pitch], 
   }
 }
 
+// Both dgrads' dy pixel of tap u = (a, b) for row p = (n, i, j) of phase (ph, pw): the offset
+// oh * OW + ow of (oh, ow) = (i + ph.base - a*ph.out_step, j + pw.base - b*pw.out_step) in
+// one channel of dy, or -1 where that pixel is outside dy (padding, or rows OH's floor dropped).
+__device__ __forceinline__ int64_t tap_pixel(const ci::Geometry& q, const ci::DgradPhase& ph, const ci::DgradPhase& pw,
+                                             const ci::Pixel& p, int64_t u) {
+  const int64_t oh = p.h + ph.base - u / pw.taps * ph.out_step, ow = p.w + pw.base - u % pw.taps * pw.out_step;
+  return ci::in_range(oh, q.OH) && ci::in_range(ow, q.OW) ? oh * q.OW + ow : -1;
+}
+
 // dx[n, 0, ih, iw] = bias[0] + sum_{c, taps (kh, kw) reaching (ih, iw)} w[c, kh, kw] * dy[n, c, oh, ow],
 // for the pixels of phase z = (ih mod sh, iw mod sw): row r = (n, i, j) of the phase is
 // (ih, iw) = (ph.first + i*sh, pw.first + j*sw), its tap u = (a, b) is (kh, kw) =
@@ -226,10 +235,9 @@ __global__ void __launch_bounds__(kThreads)
           const int stage = static_cast<int>(smaller(taps - u0, kDgradTaps));
           const int channels = static_cast<int>(smaller(q.C_out - c0, kDgradChannels));
           for (int ul = 0; ul < stage; ++ul) {
-            const int64_t u = u0 + ul;
-            const int64_t oh = p.h + ph.base - u / pw.taps * ph.out_step, ow = p.w + pw.base - u % pw.taps * pw.out_step;
-            if (!ci::in_range(oh, q.OH) || !ci::in_range(ow, q.OW)) continue;  // padding, or rows OH's floor dropped
-            const T* const d = dyn + c0 * ohw + oh * q.OW + ow;
+            const int64_t pixel = tap_pixel(q, ph, pw, p, u0 + ul);
+            if (pixel < 0) continue;
+            const T* const d = dyn + c0 * ohw + pixel;
             for (int cl = 0; cl < channels; ++cl) acc += operand<R>(d[cl * ohw]) * ws[ul][cl];
           }
           __syncthreads();  // the next stage overwrites ws
@@ -394,10 +402,9 @@ __global__ void __launch_bounds__(kThreads)
           __syncthreads();
           const int stage = static_cast<int>(smaller(taps - u0, kDgradTaps));
           for (int ul = 0; ul < stage; ++ul) {
-            const int64_t u = u0 + ul;
-            const int64_t oh = p.h + ph.base - u / pw.taps * ph.out_step, ow = p.w + pw.base - u % pw.taps * pw.out_step;
-            if (!ci::in_range(oh, q.OH) || !ci::in_range(ow, q.OW)) continue;  // padding, or rows OH's floor dropped
-            const T d = operand<R>(dyn[oh * q.OW + ow]);
+            const int64_t pixel = tap_pixel(q, ph, pw, p, u0 + ul);
+            if (pixel < 0) continue;
+            const T d = operand<R>(dyn[pixel]);
 #pragma unroll
             for (int j = 0; j < kChannels; ++j) acc[j] += d * ws[ul][j];
           }

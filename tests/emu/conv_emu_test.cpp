@@ -46,18 +46,32 @@ void check_pass(const std::string& what, size_t n, int64_t terms, Cpu cpu_pass, 
   check_sum_bound(what, got, ref, bound, terms);
 }
 
-// The names of the kernels run() launches, one a line (the cost model's launch records:
-// int64_t is `long` there, int32_t `int`).
+// The launches run() makes, as the cost model records them.
 template <class Run>
-std::string kernels_run(Run&& run) {
+std::vector<emu_cost::LaunchCounts> launches_of(Run&& run) {
   emu_cost::clear();
   emu_cost::set_enabled(true);
   run();
   emu_cost::set_enabled(false);
+  return emu_cost::launches();
+}
+
+// The names of the kernels run() launches, one a line (int64_t is `long` there, int32_t `int`).
+template <class Run>
+std::string kernels_run(Run&& run) {
   std::string names;
-  for (const auto& launch : emu_cost::launches()) names += launch.kernel + "\n";
+  for (const auto& launch : launches_of(run)) names += launch.kernel + "\n";
   return names;
 }
+
+// Constant operands of conv2d s (x 1, w 0.5, y 0.25) for the cases that read which kernels
+// ran, not what they computed.
+struct Buffers {
+  std::vector<float> x, w, y;
+  explicit Buffers(const cpu::Conv2dShape& s)
+      : x(s.N * s.C_in * s.H * s.W, 1.0f), w(s.C_out * s.C_in / s.groups * s.kH * s.kW, 0.5f),
+        y(s.N * s.C_out * s.out_h() * s.out_w(), 0.25f) {}
+};
 
 // The operands of one conv check: x, w, b, dy; the CPU reference's xr, wr, dyr (rounded
 // to bf16 for Op::kBf16, f16 for Op::kF16: the CUDA kernel rounds them itself); their absolute values for the
@@ -322,8 +336,8 @@ TEST_CASE("narrow kernels (1 output channel): odd sizes, dilation, long depth, c
 // on them before), and a conv with more channels both ways stays on them.
 TEST_CASE("narrow kernels: which kernels the passes of one input or output channel launch") {
   const auto launched = [](const cpu::Conv2dShape& s, Op op) {
-    std::vector<float> x(s.N * s.C_in * s.H * s.W, 1.0f), w(s.C_out * s.C_in / s.groups * s.kH * s.kW, 0.5f),
-        y(s.N * s.C_out * s.out_h() * s.out_w(), 1.0f);
+    Buffers b(s);
+    auto &x = b.x, &w = b.w, &y = b.y;
     return kernels_run([&] {
       cuda::conv2d_forward<float>(s, x.data(), w.data(), nullptr, y.data(), nullptr, op);
       cuda::conv2d_backward_input<float>(s, y.data(), w.data(), x.data(), nullptr, op);
@@ -446,8 +460,8 @@ TEST_CASE("conv2d and conv_transpose2d on 64-bit index walks (forced), and the w
     ~Restore() { cuda::set_conv_index_width(cuda::ConvIndexWidth::kAuto); }
   } restore;
   const auto s = grouped();
-  std::vector<float> x(s.N * s.C_in * s.H * s.W, 1.0f), w(s.C_out * s.C_in / s.groups * s.kH * s.kW, 0.5f),
-      y(s.N * s.C_out * s.out_h() * s.out_w());
+  Buffers b(s);
+  auto &x = b.x, &w = b.w, &y = b.y;
   const auto forward = [&](Op op) {
     return kernels_run([&] { cuda::conv2d_forward<float>(s, x.data(), w.data(), nullptr, y.data(), nullptr, op); });
   };
@@ -478,17 +492,15 @@ TEST_CASE("conv2d with ConvSplit::kFillSms: more chunks, the same results (f32, 
     ~Restore() { cuda::set_conv_split(cuda::ConvSplit::kBusiestSm); }
   } restore;
   const auto s = full_tiles();
-  std::vector<float> x(s.N * s.C_in * s.H * s.W, 1.0f), w(s.C_out * s.C_in * s.kH * s.kW, 0.5f),
-      y(s.N * s.C_out * s.out_h() * s.out_w(), 0.25f);
+  Buffers b(s);
+  auto &x = b.x, &w = b.w, &y = b.y;
   // The gemm kernel's blocks in one forward and one wgrad.
   const auto gemm_blocks = [&](Op op) {
-    emu_cost::clear();
-    emu_cost::set_enabled(true);
-    cuda::conv2d_forward<float>(s, x.data(), w.data(), nullptr, y.data(), nullptr, op);
-    cuda::conv2d_backward_weight<float>(s, x.data(), y.data(), w.data(), nullptr, op);
-    emu_cost::set_enabled(false);
     int64_t blocks = 0;
-    for (const auto& launch : emu_cost::launches())
+    for (const auto& launch : launches_of([&] {
+           cuda::conv2d_forward<float>(s, x.data(), w.data(), nullptr, y.data(), nullptr, op);
+           cuda::conv2d_backward_weight<float>(s, x.data(), y.data(), w.data(), nullptr, op);
+         }))
       if (launch.kernel.find("gemm_kernel<") != std::string::npos) blocks += launch.blocks;
     return blocks;
   };
