@@ -1,4 +1,4 @@
-// train_joint: the job that motivated nanoddp (../shared/USER_STORIES.md): three models
+// train_joint: the job that motivated nanoddp (docs/traps.md): three models
 // trained together under DistributedDataParallel with default options, each with its
 // own optimizer, in one loop:
 //   G (Perturber)   x -> x + 0.1 tanh(r(x)), a small conv net;         Adam (0.5, 0.999)

@@ -80,7 +80,7 @@ struct Mlp {
 };
 
 // One SGD step, p -= lr * grad, then clears the gradients. Returns the update's L2 norm,
-// so a model that stopped training shows up in the log (USER_STORIES.md, story 9).
+// so a model that stopped training shows up in the log (docs/traps.md, trap 9).
 double sgd_step(const std::vector<nd::Tensor>& params, double lr) {
   nd::NoGradGuard no_grad;
   nd::ops::InplaceOpLabel label("SGD.step");

@@ -1,5 +1,5 @@
 #pragma once
-// nd::dist: data parallelism on top of the engine (DESIGN.md "Data parallel").
+// nd::dist: data parallelism on top of the engine (docs/distributed.md).
 // One include for process groups, the watchdog, DistributedDataParallel and its
 // communication hooks, DistributedSampler, SyncBatchNorm and ZeroRedundancyOptimizer;
 // <nanoddp.h> includes it.

@@ -1,5 +1,5 @@
 #pragma once
-// Process groups: who talks to whom (DESIGN.md "Data parallel").
+// Process groups: who talks to whom (docs/distributed.md).
 //
 // Why it looks like this: DDP must launch a bucket's all-reduce while backward
 // goes on, so every collective is asynchronous and returns a Work. Collectives

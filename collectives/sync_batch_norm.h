@@ -1,9 +1,9 @@
 #pragma once
 // SyncBatchNorm: BatchNorm2d whose training statistics span every rank of a process
 // group, so N ranks on N shards normalise exactly like one process on the whole batch
-// (USER_STORIES.md story 5).
+// (docs/traps.md, trap 5).
 //
-// Why this scheme (DESIGN.md "Data parallel"): forward all-reduces, per channel,
+// Why this scheme: forward all-reduces, per channel,
 // (count, sum x, sum x^2) in f64 -- ONE all-reduce of 3*C values, O(C) whatever the
 // world size, exact for unequal per-rank batches (PyTorch all-gathers O(world x C)).
 // Backward all-reduces sum(dy) and sum(dy * (x - mean)) (one all-reduce of 2*C) and

@@ -1,6 +1,6 @@
 #pragma once
 // nd::Error: the one exception type. Messages say what was expected, what was
-// found, and which tensor/parameter/op; see DESIGN.md "Errors".
+// found, and which tensor/parameter/op; docs/contributing.md.
 #include <functional>
 #include <sstream>
 #include <stdexcept>

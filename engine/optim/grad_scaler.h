@@ -21,7 +21,7 @@
 // is inf in the average), so every rank skips the same steps without an extra collective.
 // Beyond PyTorch: a scaler that skips kWarnAfterSkips steps in a row warns once, naming the
 // first non-finite gradient: a NaN in the model or the loss, not an f16 overflow, keeps every
-// step skipped and the model silently stops training (../shared/USER_STORIES.md story 9).
+// step skipped and the model silently stops training (docs/traps.md, trap 9).
 // Tests: tests/optim/grad_scaler_test.cpp, tests/dist (2 ranks), tests/emu/optim_emu_test.cpp.
 #include <map>
 #include <string>

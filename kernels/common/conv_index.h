@@ -254,7 +254,7 @@ inline SplitK split_depth(int64_t depth, int64_t tiles, int64_t tile_k, int64_t 
 
 // The cut `cut` (split_depth's) made finer until its blocks cover kSplitSms SMs, or its
 // chunks are one k-tile: each time the fewest more chunks that cut_into gives. conv.cu's
-// ConvSplit::kFillSms, an experiment for the first GPU run: where the busiest-SM measure
+// ConvSplit::kFillSms asks: where the busiest-SM measure
 // ties (D.main.2's forward at batch 64: 49 tiles x 2 chunks of 256 = 98 blocks against 196
 // of 128 or 392 of 64), does filling every SM, at more partial results to write and sum, pay? The cost model cannot say (it has no latency term).
 // requires: tiles, tile_k >= 1; cut from split_depth(depth, tiles, tile_k, ...). Host only.

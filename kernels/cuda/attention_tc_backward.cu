@@ -3,7 +3,7 @@
 // the 16-bit storage type S (BFloat16 or Half, Tc16 in attention_tc.cuh). The delta pass
 // D_i = dout_i . out_i (f32 sums) is attention.cuh's, shared with the f32/f64 SIMT backward.
 //
-// Register-resident like the forward (issue 26): mma.sync m16n8k16, ldmatrix and cp.async
+// Register-resident like the forward: mma.sync m16n8k16, ldmatrix and cp.async
 // through warp_mma.cuh, whose fragment layouts are documented. Two kernels, 4 warps a block,
 // a block owning kBwdRows = 64 rows (warp w rows 16w..16w+15; lane (g, t) = (lane / 4,
 // lane % 4) holds rows g and g + 8, columns 2t, 2t + 1 of each 8-wide n-tile) and streaming
@@ -39,7 +39,7 @@
 // stale: 0 x NaN would poison dS); 16-row blocks past the tile's end and 16-wide blocks past E
 // or Ev are skipped (block-uniform); a warp whose 16 rows are all padding only copies and
 // waits. Dropout: Z from kernels/common/dropout_mask.h at (bh, i, j), the forward's bits.
-// Per-element work as in the forward (issue 26): causality and padding are one range per row
+// Per-element work as in the forward: causality and padding are one range per row
 // and tile (dq: keys c < seen, attention_keys_seen; dk/dv: queries seen_from <= c < rows,
 // attention_first_query_seeing), dq skips 16-key blocks past its warp's last row's range and
 // dk/dv 16-query blocks before its warp's first key's range (causal: the diagonal tiles'

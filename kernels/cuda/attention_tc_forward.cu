@@ -5,7 +5,7 @@
 // f32/f64 SIMT kernels attention.cu; what all need (Problem, Head, the head-dim dispatch, the
 // grid helpers) is attention.cuh, what the two 16-bit files share attention_tc.cuh.
 //
-// The forward is register-resident, built as FlashAttention-2's (issue 26): the scores S and
+// The forward is register-resident, built as FlashAttention-2's: the scores S and
 // the probabilities P never leave registers. mma.sync m16n8k16 and ldmatrix through
 // warp_mma.cuh, whose documented fragment layouts say which lane holds which element (WMMA's
 // do not). A block owns kFwdRows = 128 query rows and has 8 warps; warp w owns rows
@@ -30,7 +30,7 @@
 // head-dim columns past E, Ev are zero in shared memory (cp.async's zero-fill); 16-key blocks
 // past the tile's last key and 16-wide blocks past E or Ev are skipped (block-uniform); a
 // warp whose 16 rows are all padding only copies and waits at the barriers.
-// Per-element work (issue 26): causality and padding cost one compare per score, of its column
+// Per-element work: causality and padding cost one compare per score, of its column
 // c in the tile with the row's range (c < seen: attention_keys_seen, kernels/common/
 // online_softmax.h, CPU-tested against attention_allowed), and 16-key blocks past the range of
 // the warp's last row are skipped (causal: a diagonal tile's upper blocks, and whole tiles for

@@ -45,8 +45,7 @@
 // pointers' alignment only: a call adds in the same order on every run (the same values at
 // another alignment, in another order: equal within rounding). Checked by
 // tests/emu/batch_norm_emu_test.cpp (CPU twin, every layout, bit-equal reruns, launch
-// counts, the sanitizer) and tests/cuda/cuda_batch_norm_test.cpp (on a GPU: not yet run
-// for this version). Index math: kernels/common/batch_norm_index.h.
+// counts, the sanitizer) and tests/cuda/cuda_batch_norm_test.cpp (on a GPU). Index math: kernels/common/batch_norm_index.h.
 #include "kernels/cuda/batch_norm.h"
 
 #include <string>

@@ -67,7 +67,7 @@
 // row tiles, depth 512) stays at 98 blocks for 132 SMs: the busiest-SM measure ties it with
 // 196 blocks of half the depth, and what more blocks buy (latency hidden) the cost model does
 // not have. ConvSplit::kFillSms (conv.h, conv_index.h fill_sms: finer cuts until 132 SMs are
-// covered) is the experiment for the first GPU run: bench_kernels' model family times both
+// covered) is an experiment: bench_kernels' model family times both
 // rules on the batch-64 rows; the model has fill 8-32% slower there (more partial results
 // and their sum; bench/RESULTS.md "fill-sms"). A smaller tile for such shapes is not done.
 // The chunk's output offset and bias choice in the stores took the former WMMA forward from
@@ -83,7 +83,7 @@
 // tile to the slice's OutputWalk, as in the f32 kernel (a row split once per tile, no
 // division per stored element). It replaced a WMMA kernel that rounded into 16-bit tiles with no pipeline:
 // registers 174-255 -> 128-202 (2 -> 2-4 blocks per SM), the cost model's estimates
-// unchanged (L2- or launch-bound rows; bench/RESULTS.md "tcconv"); not yet run on a GPU.
+// unchanged (L2- or launch-bound rows; bench/RESULTS.md "tcconv").
 //
 // Checked: every pass against kernels/cpu in the emulator (tests/emu/conv_emu_test.cpp:
 // partial tiles, groups, stride 2 and 3, dilation, padding, phases without taps,
@@ -92,8 +92,7 @@
 // set_conv_index_width), the accessors, phases, walks and output walks (every
 // cell, both index types) on the CPU (tests/kernels/conv_index_test.cpp),
 // bit-reproducibility and autocast in tests/cuda/cuda_conv_test.cpp on the emulated
-// library. The phase split is not yet run on a GPU: its speed is the cost model's estimate
-// only.
+// library. The phase split's speed: the cost model's estimate (bench/RESULTS.md).
 #include "kernels/cuda/conv.h"
 
 #include <cuda_bf16.h>

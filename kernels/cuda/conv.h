@@ -42,8 +42,8 @@ ConvIndexWidth set_conv_index_width(ConvIndexWidth width);
 // How the tile kernels cut a long depth into chunks (split-K, conv.cu): kBusiestSm (the
 // default) takes the cut with the least depth on the busiest SM (conv_index.h split_depth);
 // kFillSms then cuts finer until the blocks cover 132 SMs or a chunk is one k-tile
-// (conv_index.h fill_sms). An experiment for the first GPU run (bench_kernels' model family
-// times both on the batch-64 rows), not a tuning knob: both give the same results up to the
+// (conv_index.h fill_sms). An experiment (bench_kernels' model family times both on the
+// batch-64 rows), not a tuning knob: both give the same results up to the
 // order of the chunks' sums, each the same bits on every run. Process-wide, read at each
 // launch; returns the previous setting.
 enum class ConvSplit { kBusiestSm, kFillSms };

@@ -71,8 +71,7 @@
 // + 1: the sanitizer's out-of-bounds write, 5 tests), wgrad's rows stepped by 3 instead of 2
 // (a global write conflict between blocks, 4 tests) and the pixel-row columns stepped by 3
 // (cells never stored: values outside tolerance, and split-K's uninitialised partial sums).
-// Not yet run on a GPU: its speed is the cost model's estimate (bench/RESULTS.md
-// "tcconv").
+// Its estimated speed: bench/RESULTS.md "tcconv".
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

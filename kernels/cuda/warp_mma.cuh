@@ -31,7 +31,7 @@
 // fails its emulation test; cp.async copies only at the wait (before it, poison).
 // Checked: every function compiles for sm_90 (tests/emu/warp_mma_kernels.cu, built by nvcc in
 // CUDA builds) and the emulator's version against plain matrix products
-// (tests/emu/warp_mma_selftest.cpp). Not yet run on a GPU.
+// (tests/emu/warp_mma_selftest.cpp).
 #include <cstdint>
 #include <type_traits>
 

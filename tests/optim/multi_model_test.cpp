@@ -1,4 +1,4 @@
-// USER_STORIES story 9 in miniature: a generator, a discriminator and an MAE-like
+// docs/traps.md's trap 9 in miniature: a generator, a discriminator and an MAE-like
 // model, each with its own optimizer (Adam, Adam, AdamW + cosine), trained in one
 // loop. Every parameter of every model must change and every model must learn.
 #include "harness.h"
