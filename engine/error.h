@@ -1,17 +1,14 @@
 #pragma once
-// nd::Error: the one exception type. Messages say what was expected, what was
-// found, and which tensor/parameter/op; docs/contributing.md.
+// The engine's error helpers around nd::Error, the one exception type (defined in
+// kernels/common/error.h so kernels throw it too): ND_CHECK and warnings. Messages say
+// what was expected, what was found, and which tensor/parameter/op; docs/contributing.md.
 #include <functional>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 
-namespace nd {
+#include "kernels/common/error.h"
 
-class Error : public std::runtime_error {
- public:
-  explicit Error(const std::string& what) : std::runtime_error(what) {}
-};
+namespace nd {
 
 namespace detail {
 template <class... Args>

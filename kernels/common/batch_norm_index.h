@@ -8,7 +8,7 @@
 // would cost more than the memory traffic these kernels are bound by.
 #include <cstdint>
 
-#include "kernels/common/counter_rng.h"  // ND_HOST_DEVICE
+#include "kernels/common/host_device.h"
 
 namespace nd::kernels {
 

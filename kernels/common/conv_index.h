@@ -17,8 +17,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/common/counter_rng.h"  // ND_HOST_DEVICE
-#include "kernels/cpu/conv.h"            // Conv2dShape
+#include "kernels/common/host_device.h"
+#include "kernels/common/conv_shape.h"
 
 namespace nd::kernels::conv_index {
 
@@ -29,7 +29,7 @@ struct Geometry {
   int64_t groups, Cg, Og;  // Cg = C_in/groups, Og = C_out/groups
 };
 
-inline Geometry geometry(const cpu::Conv2dShape& s) {
+inline Geometry geometry(const Conv2dShape& s) {
   Geometry q{};
   q.N = s.N, q.C_in = s.C_in, q.H = s.H, q.W = s.W;
   q.C_out = s.C_out, q.kH = s.kH, q.kW = s.kW, q.OH = s.out_h(), q.OW = s.out_w();

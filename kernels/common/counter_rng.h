@@ -4,11 +4,7 @@
 // generator's whole state is two integers (easy to checkpoint).
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define ND_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define ND_HOST_DEVICE inline
-#endif
+#include "kernels/common/host_device.h"
 
 namespace nd::kernels {
 

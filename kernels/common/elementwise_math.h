@@ -6,7 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "kernels/common/counter_rng.h"  // ND_HOST_DEVICE
+#include "kernels/common/host_device.h"
 
 namespace nd::kernels {
 

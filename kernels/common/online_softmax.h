@@ -16,7 +16,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/common/counter_rng.h"  // ND_HOST_DEVICE
+#include "kernels/common/host_device.h"
 
 namespace nd::kernels {
 

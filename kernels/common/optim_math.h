@@ -18,8 +18,8 @@
 #include <map>
 #include <vector>
 
-#include "kernels/common/counter_rng.h"  // ND_HOST_DEVICE
-#include "kernels/cpu/optim.h"
+#include "kernels/common/host_device.h"
+#include "kernels/common/optim_params.h"
 
 namespace nd::kernels::optim_math {
 
@@ -57,7 +57,7 @@ struct Sgd {
 };
 
 template <class T>
-inline Sgd<T> sgd(const cpu::SgdParams& hp, bool first_step) {
+inline Sgd<T> sgd(const SgdParams& hp, bool first_step) {
   return {T(hp.lr), T(hp.momentum), T(hp.dampening), T(hp.weight_decay), hp.momentum != 0, first_step,
           hp.nesterov};
 }
@@ -104,7 +104,7 @@ struct Adam {
 
 // The coefficients of a tensor at its `step` (counted from 1).
 template <class T>
-inline Adam<T> adam(const cpu::AdamParams& hp, int64_t step) {
+inline Adam<T> adam(const AdamParams& hp, int64_t step) {
   const double bc1 = 1 - std::pow(hp.beta1, static_cast<double>(step));
   const double bc2 = 1 - std::pow(hp.beta2, static_cast<double>(step));
   return {T(hp.lr / bc1), T(std::sqrt(bc2)), T(hp.beta1), T(hp.beta2), T(hp.eps), T(hp.weight_decay),
@@ -200,10 +200,10 @@ int32_t coefficients_for(Step<Entry>& step, std::map<Key, int32_t>& seen, const 
 }
 
 template <class T>
-Step<SgdEntry<T>> sgd_step_of(const std::vector<cpu::SgdTensor<T>>& tensors, const cpu::SgdParams& hp) {
+Step<SgdEntry<T>> sgd_step_of(const std::vector<SgdTensor<T>>& tensors, const SgdParams& hp) {
   Step<SgdEntry<T>> step;
   std::map<bool, int32_t> seen;
-  for (const cpu::SgdTensor<T>& t : tensors) {
+  for (const SgdTensor<T>& t : tensors) {
     if (t.n == 0) continue;
     const int32_t c = coefficients_for(step, seen, t.first_step, [&] { return sgd<T>(hp, t.first_step); });
     const bool vec = aligned16(t.p) && aligned16(t.g) && (t.buf == nullptr || aligned16(t.buf));
@@ -213,10 +213,10 @@ Step<SgdEntry<T>> sgd_step_of(const std::vector<cpu::SgdTensor<T>>& tensors, con
 }
 
 template <class T>
-Step<AdamEntry<T>> adam_step_of(const std::vector<cpu::AdamTensor<T>>& tensors, const cpu::AdamParams& hp) {
+Step<AdamEntry<T>> adam_step_of(const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp) {
   Step<AdamEntry<T>> step;
   std::map<int64_t, int32_t> seen;
-  for (const cpu::AdamTensor<T>& t : tensors) {
+  for (const AdamTensor<T>& t : tensors) {
     if (t.n == 0) continue;
     const int32_t c = coefficients_for(step, seen, t.step, [&] { return adam<T>(hp, t.step); });
     const bool vec = aligned16(t.p) && aligned16(t.g) && aligned16(t.m) && aligned16(t.v) &&

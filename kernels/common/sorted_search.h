@@ -3,7 +3,7 @@
 // embedding backward finds each row's run of sorted indices with it).
 #include <cstdint>
 
-#include "kernels/common/counter_rng.h"  // ND_HOST_DEVICE
+#include "kernels/common/host_device.h"
 
 namespace nd::kernels {
 

@@ -9,7 +9,7 @@
 // so threads, blocks and chunks can each keep one and combine them in a fixed order.
 // SyncBatchNorm still all-reduces (count, sum, sum of squares): welford_sum and
 // welford_sumsq hand those out from the accurate summary.
-#include "kernels/common/counter_rng.h"  // ND_HOST_DEVICE
+#include "kernels/common/host_device.h"
 
 namespace nd::kernels {
 

@@ -28,6 +28,7 @@
 
 #include "kernels/common/elementwise_math.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/common/twin_types.h"
 
 namespace nd::kernels::cpu {
 
@@ -355,8 +356,7 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
       const T*, const T*, const T*, const T*, AttentionMask<T>, const T*, const T*,         \
       const AttentionLayout&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,   \
       double, const AttentionDropout&, T*, T*, T*);
-ND_INSTANTIATE(float)
-ND_INSTANTIATE(double)
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
 #undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cpu

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/common/twin_types.h"
+
 namespace nd::kernels::cpu {
 
 template <typename T>
@@ -182,8 +184,7 @@ void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd
                                            int64_t, int64_t, int64_t, double, T*);             \
   template void batch_norm_backward<T>(const T*, const T*, const T*, const T*, const T*,       \
                                        int64_t, int64_t, int64_t, bool, T*, T*, T*);
-ND_INSTANTIATE(float)
-ND_INSTANTIATE(double)
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
 #undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cpu

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
+#include "kernels/common/twin_types.h"
 
 namespace nd::kernels::cpu {
 namespace {
@@ -366,8 +367,7 @@ void conv_transpose2d_backward_weight(const ConvTranspose2dShape& s, const T* in
                                                    const T*, T*);                                \
   template void conv_transpose2d_backward_weight<T>(const ConvTranspose2dShape&, const T*,       \
                                                     const T*, T*);
-ND_INSTANTIATE_CONV(float)
-ND_INSTANTIATE_CONV(double)
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE_CONV)
 #undef ND_INSTANTIATE_CONV
 
 }  // namespace nd::kernels::cpu

@@ -12,39 +12,14 @@
 //                     output [N, C_out, OH, OW],
 //                     OH = (H-1)*stride_h - 2*pad_h + dil_h*(kH-1) + output_pad_h + 1.
 // All arrays dense row-major. Backward kernels *write* their gradient (never accumulate).
-#include <array>
 #include <cstdint>
+
+#include "kernels/common/conv_shape.h"
 
 namespace nd::kernels::cpu {
 
-struct Conv2dShape {
-  int64_t N = 0, C_in = 0, H = 0, W = 0;  // input
-  int64_t C_out = 0, kH = 0, kW = 0;      // weight [C_out, C_in/groups, kH, kW]
-  std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};  // {h, w}
-  int64_t groups = 1;
-
-  int64_t out_h() const { return (H + 2 * padding[0] - dilation[0] * (kH - 1) - 1) / stride[0] + 1; }
-  int64_t out_w() const { return (W + 2 * padding[1] - dilation[1] * (kW - 1) - 1) / stride[1] + 1; }
-};
-
-struct ConvTranspose2dShape {
-  int64_t N = 0, C_in = 0, H = 0, W = 0;  // input
-  int64_t C_out = 0, kH = 0, kW = 0;      // weight [C_in, C_out/groups, kH, kW]
-  std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, output_padding{0, 0}, dilation{1, 1};
-  int64_t groups = 1;
-
-  int64_t out_h() const {
-    return (H - 1) * stride[0] - 2 * padding[0] + dilation[0] * (kH - 1) + output_padding[0] + 1;
-  }
-  int64_t out_w() const {
-    return (W - 1) * stride[1] - 2 * padding[1] + dilation[1] * (kW - 1) + output_padding[1] + 1;
-  }
-  // The conv2d whose dgrad this is: its input is our output, its output is our input,
-  // and our weight [C_in, C_out/groups, kH, kW] is its weight [C_out', C_in'/groups, kH, kW].
-  Conv2dShape as_conv() const {
-    return {N, C_out, out_h(), out_w(), C_in, kH, kW, stride, padding, dilation, groups};
-  }
-};
+using kernels::Conv2dShape;
+using kernels::ConvTranspose2dShape;
 
 // The requirements every conv2d kernel below shares (the engine checks them first):
 //   all sizes >= 1 (N may be 0: nothing is done), C_in and C_out divisible by groups,

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/common/twin_types.h"
+
 namespace nd::kernels::cpu {
 
 using loss_math::grad_of;
@@ -166,8 +168,7 @@ void cross_entropy_backward(const T* dout, const T* logits, const int64_t* targe
   template void cross_entropy_backward<T>(const T*, const T*, const int64_t*, const T*,        \
                                           const T*, int64_t, int64_t, int64_t, double,         \
                                           LossReduction, T*);
-ND_INSTANTIATE(float)
-ND_INSTANTIATE(double)
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
 #undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cpu

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/common/twin_types.h"
+
 namespace nd::kernels::cpu {
 
 namespace {
@@ -78,8 +80,7 @@ void log_softmax_backward(const T* dy, const T* y, int64_t M, int64_t D, T* dx) 
   template void log_softmax_forward<T>(const T*, int64_t, int64_t, T*);           \
   template void softmax_backward<T>(const T*, const T*, int64_t, int64_t, T*);    \
   template void log_softmax_backward<T>(const T*, const T*, int64_t, int64_t, T*);
-ND_INSTANTIATE(float)
-ND_INSTANTIATE(double)
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
 #undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cpu

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/error.h"
+#include "kernels/common/error.h"
 
 #ifdef NANODDP_WITH_CUDA
 #include <cuda_runtime.h>

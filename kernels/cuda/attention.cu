@@ -36,6 +36,7 @@
 #include "kernels/common/online_softmax.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/scratch.cuh"
+#include "kernels/common/twin_types.h"
 
 namespace nd::kernels::cuda {
 
@@ -346,8 +347,7 @@ void scaled_dot_product_attention_backward(const T* dout, const T* q, const T* k
   template void scaled_dot_product_attention_backward<T>(                                                      \
       const T*, const T*, const T*, const T*, AttentionMask<T>, const T*, const T*, int64_t, int64_t, int64_t, \
       int64_t, int64_t, int64_t, bool, double, const AttentionDropout&, T*, T*, T*, cudaStream_t);
-ND_INSTANTIATE(float)
-ND_INSTANTIATE(double)
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
 #undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cuda

@@ -19,13 +19,14 @@
 #include <cstdint>
 
 #include "kernels/common/float16.h"
-#include "kernels/cpu/attention.h"  // AttentionMask
+#include "kernels/common/attention_layout.h"
+#include "kernels/common/dropout_mask.h"
 #include "kernels/cuda/stream.h"
 
 namespace nd::kernels::cuda {
 
-using cpu::AttentionDropout;
-using cpu::AttentionMask;
+using kernels::AttentionDropout;
+using kernels::AttentionMask;
 
 // The largest head dim (E and Ev) the kernels take.
 constexpr int64_t kAttentionMaxHeadDim = 128;

@@ -56,6 +56,7 @@
 #include "kernels/cuda/scratch.cuh"
 #include "kernels/cuda/batch_norm_elementwise.cuh"
 #include "kernels/cuda/strided.cuh"
+#include "kernels/common/twin_types.h"
 
 namespace nd::kernels::cuda {
 
@@ -400,8 +401,7 @@ void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd
                                            int64_t, double, T*, cudaStream_t);                                      \
   template void batch_norm_backward<T>(const T*, const T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, \
                                        bool, T*, T*, T*, cudaStream_t);
-ND_INSTANTIATE(float)
-ND_INSTANTIATE(double)
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
 #undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cuda

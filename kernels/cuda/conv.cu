@@ -113,6 +113,7 @@
 #include "kernels/cuda/scratch.cuh"
 #include "kernels/cuda/strided.cuh"
 #include "kernels/cuda/warp_mma.cuh"
+#include "kernels/common/twin_types.h"
 
 namespace nd::kernels::cuda {
 
@@ -419,8 +420,7 @@ void conv_transpose2d_backward_weight(const ConvTranspose2dShape& s, const T* in
                                                    cudaStream_t, ConvOperands);                                 \
   template void conv_transpose2d_backward_weight<T>(const ConvTranspose2dShape&, const T*, const T*, T*,        \
                                                     cudaStream_t, ConvOperands);
-ND_INSTANTIATE_CONV(float)
-ND_INSTANTIATE_CONV(double)
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE_CONV)
 #undef ND_INSTANTIATE_CONV
 
 }  // namespace nd::kernels::cuda

@@ -20,13 +20,13 @@
 // additions differs. The bias gradient is a sum, not a product: always f32.
 #include <cstdint>
 
-#include "kernels/cpu/conv.h"
+#include "kernels/common/conv_shape.h"
 #include "kernels/cuda/stream.h"
 
 namespace nd::kernels::cuda {
 
-using cpu::Conv2dShape;
-using cpu::ConvTranspose2dShape;
+using kernels::Conv2dShape;
+using kernels::ConvTranspose2dShape;
 
 // The precision of a pass's products: T x T, or bf16 x bf16 / f16 x f16 into f32 (float only).
 enum class ConvOperands { kExact, kBf16, kF16 };

@@ -97,6 +97,7 @@
 #include "kernels/cuda/chunk_sum.cuh"
 #include "kernels/cuda/row_reduce.cuh"
 #include "kernels/cuda/scratch.cuh"
+#include "kernels/common/twin_types.h"
 
 namespace nd::kernels::cuda::narrow {
 
@@ -541,8 +542,7 @@ void wgrad(const char* kernel, const Conv2dShape& s, const T* x, const T* dy, T*
   template void dgrad<T>(const char*, const Conv2dShape&, const T*, const T*, const T*, T*, ConvOperands,   \
                          cudaStream_t);                                                                      \
   template void wgrad<T>(const char*, const Conv2dShape&, const T*, const T*, T*, ConvOperands, cudaStream_t);
-ND_INSTANTIATE_CONV_NARROW(float)
-ND_INSTANTIATE_CONV_NARROW(double)
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE_CONV_NARROW)
 #undef ND_INSTANTIATE_CONV_NARROW
 
 }  // namespace nd::kernels::cuda::narrow

@@ -3,15 +3,15 @@
 // lists plus the stream the kernel is queued on. Contracts as in the CPU header.
 #include <cstdint>
 
-#include "kernels/cpu/elementwise.h"
+#include "kernels/common/elementwise_math.h"
 #include "kernels/cuda/stream.h"
 
 namespace nd::kernels::cuda {
 
-using cpu::BinaryOp;
-using cpu::CompareOp;
-using cpu::UnaryOp;
-using cpu::UnaryParams;
+using kernels::BinaryOp;
+using kernels::CompareOp;
+using kernels::UnaryOp;
+using kernels::UnaryParams;
 
 // out = op(x), N-d strided (ndim <= 10). In place (out == x, equal strides) is supported.
 template <class T>

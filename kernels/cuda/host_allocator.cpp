@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/error.h"
+#include "kernels/common/error.h"
 #include "kernels/cuda/allocator.h"
 
 #ifdef NANODDP_WITH_CUDA

@@ -12,6 +12,7 @@
 #include "kernels/common/loss_math.h"
 #include "kernels/cuda/row_reduce.cuh"
 #include "kernels/cuda/strided.cuh"
+#include "kernels/common/twin_types.h"
 
 namespace nd::kernels::cuda {
 
@@ -294,8 +295,7 @@ void cross_entropy_backward(const T* dout, const T* logits, const int64_t* targe
                                             LossReduction, T*, T*, cudaStream_t);                                  \
   template void cross_entropy_backward<T>(const T*, const T*, const int64_t*, const T*, const T*, int64_t,         \
                                           int64_t, int64_t, double, LossReduction, T*, cudaStream_t);
-ND_INSTANTIATE(float)
-ND_INSTANTIATE(double)
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
 #undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cuda

@@ -9,7 +9,7 @@
 // a single value. Backward takes dout of that same size. All pointers on the stream's device.
 #include <cstdint>
 
-#include "kernels/cpu/loss.h"  // LossReduction
+#include "kernels/common/loss_math.h"
 #include "kernels/cuda/stream.h"
 
 namespace nd::kernels::cuda {

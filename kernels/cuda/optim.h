@@ -5,15 +5,15 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/cpu/optim.h"
+#include "kernels/common/optim_params.h"
 #include "kernels/cuda/stream.h"
 
 namespace nd::kernels::cuda {
 
-using cpu::AdamParams;
-using cpu::AdamTensor;
-using cpu::SgdParams;
-using cpu::SgdTensor;
+using kernels::AdamParams;
+using kernels::AdamTensor;
+using kernels::SgdParams;
+using kernels::SgdTensor;
 
 // Formulas and contracts as cpu::sgd_step / cpu::adam_step, with the same arithmetic
 // per element (kernels/common/optim_math.h). Each block updates one chunk of one tensor,

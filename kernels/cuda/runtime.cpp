@@ -7,7 +7,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "engine/error.h"
+#include "kernels/common/error.h"
 #include "kernels/cuda/host_allocator.h"
 #include "kernels/cuda/stream.h"
 

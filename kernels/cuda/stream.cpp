@@ -5,7 +5,7 @@
 #include <mutex>
 #include <vector>
 
-#include "engine/error.h"
+#include "kernels/common/error.h"
 
 #ifdef NANODDP_WITH_CUDA
 #include <cuda_runtime.h>

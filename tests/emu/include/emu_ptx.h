@@ -1,7 +1,8 @@
 #pragma once
 // The emulator's warp-level PTX: kernels/cuda/warp_mma.cuh's functions (mma.sync m16n8k16,
 // ldmatrix, cp.async) without asm, for kernels run on CPU threads (tests/emu/README.md).
-// warp_mma.cuh includes this when compiled without nvcc; the layouts are documented there.
+// include/kernels/cuda/warp_ptx.cuh, first on the emulated builds' include path, brings these
+// in place of the inline PTX of kernels/cuda/warp_ptx.cuh; the layouts are documented in warp_mma.cuh.
 //
 // What is emulated:
 // - mma_m16n8k16 and ldmatrix are warp collectives: all 32 lanes of a full warp must reach
