@@ -187,20 +187,6 @@ int MpiProcessGroup::rank() const { return state_->rank; }
 int MpiProcessGroup::size() const { return state_->size; }
 int MpiProcessGroup::local_rank() const { return state_->local_rank; }
 
-namespace {
-CollectiveInfo make_info(const char* op, const Tensor& t, int64_t bucket = -1) {
-  CollectiveInfo info;
-  info.op = op;
-  if (t.defined()) {
-    info.numel = t.numel();
-    info.dtype = t.dtype();
-  }
-  info.bucket = bucket;
-  info.purpose = CollectivePurpose::current();
-  return info;
-}
-}  // namespace
-
 std::shared_ptr<Work> MpiProcessGroup::allreduce(const Tensor& tensor, const AllreduceOptions& options) {
   const char* op = "allreduce";
   detail::check_tensor(op, tensor, kHost, backend());
@@ -208,7 +194,7 @@ std::shared_ptr<Work> MpiProcessGroup::allreduce(const Tensor& tensor, const All
   const int count = int_count(op, tensor.numel());
   ops::bump_version(tensor, op);
   const int world_size = size();
-  return state_->enqueue(make_info(op, tensor, options.bucket), timeout(),
+  return state_->enqueue(CollectiveInfo::of(op, tensor, options.bucket), timeout(),
                          [tensor, count, world_size, reduce = options.op, this](const CollectiveInfo& info) {
     const ScalarType t = tensor.dtype();
     if (is_16bit_float(t)) {
@@ -236,7 +222,7 @@ std::shared_ptr<Work> MpiProcessGroup::broadcast(const Tensor& tensor, int root)
   ND_CHECK(root >= 0 && root < size(), op, ": root ", root, " is not a rank of this world of size ", size());
   const int count = int_count(op, tensor.numel());
   ops::bump_version(tensor, op);
-  return state_->enqueue(make_info(op, tensor), timeout(), [tensor, count, root, this](const CollectiveInfo& info) {
+  return state_->enqueue(CollectiveInfo::of(op, tensor), timeout(), [tensor, count, root, this](const CollectiveInfo& info) {
     MPI_Request request;
     check_mpi(MPI_Ibcast(tensor.data_ptr(), count, mpi_datatype(tensor.dtype()), root, state_->comm, &request), info,
               "MPI_Ibcast");
@@ -261,7 +247,7 @@ std::shared_ptr<Work> MpiProcessGroup::allgather(const std::vector<Tensor>& outp
   ND_CHECK(outputs[rank()].numel() == input.numel(), op, ": outputs[", rank(), "] must hold this rank's input of ",
            input.numel(), " elements, found ", outputs[rank()].describe());
   for (const Tensor& o : outputs) ops::bump_version(o, op);
-  CollectiveInfo info = make_info(op, input);
+  CollectiveInfo info = CollectiveInfo::of(op, input);
   info.numel = total;  // all ranks' inputs together: the same on every rank (CollectiveInfo::numel)
   return state_->enqueue(std::move(info), timeout(),
                          [outputs, input, counts, displs, total, this](const CollectiveInfo& info) {
@@ -297,7 +283,7 @@ std::shared_ptr<Work> MpiProcessGroup::reduce_scatter(const Tensor& output, cons
            output.numel(), " elements, found ", inputs[rank()].describe());
   ops::bump_version(output, op);
   const int world_size = size();
-  CollectiveInfo info = make_info(op, output);
+  CollectiveInfo info = CollectiveInfo::of(op, output);
   info.numel = total;  // all inputs together: the same on every rank (CollectiveInfo::numel)
   return state_->enqueue(std::move(info), timeout(),
                          [output, inputs, counts, total, world_size, reduce, this](const CollectiveInfo& info) {
@@ -333,7 +319,7 @@ std::shared_ptr<Work> MpiProcessGroup::reduce_scatter(const Tensor& output, cons
 }
 
 std::shared_ptr<Work> MpiProcessGroup::barrier() {
-  return state_->enqueue(make_info("barrier", Tensor()), timeout(), [this](const CollectiveInfo& info) {
+  return state_->enqueue(CollectiveInfo::of("barrier", Tensor()), timeout(), [this](const CollectiveInfo& info) {
     MPI_Request request;
     check_mpi(MPI_Ibarrier(state_->comm, &request), info, "MPI_Ibarrier");
     complete(request, info, "MPI_Ibarrier");

@@ -12,7 +12,6 @@
 #include "engine/error.h"
 #include "engine/factories.h"
 #include "engine/ops/common.h"
-#include "kernels/cuda/stream.h"
 
 namespace nd::dist {
 
@@ -92,7 +91,7 @@ class NcclWork : public Work {
       if (error_) std::rethrow_exception(error_);
       return;
     }
-    check_cuda(cudaStreamWaitEvent(kernels::cuda::compute_stream(device_), done_, 0), info_.describe());
+    check_cuda(cudaStreamWaitEvent(nd::cuda::current_stream(Device(kCUDA, device_)), done_, 0), info_.describe());
   }
 
  private:
@@ -150,7 +149,7 @@ struct NcclProcessGroup::State {
       check_cuda(cudaSetDevice(device), what);
       cudaEvent_t ready = nullptr, done = nullptr;
       check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), what);
-      check_cuda(cudaEventRecord(ready, kernels::cuda::compute_stream(device)), what);
+      check_cuda(cudaEventRecord(ready, nd::cuda::current_stream(Device(kCUDA, device))), what);
       check_cuda(cudaStreamWaitEvent(stream, ready, 0), what);
       cudaEventDestroy(ready);  // released once the recorded work completes
       check_nccl(launch(), what);
@@ -181,7 +180,7 @@ std::shared_ptr<NcclProcessGroup> NcclProcessGroup::create(const std::shared_ptr
   bootstrap->broadcast(id_bytes, 0)->wait();
   std::memcpy(&id, id_bytes.data_ptr(), sizeof(id));
   check_nccl(ncclCommInitRank(&state->comm, state->size, id, state->rank), "ncclCommInitRank");
-  state->stream = kernels::cuda::comm_stream(state->device);
+  state->stream = nd::cuda::comm_stream(Device(kCUDA, state->device));
   state->barrier_scratch = empty({1}, TensorOptions(kFloat32).device(Device(kCUDA, state->device)));
   check_cuda(cudaMemset(state->barrier_scratch.data_ptr(), 0, sizeof(float)), "nccl_world: barrier scratch");
   ncclComm_t comm = state->comm;
@@ -208,20 +207,6 @@ int NcclProcessGroup::rank() const { return state_->rank; }
 int NcclProcessGroup::size() const { return state_->size; }
 int NcclProcessGroup::device() const { return state_->device; }
 
-namespace {
-CollectiveInfo make_info(const char* op, const Tensor& t, int64_t bucket = -1) {
-  CollectiveInfo info;
-  info.op = op;
-  if (t.defined()) {
-    info.numel = t.numel();
-    info.dtype = t.dtype();
-  }
-  info.bucket = bucket;
-  info.purpose = CollectivePurpose::current();
-  return info;
-}
-}  // namespace
-
 std::shared_ptr<Work> NcclProcessGroup::allreduce(const Tensor& tensor, const AllreduceOptions& options) {
   const char* op = "allreduce";
   const Device dev(kCUDA, device());
@@ -230,7 +215,7 @@ std::shared_ptr<Work> NcclProcessGroup::allreduce(const Tensor& tensor, const Al
   ops::bump_version(tensor, op);
   ncclComm_t comm = state_->comm;
   cudaStream_t stream = state_->stream;
-  return state_->issue(make_info(op, tensor, options.bucket), {tensor}, timeout(), [&] {
+  return state_->issue(CollectiveInfo::of(op, tensor, options.bucket), {tensor}, timeout(), [&] {
     return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), nccl_datatype(tensor.dtype()),
                          nccl_op(options.op), comm, stream);
   });
@@ -241,7 +226,7 @@ std::shared_ptr<Work> NcclProcessGroup::broadcast(const Tensor& tensor, int root
   detail::check_tensor(op, tensor, Device(kCUDA, device()), backend());
   ND_CHECK(root >= 0 && root < size(), op, ": root ", root, " is not a rank of this world of size ", size());
   ops::bump_version(tensor, op);
-  return state_->issue(make_info(op, tensor), {tensor}, timeout(), [&] {
+  return state_->issue(CollectiveInfo::of(op, tensor), {tensor}, timeout(), [&] {
     return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), nccl_datatype(tensor.dtype()), root,
                          state_->comm, state_->stream);
   });
@@ -262,7 +247,7 @@ std::shared_ptr<Work> NcclProcessGroup::allgather(const std::vector<Tensor>& out
   std::vector<Tensor> keep(outputs);
   keep.push_back(input);
   // Rank r broadcasts its input into everyone's outputs[r]: sizes may differ by rank.
-  return state_->issue(make_info(op, input), std::move(keep), timeout(), [&] {
+  return state_->issue(CollectiveInfo::of(op, input), std::move(keep), timeout(), [&] {
     ncclGroupStart();
     for (int r = 0; r < size(); ++r) {
       const void* send = r == rank() ? input.data_ptr() : outputs[r].data_ptr();
@@ -290,7 +275,7 @@ std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const Tensor& output, con
   std::vector<Tensor> keep(inputs);
   keep.push_back(output);
   // Chunk r is reduced onto rank r (the other ranks ignore recvbuff; given a valid one anyway).
-  return state_->issue(make_info(op, output), std::move(keep), timeout(), [&] {
+  return state_->issue(CollectiveInfo::of(op, output), std::move(keep), timeout(), [&] {
     ncclGroupStart();
     for (int r = 0; r < size(); ++r)
       ncclReduce(inputs[r].data_ptr(), r == rank() ? output.data_ptr() : inputs[r].data_ptr(), inputs[r].numel(),
@@ -301,7 +286,7 @@ std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const Tensor& output, con
 
 std::shared_ptr<Work> NcclProcessGroup::barrier() {
   const Tensor scratch = state_->barrier_scratch;
-  return state_->issue(make_info("barrier", Tensor()), {scratch}, timeout(), [&] {
+  return state_->issue(CollectiveInfo::of("barrier", Tensor()), {scratch}, timeout(), [&] {
     return ncclAllReduce(scratch.data_ptr(), scratch.data_ptr(), 1, ncclFloat32, ncclSum, state_->comm,
                          state_->stream);
   });

@@ -38,6 +38,18 @@ CollectivePurpose::CollectivePurpose(std::string purpose) : previous_(std::move(
 CollectivePurpose::~CollectivePurpose() { current_purpose = std::move(previous_); }
 const std::string& CollectivePurpose::current() { return current_purpose; }
 
+CollectiveInfo CollectiveInfo::of(const char* op, const Tensor& t, int64_t bucket) {
+  CollectiveInfo info;
+  info.op = op;
+  if (t.defined()) {
+    info.numel = t.numel();
+    info.dtype = t.dtype();
+  }
+  info.bucket = bucket;
+  info.purpose = CollectivePurpose::current();
+  return info;
+}
+
 std::string CollectiveInfo::describe() const {
   std::ostringstream os;
   os << op << " #" << sequence;

@@ -41,6 +41,9 @@ struct CollectiveInfo {
   // messages only: "bucket 3 of DDP model 'D'". Not compared across ranks.
   std::string purpose;
   std::string describe() const;  // "allreduce #12 (bucket 3 of DDP model 'D', 262144 x f32)"
+  // The info of `op` on tensor t (undefined: no data, as a barrier's) for bucket `bucket`,
+  // with this thread's current purpose; the group sets the sequence number when it issues it.
+  static CollectiveInfo of(const char* op, const Tensor& t, int64_t bucket = -1);
 };
 
 // While one lives on a thread, the collectives that thread issues carry `purpose` in

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "engine/error.h"
-#include "kernels/common/counter_rng.h"
+#include "engine/factories.h"
 
 namespace nd::dist {
 
@@ -29,7 +29,7 @@ std::vector<int64_t> DistributedSampler::indices() const {
     const uint64_t stream = seed_ + epoch_;
     for (int64_t i = dataset_size_ - 1; i > 0; --i) {
       const unsigned __int128 wide =
-          static_cast<unsigned __int128>(kernels::counter_hash(stream, static_cast<uint64_t>(i))) *
+          static_cast<unsigned __int128>(random_bits(stream, static_cast<uint64_t>(i))) *
           static_cast<uint64_t>(i + 1);
       std::swap(order[i], order[static_cast<int64_t>(wide >> 64)]);
     }

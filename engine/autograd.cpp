@@ -7,8 +7,6 @@
 
 #include "engine/error.h"
 #include "engine/factories.h"
-#include "engine/ops/elementwise.h"
-#include "engine/ops/reduce.h"
 
 namespace nd {
 

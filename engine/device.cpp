@@ -58,5 +58,17 @@ MemoryStats memory_stats(const Device& device) {
   return kernels::cuda::memory_stats(device.index);
 }
 
+cudaStream_t current_stream(const Device& device) {
+  check_device(device);
+  ND_CHECK(device.is_cuda(), "cuda::current_stream: expected a CUDA device (cuda:N), found ", device.str());
+  return kernels::cuda::compute_stream(device.index);
+}
+
+cudaStream_t comm_stream(const Device& device) {
+  check_device(device);
+  ND_CHECK(device.is_cuda(), "cuda::comm_stream: expected a CUDA device (cuda:N), found ", device.str());
+  return kernels::cuda::comm_stream(device.index);
+}
+
 }  // namespace cuda
 }  // namespace nd

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/cuda/allocator.h"
+#include "kernels/cuda/stream.h"  // cudaStream_t
 
 namespace nd {
 
@@ -46,6 +47,13 @@ using MemoryStats = kernels::cuda::AllocatorStats;
 // requires: device is cuda:N (check_device's errors otherwise; a cpu device is an nd::Error
 // pointing to nd::cpu::memory_stats).
 MemoryStats memory_stats(const Device& device);
+
+// The streams the engine queues a CUDA device's work on, for code that queues its own work
+// beside it (the NCCL process group, the DataLoader's copies): every op's kernels go on the
+// device's compute stream (PyTorch's torch.cuda.current_stream), collectives on its
+// communication stream. requires: device is cuda:N (check_device's errors otherwise).
+cudaStream_t current_stream(const Device& device);
+cudaStream_t comm_stream(const Device& device);
 }  // namespace cuda
 
 }  // namespace nd

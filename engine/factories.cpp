@@ -38,6 +38,8 @@ Tensor empty(const Shape& shape, TensorOptions options) {
   return t;
 }
 
+uint64_t random_bits(uint64_t seed, uint64_t counter) { return kernels::counter_hash(seed, counter); }
+
 // Fills on the CPU and moves the result: device factories of host-made values (tensor,
 // arange, rand, randn) reuse the copy path.
 namespace {

@@ -15,6 +15,10 @@ struct Generator {
 };
 Generator& default_generator();
 void manual_seed(uint64_t seed);
+// 64 random bits: value `counter` of the counter-based stream `seed`, the generator's own
+// hash (a pure function), for code that draws on the host by position: the samplers' and
+// the DataLoader's shuffles.
+uint64_t random_bits(uint64_t seed, uint64_t counter);
 
 Tensor empty(const Shape& shape, TensorOptions options = {});
 Tensor zeros(const Shape& shape, TensorOptions options = {});

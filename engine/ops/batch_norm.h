@@ -1,6 +1,11 @@
 #pragma once
 // batch_norm (LibTorch: torch::batch_norm) over [N, C, *]: per-channel statistics over
-// N and the spatial dims. Backward node: NativeBatchNormBackward.
+// N and the spatial dims. Backward node: NativeBatchNormBackward. sync_batch_norm: the
+// same with statistics over several processes, the op behind nn::SyncBatchNorm
+// (collectives/sync_batch_norm.h, which passes its process group's all-reduce). Backward
+// node: SyncBatchNormBackward.
+#include <functional>
+
 #include "engine/tensor.h"
 
 namespace nd {
@@ -15,5 +20,21 @@ namespace nd {
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
                   double eps = 1e-5);
+
+// Sums the f64 tensor t over every process taking part, in place (on a GPU the kernels
+// queued after it wait for it); `what` names the sums ("statistics", "gradient sums").
+using AllReduceSum = std::function<void(const Tensor& t, const char* what)>;
+
+// Forward: per channel (count, sum x, sum x^2) in f64 over this process's values, summed by
+// `allreduce` (one call, 3*C values), then mean and biased variance of all processes' values,
+// y = (x - mean) / sqrt(var + eps) * weight + bias, and running stats updated as batch_norm
+// does. Backward: (sum dy, sum dy (x - mean)) summed the same way (one call, 2*C values).
+// So N processes on N shards compute batch_norm on the concatenated batch, unequal shards
+// included. `world_size` processes take part; allreduce null or world_size 1: this one alone.
+// requires: input [N, C, *]; running_mean, running_var [C] (both or neither); weight, bias
+//           [C] or undefined; more than one value per channel over all processes.
+Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight, const Tensor& bias, double momentum, double eps,
+                       const AllReduceSum& allreduce, int world_size);
 
 }  // namespace nd
