@@ -12,6 +12,8 @@
 
 #include <nanoddp.h>
 
+#include "numeric.h"  // random_normal, numeric_grad
+
 namespace nd::testing {
 
 using OpFn = std::function<Tensor(const std::vector<Tensor>&)>;

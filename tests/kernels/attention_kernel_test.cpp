@@ -9,20 +9,14 @@
 
 #include "omp_threads.h"
 
+#include "numeric.h"
 #include "kernels/cpu/attention.h"
 
 namespace {
 
 using namespace nd::kernels::cpu;
+using nd::testing::random_normal;
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-std::vector<double> randn(size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<double> dist(0.0, 1.0);
-  std::vector<double> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
 
 struct Problem {
   int64_t B, H, Sq, Sk, E, Ev;
@@ -88,8 +82,8 @@ Reference reference(const Problem& p, const std::vector<double>& q, const std::v
 
 template <typename T>
 void check_against_reference(const Problem& p, double tol) {
-  const auto q = randn(p.B * p.H * p.Sq * p.E, 1), k = randn(p.B * p.H * p.Sk * p.E, 2),
-             v = randn(p.B * p.H * p.Sk * p.Ev, 3), dout = randn(p.B * p.H * p.Sq * p.Ev, 4);
+  const auto q = random_normal(p.B * p.H * p.Sq * p.E, 1), k = random_normal(p.B * p.H * p.Sk * p.E, 2),
+             v = random_normal(p.B * p.H * p.Sk * p.Ev, 3), dout = random_normal(p.B * p.H * p.Sq * p.Ev, 4);
   const Reference ref = reference(p, q, k, v, dout);
   auto cast = [](const std::vector<double>& a) { return std::vector<T>(a.begin(), a.end()); };
   const auto qt = cast(q), kt = cast(k), vt = cast(v), dt = cast(dout), mt = cast(p.mask);
@@ -152,7 +146,7 @@ TEST_CASE("attention forward and backward match the full-matrix reference") {
   SUBCASE("f32, several tiles, causal") { check_against_reference<float>({1, 1, 200, 270, 16, 8, true, 0.25, {}}, 2e-4); }
   SUBCASE("additive mask with fully masked rows") {
     Problem p{2, 2, 6, 5, 3, 4, false, 0.5, {}};
-    p.mask = randn(p.B * p.H * p.Sq * p.Sk, 9);
+    p.mask = random_normal(p.B * p.H * p.Sq * p.Sk, 9);
     for (size_t i = 0; i < p.mask.size(); i += 3) p.mask[i] = -kInf;
     for (int64_t j = 0; j < p.Sk; ++j) p.mask[2 * p.Sk + j] = -kInf;  // (b0, h0) row 2
     check_against_reference<double>(p, 1e-10);
@@ -160,7 +154,7 @@ TEST_CASE("attention forward and backward match the full-matrix reference") {
 }
 
 TEST_CASE("attention: fully masked row gives zero output, -inf lse, no gradient") {
-  const std::vector<double> q = randn(4, 1), k = randn(6, 2), v = randn(6, 3), dout = {1, 1};
+  const std::vector<double> q = random_normal(4, 1), k = random_normal(6, 2), v = random_normal(6, 3), dout = {1, 1};
   const std::vector<double> mask = {-kInf, -kInf, -kInf};
   const AttentionMask<double> m{mask.data(), 0, 0, 0, 1};
   std::vector<double> out(2), lse(1), dq(2), dk(6), dv(6);
@@ -199,8 +193,8 @@ TEST_CASE("attention: a fully masked row of many keys is exactly zero in f64 and
 
 TEST_CASE("attention backward matches finite differences") {
   const Problem p{1, 2, 3, 4, 3, 2, true, 0.6, {}};
-  const auto q = randn(p.B * p.H * p.Sq * p.E, 5), k = randn(p.B * p.H * p.Sk * p.E, 6),
-             v = randn(p.B * p.H * p.Sk * p.Ev, 7), r = randn(p.B * p.H * p.Sq * p.Ev, 8);
+  const auto q = random_normal(p.B * p.H * p.Sq * p.E, 5), k = random_normal(p.B * p.H * p.Sk * p.E, 6),
+             v = random_normal(p.B * p.H * p.Sk * p.Ev, 7), r = random_normal(p.B * p.H * p.Sq * p.Ev, 8);
   auto loss = [&](const std::vector<double>& qq, const std::vector<double>& kk,
                   const std::vector<double>& vv) {
     std::vector<double> out(r.size()), lse(p.B * p.H * p.Sq);
@@ -270,8 +264,8 @@ template <class T>
 void check_strided_equals_dense(const Problem& p, int threads) {
   const nd::testing::OmpThreads scoped(threads);
   auto cast = [](const std::vector<double>& a) { return std::vector<T>(a.begin(), a.end()); };
-  const auto q = cast(randn(p.B * p.H * p.Sq * p.E, 11)), k = cast(randn(p.B * p.H * p.Sk * p.E, 12)),
-             v = cast(randn(p.B * p.H * p.Sk * p.Ev, 13)), dout = cast(randn(p.B * p.H * p.Sq * p.Ev, 14));
+  const auto q = cast(random_normal(p.B * p.H * p.Sq * p.E, 11)), k = cast(random_normal(p.B * p.H * p.Sk * p.E, 12)),
+             v = cast(random_normal(p.B * p.H * p.Sk * p.Ev, 13)), dout = cast(random_normal(p.B * p.H * p.Sq * p.Ev, 14));
   std::vector<T> out(dout.size()), lse(p.B * p.H * p.Sq), dq(q.size()), dk(k.size()), dv(v.size());
   scaled_dot_product_attention_forward<T>(q.data(), k.data(), v.data(), {}, p.B, p.H, p.Sq, p.Sk, p.E, p.Ev,
                                           p.causal, p.scale, {}, out.data(), lse.data());

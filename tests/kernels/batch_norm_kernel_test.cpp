@@ -5,35 +5,14 @@
 #include <random>
 #include <vector>
 
+#include "numeric.h"
 #include "kernels/cpu/batch_norm.h"
 
 namespace {
 
 using namespace nd::kernels::cpu;
-
-std::vector<double> randn(size_t n, unsigned seed, double scale = 1.0, double shift = 0.0) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<double> dist(shift, scale);
-  std::vector<double> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
-
-// Central differences of f at x, one coordinate at a time.
-template <typename F>
-std::vector<double> numeric_grad(std::vector<double> x, F f, double h = 1e-6) {
-  std::vector<double> g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + h;
-    const double up = f(x);
-    x[i] = saved - h;
-    const double down = f(x);
-    x[i] = saved;
-    g[i] = (up - down) / (2 * h);
-  }
-  return g;
-}
+using nd::testing::numeric_grad;
+using nd::testing::random_normal;
 
 struct Naive {
   std::vector<double> mean, var;  // two-pass, biased
@@ -73,12 +52,12 @@ TEST_CASE("batch_norm training forward: known values and running stats") {
 
 TEST_CASE("batch_norm training forward matches two-pass statistics (f64 and f32)") {
   const int64_t N = 3, C = 5, S = 7;
-  const auto x = randn(N * C * S, 1, 2.0, 3.0);
-  const auto w = randn(C, 2), b = randn(C, 3);
+  const auto x = random_normal(N * C * S, 1, 2.0, 3.0);
+  const auto w = random_normal(C, 2), b = random_normal(C, 3);
   const Naive ref = naive_stats(x, N, C, S);
   const double eps = 1e-5, momentum = 0.3;
 
-  std::vector<double> y(x.size()), mean(C), invstd(C), rm = randn(C, 4), rv(C, 0.5);
+  std::vector<double> y(x.size()), mean(C), invstd(C), rm = random_normal(C, 4), rv(C, 0.5);
   const auto rm0 = rm, rv0 = rv;
   batch_norm_forward_training<double>(x.data(), w.data(), b.data(), rm.data(), rv.data(), N, C, S,
                                       momentum, eps, y.data(), mean.data(), invstd.data());
@@ -105,7 +84,7 @@ TEST_CASE("batch_norm training forward matches two-pass statistics (f64 and f32)
 TEST_CASE("batch_norm statistics pieces combine across shards like one batch") {
   // What SyncBatchNorm does: per-shard sums, added, equal the whole batch's sums.
   const int64_t C = 4, S = 5, N1 = 2, N2 = 3;
-  const auto x = randn((N1 + N2) * C * S, 7);
+  const auto x = random_normal((N1 + N2) * C * S, 7);
   std::vector<double> s_all(C), ss_all(C), s1(C), ss1(C), s2(C), ss2(C);
   batch_norm_channel_stats<double>(x.data(), N1 + N2, C, S, s_all.data(), ss_all.data());
   batch_norm_channel_stats<double>(x.data(), N1, C, S, s1.data(), ss1.data());
@@ -115,7 +94,7 @@ TEST_CASE("batch_norm statistics pieces combine across shards like one batch") {
     CHECK(ss1[c] + ss2[c] == doctest::Approx(ss_all[c]));
   }
   // Backward sums split the same way.
-  const auto dy = randn(x.size(), 8);
+  const auto dy = random_normal(x.size(), 8);
   std::vector<double> mean(C), invstd(C), sd(C), sdx(C), sd1(C), sdx1(C), sd2(C), sdx2(C);
   batch_norm_stats_to_mean_invstd<double>(s_all.data(), ss_all.data(), (N1 + N2) * S, C, 1e-5,
                                           0.1, mean.data(), invstd.data(), nullptr, nullptr);
@@ -130,7 +109,7 @@ TEST_CASE("batch_norm statistics pieces combine across shards like one batch") {
     CHECK(sdx1[c] + sdx2[c] == doctest::Approx(sdx[c]));
   }
   // Each shard's dx from the global sums and count equals its slice of the whole batch's dx.
-  const auto w = randn(C, 9);
+  const auto w = random_normal(C, 9);
   std::vector<double> dx(x.size()), dx2(N2 * C * S);
   batch_norm_backward<double>(dy.data(), x.data(), mean.data(), invstd.data(), w.data(), N1 + N2, C, S,
                               true, dx.data(), nullptr, nullptr);
@@ -145,7 +124,7 @@ TEST_CASE("batch_norm statistics pieces combine across shards like one batch") {
 TEST_CASE("batch_norm backward (training) matches finite differences") {
   const int64_t N = 2, C = 3, S = 5;
   const double eps = 1e-5;
-  const auto x = randn(N * C * S, 11), w = randn(C, 12), b = randn(C, 13), r = randn(N * C * S, 14);
+  const auto x = random_normal(N * C * S, 11), w = random_normal(C, 12), b = random_normal(C, 13), r = random_normal(N * C * S, 14);
   // Scalar objective L = sum(r * y); dL/dy = r.
   auto loss = [&](const std::vector<double>& xx, const std::vector<double>& ww,
                   const std::vector<double>& bb) {
@@ -182,7 +161,7 @@ TEST_CASE("batch_norm backward (training) matches finite differences") {
 TEST_CASE("batch_norm eval forward and backward use running stats") {
   const int64_t N = 3, C = 2, S = 3;
   const double eps = 1e-3;
-  const auto x = randn(N * C * S, 21), w = randn(C, 22), b = randn(C, 23), r = randn(N * C * S, 24);
+  const auto x = random_normal(N * C * S, 21), w = random_normal(C, 22), b = random_normal(C, 23), r = random_normal(N * C * S, 24);
   const std::vector<double> rm = {0.5, -1.0}, rv = {2.0, 0.25};
   auto loss = [&](const std::vector<double>& xx, const std::vector<double>& ww) {
     std::vector<double> y(xx.size());
@@ -210,7 +189,7 @@ TEST_CASE("batch_norm eval forward and backward use running stats") {
 
 TEST_CASE("batch_norm f32 keeps precision when |mean| >> std") {
   const int64_t N = 16, C = 1, S = 9;
-  const auto x = randn(N * S, 31, 0.01, 100.0);
+  const auto x = random_normal(N * S, 31, 0.01, 100.0);
   std::vector<float> xf(x.begin(), x.end()), yf(x.size()), m(1), is(1);
   std::vector<double> xd(xf.begin(), xf.end());  // the exact f32 inputs
   const Naive ref = naive_stats(xd, N, C, S);

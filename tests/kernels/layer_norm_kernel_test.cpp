@@ -8,36 +8,12 @@
 #include <random>
 #include <vector>
 
+#include "numeric.h"
 #include "kernels/cpu/layer_norm.h"
 
-namespace {
-
 using namespace nd::kernels::cpu;
-
-std::vector<double> randn(size_t n, unsigned seed, double scale = 1.0, double shift = 0.0) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<double> dist(shift, scale);
-  std::vector<double> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
-
-template <typename F>
-std::vector<double> numeric_grad(std::vector<double> x, F f, double h = 1e-6) {
-  std::vector<double> g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + h;
-    const double up = f(x);
-    x[i] = saved - h;
-    const double down = f(x);
-    x[i] = saved;
-    g[i] = (up - down) / (2 * h);
-  }
-  return g;
-}
-
-}  // namespace
+using nd::testing::numeric_grad;
+using nd::testing::random_normal;
 
 TEST_CASE("layer_norm forward: known values") {
   // Row (1, 3): mean 2, var 1 -> (-1, 1) / sqrt(1 + eps); with weight (2, 3), bias (0, 1).
@@ -54,7 +30,7 @@ TEST_CASE("layer_norm forward: known values") {
 TEST_CASE("layer_norm forward matches a naive reference (f64 and f32, odd sizes)") {
   const int64_t M = 7, D = 13;
   const double eps = 1e-5;
-  const auto x = randn(M * D, 1, 3.0, -2.0), w = randn(D, 2), b = randn(D, 3);
+  const auto x = random_normal(M * D, 1, 3.0, -2.0), w = random_normal(D, 2), b = random_normal(D, 3);
   std::vector<double> y(M * D), mean(M), rstd(M);
   layer_norm_forward<double>(x.data(), w.data(), b.data(), M, D, eps, y.data(), mean.data(),
                              rstd.data());
@@ -79,7 +55,7 @@ TEST_CASE("layer_norm forward matches a naive reference (f64 and f32, odd sizes)
 TEST_CASE("layer_norm backward matches finite differences, with and without affine") {
   const int64_t M = 5, D = 9;
   const double eps = 1e-5;
-  const auto x = randn(M * D, 11), w = randn(D, 12), b = randn(D, 13), r = randn(M * D, 14);
+  const auto x = random_normal(M * D, 11), w = random_normal(D, 12), b = random_normal(D, 13), r = random_normal(M * D, 14);
   for (bool affine : {true, false}) {
     CAPTURE(affine);
     auto loss = [&](const std::vector<double>& xx, const std::vector<double>& ww,
@@ -113,7 +89,7 @@ TEST_CASE("layer_norm backward matches finite differences, with and without affi
 
 TEST_CASE("layer_norm backward: dx may alias dy, null outputs are skipped") {
   const int64_t M = 3, D = 4;
-  const auto x = randn(M * D, 5), w = randn(D, 6), dy = randn(M * D, 7);
+  const auto x = random_normal(M * D, 5), w = random_normal(D, 6), dy = random_normal(M * D, 7);
   std::vector<double> y(M * D), mean(M), rstd(M), dx(M * D);
   layer_norm_forward<double>(x.data(), w.data(), nullptr, M, D, 1e-5, y.data(), mean.data(),
                              rstd.data());
@@ -188,8 +164,8 @@ void check_against_naive(int64_t M, int64_t D, double tol) {
   CAPTURE(M);
   CAPTURE(D);
   const double eps = 1e-5;
-  const auto x = as<T>(randn(M * D, 21, 2.0, 0.5)), dy = as<T>(randn(M * D, 22));
-  const auto w = as<T>(randn(D, 23)), b = as<T>(randn(D, 24));
+  const auto x = as<T>(random_normal(M * D, 21, 2.0, 0.5)), dy = as<T>(random_normal(M * D, 22));
+  const auto w = as<T>(random_normal(D, 23)), b = as<T>(random_normal(D, 24));
   for (bool affine : {true, false}) {
     CAPTURE(affine);
     const T* wp = affine ? w.data() : nullptr;
@@ -246,8 +222,8 @@ TEST_CASE("layer_norm: results do not depend on the number of threads") {
   for (auto [M, D] : {std::pair<int64_t, int64_t>{1500, 64}, {6400, 32}, {301, 257}}) {
     CAPTURE(M);
     CAPTURE(D);
-    const auto x = as<float>(randn(M * D, 31)), dy = as<float>(randn(M * D, 32));
-    const auto w = as<float>(randn(D, 33)), b = as<float>(randn(D, 34));
+    const auto x = as<float>(random_normal(M * D, 31)), dy = as<float>(random_normal(M * D, 32));
+    const auto w = as<float>(random_normal(D, 33)), b = as<float>(random_normal(D, 34));
     std::vector<float> y1, dx1, dw1, db1;
     nd::testing::OmpThreads scoped(1);
     for (int threads : {1, 2, 3, 7}) {
@@ -274,7 +250,7 @@ TEST_CASE("layer_norm f32: rows with |mean| >> std keep float accuracy") {
   // mean 1e4, std 1e-2: a one-pass E[x^2] - E[x]^2, even in double, cancels 12 digits here
   // (relative error ~1e-3 in var); two passes stay at float rounding.
   const int64_t M = 4, D = 64;
-  const auto x = as<float>(randn(M * D, 41, 1e-2, 1e4));
+  const auto x = as<float>(random_normal(M * D, 41, 1e-2, 1e4));
   std::vector<float> y(M * D), mean(M), rstd(M);
   layer_norm_forward<float>(x.data(), nullptr, nullptr, M, D, 0.0, y.data(), mean.data(),
                             rstd.data());

@@ -5,20 +5,15 @@
 #include <random>
 #include <vector>
 
+#include "numeric.h"
 #include "kernels/cpu/loss.h"
 
 namespace {
 
 using namespace nd::kernels::cpu;
+using nd::testing::numeric_grad;
+using nd::testing::random_normal;
 using R = LossReduction;
-
-std::vector<double> randn(size_t n, unsigned seed, double scale = 1.0) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<double> dist(0.0, scale);
-  std::vector<double> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
 
 std::vector<double> uniform(size_t n, unsigned seed) {
   std::mt19937 gen(seed);
@@ -26,21 +21,6 @@ std::vector<double> uniform(size_t n, unsigned seed) {
   std::vector<double> v(n);
   for (auto& x : v) x = dist(gen);
   return v;
-}
-
-template <typename F>
-std::vector<double> numeric_grad(std::vector<double> x, F f, double h = 1e-6) {
-  std::vector<double> g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + h;
-    const double up = f(x);
-    x[i] = saved - h;
-    const double down = f(x);
-    x[i] = saved;
-    g[i] = (up - down) / (2 * h);
-  }
-  return g;
 }
 
 // Reduces per-sample losses by hand, to compare with the kernels' reductions.
@@ -76,9 +56,9 @@ TEST_CASE("mse_loss: known values, reductions, gradients") {
   CHECK(dt[2] == doctest::Approx(4.0 / 3));
 
   const int64_t n = 17;
-  const auto xr = randn(n, 1), tr = randn(n, 2);
+  const auto xr = random_normal(n, 1), tr = random_normal(n, 2);
   for (R red : {R::None, R::Mean, R::Sum}) {
-    const auto r = randn(red == R::None ? n : 1, 3);
+    const auto r = random_normal(red == R::None ? n : 1, 3);
     auto loss = [&](const std::vector<double>& a, const std::vector<double>& b) {
       std::vector<double> o(red == R::None ? n : 1);
       mse_loss_forward<double>(a.data(), b.data(), n, red, o.data());
@@ -117,7 +97,7 @@ TEST_CASE("binary_cross_entropy_with_logits: known values and no overflow") {
 
 TEST_CASE("binary_cross_entropy_with_logits matches the naive formula and finite differences") {
   const int64_t C = 3, n = 5 * C;
-  const auto x = randn(n, 1, 3.0), t = uniform(n, 2), w = uniform(n, 3), pw = uniform(C, 4);
+  const auto x = random_normal(n, 1, 3.0), t = uniform(n, 2), w = uniform(n, 3), pw = uniform(C, 4);
   for (bool with_pw : {false, true}) {
     for (R red : {R::None, R::Mean, R::Sum}) {
       CAPTURE(with_pw);
@@ -132,7 +112,7 @@ TEST_CASE("binary_cross_entropy_with_logits matches the naive formula and finite
         }
         return l;
       };
-      const auto r = randn(red == R::None ? n : 1, 5);
+      const auto r = random_normal(red == R::None ? n : 1, 5);
       auto loss = [&](const std::vector<double>& a, const std::vector<double>& b) {
         std::vector<double> o(red == R::None ? n : 1);
         binary_cross_entropy_with_logits_forward<double>(a.data(), b.data(), w.data(), pwp, n, C,
@@ -190,7 +170,7 @@ TEST_CASE("cross_entropy: known values") {
 
 TEST_CASE("cross_entropy matches naive smoothed-target formula and finite differences") {
   const int64_t N = 9, C = 5, ignore = 3;
-  const auto x = randn(N * C, 1, 3.0), w = uniform(C, 2);
+  const auto x = random_normal(N * C, 1, 3.0), w = uniform(C, 2);
   std::vector<int64_t> y = {0, 4, 3, 2, 1, 3, 4, 0, 2};  // class 3 is ignore_index
   for (bool with_w : {false, true}) {
     for (double eps : {0.0, 0.25}) {
@@ -213,7 +193,7 @@ TEST_CASE("cross_entropy matches naive smoothed-target formula and finite differ
           }
           denominator += with_w ? w[y[i]] : 1.0;
         }
-        const auto r = randn(red == R::None ? N : 1, 5);
+        const auto r = random_normal(red == R::None ? N : 1, 5);
         auto loss = [&](const std::vector<double>& a) {
           std::vector<double> o(red == R::None ? N : 1), l(N);
           CHECK(cross_entropy_forward<double>(a.data(), y.data(), wp, N, C, ignore, eps, red,

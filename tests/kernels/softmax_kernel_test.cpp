@@ -6,36 +6,12 @@
 #include <random>
 #include <vector>
 
+#include "numeric.h"
 #include "kernels/cpu/softmax.h"
 
-namespace {
-
 using namespace nd::kernels::cpu;
-
-std::vector<double> randn(size_t n, unsigned seed, double scale = 1.0) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<double> dist(0.0, scale);
-  std::vector<double> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
-
-template <typename F>
-std::vector<double> numeric_grad(std::vector<double> x, F f, double h = 1e-6) {
-  std::vector<double> g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + h;
-    const double up = f(x);
-    x[i] = saved - h;
-    const double down = f(x);
-    x[i] = saved;
-    g[i] = (up - down) / (2 * h);
-  }
-  return g;
-}
-
-}  // namespace
+using nd::testing::numeric_grad;
+using nd::testing::random_normal;
 
 TEST_CASE("softmax: known values, large logits do not overflow") {
   // softmax(0, log 3) = (1/4, 3/4), also after shifting by 1000.
@@ -58,7 +34,7 @@ TEST_CASE("softmax: known values, large logits do not overflow") {
 
 TEST_CASE("softmax and log_softmax match naive formulas (f64, f32, in place)") {
   const int64_t M = 6, D = 11;
-  const auto x = randn(M * D, 1, 4.0);
+  const auto x = random_normal(M * D, 1, 4.0);
   std::vector<double> y(M * D), ly(M * D);
   softmax_forward<double>(x.data(), M, D, y.data());
   log_softmax_forward<double>(x.data(), M, D, ly.data());
@@ -81,7 +57,7 @@ TEST_CASE("softmax and log_softmax match naive formulas (f64, f32, in place)") {
 
 TEST_CASE("softmax and log_softmax backward match finite differences") {
   const int64_t M = 4, D = 7;
-  const auto x = randn(M * D, 2, 2.0), r = randn(M * D, 3);
+  const auto x = random_normal(M * D, 2, 2.0), r = random_normal(M * D, 3);
   for (bool log : {false, true}) {
     CAPTURE(log);
     auto loss = [&](const std::vector<double>& xx) {
