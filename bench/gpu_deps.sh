@@ -7,7 +7,7 @@
 # the device-tool call then carries (with the bundle of bench/gpu_prebuild.sh, GPU.md):
 #
 #   bash bench/gpu_deps.sh && bash bench/gpu_prebuild.sh
-#   run(command="bash bench/gpu_check.sh .gpu-bin", carry=[".gpu-bin", ".gpu-deps"], timeout_s=540)
+#   run(command="bash bench/gpu_check.sh .gpu-bin", carry=[".gpu-bin", ".gpu-deps"], timeout_s=570)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 D=.gpu-deps
