@@ -145,7 +145,8 @@ run_sanitizer() {
       timeout -k 5 "$cap" env LD_LIBRARY_PATH="$OURS_LD" "$SANITIZER" --tool "$tool" --error-exitcode 9 \
         --print-limit 20 "$exe" -tc="$filter" 2>&1 | tee -a "$OUT/sanitizer.log" >"$out"
       rc=${PIPESTATUS[0]}
-      summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|not supported|test cases:" "$out" | tr -s ' =' ' ' | tr '\n' ';')
+      summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|not supported|test cases:" "$out" | sed 's/^\[doctest\] //' |
+        tr -s ' =' ' ' | tr '\n' ';')
       row "$tool $bin" "$(status $rc)" $(($(now) - t0)) "rc=$rc, ${summary:-no summary (sanitizer.log)}"
       rm -f "$out"
     done
