@@ -121,13 +121,20 @@ smoke_filter() {
   local e
   for e in "${SMOKE[@]}"; do [ "${e%%|*}" = "$1" ] && echo "${e#*|}"; done
 }
-# run_tests STEP EXE ARGS...: the binary's doctest cases (ARGS: its filter) into tests.log, with
-# durations; a summary row of doctest's counts (a filter that matches nothing is a FAIL).
+# share N: the next of N binaries' timeout: twice an equal share of the phase's time left, 15 s
+# at least (a binary that hangs takes that, not the whole phase; one that is slow may use what
+# the quick ones before it left).
+share() {
+  local s=$((2 * (PHASE_END - $(now)) / $1))
+  limit $((s < 15 ? 15 : s))
+}
+# run_tests STEP CAP EXE ARGS...: the binary's doctest cases (ARGS: its filter) into tests.log,
+# with durations, under timeout CAP; a summary row of doctest's counts (a filter that matches
+# nothing is a FAIL).
 run_tests() {
-  local step=$1 exe=$2 cap t0 rc n out summary
-  shift 2
+  local step=$1 cap=$2 exe=$3 t0 rc n out summary
+  shift 3
   if [ ! -x "$exe" ]; then row "$step" "absent" 0 "not built: $exe"; return; fi
-  cap=$(limit 600)
   if [ "$cap" -eq 0 ]; then row "$step" "skipped" 0 "the phase's time is spent"; return; fi
   n=$(env LD_LIBRARY_PATH="$OURS_LD" "$exe" "$@" -ltc 2>/dev/null | sed -n 's/.*passing the current filters: \([0-9]*\).*/\1/p')
   if [ "${n:-0}" -eq 0 ]; then row "$step" "FAIL" 0 "no test case matches $*"; return; fi
@@ -142,9 +149,11 @@ run_tests() {
 }
 
 phase 1
+left=${#SMOKE[@]}
 for e in "${SMOKE[@]}"; do
   bin=${e%%|*}
-  run_tests "smoke $bin" "$BUILD/tests/$bin" -tc="${e#*|}"
+  run_tests "smoke $bin" "$(share $left)" "$BUILD/tests/$bin" -tc="${e#*|}"
+  left=$((left - 1))
 done
 
 # ---- the benchmarks (phases 2-5, 9) -------------------------------------------------------------
@@ -220,11 +229,13 @@ run_built "bench_train bf16" 25 train_steps "$BUILD/bench/bench_train" --device 
 run_torch "bench_train_torch bf16" 30 train_steps bench/bench_train_torch.py --device cuda --steps 20 --amp bf16
 
 phase 6
-for bin in $TARGETS; do
-  case $bin in *_test) ;; *) continue ;; esac
-  [ "$bin" = collectives_test ] && continue  # its one GPU case (nccl*) ran in phase 1
+# every CUDA test binary but collectives_test, whose one GPU case (nccl*) ran in phase 1
+rest=$(for bin in $TARGETS; do case $bin in collectives_test) ;; *_test) echo "$bin" ;; esac; done)
+left=$(wc -w <<<"$rest")
+for bin in $rest; do
   filter=$(smoke_filter "$bin")
-  run_tests "rest $bin" "$BUILD/tests/$bin" ${filter:+-tce="$filter"}
+  run_tests "rest $bin" "$(share "$left")" "$BUILD/tests/$bin" ${filter:+-tce="$filter"}
+  left=$((left - 1))
 done
 
 phase 7
