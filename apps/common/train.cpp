@@ -21,6 +21,8 @@ void add_common_flags(Flags& flags, CommonOptions& o, bool has_batch_norm) {
   flags.add("--lr", &o.lr, "learning rate");
   flags.add("--out", &o.out, "output folder: metrics.jsonl, PNGs, ckpt/ (default out/<app>)", "DIR");
   flags.add("--resume", &o.resume, "continue from DIR/ckpt/latest.safetensors");
+  flags.add("--overwrite", &o.overwrite,
+            "DIR holds a run (metrics.jsonl or ckpt/latest.safetensors): delete its files and start again");
   flags.add("--seed", &o.seed, "seed of the weights, the data order and the noise", 0);
   flags.add("--data", &o.data, "folder with the Fashion-MNIST IDX files", "DIR");
   flags.add("--log-every", &o.log_every, "steps between log lines / metrics.jsonl entries");
@@ -76,13 +78,36 @@ nd::Device setup(const std::string& program, CommonOptions& o, const World& worl
   if (o.zero && o.comm_hook != "none")
     throw UsageError{"--zero and --comm-hook " + o.comm_hook +
                      " cannot be combined: ZeRO reduce-scatters DDP's gradient buckets itself"};
+  if (o.resume && o.overwrite)
+    throw UsageError{"--resume and --overwrite cannot be combined: --resume continues the run in --out, "
+                     "--overwrite deletes it"};
   if (o.out.empty()) o.out = "out/" + program;
-  if (world.rank0()) {
-    std::error_code ec;
-    fs::create_directories(fs::path(o.out) / "ckpt", ec);
-    ND_CHECK(!ec, "cannot create the output folder ", o.out, "/ckpt: ", ec.message());
+  // One run, one folder. Rank 0 looks (it writes every file) and tells the others, so
+  // that every rank refuses or none does.
+  int64_t taken = !o.resume && !o.overwrite && world.rank0() && holds_run(o.out);
+  if (world.size > 1) {
+    nd::Tensor flag = nd::full({1}, static_cast<double>(taken), nd::TensorOptions(nd::kInt64));
+    nd::dist::world()->allreduce(flag, {nd::dist::ReduceOp::MAX})->wait();
+    taken = flag.data_ptr<int64_t>()[0];
+  }
+  if (taken) {
+    std::string what = "metrics.jsonl";
+    const std::string ckpt = checkpoint_path(o);
+    if (world.rank0() && fs::exists(ckpt)) {
+      what = fs::exists(fs::path(o.out) / "metrics.jsonl") ? "metrics.jsonl and a checkpoint" : "a checkpoint";
+      try {
+        what += " at step " + nd::load_metadata(ckpt).at("step");
+      } catch (const std::exception&) {  // unreadable: the message still names the folder
+      }
+    }
+    throw UsageError{"--out " + o.out + " already holds a run (" + what +
+                     "): add --resume to continue it, or --overwrite to delete its files and start again"};
   }
   return device;
+}
+
+bool holds_run(const std::string& dir) {
+  return fs::exists(fs::path(dir) / "metrics.jsonl") || fs::exists(fs::path(dir) / "ckpt" / "latest.safetensors");
 }
 
 nd::ScalarType amp_dtype(const CommonOptions& o) { return o.amp_dtype == "f16" ? nd::kFloat16 : nd::kBFloat16; }
@@ -236,6 +261,35 @@ std::vector<std::pair<std::string, double>> parse_numbers(const std::string& lin
   return out;
 }
 
+// The files a run writes into `dir` (metrics.jsonl, loss_curve.png, samples_*.png, the
+// event files, classifier.safetensors, ckpt/latest.safetensors and its temp files), removed
+// by --overwrite, and ckpt/ when that leaves it empty; nothing else. Returns how many.
+int remove_run(const fs::path& dir) {
+  auto run_file = [](const std::string& name, bool in_ckpt) {
+    auto starts = [&](const char* prefix) { return name.rfind(prefix, 0) == 0; };
+    auto ends = [&](const std::string& suffix) {
+      return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (in_ckpt) return name == "latest.safetensors" || starts(".latest.safetensors.tmp.");
+    return name == "metrics.jsonl" || name == "loss_curve.png" || name == "classifier.safetensors" ||
+           (starts("samples_") && ends(".png")) || starts("events.out.tfevents.");
+  };
+  int removed = 0;
+  for (const auto& [folder, in_ckpt] : {std::pair{dir, false}, std::pair{dir / "ckpt", true}}) {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(folder, ec)) {
+      if (!entry.is_regular_file() || !run_file(entry.path().filename().string(), in_ckpt)) continue;
+      std::error_code rm;
+      fs::remove(entry.path(), rm);
+      ND_CHECK(!rm, "--overwrite: cannot delete ", entry.path().string(), ": ", rm.message());
+      ++removed;
+    }
+  }
+  std::error_code ec;
+  if (fs::is_empty(dir / "ckpt", ec) && !ec) fs::remove(dir / "ckpt", ec);
+  return removed;
+}
+
 }  // namespace
 
 Logger::Logger(std::string program, const CommonOptions& o, const World& world, int64_t start_step)
@@ -244,6 +298,13 @@ Logger::Logger(std::string program, const CommonOptions& o, const World& world, 
       start_step_(start_step), terminal_(world.size == 1 && isatty(fileno(stdout)) != 0), started_(std::chrono::steady_clock::now()),
       last_draw_(started_) {
   if (!world_.rank0()) return;
+  std::error_code ec;
+  fs::create_directories(out_, ec);
+  ND_CHECK(!ec, "cannot create the output folder ", out_, ": ", ec.message());
+  if (o.overwrite) {
+    const int removed = remove_run(out_);
+    if (removed) say("--overwrite: deleted " + std::to_string(removed) + " file(s) of the previous run in " + out_);
+  }
   // On resume keep the lines up to the checkpoint (and their losses for the curve);
   // lines a killed run wrote after it are dropped.
   const std::string path = out_ + "/metrics.jsonl";
@@ -413,6 +474,9 @@ std::string checkpoint_path(const CommonOptions& o) { return o.out + "/ckpt/late
 void save_checkpoint(const CommonOptions& o, const World& world, nd::TrainState& state, const BatchStream& batches) {
   const nd::TensorDict collected = nd::train_state_dict(state);  // every rank: PowerSGD gathers its errors
   if (!world.rank0()) return;
+  std::error_code ec;
+  fs::create_directories(fs::path(o.out) / "ckpt", ec);
+  ND_CHECK(!ec, "cannot create the checkpoint folder ", o.out, "/ckpt: ", ec.message());
   nd::save_train_state(checkpoint_path(o), collected, state,
                        {{"batches_consumed", std::to_string(batches.consumed())},
                         {"epoch", std::to_string(batches.epoch())},

@@ -28,6 +28,7 @@ struct CommonOptions {
   double lr = 1e-3;
   std::string out;          // default out/<program>
   bool resume = false;
+  bool overwrite = false;   // --overwrite: delete the run already in --out (holds_run) before writing
   int64_t seed = 0;
   std::string data = nd::data::kFashionMnistDir;
   int64_t log_every = 50;
@@ -48,7 +49,7 @@ struct CommonOptions {
   bool checkpoint_at(int64_t step) const { return step % ckpt_every == 0 || step == steps || step == exit_after; }
 };
 
-// Adds --device --steps --batch-size --lr --out --resume --seed --data --log-every
+// Adds --device --steps --batch-size --lr --out --resume --overwrite --seed --data --log-every
 // --sample-every --ckpt-every --exit-after --amp --amp-dtype --no-tensorboard --comm-hook
 // --powersgd-rank --zero, and --sync-bn when the app has BatchNorm.
 void add_common_flags(Flags& flags, CommonOptions& options, bool has_batch_norm);
@@ -59,10 +60,15 @@ struct World {
 };
 World world();
 
+// Whether folder `dir` holds a run: it has DIR/metrics.jsonl or DIR/ckpt/latest.safetensors.
+bool holds_run(const std::string& dir);
+
 // Checks what the flags alone cannot (the device exists, the batch divides by
-// the world size), fills in --out's default, creates DIR and DIR/ckpt on rank 0, and
-// returns the device ("cuda" without an index: this rank's GPU, cuda:<local rank>).
-// Throws UsageError or nd::Error.
+// the world size), fills in --out's default, and returns the device ("cuda" without an
+// index: this rank's GPU, cuda:<local rank>). One run, one folder: when --out holds a run
+// (rank 0 looks, every rank gets its answer) and neither --resume nor --overwrite was
+// given, a UsageError naming both. Creates nothing: the Logger creates DIR, the first
+// checkpoint DIR/ckpt. Throws UsageError or nd::Error.
 nd::Device setup(const std::string& program, CommonOptions& options, const World& world);
 
 // --amp's operand dtype for the AutocastGuard: kBFloat16, or kFloat16 with --amp-dtype f16.

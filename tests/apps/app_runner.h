@@ -64,6 +64,11 @@ inline Run run_logged(const std::string& command, const fs::path& log) {
   return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, text.str()};
 }
 
+// Runs build/apps/<app> with `args` (and `env` assignments before it), output captured.
+inline Run run_app(const std::string& app, const std::string& args, const std::string& env = "") {
+  return run_logged(env + " " + (apps_dir() / app).string() + " " + args, temp_dir("logs") / (app + ".log"));
+}
+
 inline std::vector<std::string> read_lines(const fs::path& path) {
   std::ifstream in(path);
   std::vector<std::string> lines;
