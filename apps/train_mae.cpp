@@ -158,8 +158,7 @@ int train(Options& o) {
     state.step = step;
     log.step(step, {{"loss", loss.item()}}, {{"MAE", norm}});
     if (step % o.sample_every == 0 || step == o.steps) evaluate(step);
-    if (o.checkpoint_at(step)) app::save_checkpoint(o, world, state, batches);
-    if (step == o.exit_after) return 0;
+    if (const auto status = app::end_of_step(o, world, state, batches, log, step)) return *status;
   }
   if (start >= o.steps) evaluate(o.steps);
   if (o.probe && world.rank0())

@@ -1,7 +1,9 @@
 #include "common/train.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -290,6 +292,53 @@ int remove_run(const fs::path& dir) {
   return removed;
 }
 
+// Graceful stop: the first SIGINT or SIGTERM sets this; the handler puts back both
+// signals' default action, so that a second one ends the process at once.
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void record_stop_signal(int signal) {
+  g_stop_signal.store(signal);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigaction(SIGINT, &dfl, nullptr);
+  sigaction(SIGTERM, &dfl, nullptr);
+}
+
+void set_stop_handlers(bool on) {
+  struct sigaction action {};
+  action.sa_handler = on ? record_stop_signal : SIG_DFL;
+  action.sa_flags = SA_RESTART;  // interrupted system calls (file writes, MPI's polls) go on
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+const char* signal_name(int signal) { return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "a signal"; }
+
+// `word` as a POSIX shell reads it: as it is when it is plain, else in single quotes.
+std::string shell_word(const std::string& word) {
+  const bool plain = !word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                             "0123456789_./:=,+-@%") == std::string::npos;
+  if (plain) return word;
+  std::string out = "'";
+  for (char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// The command line that continues this run: this one without --overwrite, with --resume
+// (under mpirun prefixed with "mpirun -np W", the other mpirun options being unknown here).
+std::string resume_command(const CommonOptions& o, const World& world) {
+  std::string out = world.size > 1 ? "mpirun -np " + std::to_string(world.size) + " " : "";
+  bool resume = false;
+  const std::vector<std::string> words = o.flags ? o.flags->command_line() : std::vector<std::string>{};
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (words[i] == "--overwrite") continue;
+    resume = resume || words[i] == "--resume";
+    out += (i ? " " : "") + shell_word(words[i]);
+  }
+  return resume ? out : out + " --resume";
+}
+
 }  // namespace
 
 Logger::Logger(std::string program, const CommonOptions& o, const World& world, int64_t start_step)
@@ -338,6 +387,17 @@ Logger::Logger(std::string program, const CommonOptions& o, const World& world, 
   tensorboard_->flush();
 }
 
+Logger::~Logger() {
+  if (listening_) set_stop_handlers(false);
+}
+
+void Logger::stop_listening() {
+  if (!listening_) return;
+  set_stop_handlers(false);
+  listening_ = false;
+  if (const int signal = g_stop_signal.exchange(0)) raise(signal);  // came after the last step: its default effect
+}
+
 void Logger::print_line(const std::string& line, bool permanent) {
   if (!world_.rank0()) return;
   if (terminal_) {
@@ -380,13 +440,26 @@ void Logger::add_image(const std::string& tag, const Image& image, int64_t step)
 }
 
 void Logger::step(int64_t step, const Values& losses, const Values& update_norms, const Values& other) {
+  if (!listening_) {
+    g_stop_signal.store(0);
+    set_stop_handlers(true);
+    listening_ = true;
+  }
+  // Every rank, every step: all stop after the same step when any got a signal.
+  int64_t signal = g_stop_signal.load();
+  if (world_.size > 1) {
+    nd::Tensor flag = nd::full({1}, static_cast<double>(signal), nd::TensorOptions(nd::kInt64));
+    nd::dist::world()->allreduce(flag, {nd::dist::ReduceOp::MAX})->wait();
+    signal = flag.data_ptr<int64_t>()[0];
+  }
+  stop_signal_ = static_cast<int>(signal);
   if (window_sums_.empty()) {
     window_sums_.assign(losses.size(), 0.0);
     for (const auto& [k, v] : losses) loss_names_.push_back(k);
   }
   for (size_t i = 0; i < losses.size(); ++i) window_sums_[i] += losses[i].second;
   ++window_;
-  const bool log_now = step % log_every_ == 0 || step == total_;
+  const bool log_now = step % log_every_ == 0 || step == total_ || stop_signal_ != 0;
   const auto now = std::chrono::steady_clock::now();
   const double elapsed = std::chrono::duration<double>(now - started_).count();
   const double rate = static_cast<double>(step - start_step_) / std::max(elapsed, 1e-9);
@@ -408,6 +481,7 @@ void Logger::step(int64_t step, const Values& losses, const Values& update_norms
         it->points.emplace_back(static_cast<double>(step), mean);
       }
     }
+    if (window_ != log_every_) values.emplace_back("steps_averaged", static_cast<double>(window_));
     for (const auto& [k, v] : update_norms) values.emplace_back("update_norm_" + k, v);
     values.insert(values.end(), other.begin(), other.end());
     if (scaler_ && scaler_->is_enabled()) values.emplace_back("amp_scale", scaler_->get_scale());
@@ -497,6 +571,22 @@ int64_t load_checkpoint(const CommonOptions& o, nd::TrainState& state, BatchStre
            ", this run has ", o.seed);
   batches.seek(std::stoll(meta["batches_consumed"]));
   return state.step;
+}
+
+std::optional<int> end_of_step(const CommonOptions& o, const World& world, nd::TrainState& state,
+                               const BatchStream& batches, Logger& log, int64_t step) {
+  const int signal = log.stop_signal();
+  if (o.checkpoint_at(step) || signal != 0) save_checkpoint(o, world, state, batches);
+  if (signal != 0) {
+    log.finish();
+    log.say(log.program() + ": got " + signal_name(signal) + ": stopped after step " + std::to_string(step) + " of " +
+            std::to_string(o.steps) + ", checkpoint " + checkpoint_path(o));
+    log.say(log.program() + ": to continue: " + resume_command(o, world));
+    return 128 + signal;
+  }
+  if (step == o.exit_after) return 0;
+  if (step == o.steps) log.stop_listening();
+  return std::nullopt;
 }
 
 void save_samples(Logger& logger, const World& world, const CommonOptions& o, int64_t step, const Image& image) {

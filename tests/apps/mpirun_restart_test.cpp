@@ -51,27 +51,6 @@ std::string joint(const fs::path& out, int64_t steps) {
          std::to_string(kCkptEvery) + " --out " + out.string();
 }
 
-// The process of session `sid` running `program` as MPI rank `rank`; 0 when there is none.
-pid_t rank_pid(pid_t sid, const std::string& program, int rank) {
-  for (pid_t pid : session_members(sid)) {
-    const std::string proc = "/proc/" + std::to_string(pid);
-    if (read_text(proc + "/comm") != program + "\n") continue;
-    std::string environ = read_text(proc + "/environ");
-    for (char& c : environ)
-      if (c == '\0') c = '\n';
-    if (contains("\n" + environ, "\nOMPI_COMM_WORLD_RANK=" + std::to_string(rank) + "\n")) return pid;
-  }
-  return 0;
-}
-
-// The step of metrics.jsonl's last whole line; 0 when there is none.
-int64_t last_step(const fs::path& metrics) {
-  const std::vector<std::string> lines = read_lines(metrics);
-  for (auto line = lines.rbegin(); line != lines.rend(); ++line)
-    if (line->rfind("{\"step\":", 0) == 0 && line->back() == '}') return std::stoll(line->substr(8));
-  return 0;
-}
-
 struct Outcome {
   bool all_kills_landed = false;  // false: the job finished first; re-time with more steps
   int status = -1;                // the launcher's exit status
