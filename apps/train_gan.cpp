@@ -136,7 +136,7 @@ int train(Options& o) {
     }
     if (const auto status = app::end_of_step(o, world, state, batches, log, step)) return *status;
   }
-  if (start >= o.steps) write_samples(o.steps);
+  if (start >= o.steps) write_samples(start);  // --steps 0: the checkpoint's model
   evaluate(std::max(start, o.steps));
   log.finish();
   return 0;

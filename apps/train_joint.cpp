@@ -168,7 +168,7 @@ int train(Options& o) {
     if (step % o.sample_every == 0 || step == o.steps) write_samples(step);
     if (const auto status = app::end_of_step(o, world, state, batches, log, step)) return *status;
   }
-  if (start >= o.steps) write_samples(o.steps);
+  if (start >= o.steps) write_samples(start);  // --steps 0: the checkpoint's model
   log.finish();
   return 0;
 }

@@ -160,7 +160,7 @@ int train(Options& o) {
     if (step % o.sample_every == 0 || step == o.steps) evaluate(step);
     if (const auto status = app::end_of_step(o, world, state, batches, log, step)) return *status;
   }
-  if (start >= o.steps) evaluate(o.steps);
+  if (start >= o.steps) evaluate(start);  // --steps 0: the checkpoint's model
   if (o.probe && world.rank0())
     log.record(std::max(start, o.steps),
                {{"probe_accuracy", linear_probe(M, train_set, test_set, o.probe_train, device, log)}});

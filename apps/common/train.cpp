@@ -562,6 +562,14 @@ void save_checkpoint(const CommonOptions& o, const World& world, nd::TrainState&
 int64_t load_checkpoint(const CommonOptions& o, nd::TrainState& state, BatchStream& batches) {
   const std::string path = checkpoint_path(o);
   ND_CHECK(fs::exists(path), "--resume: no checkpoint at ", path, " (train without --resume first)");
+  if (o.steps != 0) {
+    const auto header = nd::load_metadata(path);
+    const auto step = header.find("step");
+    if (step != header.end() && std::stoll(step->second) >= o.steps)
+      throw UsageError{"--resume: the checkpoint " + path + " is at step " + step->second + " and --steps is " +
+                       std::to_string(o.steps) + ": nothing to train (give --steps above " + step->second +
+                       ", or --steps 0 to only evaluate)"};
+  }
   auto meta = nd::load_train_state(path, state);
   ND_CHECK(meta.count("batches_consumed") && meta.count("global_batch_size"), path,
            " was not written by a training app (no batches_consumed / global_batch_size metadata)");

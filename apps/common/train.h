@@ -224,7 +224,8 @@ std::string checkpoint_path(const CommonOptions& options);
 void save_checkpoint(const CommonOptions& options, const World& world, nd::TrainState& state,
                      const BatchStream& batches);
 // Loads the checkpoint into `state` (every rank), seeks the batch stream and returns
-// the step to continue from. Throws nd::Error when there is none.
+// the step to continue from. Throws nd::Error when there is none, UsageError when --steps
+// is not 0 (only evaluate) and not above the checkpoint's step (nothing loaded then).
 int64_t load_checkpoint(const CommonOptions& options, nd::TrainState& state, BatchStream& batches);
 
 // The end of every training step, on every rank, after Logger::step and the step's samples:

@@ -1,7 +1,8 @@
 // The apps' runs, single rank (and one 2-rank refusal): one run per --out folder (a second
 // start is refused, exit 2, naming --resume and --overwrite; --overwrite deletes only the
-// run's files), failed starts leave no folder, the first metrics line after a resume says
-// how many steps it averages, and SIGINT / SIGTERM stop after a step with a checkpoint from
+// run's files), failed starts leave no folder, --resume with --steps at or below the
+// checkpoint is refused with both numbers, the first metrics line after a resume says how
+// many steps it averages, and SIGINT / SIGTERM stop after a step with a checkpoint from
 // which --resume continues bit for bit (a second signal ends the app at once).
 // The 2-rank graceful stop is in apps_kill_test.cpp.
 #include <signal.h>
@@ -127,7 +128,8 @@ TEST_CASE("apps: --overwrite deletes the previous run's files, and only those, t
   CHECK(load_metadata((out / "ckpt" / "latest.safetensors").string()).at("step") == "3");
 }
 
-TEST_CASE("apps: a failed start leaves no folder behind") {
+TEST_CASE("apps: a failed start leaves no folder behind, and --resume with --steps at or below the checkpoint is "
+          "one line with both numbers, nothing written") {
   const fs::path root = temp_dir("failed_starts");
   const Run data = run_app("train_gan", "--data /nonexistent --out " + (root / "no_data").string());
   CHECK(data.status == 1);
@@ -137,6 +139,29 @@ TEST_CASE("apps: a failed start leaves no folder behind") {
   CHECK(contains(resume.output, "--resume: no checkpoint at " + (root / "no_ckpt").string()));
   CHECK_FALSE(fs::exists(root / "no_ckpt"));
 
+  const fs::path out = root / "done";
+  REQUIRE(run_app("train_gan", small("train_gan", out, 3)).status == 0);
+  const fs::path ckpt = out / "ckpt" / "latest.safetensors";
+  const auto ckpt_time = fs::last_write_time(ckpt);
+  const std::string metrics = read_text(out / "metrics.jsonl");
+  for (const int64_t steps : {1, 3}) {
+    CAPTURE(steps);
+    const Run r = run_app("train_gan", small("train_gan", out, steps) + " --resume");
+    CHECK(r.status == 2);
+    CHECK(r.output == "train_gan: --resume: the checkpoint " + ckpt.string() + " is at step 3 and --steps is " +
+                          std::to_string(steps) +
+                          ": nothing to train (give --steps above 3, or --steps 0 to only evaluate) (run "
+                          "'train_gan --help' for the options)\n");
+  }
+  CHECK(fs::last_write_time(ckpt) == ckpt_time);
+  CHECK(read_text(out / "metrics.jsonl") == metrics);
+  CHECK_FALSE(fs::exists(out / "samples_000001.png"));
+  // --steps 0 only evaluates: the sample grid is the checkpoint's, named by its step.
+  const Run eval = run_app("train_gan", small("train_gan", out, 0) + " --resume");
+  INFO(eval.output);
+  CHECK(eval.status == 0);
+  CHECK(fs::exists(out / "samples_000003.png"));
+  CHECK_FALSE(fs::exists(out / "samples_000000.png"));
 }
 
 TEST_CASE("apps: a metrics line that averages other than --log-every steps says how many (steps_averaged)") {
