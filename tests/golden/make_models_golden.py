@@ -28,8 +28,9 @@ python3 make_models_golden.py --vit DIR   DIR/vit.safetensors: ViT-B at full siz
 python3 make_models_golden.py --pth DIR   DIR/mae_twin.pth (main_pretrain.py's checkpoint
                             layout: "model", "optimizer", "epoch", "scaler", "args"),
                             DIR/mae_twin_encoder.pth (the encoder's keys alone, as the released
-                            pretrain checkpoints), DIR/expected.safetensors (inputs, the loss and
-                            the unmasked encoder latent of those weights)
+                            pretrain checkpoints), DIR/no_model.pth (no state dict), and
+                            DIR/expected.safetensors (inputs, the loss and the unmasked encoder
+                            latent of those weights)
 """
 import argparse
 import math
@@ -219,6 +220,7 @@ def pth(out_dir):
                os.path.join(out_dir, "mae_twin.pth"))
     encoder = {k: v for k, v in state.items() if k != "mask_token" and not k.startswith("decoder_")}
     torch.save({"model": encoder}, os.path.join(out_dir, "mae_twin_encoder.pth"))
+    torch.save({"epoch": 3}, os.path.join(out_dir, "no_model.pth"))  # what the tool must refuse
     mae = mae.double()
     images = uniform("images", (2, 3, 32, 32), -1, 1)
     noise = uniform("noise", (2, 16), 0, 1)

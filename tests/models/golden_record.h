@@ -5,8 +5,15 @@
 //   reference_models.py's closed_form and uniform01;
 // - check_recorded: our tensor against an entry of its Record (values, every stride-th
 //   when large, plus the shape and the L2 norm of the whole tensor).
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -82,6 +89,81 @@ inline void check_recorded(const TensorDict& golden, const std::string& key, con
   const double norm = golden.at("norm." + key).item();
   const double ours = actual.detach().to(kFloat64).pow(2).sum().sqrt().item();
   CHECK_MESSAGE(std::abs(ours - norm) <= tol * norm + 1e-7, key, ": norm ", ours, ", expected ", norm);
+}
+
+// Runs `mae`, given closed-form weights, on Record `name`'s closed-form images and masking
+// noise (make_models_golden.py's mae_result), one backward, and checks the loss,
+// predictions, mask, encoder latent and every gradient against the Record, to tol.
+inline void check_mae_recorded(const TensorDict& golden, const std::string& name, models::MAE& mae, int64_t batch,
+                               double tol) {
+  fill_closed_form(*mae);
+  const models::MAEConfig& c = mae->config;
+  const Tensor images = closed_form_uniform("images", {batch, c.in_chans, c.img_size, c.img_size}, -1, 1);
+  const Tensor noise = closed_form_uniform("noise", {batch, c.num_patches()}, 0, 1);
+  const models::MAEEncoderOutput enc = mae->forward_encoder(images, c.mask_ratio, noise);
+  const Tensor pred = mae->forward_decoder(enc.latent, enc.ids_restore);
+  const Tensor loss = mae->forward_loss(images, pred, enc.mask);
+  loss.backward();
+  check_recorded(golden, name + ".out.loss", loss, tol);
+  check_recorded(golden, name + ".out.pred", pred, tol);
+  check_recorded(golden, name + ".out.mask", enc.mask, 0);
+  check_recorded(golden, name + ".out.latent", enc.latent, tol);
+  const auto params = mae->named_parameters();
+  for (const auto& [k, p] : params) check_recorded(golden, name + ".grad." + k, p.grad(), tol);
+  int64_t recorded = 0;
+  for (const auto& [k, v] : golden)
+    if (k.rfind(name + ".grad.", 0) == 0) ++recorded;
+  CHECK(recorded == static_cast<int64_t>(params.size()));
+}
+
+// "768x3x16x16"
+inline std::string shape_text(const Shape& shape) {
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
+  return s;
+}
+
+// tests/golden/mae_keys.txt (models_mae.py's state dicts): config -> key -> shape_text.
+inline std::map<std::string, std::map<std::string, std::string>> mae_reference_keys() {
+  const auto path = std::filesystem::path(NANODDP_SOURCE_DIR) / "tests" / "golden" / "mae_keys.txt";
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), path.string(), " is missing (run tests/golden/make_models_golden.py)");
+  std::map<std::string, std::map<std::string, std::string>> out;
+  std::string config, key, shape;
+  while (in >> config >> key >> shape) out[config][key] = shape;
+  return out;
+}
+
+// python3 with torch, numpy and safetensors (what make_models_golden.py and
+// models/mae_pth_to_safetensors.py import).
+inline bool python_has_torch() {
+  static const bool ok = std::system("python3 -c 'import torch, numpy, safetensors' >/dev/null 2>&1") == 0;
+  return ok;
+}
+
+// A fresh directory under the system temp dir, removed with its contents.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / ("nanoddp_" + name + "_" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+// Runs `python3 <script under the source tree> <args>`, stdout and stderr into `log`;
+// returns its exit status (-1 when it did not exit normally).
+inline int run_python(const std::string& script, const std::string& args, const std::filesystem::path& log) {
+  const auto path = std::filesystem::path(NANODDP_SOURCE_DIR) / script;
+  const int rc = std::system(("python3 " + path.string() + " " + args + " > " + log.string() + " 2>&1").c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// The whole file, for failure messages.
+inline std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // The golden file tests/golden/<file> as one dict; a clear failure when it is missing.
