@@ -159,7 +159,7 @@ class MAEEncoderImpl : public nn::Module {
   // masking, cls token excluded) after the encoder norm, [N, E].
   Tensor features(const Tensor& images);
   // Loads the encoder from a state dict of a whole MAE or of an encoder alone (the
-  // layout of the paper's released pretrain checkpoints):
+  // paper's released pretrain checkpoints, converted by models/mae_pth_to_safetensors.py):
   // the decoder's keys (mask_token and decoder_*) are passed over, every other key must
   // be this model's, and every key of the encoder must be there; otherwise one nd::Error
   // lists the missing, unexpected and wrong-shaped keys. On an MAEImpl it leaves the
