@@ -1,4 +1,6 @@
 #include "models/dcgan.h"
+#include "engine/error.h"
+#include "engine/ops/elementwise.h"
 
 namespace nd::models {
 

@@ -9,7 +9,8 @@
 // tests/models/golden_dcgan_test.cpp.
 #include <string>
 
-#include <nanoddp.h>
+#include "engine/nn/nn.h"
+#include "engine/tensor.h"
 
 namespace nd::models {
 

@@ -4,6 +4,14 @@
 #include <cmath>
 #include <numeric>
 
+#include "engine/error.h"
+#include "engine/factories.h"
+#include "engine/ops/attention.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/index.h"
+#include "engine/ops/reduce.h"
+#include "engine/ops/view.h"
+
 namespace nd::models {
 
 PatchEmbedImpl::PatchEmbedImpl(int64_t in_chans, int64_t embed_dim, int64_t patch_size) : nn::Module("PatchEmbed") {

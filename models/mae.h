@@ -11,7 +11,8 @@
 // Tests: tests/models/mae_test.cpp, golden_models_test.cpp, golden_mae_test.cpp.
 #include <string>
 
-#include <nanoddp.h>
+#include "engine/nn/nn.h"
+#include "engine/tensor.h"
 
 namespace nd::models {
 
