@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/data.h"
+#include "data/data.h"
 #include "harness.h"
 
 using namespace nd;
