@@ -5,6 +5,7 @@
 #include "engine/autograd.h"
 #include "data/data.h"
 #include "data/data_loader.h"
+#include "data/image.h"
 #include "engine/device.h"
 #include "engine/dtype.h"
 #include "engine/error.h"
