@@ -64,6 +64,12 @@ std::vector<uint8_t> read_file(const std::string& path) {
   return bytes;
 }
 
+EncodedImage read_image(const std::string& path) {
+  EncodedImage image{path, read_file(path), {}};
+  image.info = image_info(image.bytes, path);
+  return image;
+}
+
 ImageInfo image_info(const std::vector<uint8_t>& bytes, const std::string& path) {
   if (is_jpeg(bytes)) return detail::jpeg_info(bytes, path);
   if (is_png(bytes)) return detail::png_info(bytes, path);

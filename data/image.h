@@ -41,6 +41,16 @@ struct ImageInfo {
 // The whole file at `path` (an nd::Error naming it when it cannot be read).
 std::vector<uint8_t> read_file(const std::string& path);
 
+// A file read but not yet decoded: its bytes and what its header says. Transforms decode it
+// when they need pixels (a crop first decodes only its region).
+struct EncodedImage {
+  std::string path;
+  std::vector<uint8_t> bytes;
+  ImageInfo info;
+};
+// read_file + image_info.
+EncodedImage read_image(const std::string& path);
+
 // The format (from the file's signature, not its name) and the size. An nd::Error when
 // the bytes are neither a JPEG nor a PNG, or the header is cut off or invalid.
 ImageInfo image_info(const std::vector<uint8_t>& bytes, const std::string& path);

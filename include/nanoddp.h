@@ -6,6 +6,8 @@
 #include "data/data.h"
 #include "data/data_loader.h"
 #include "data/image.h"
+#include "data/resize.h"
+#include "data/transforms.h"
 #include "engine/device.h"
 #include "engine/dtype.h"
 #include "engine/error.h"
