@@ -5,6 +5,7 @@
 #include "engine/autograd.h"
 #include "data/data.h"
 #include "data/data_loader.h"
+#include "data/datasets.h"
 #include "data/image.h"
 #include "data/resize.h"
 #include "data/transforms.h"

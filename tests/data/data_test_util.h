@@ -47,3 +47,10 @@ inline const TensorDict& image_goldens() {
 }
 
 }  // namespace nd::testing
+
+// The names every tests/data suite uses unqualified.
+using nd::testing::Bytes;
+using nd::testing::error_message;
+using nd::testing::golden_image;
+using nd::testing::TempDir;
+using nd::testing::write_bytes;

@@ -10,11 +10,6 @@
 #include "kernels/common/counter_rng.h"
 
 using namespace nd;
-using nd::testing::Bytes;
-using nd::testing::error_message;
-using nd::testing::golden_image;
-using nd::testing::TempDir;
-using nd::testing::write_bytes;
 
 namespace {
 

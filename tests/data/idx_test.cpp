@@ -11,10 +11,6 @@
 #include "data_test_util.h"
 
 using namespace nd;
-using nd::testing::error_message;
-using nd::testing::Bytes;
-using nd::testing::TempDir;
-using nd::testing::write_bytes;
 namespace fs = std::filesystem;
 
 namespace {

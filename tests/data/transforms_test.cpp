@@ -10,8 +10,6 @@
 
 using namespace nd;
 using namespace nd::data::transforms;
-using nd::testing::error_message;
-using nd::testing::golden_image;
 using nd::testing::image_goldens;
 
 namespace {
