@@ -155,7 +155,7 @@ TEST_CASE("RandomResizedCrop falls back to torchvision's central box when 10 dra
   CHECK(t.left == 47);
 }
 
-TEST_CASE("random transforms are a function of (seed, epoch, index); encoded input decodes only the box") {
+TEST_CASE("random transforms are a function of (seed, epoch, index), and encoded input decodes only the box") {
   const Compose pipeline({RandomResizedCrop({24}), RandomHorizontalFlip()});
   const data::EncodedImage encoded = data::read_image(golden_image("jregion.jpg"));
   const data::Image decoded = data::decode_image(encoded.bytes, encoded.path);
