@@ -97,7 +97,7 @@ Example ImageFolder::get(int64_t index, Generator& gen) const {
   const auto& [path, target] = samples_[index];
   transforms::Sample sample = read_image(path);
   options_.transform()(sample, gen);
-  return {transforms::to_tensor(std::move(sample)), target};
+  return {transforms::as_tensor(std::move(sample)), target};
 }
 
 // ---- CIFAR ----------------------------------------------------------------------------
@@ -151,7 +151,7 @@ Image CifarBinary::image(int64_t index) const {
 Example CifarBinary::get(int64_t index, Generator& gen) const {
   transforms::Sample sample = image(index);
   transform_(sample, gen);
-  return {transforms::to_tensor(std::move(sample)), targets_[index]};
+  return {transforms::as_tensor(std::move(sample)), targets_[index]};
 }
 
 CIFAR10::CIFAR10(const std::string& root, bool train, transforms::AnyTransform transform)

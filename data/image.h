@@ -68,7 +68,8 @@ Image decode_image(const std::vector<uint8_t>& bytes, const std::string& path);
 // Only `region` of the image: the same pixels as that region of the full decode. For a
 // JPEG, rows above the region are skipped and only the iMCU columns it touches are decoded
 // (libjpeg-turbo's jpeg_skip_scanlines and jpeg_crop_scanline), and rows below it are not
-// read at all (so corruption there goes unnoticed). The region must lie inside the image.
+// read at all (so corruption there goes unnoticed). A PNG is decoded whole and the region
+// copied out (its rows are compressed as one stream). The region must lie inside the image.
 Image decode_image(const std::vector<uint8_t>& bytes, const std::string& path, const Box& region);
 
 }  // namespace nd::data

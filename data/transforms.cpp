@@ -75,9 +75,9 @@ Image& image_of(Sample& sample, const char* who) {
   got_a_tensor(who);
 }
 
-Tensor to_tensor(Sample sample) {
+Tensor as_tensor(Sample sample) {
   if (auto* t = std::get_if<Tensor>(&sample)) return *t;
-  const Image& image = image_of(sample, "to_tensor");
+  const Image& image = image_of(sample, "as_tensor");
   Tensor out = empty({3, image.height, image.width}, TensorOptions(kUInt8));
   uint8_t* dst = out.data_ptr<uint8_t>();
   const int64_t plane = image.height * image.width;

@@ -43,9 +43,9 @@ using Sample = std::variant<EncodedImage, Image, Tensor>;
 // The decoded image of `sample` (decoding an encoded one whole); an nd::Error naming `who`
 // for a tensor.
 Image& image_of(Sample& sample, const char* who);
-// The sample as a tensor: an image becomes [3, H, W] u8 (torchvision's PILToTensor), a
-// tensor stays as it is.
-Tensor to_tensor(Sample sample);
+// The sample as a tensor: an image becomes [3, H, W] u8 (torchvision's pil_to_tensor, not
+// ToTensor's f32), a tensor stays as it is.
+Tensor as_tensor(Sample sample);
 
 class Transform {
  public:
