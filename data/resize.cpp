@@ -63,43 +63,50 @@ Taps compute_taps(int64_t in, int64_t out, InterpolationMode mode) {
   return taps;
 }
 
-// A float image, HWC like Image.
-struct FloatImage {
-  int64_t height, width;
-  std::vector<float> values;
-};
-
-FloatImage horizontal(const FloatImage& in, int64_t width, InterpolationMode mode) {
-  const Taps taps = compute_taps(in.width, width, mode);
-  FloatImage out{in.height, width, std::vector<float>(static_cast<size_t>(in.height * width * 3))};
-  for (int64_t y = 0; y < in.height; ++y) {
-    const float* src = in.values.data() + y * in.width * 3;
-    float* dst = out.values.data() + y * width * 3;
-    for (int64_t x = 0; x < width; ++x) {
-      const float* w = taps.weights.data() + x * taps.max_count;
-      const float* s = src + taps.first[x] * 3;
-      for (int c = 0; c < 3; ++c) {
-        float t = s[c] * w[0];
-        for (int64_t j = 1; j < taps.count[x]; ++j) t += s[j * 3 + c] * w[j];
-        dst[x * 3 + c] = t;
-      }
+// One pass along the outer dimension of `in` (rows of `length` floats) into `out`, one row per
+// output index of `taps`: output row i is the weighted sum of input rows first_i ..
+// first_i + count_i - 1. Each element is summed in tap order as PyTorch sums it
+// (t = s0 * w0, then t += s_j * w_j); the loop over a row's elements is innermost, so it
+// vectorises.
+void filter_rows(const Taps& taps, const float* in, int64_t length, float* out) {
+  for (size_t i = 0; i < taps.first.size(); ++i) {
+    float* dst = out + static_cast<int64_t>(i) * length;
+    if (taps.count[i] == 0) {
+      std::fill(dst, dst + length, 0.0f);
+      continue;
+    }
+    const float* w = taps.weights.data() + static_cast<int64_t>(i) * taps.max_count;
+    const float* src = in + taps.first[i] * length;
+    for (int64_t k = 0; k < length; ++k) dst[k] = src[k] * w[0];
+    for (int64_t j = 1; j < taps.count[i]; ++j) {
+      const float* s = src + j * length;
+      const float wj = w[j];
+      for (int64_t k = 0; k < length; ++k) dst[k] += s[k] * wj;
     }
   }
-  return out;
 }
 
-FloatImage vertical(const FloatImage& in, int64_t height, InterpolationMode mode) {
-  const Taps taps = compute_taps(in.height, height, mode);
-  const int64_t row = in.width * 3;
-  FloatImage out{height, in.width, std::vector<float>(static_cast<size_t>(height * row))};
-  for (int64_t y = 0; y < height; ++y) {
-    const float* w = taps.weights.data() + y * taps.max_count;
-    const float* src = in.values.data() + taps.first[y] * row;
-    float* dst = out.values.data() + y * row;
-    for (int64_t k = 0; k < row; ++k) {
-      float t = src[k] * w[0];
-      for (int64_t j = 1; j < taps.count[y]; ++j) t += src[j * row + k] * w[j];
-      dst[k] = t;
+// The width pass, [H][W][3] uint8 -> [H][width][3] float. Rows go through in blocks of
+// kBlock, each transposed into a small buffer (its columns become rows of kBlock * 3 floats)
+// so that filter_rows runs along contiguous memory, then transposed back; the buffers stay
+// in cache and nothing image-sized is allocated but the result.
+std::vector<float> width_pass(const Image& image, int64_t width, InterpolationMode mode) {
+  constexpr int64_t kBlock = 16;
+  const Taps taps = compute_taps(image.width, width, mode);
+  std::vector<float> out(static_cast<size_t>(image.height * width * 3));
+  std::vector<float> block(static_cast<size_t>(image.width * kBlock * 3)), filtered(static_cast<size_t>(width * kBlock * 3));
+  for (int64_t y0 = 0; y0 < image.height; y0 += kBlock) {
+    const int64_t rows = std::min(kBlock, image.height - y0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* src = image.row(y0 + r);
+      for (int64_t x = 0; x < image.width; ++x)
+        for (int c = 0; c < 3; ++c) block[(x * rows + r) * 3 + c] = src[x * 3 + c];
+    }
+    filter_rows(taps, block.data(), rows * 3, filtered.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dst = out.data() + (y0 + r) * width * 3;
+      for (int64_t x = 0; x < width; ++x)
+        for (int c = 0; c < 3; ++c) dst[x * 3 + c] = filtered[(x * rows + r) * 3 + c];
     }
   }
   return out;
@@ -112,14 +119,18 @@ Image resize(const Image& image, int64_t height, int64_t width, InterpolationMod
   ND_CHECK(image.height >= 1 && image.width >= 1, "Resize: the image is empty (", image.width, " x ", image.height,
            ")");
   if (height == image.height && width == image.width) return image;
-  FloatImage f{image.height, image.width, std::vector<float>(image.pixels.begin(), image.pixels.end())};
   // PyTorch's order: the contiguous dimension (width) first, then height; a pass whose size
   // does not change is left out.
-  if (width != image.width) f = horizontal(f, width, mode);
-  if (height != image.height) f = vertical(f, height, mode);
+  std::vector<float> f = width != image.width ? width_pass(image, width, mode)
+                                              : std::vector<float>(image.pixels.begin(), image.pixels.end());
+  if (height != image.height) {
+    std::vector<float> g(static_cast<size_t>(height * width * 3));
+    filter_rows(compute_taps(image.height, height, mode), f.data(), width * 3, g.data());
+    f = std::move(g);
+  }
   Image out(height, width);
   for (size_t i = 0; i < out.pixels.size(); ++i)
-    out.pixels[i] = static_cast<uint8_t>(std::nearbyint(std::clamp(f.values[i], 0.0f, 255.0f)));  // half to even
+    out.pixels[i] = static_cast<uint8_t>(std::nearbyint(std::clamp(f[i], 0.0f, 255.0f)));  // half to even
   return out;
 }
 
