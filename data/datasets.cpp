@@ -30,13 +30,20 @@ bool has_image_extension(const std::string& name) {
   return false;
 }
 
-// The image files under `dir`, following symbolic links, in torchvision's order: sorted
-// os.walk, i.e. by folder, then by name within a folder.
+// The image files under `dir`, following symbolic links (a link back to a folder already
+// walked is not entered again, so a cycle cannot hang the scan), in torchvision's order:
+// sorted os.walk, i.e. by folder, then by name within a folder.
 std::vector<std::string> image_files_under(const fs::path& dir) {
   std::vector<std::pair<std::string, std::string>> found;  // (folder, name)
-  for (const auto& entry : fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink)) {
-    if (entry.is_directory() || !has_image_extension(entry.path().filename().string())) continue;
-    found.emplace_back(entry.path().parent_path().string(), entry.path().filename().string());
+  std::set<fs::path> walked = {fs::canonical(dir)};
+  auto it = fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink);
+  for (; it != fs::recursive_directory_iterator(); ++it) {
+    if (it->is_directory()) {
+      if (!walked.insert(fs::canonical(it->path())).second) it.disable_recursion_pending();
+      continue;
+    }
+    if (has_image_extension(it->path().filename().string()))
+      found.emplace_back(it->path().parent_path().string(), it->path().filename().string());
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> paths;
@@ -59,11 +66,15 @@ ImageFolder::ImageFolder(std::string root, ImageFolderOptions options)
   ND_CHECK(fs::is_directory(root_, ec), "ImageFolder: the root '", root_, "' is not a folder");
   std::map<std::string, std::vector<std::string>> files_of;  // class -> paths
   if (options_.files().empty()) {
-    for (const auto& entry : fs::directory_iterator(root_))
-      if (entry.is_directory()) files_of[entry.path().filename().string()];
-    ND_CHECK(!files_of.empty(), "ImageFolder: found no class folder in '", root_,
-             "'; expected one subfolder per class holding its images");
-    for (auto& [name, paths] : files_of) paths = image_files_under(fs::path(root_) / name);
+    try {
+      for (const auto& entry : fs::directory_iterator(root_))
+        if (entry.is_directory()) files_of[entry.path().filename().string()];
+      ND_CHECK(!files_of.empty(), "ImageFolder: found no class folder in '", root_,
+               "'; expected one subfolder per class holding its images");
+      for (auto& [name, paths] : files_of) paths = image_files_under(fs::path(root_) / name);
+    } catch (const fs::filesystem_error& e) {  // an unreadable folder, a broken link
+      throw Error(str_cat("ImageFolder: scanning '", root_, "' failed: ", e.what()));
+    }
   } else {
     for (const std::string& file : options_.files()) {
       const fs::path rel(file);

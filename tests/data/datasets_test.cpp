@@ -35,6 +35,10 @@ TEST_CASE("ImageFolder: sorted classes, torchvision's file order, any-case exten
       {dir.file("cat/B.png"), 0}, {dir.file("cat/a.jpg"), 0}, {dir.file("cat/sub/c.JPEG"), 0}, {dir.file("dog/x.Png"), 1}};
   CHECK(folder.samples() == expected);
   CHECK(folder.size() == 4);
+  // A link back to a folder already walked is not entered again (os.walk would loop).
+  fs::create_directory_symlink(dir.file("cat"), dir.file("cat/sub/loop"));
+  CHECK(data::ImageFolder(dir.path.string()).samples() == expected);
+  fs::remove(dir.file("cat/sub/loop"));
 
   // No transform: the decoded image as [3, H, W] u8, the target its class.
   Generator gen;
