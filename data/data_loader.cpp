@@ -1,4 +1,4 @@
-#include "engine/data_loader.h"
+#include "data/data_loader.h"
 
 #include <algorithm>
 #include <numeric>
