@@ -5,25 +5,23 @@
 #include <cstring>
 
 #include "engine/error.h"
-#include "kernels/common/counter_rng.h"
+#include "engine/factories.h"
 
 namespace nd::data {
 
 Generator sample_generator(uint64_t seed, int64_t epoch, int64_t index) {
   // Two rounds of the engine's counter hash: distinct (epoch, index) pairs get unrelated keys.
-  return Generator{kernels::counter_hash(kernels::counter_hash(seed, static_cast<uint64_t>(epoch)),
-                                         static_cast<uint64_t>(index)),
-                   0};
+  return Generator{random_bits(random_bits(seed, static_cast<uint64_t>(epoch)), static_cast<uint64_t>(index)), 0};
 }
 
 double uniform(Generator& gen, double lo, double hi) {
-  return lo + (hi - lo) * kernels::counter_uniform(gen.seed, gen.offset++);
+  return lo + (hi - lo) * random_uniform(gen.seed, gen.offset++);
 }
 
 int64_t randint(Generator& gen, int64_t lo, int64_t hi) {
   ND_CHECK(hi > lo, "randint: the range [", lo, ", ", hi, ") is empty");
   // Modulo bias below 2^-40 for ranges under 2^24 (image sizes).
-  return lo + static_cast<int64_t>(kernels::counter_hash(gen.seed, gen.offset++) % static_cast<uint64_t>(hi - lo));
+  return lo + static_cast<int64_t>(random_bits(gen.seed, gen.offset++) % static_cast<uint64_t>(hi - lo));
 }
 
 namespace transforms {
