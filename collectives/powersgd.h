@@ -27,7 +27,7 @@
 
 #include "collectives/comm_hooks.h"
 #include "engine/nn/module.h"
-#include "engine/train_state.h"
+#include "io/train_state.h"
 
 namespace nd::dist {
 

@@ -11,6 +11,8 @@
 #include <iostream>
 #include <sstream>
 
+#include "io/json.h"
+
 namespace app {
 
 namespace fs = std::filesystem;
@@ -220,21 +222,6 @@ std::string json_number(double v) {
   return buf;
 }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
-
 std::string duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   const long s = std::lround(seconds);
@@ -421,8 +408,8 @@ void Logger::write_line(int64_t step, const Values& values, const std::map<std::
   if (!world_.rank0()) return;
   std::ostringstream line;
   line << "{\"step\":" << step;
-  for (const auto& [k, v] : values) line << "," << json_string(k) << ":" << json_number(v);
-  for (const auto& [k, v] : text) line << "," << json_string(k) << ":" << json_string(v);
+  for (const auto& [k, v] : values) line << "," << nd::json::quoted(k) << ":" << json_number(v);
+  for (const auto& [k, v] : text) line << "," << nd::json::quoted(k) << ":" << nd::json::quoted(v);
   line << "}\n";
   std::ofstream out(out_ + "/metrics.jsonl", std::ios::app);
   out << line.str();

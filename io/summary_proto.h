@@ -2,7 +2,7 @@
 // The few TensorBoard messages a SummaryWriter writes (tensorboard/compat/proto/
 // event.proto, summary.proto, histogram.proto, tensor.proto), with their protobuf wire
 // encoding written by hand: no protobuf dependency. Field numbers are in the comments.
-// Event files around them: engine/event_file.h. Tests: tests/tensorboard/tensorboard_test.cpp.
+// Event files around them: io/event_file.h. Tests: tests/tensorboard/tensorboard_test.cpp.
 #include <cstdint>
 #include <optional>
 #include <string>

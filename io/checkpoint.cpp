@@ -1,6 +1,6 @@
 // Safetensors reader and writer (docs/checkpoints.md).
 //
-// Why our own JSON parser (engine/json.h): the header is a tiny, fixed schema, and a
+// Why our own JSON parser (io/json.h): the header is a tiny, fixed schema, and a
 // checkpoint can come from anywhere, so parsing must be strict and bounded: nesting
 // depth is capped, every number is a checked unsigned integer, sizes are validated
 // against the file before anything is allocated, and every problem is an nd::Error
@@ -10,7 +10,7 @@
 // Why temp file + fsync + rename + fsync(dir): rename is atomic on POSIX, so a reader
 // (or a restart after a crash or SIGKILL) sees either the old file or the complete new
 // one, never a torn mix; the fsyncs make that hold across power loss too.
-#include "engine/checkpoint.h"
+#include "io/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -26,7 +26,7 @@
 
 #include "engine/error.h"
 #include "engine/factories.h"
-#include "engine/json.h"
+#include "io/json.h"
 
 namespace nd {
 namespace {

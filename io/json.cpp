@@ -1,4 +1,4 @@
-#include "engine/json.h"
+#include "io/json.h"
 
 #include <cstdint>
 #include <cstring>
@@ -186,6 +186,12 @@ void write_string(std::string& out, const std::string& s) {
     }
   }
   out += '"';
+}
+
+std::string quoted(const std::string& s) {
+  std::string out;
+  write_string(out, s);
+  return out;
 }
 
 std::string object(const std::map<std::string, std::string>& m) {

@@ -1,6 +1,6 @@
 #pragma once
 // SummaryWriter: TensorBoard logging as torch.utils.tensorboard.SummaryWriter does it,
-// for the apps and for users' own binaries. It writes event files (engine/event_file.h)
+// for the apps and for users' own binaries. It writes event files (io/event_file.h)
 // that `tensorboard --logdir DIR` shows: scalars, groups of scalars, images (PNG),
 // histograms and markdown text. Needs nothing from autograd: values are read from
 // detached tensors. Tests: tests/tensorboard/tensorboard_test.cpp.
@@ -11,7 +11,7 @@
 #include <optional>
 #include <string>
 
-#include "engine/event_file.h"
+#include "io/event_file.h"
 #include "engine/tensor.h"
 
 namespace nd::tensorboard {

@@ -1,6 +1,6 @@
-#include "engine/train_state.h"
+#include "io/train_state.h"
 
-#include "engine/checkpoint.h"
+#include "io/checkpoint.h"
 #include "engine/error.h"
 #include "engine/factories.h"
 

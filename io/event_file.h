@@ -1,11 +1,11 @@
 #pragma once
-// TensorBoard's event files, written and read: Events (engine/summary_proto.h), each in
+// TensorBoard's event files, written and read: Events (io/summary_proto.h), each in
 // TFRecord framing:
 //   uint64 length | uint32 masked_crc32c(length) | data | uint32 masked_crc32c(data)
 // (little-endian; mask = ((crc >> 15) | (crc << 17)) + 0xa282ead8). The reader checks
 // both CRCs: a damaged record in the middle is an nd::Error naming the file and offset;
 // a truncated last record (the writer was killed mid-write) is skipped with a warning.
-// The public face is SummaryWriter (engine/tensorboard.h). Tests:
+// The public face is SummaryWriter (io/tensorboard.h). Tests:
 // tests/tensorboard/tensorboard_test.cpp (and against Python's tensorboard package).
 #include <cstdint>
 #include <cstdio>
@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/summary_proto.h"
+#include "io/summary_proto.h"
 
 namespace nd::tensorboard {
 

@@ -2,7 +2,7 @@
 // The JSON that safetensors headers need, and no more: objects, arrays, strings,
 // unsigned integers, booleans and null, parsed strictly and with bounded nesting, so
 // a hostile checkpoint header is an nd::Error, never a crash (tests/fuzz/ drives it).
-// Used by engine/checkpoint.cpp; tests: tests/engine/checkpoint_test.cpp.
+// Used by io/checkpoint.cpp; tests: tests/io/checkpoint_test.cpp.
 #include <map>
 #include <string>
 #include <string_view>
@@ -23,8 +23,12 @@ const char* kind_name(Json::Kind k);
 // Parses a whole document; `what` names it in errors ("model.safetensors: the header").
 Json parse(std::string_view text, const std::string& what);
 
-// Appends s as a JSON string literal (quotes and escapes).
+// Appends s as a JSON string literal: quotes, a backslash before '"' and '\\', control
+// characters as \u00XX. The one escaper: checkpoints, the apps' metrics.jsonl and the
+// benchmarks' JSON lines all write strings through it.
 void write_string(std::string& out, const std::string& s);
+// The same literal as a new string.
+std::string quoted(const std::string& s);
 // {"k":"v",...} in key order.
 std::string object(const std::map<std::string, std::string>& m);
 // A JSON object of strings -> strings, or an nd::Error naming `what`.

@@ -1,4 +1,4 @@
-#include "engine/tensorboard.h"
+#include "io/tensorboard.h"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 
 #include "engine/error.h"
 #include "engine/factories.h"
-#include "engine/png.h"
+#include "io/png.h"
 
 namespace nd::tensorboard {
 

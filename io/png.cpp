@@ -1,4 +1,4 @@
-#include "engine/png.h"
+#include "io/png.h"
 
 #include <zlib.h>
 

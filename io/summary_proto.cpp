@@ -1,4 +1,4 @@
-#include "engine/summary_proto.h"
+#include "io/summary_proto.h"
 
 #include <cstring>
 

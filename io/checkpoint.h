@@ -3,7 +3,7 @@
 // nd::load_metadata. Files are readable by Python's `safetensors` and PyTorch, the
 // saving device of every tensor is recorded, `map_location` places tensors on any
 // device, writes are atomic, and every malformed file is an nd::Error naming the file.
-// Tests: tests/engine/checkpoint_test.cpp, checkpoint_interop_test.cpp, tests/fuzz/.
+// Tests: tests/io/checkpoint_test.cpp, checkpoint_interop_test.cpp, tests/fuzz/.
 #include <concepts>
 #include <cstdint>
 #include <functional>

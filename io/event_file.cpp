@@ -1,4 +1,4 @@
-#include "engine/event_file.h"
+#include "io/event_file.h"
 
 #include <unistd.h>
 
