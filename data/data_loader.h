@@ -1,7 +1,7 @@
 #pragma once
-// DataLoader: batches of a Dataset (engine/data.h), optionally restricted to an index
+// DataLoader: batches of a Dataset (data/data.h), optionally restricted to an index
 // list (a DistributedSampler's shard), shuffled per epoch from a seed, prepared by a
-// background thread while the caller trains. Tests: tests/models/data_loader_test.cpp.
+// background thread while the caller trains. Tests: tests/data/data_loader_test.cpp.
 //
 // Why one producer thread and a small queue: building a batch is a gather of a few
 // hundred images (fast, but not free next to a small model's step on 2 cores); one
@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/data.h"
+#include "data/data.h"
 #include "engine/nn/module.h"  // ND_ARG
 
 namespace nd::data {

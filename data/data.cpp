@@ -1,4 +1,4 @@
-#include "engine/data.h"
+#include "data/data.h"
 
 #include <zlib.h>
 

@@ -2,7 +2,7 @@
 // Datasets on disk: the IDX format of MNIST / Fashion-MNIST, gzip-compressed or plain.
 // Every malformed input (missing or truncated file, wrong magic number, sizes that do
 // not match the bytes, images/labels count mismatch) is an nd::Error naming the file,
-// what was expected and what was found. Tests: tests/engine/data_test.cpp.
+// what was expected and what was found. Tests: tests/data/idx_test.cpp.
 #include <string>
 
 #include "engine/tensor.h"

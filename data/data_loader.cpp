@@ -1,4 +1,4 @@
-#include "engine/data_loader.h"
+#include "data/data_loader.h"
 
 #include <algorithm>
 #include <numeric>
@@ -7,8 +7,6 @@
 #include "engine/autograd.h"
 #include "engine/error.h"
 #include "engine/factories.h"
-#include "kernels/common/counter_rng.h"
-#include "kernels/cuda/stream.h"
 
 namespace nd::data {
 
@@ -76,7 +74,7 @@ std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
   // Fisher-Yates, draw i of epoch e at counter (e << 32) + i: epochs get disjoint streams.
   const uint64_t base = static_cast<uint64_t>(epoch) << 32;
   for (size_t i = order.size(); i > 1; --i) {
-    const uint64_t j = kernels::counter_hash(options_.seed(), base + i) % i;
+    const uint64_t j = random_bits(options_.seed(), base + i) % i;
     std::swap(order[i - 1], order[j]);
   }
   return order;
@@ -97,7 +95,7 @@ Batch DataLoader::make_batch(const std::vector<int64_t>& order, int64_t first) c
 
 void DataLoader::run_worker() {
   NoGradGuard no_grad;  // batches are data, never part of a graph
-  if (options_.pin_memory()) kernels::cuda::use_device(options_.pin_memory_device().index);
+  if (options_.pin_memory()) cuda::set_device(options_.pin_memory_device());
   std::vector<int64_t> order;
   int64_t order_epoch = -1;
   std::unique_lock<std::mutex> lock(mutex_);

@@ -7,30 +7,13 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/data.h"
-#include "harness.h"
+#include "data/data.h"
+#include "data_test_util.h"
 
 using namespace nd;
-using nd::testing::error_message;
 namespace fs = std::filesystem;
 
 namespace {
-
-using Bytes = std::vector<unsigned char>;
-
-// A fresh directory per test process (ctest runs test cases in parallel processes)
-// and per TempDir within it.
-struct TempDir {
-  inline static int count = 0;
-  fs::path path = fs::temp_directory_path() /
-                  ("nanoddp_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(count++));
-  TempDir() {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 void put_u32(Bytes& b, uint32_t v) {
   for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<unsigned char>(v >> s));
@@ -51,22 +34,11 @@ Bytes iota_bytes(size_t n, unsigned start = 0) {
   return b;
 }
 
-void write_plain(const std::string& path, const Bytes& b) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-  REQUIRE(f.good());
-}
-
 void write_gz(const std::string& path, const Bytes& b) {
   gzFile f = gzopen(path.c_str(), "wb");
   REQUIRE(f != nullptr);
   if (!b.empty()) REQUIRE(gzwrite(f, b.data(), static_cast<unsigned>(b.size())) == static_cast<int>(b.size()));
   REQUIRE(gzclose(f) == Z_OK);
-}
-
-Bytes read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return Bytes(std::istreambuf_iterator<char>(f), {});
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
@@ -92,7 +64,7 @@ void write_split(const TempDir& dir, const std::string& split, uint32_t n_images
 TEST_CASE("read_idx: plain and gzip files give the same u8 tensor of the file's shape") {
   TempDir dir;
   const Bytes file = idx(0x803, {2, 3, 4}, iota_bytes(24, 250));
-  write_plain(dir.file("images"), file);
+  write_bytes(dir.file("images"), file);
   write_gz(dir.file("images.gz"), file);
   for (const std::string name : {"images", "images.gz"}) {
     CAPTURE(name);
@@ -107,7 +79,7 @@ TEST_CASE("read_idx: plain and gzip files give the same u8 tensor of the file's 
   Tensor labels = data::read_idx(dir.file("labels.gz"));
   CHECK(labels.sizes() == Shape{5});
   nd::testing::check_close(labels, {3, 1, 4, 1, 5}, 0, 0, "labels");
-  write_plain(dir.file("empty_labels"), idx(0x801, {0}, {}));
+  write_bytes(dir.file("empty_labels"), idx(0x801, {0}, {}));
   CHECK(data::read_idx(dir.file("empty_labels")).sizes() == Shape{0});
 }
 
@@ -152,7 +124,7 @@ TEST_CASE("read_idx: every malformed file is an error naming the file, expected 
       if (gz)
         write_gz(path, c.bytes);
       else
-        write_plain(path, c.bytes);
+        write_bytes(path, c.bytes);
       msg = error_message([&] { data::read_idx(path); });
       CHECK(contains(msg, "read_idx: '" + path + "'"));
       for (const std::string& part : c.parts) CHECK_MESSAGE(contains(msg, part), msg);
@@ -164,23 +136,23 @@ TEST_CASE("read_idx: a cut-off or damaged gzip stream is an error, not silently 
   TempDir dir;
   const std::string whole = dir.file("whole.gz");
   write_gz(whole, idx(0x803, {4, 28, 28}, iota_bytes(4 * 784)));
-  const Bytes gz = read_all(whole);
+  const Bytes gz = data::read_file(whole);
 
   const std::string cut = dir.file("cut.gz");
-  write_plain(cut, Bytes(gz.begin(), gz.begin() + static_cast<ptrdiff_t>(gz.size() / 2)));
+  write_bytes(cut, Bytes(gz.begin(), gz.begin() + static_cast<ptrdiff_t>(gz.size() / 2)));
   std::string msg = error_message([&] { data::read_idx(cut); });
   CHECK(contains(msg, "read_idx: '" + cut + "' is truncated or corrupt: zlib reports"));
 
   // Every data byte is there, only the 8-byte gzip trailer (CRC-32, size) is missing.
   const std::string no_trailer = dir.file("no_trailer.gz");
-  write_plain(no_trailer, Bytes(gz.begin(), gz.end() - 8));
+  write_bytes(no_trailer, Bytes(gz.begin(), gz.end() - 8));
   msg = error_message([&] { data::read_idx(no_trailer); });
   CHECK(contains(msg, "read_idx: '" + no_trailer + "' is truncated or corrupt: zlib reports \"unexpected end of file\""));
 
   Bytes damaged = gz;
   damaged[damaged.size() - 6] ^= 0xff;  // inside the CRC-32 trailer
   const std::string bad = dir.file("damaged.gz");
-  write_plain(bad, damaged);
+  write_bytes(bad, damaged);
   msg = error_message([&] { data::read_idx(bad); });
   CHECK(contains(msg, "read_idx: '" + bad + "' is truncated or corrupt: zlib reports \"incorrect data check\""));
 }
@@ -211,7 +183,7 @@ TEST_CASE("load_fashion_mnist: images in [-1, 1], labels i64, both splits") {
     const int n = gzread(in, b.data(), static_cast<unsigned>(b.size()));
     gzclose(in);
     b.resize(static_cast<size_t>(n));
-    write_plain((plain.path / stem).string(), b);
+    write_bytes((plain.path / stem).string(), b);
   }
   CHECK(data::load_fashion_mnist(plain.path.string(), true).labels.size(0) == 3);
 }
@@ -241,7 +213,7 @@ TEST_CASE("load_fashion_mnist: missing files, wrong shapes, count mismatch and b
   msg = error_message([&] { data::load_fashion_mnist(dir.path.string(), true); });
   CHECK(contains(msg, "has label 12 at index 1, expected a class index in [0, 10)"));
 
-  write_plain(dir.file("train-labels-idx1-ubyte.gz"), idx(0x801, {3}, {1, 2}));
+  write_bytes(dir.file("train-labels-idx1-ubyte.gz"), idx(0x801, {3}, {1, 2}));
   msg = error_message([&] { data::load_fashion_mnist(dir.path.string(), true); });
   CHECK(contains(msg, std::string("read_idx: ") + quoted(dir.file("train-labels-idx1-ubyte.gz")) + " is truncated"));
 }
