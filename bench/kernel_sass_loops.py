@@ -9,6 +9,8 @@ Method (bench/kernel_sass.py's header says what the numbers mean and their limit
 - Basic blocks: a block ends at a branch (BRA, BRX, JMP, JMX), EXIT or RET; a branch target
   starts one. A predicated branch, and BRA.DIV (taken only by a diverged warp: the compiler's
   fallback for warp-collective code), also fall through. CALL returns, so it ends nothing.
+  An indirect branch (BRX, JMX: a jump table) has no known target, so a loop closed only
+  through one is not found; nvcc emits none in the hot kernels.
 - Loops are natural loops: an edge u -> h is a back edge when h dominates u (every path from
   the entry to u passes h); the loop is h and every block that reaches u without passing h.
   Loops found this way need not be contiguous in the address order: nvcc places blocks of a
@@ -62,7 +64,8 @@ class Instruction:
 
     @property
     def unconditional(self):
-        return self.predicate in ("", "@PT") and self.opcode != "BRA.DIV"
+        # BRA.DIV / BRA.CONV: taken only by a diverged / converged warp, so both ways go on.
+        return self.predicate in ("", "@PT", "@UPT") and self.opcode not in ("BRA.DIV", "BRA.CONV")
 
 
 def parse(text):
