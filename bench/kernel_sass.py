@@ -43,7 +43,7 @@ What is counted (the reader is kernel_sass_loops.py, whose comment gives the alg
   the attention forward the scores' exponentials between S = Q K^T and P V; the backward
   splits its exponentials over two stretches at D = 128, and the row counts one); instructions
   per exp2 = its length over its MUFU.EX2.
-Budgets (HOT below: today's counts times 1.05, so a regression fails CI) on instructions per
+Budgets (HOT below: the counts when set, times 1.05, so a regression fails CI) on instructions per
 mma, LDS + LDSM per mma and instructions per exp2; the design target per mma (the conv's: 8
 issue slots) is printed beside them. Exit 1 on a budget exceeded or a stale table (the table is compared
 only when it was made with the same nvcc, as kernel_resources.sh does).
@@ -83,7 +83,7 @@ CONV_TRIPS = {"mma": 2, "copy": 4}  # kTcTileK / 16; 16 copies per thread and op
 # warp) are D mma, its K and V tiles 2 x 64 x D / 8 chunks over 256 threads = D / 16 cp.async;
 # the backward's dq kernel 1.5 D mma and dk_dv 2 D, over 128 threads 2 x 64 x D / 8 chunks =
 # D / 8 cp.async, dk_dv's threads 0-63 one lse and one delta more (D / 8 + 2).
-# Budgets: today's counts times 1.05, rounded up (bench/results/sass.md has today's).
+# Budgets: the counts when they were set, times 1.05, rounded up.
 HOT = [
     Hot("attention_tc_forward.cu", "tc_forward_kernel<BFloat16, 64, false>", 64, 4, budget=(13.8, 0.53, 10.0)),
     Hot("attention_tc_forward.cu", "tc_forward_kernel<BFloat16, 128, false>", 128, 8, budget=(9.3, 0.53, 10.0)),
@@ -228,7 +228,7 @@ def table(cubins, nvdisasm, nvcc_version, violations):
         "",
         "Written by `bench/kernel_sass.py` (do not edit by hand); regenerate with",
         "`python3 bench/kernel_sass.py`. CI runs it with `--check`, which fails when this file is",
-        "stale or a kernel exceeds a budget (in parentheses: today's count plus a small margin).",
+        "stale or a kernel exceeds its budget (in parentheses; the script holds them).",
         "The method and its limits: the script's header and bench/README.md.",
         "",
         generated + ".",
@@ -236,9 +236,10 @@ def table(cubins, nvdisasm, nvcc_version, violations):
         f"- Compiler: nvcc {nvcc_version}, the cubins of `bench/kernel_resources.sh` (its flags).",
         "- Main loop: the innermost loop holding mma (HMMA) and cp.async (LDGSTS); its address,",
         "  its static size (every block, rare paths included) and the nested loops the iteration",
-        "  passes, with the trips they are counted at. One iteration: the path with the most HMMA, MUFU.EX2, LDGSTS, then",
-        "  the fewest instructions (a full tile, fast paths). Instructions are one warp's issue",
-        "  slots; mma are per warp, cp.async per thread.",
+        "  passes, with the trips they are counted at. One iteration: of the paths from the loop's",
+        "  header back to it that issue the tile's cp.async, the one with the most HMMA, then",
+        "  MUFU.EX2, then the fewest instructions (a full tile, fast paths). Instructions are one",
+        "  warp's issue slots; mma are per warp, cp.async per thread.",
         "- Softmax: of the stretches of the path between two HMMA, the one with the most MUFU.EX2;",
         "  per exp2: its length over its MUFU.EX2.",
         "",
