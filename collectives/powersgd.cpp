@@ -78,24 +78,79 @@ uint64_t name_hash(const std::string& s) {
   return h;
 }
 
-// Gram-Schmidt on the columns of `matrix` [rows, cols], in place: each column is
-// normalised, c <- c / (|c| + eps), then removed from the columns after it,
-// r <- r - (c . r) c. Worked on the transpose, whose rows (the columns) are contiguous.
-// A zero column (eps = 0) becomes zero instead of NaN, without reading the norm on the host.
-void orthogonalize(const Tensor& matrix, double epsilon) {
-  const int64_t cols = matrix.size(1);
-  const Tensor t = matrix.t().contiguous();
+// Modified Gram-Schmidt on the rows of `t` [cols, rows] (the matrix's columns, made
+// contiguous), in place: each column is projected off the finished ones once more
+// (re-orthogonalisation: rounding noise left by the first projection, all that remains of a
+// column the ones before it already span, is made orthogonal too), normalised,
+// c <- c / (|c| + eps), and removed from the columns after it, r <- r - (c . r) c. A zero
+// column (eps = 0) stays zero instead of becoming NaN, without reading the norm on the host.
+void gram_schmidt(const Tensor& t, double epsilon) {
+  const int64_t cols = t.size(0);
   for (int64_t i = 0; i < cols; ++i) {
     const Tensor col = t.narrow(0, i, 1);  // [1, rows]
+    if (i > 0) {
+      const Tensor done = t.narrow(0, 0, i);  // [i, rows]
+      col.sub_(col.matmul(done.t()).matmul(done));
+    }
     const Tensor norm = col.pow(2).sum().sqrt();
     const Tensor nonzero = norm.gt(0).to(t.dtype());
     col.mul_(nonzero / (norm + epsilon + (1.0 - nonzero)));
     if (i + 1 == cols) break;
-    const Tensor rest = t.narrow(0, i + 1, cols - i - 1);   // [k, rows]
-    rest.sub_(rest.matmul(col.t()) * col);                  // [k, 1] * [1, rows]
+    const Tensor rest = t.narrow(0, i + 1, cols - i - 1);  // [k, rows]
+    rest.sub_(rest.matmul(col.t()) * col);                 // [k, 1] * [1, rows]
   }
+}
+
+// Householder QR of the matrix whose columns are the rows of `t` [cols, rows]; `t` is
+// overwritten with Q's columns. LAPACK's geqr2 and org2r (what torch.linalg.qr runs): for
+// column k, x = A[k:, k] is reflected onto beta e_1 with beta = -sign(x_0) |x| by
+// H_k = I - 2 v v^T / (v^T v), v = x - beta e_1 (H_k = I when x_1.. are zero), applied to
+// the columns after it; then Q = H_0 ... H_{cols-1} I[:, :cols]. Q is orthonormal whatever
+// A's rank: where A is rank-deficient its last columns complete the basis.
+void householder_qr(const Tensor& t) {
+  const int64_t cols = t.size(0), rows = t.size(1);
+  std::vector<Tensor> vs, coefs;  // v_k [1, rows - k] and 2 / (v^T v) (0 where H_k = I)
+  for (int64_t k = 0; k < cols; ++k) {
+    const Tensor x = t.narrow(0, k, 1).narrow(1, k, rows - k);  // [1, rows - k]
+    const Tensor alpha = x.narrow(1, 0, 1);                       // [1, 1]
+    const Tensor tail_sq = x.narrow(1, 1, rows - k - 1).pow(2).sum();
+    const Tensor sign = 1.0 - alpha.lt(0).to(t.dtype()) * 2.0;
+    const Tensor beta = -sign * (alpha.pow(2) + tail_sq).sqrt();
+    const Tensor v = x.clone();
+    v.narrow(1, 0, 1).sub_(beta);
+    const Tensor reflects = tail_sq.gt(0).to(t.dtype());
+    const Tensor vtv = (alpha - beta).pow(2) + tail_sq;
+    const Tensor coef = reflects * 2.0 / (vtv + (1.0 - reflects));
+    if (k + 1 < cols) {
+      const Tensor rest = t.narrow(0, k + 1, cols - k - 1).narrow(1, k, rows - k);  // [cols - k - 1, rows - k]
+      rest.sub_(rest.matmul(v.t()) * coef * v);
+    }
+    vs.push_back(v);
+    coefs.push_back(coef);
+  }
+  t.zero_();
+  for (int64_t k = 0; k < cols; ++k) t.narrow(0, k, 1).narrow(1, k, 1).fill_(1.0);
+  for (int64_t k = cols - 1; k >= 0; --k) {
+    const Tensor q = t.narrow(1, k, rows - k);  // [cols, rows - k]: Q^T's columns k..
+    q.sub_(q.matmul(vs[k].t()) * coefs[k] * vs[k]);
+  }
+}
+
+}  // namespace
+
+void orthogonalize(const Tensor& matrix, double epsilon) {
+  ND_CHECK(matrix.dim() == 2 && matrix.size(1) <= matrix.size(0),
+           "orthogonalize: expected a matrix [rows, cols] with cols <= rows, found ", matrix.describe());
+  const Tensor t = matrix.t().contiguous();
+  const bool half = matrix.dtype() == kBFloat16 || matrix.dtype() == kFloat16;
+  if (matrix.size(1) <= 2 || half)
+    gram_schmidt(t, epsilon);
+  else
+    householder_qr(t);
   matrix.copy_(t.t());
 }
+
+namespace {
 
 // One gradient that PowerSGD compresses: its matrix view and its slices of P and Q.
 struct Compressed {

@@ -4,7 +4,7 @@
 //
 // For each gradient matrix M (a parameter's gradient viewed as [size(0), numel/size(0)])
 // on every rank, with Q [m, r] shared by all ranks:
-//   P = M Q  -> all-reduce (sum) -> orthogonalise P's columns (Gram-Schmidt)
+//   P = M Q  -> all-reduce (sum) -> orthogonalise P's columns (orthogonalize() below)
 //   Q = M^T P -> all-reduce, / W  -> M ~ P Q^T, the rank-r approximation of the average.
 // 1-D gradients (biases, norms) and matrices too small to gain min_compression_rate
 // ((n + m) r * rate >= n m) are all-reduced uncompressed in one flat tensor. Error
@@ -17,9 +17,11 @@
 // the first iteration and a resumed run whose buckets start in a different order, and
 // start_powerSGD_iter needs no lower bound; a fresh Q is drawn from a generator keyed by
 // (random_seed, parameter name, iteration), the same on every rank and with nothing to
-// checkpoint. A zero column in Gram-Schmidt becomes zero, not NaN (PyTorch's intent,
-// without a host read). Overlap: the uncompressed and P all-reduces are issued while
-// backward goes on; Q's, which needs P's result, when the Reducer waits for the bucket.
+// checkpoint. Gram-Schmidt (r <= 2) re-orthogonalises each column, so that it too keeps
+// full rank exact on a rank-deficient gradient; a zero column there becomes zero, not NaN
+// (PyTorch's intent, without a host read). Overlap: the uncompressed and P all-reduces are
+// issued while backward goes on; Q's, which needs P's result, when the Reducer waits for
+// the bucket.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -74,6 +76,17 @@ class PowerSGDState : public Stateful {
   std::map<std::string, Tensor> loaded_errors_;  // [W, numel] per name, until the next step
   std::map<std::string, Tensor> q_memory_;    // parameter name -> Q [m, r] (warm start)
 };
+
+// PowerSGD's orthogonalisation (PyTorch's _orthogonalize), in place on `matrix`
+// [rows, cols], cols <= rows: afterwards its columns are orthonormal and span at least
+// the original columns' span, so P P^T M = M for any M whose columns P's spanned. Up to 2
+// columns, and in bf16 / f16: Gram-Schmidt with re-orthogonalisation, each column divided
+// by |c| + epsilon (a zero column stays zero). More columns: Householder QR (what
+// torch.linalg.qr computes, LAPACK's signs; epsilon unused, as in PyTorch), whose Q is
+// orthonormal whatever the matrix's rank: columns that the earlier ones already span
+// (rounding noise after projection) are completed to an orthonormal basis instead of
+// being normalised noise.
+void orthogonalize(const Tensor& matrix, double epsilon);
 
 // Registered as ddp.register_comm_hook(std::make_shared<PowerSGDState>(options), dist::powerSGD_hook).
 std::shared_ptr<FutureWork> powerSGD_hook(PowerSGDState* state, GradBucket& bucket);
