@@ -90,4 +90,8 @@ std::shared_ptr<FutureWork> allreduce_hook(ProcessGroup* process_group, GradBuck
 std::shared_ptr<FutureWork> fp16_compress_hook(ProcessGroup* process_group, GradBucket& bucket);
 std::shared_ptr<FutureWork> bf16_compress_hook(ProcessGroup* process_group, GradBucket& bucket);
 
+// A built-in hook's name ("bf16_compress_hook"), "a custom hook" for any other: what DDP's
+// per-iteration check compares across ranks and names when they differ.
+std::string comm_hook_name(std::shared_ptr<FutureWork> (*hook)(ProcessGroup*, GradBucket&));
+
 }  // namespace nd::dist

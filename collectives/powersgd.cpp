@@ -1,6 +1,7 @@
 #include "collectives/powersgd.h"
 
 #include <algorithm>
+#include <sstream>
 #include <vector>
 
 #include "engine/autograd.h"
@@ -18,6 +19,16 @@ PowerSGDState::PowerSGDState(const PowerSGDOptions& options) : options_(options)
   ND_CHECK(options_.min_compression_rate() >= 0 && options_.orthogonalization_epsilon() >= 0,
            "PowerSGDState: expected min_compression_rate >= 0 and orthogonalization_epsilon >= 0, found ",
            options_.min_compression_rate(), " and ", options_.orthogonalization_epsilon());
+}
+
+std::string PowerSGDState::describe() const {
+  const PowerSGDOptions& o = options_;
+  std::ostringstream s;
+  s << std::boolalpha << "matrix_approximation_rank " << o.matrix_approximation_rank() << ", start_powerSGD_iter "
+    << o.start_powerSGD_iter() << ", min_compression_rate " << o.min_compression_rate() << ", use_error_feedback "
+    << o.use_error_feedback() << ", warm_start " << o.warm_start() << ", orthogonalization_epsilon "
+    << o.orthogonalization_epsilon() << ", random_seed " << o.random_seed();
+  return s.str();
 }
 
 TensorDict PowerSGDState::state_dict() const {
@@ -275,6 +286,10 @@ std::shared_ptr<FutureWork> powerSGD_hook(PowerSGDState* state, GradBucket& buck
     return input;
   };
   return FutureWork::then(first.back(), finish);
+}
+
+std::string comm_hook_name(std::shared_ptr<FutureWork> (*hook)(PowerSGDState*, GradBucket&)) {
+  return hook == &powerSGD_hook ? "powerSGD_hook" : "a custom hook";
 }
 
 }  // namespace nd::dist

@@ -60,6 +60,9 @@ class PowerSGDState : public Stateful {
  public:
   explicit PowerSGDState(const PowerSGDOptions& options = {});
   const PowerSGDOptions& options() const { return options_; }
+  // The settings every rank must share, for DDP's cross-rank check of the hook:
+  // "matrix_approximation_rank 4, start_powerSGD_iter 100, min_compression_rate 2, ...".
+  std::string describe() const;
   // Iterations seen so far (counted at each iteration's last bucket).
   int64_t iter() const { return iter_; }
   TensorDict state_dict() const override;
@@ -90,5 +93,7 @@ void orthogonalize(const Tensor& matrix, double epsilon);
 
 // Registered as ddp.register_comm_hook(std::make_shared<PowerSGDState>(options), dist::powerSGD_hook).
 std::shared_ptr<FutureWork> powerSGD_hook(PowerSGDState* state, GradBucket& bucket);
+// "powerSGD_hook" for it, "a custom hook" for any other hook of a PowerSGDState.
+std::string comm_hook_name(std::shared_ptr<FutureWork> (*hook)(PowerSGDState*, GradBucket&));
 
 }  // namespace nd::dist
