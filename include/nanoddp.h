@@ -31,6 +31,7 @@
 #include "engine/storage.h"
 #include "engine/tensor.h"
 #include "engine/tensorboard.h"
+#include "engine/threads.h"
 #include "engine/train_state.h"
 #include "engine/checkpoint.h"
 #include "engine/cpu_allocator.h"

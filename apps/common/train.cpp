@@ -109,6 +109,7 @@ void register_comm_hook(nd::dist::Reducer& reducer, const CommonOptions& o, nd::
 }
 
 int run_main(const std::string& program, const std::function<int()>& body) {
+  nd::configure_threads();  // first: it may execute the program again (engine/threads.h)
   auto one_line = [](std::string s) {
     for (char& c : s)
       if (c == '\n') c = ' ';
@@ -244,6 +245,7 @@ Logger::Logger(std::string program, const CommonOptions& o, const World& world, 
       start_step_(start_step), terminal_(world.size == 1 && isatty(fileno(stdout)) != 0), started_(std::chrono::steady_clock::now()),
       last_draw_(started_) {
   if (!world_.rank0()) return;
+  say(program_ + ": " + nd::configure_threads().describe());
   // On resume keep the lines up to the checkpoint (and their losses for the curve);
   // lines a killed run wrote after it are dropped.
   const std::string path = out_ + "/metrics.jsonl";
