@@ -229,17 +229,11 @@ class DistributedDataParallel {
   // bucket from now on; DDP keeps `state` alive. ddp.register_comm_hook(powersgd_state,
   // dist::powerSGD_hook), or with a built-in hook on the model's own group:
   // ddp.register_comm_hook(nullptr, dist::bf16_compress_hook).
-  // The per-iteration check compares the hook across ranks: a built-in by its name
-  // (comm_hook_name), with its state's settings where the state describes them
-  // (PowerSGDState::describe()); any other hook as "a custom hook".
+  // The per-iteration check compares the hook across ranks (describe_comm_hook).
   template <class State, class Hook>
   void register_comm_hook(std::shared_ptr<State> state, Hook hook) {
-    std::string description = "a custom hook";
-    if constexpr (requires { comm_hook_name(hook); }) description = comm_hook_name(hook);
-    if constexpr (requires { state->describe(); })
-      if (state) description += " (" + state->describe() + ")";
     reducer_->register_comm_hook([state, hook](GradBucket& bucket) { return hook(state.get(), bucket); },
-                                 std::move(description));
+                                 describe_comm_hook(state.get(), hook));
   }
   void register_comm_hook(std::nullptr_t, std::shared_ptr<FutureWork> (*hook)(ProcessGroup*, GradBucket&)) {
     register_comm_hook(std::shared_ptr<ProcessGroup>(), hook);

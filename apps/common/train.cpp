@@ -99,11 +99,13 @@ void register_comm_hook(nd::dist::Reducer& reducer, const CommonOptions& o, nd::
   namespace dist = nd::dist;
   if (o.comm_hook == "bf16" || o.comm_hook == "fp16") {
     auto hook = o.comm_hook == "bf16" ? dist::bf16_compress_hook : dist::fp16_compress_hook;
-    reducer.register_comm_hook([hook](dist::GradBucket& bucket) { return hook(nullptr, bucket); });
+    reducer.register_comm_hook([hook](dist::GradBucket& bucket) { return hook(nullptr, bucket); },
+                               dist::comm_hook_name(hook));
   } else if (o.comm_hook == "powersgd") {
     auto powersgd = std::make_shared<dist::PowerSGDState>(
         dist::PowerSGDOptions().matrix_approximation_rank(o.powersgd_rank).start_powerSGD_iter(o.steps / 10));
-    reducer.register_comm_hook([powersgd](dist::GradBucket& bucket) { return dist::powerSGD_hook(powersgd.get(), bucket); });
+    reducer.register_comm_hook([powersgd](dist::GradBucket& bucket) { return dist::powerSGD_hook(powersgd.get(), bucket); },
+                               dist::describe_comm_hook(powersgd.get(), dist::powerSGD_hook));
     state.stateful.push_back({"powersgd." + reducer.name(), powersgd.get()});  // the hook keeps it alive
   }
 }
