@@ -48,6 +48,10 @@ struct PowerSGDOptions {
   // Added to each column's norm before dividing (0: a zero column stays zero).
   ND_ARG(double, orthogonalization_epsilon) = 0;
   ND_ARG(uint64_t, random_seed) = 0;
+  // Compress a bucket's gradients of one shape together (stacked: one batched matmul and
+  // orthogonalisation per shape, PyTorch's option): the same result in fewer, larger
+  // operations, for one stacked copy of them.
+  ND_ARG(bool, batch_tensors_with_same_shape) = false;
 };
 
 // The hyperparameters and the state of one DDP model's PowerSGD. A Stateful: in the

@@ -152,7 +152,8 @@ TEST_CASE("comm hooks: ranks with different hooks or hook settings fail in itera
     };
   };
   const std::string psgd = " (matrix_approximation_rank 1, start_powerSGD_iter 1000, min_compression_rate 2, "
-                           "use_error_feedback true, warm_start true, orthogonalization_epsilon 0, random_seed 0)";
+                           "use_error_feedback true, warm_start true, orthogonalization_epsilon 0, random_seed 0, "
+                           "batch_tensors_with_same_shape false)";
   struct Mixed {
     Register on_rank0, elsewhere;
     std::string rank0, rank1;

@@ -2,7 +2,8 @@
 // [16, 6] and [3, 16], biases): full rank reproduces the exact average (also, in f32 and
 // f64, for gradients of lower rank than asked for, through Householder QR and through
 // Gram-Schmidt), its orthogonalisation equals PyTorch's (tests/golden/powersgd_golden.txt,
-// from make_powersgd_golden.py) and stays orthonormal on rank-deficient matrices, plain all-reduce
+// from make_powersgd_golden.py) and stays orthonormal on rank-deficient matrices,
+// batch_tensors_with_same_shape gives the unbatched result, plain all-reduce
 // before start_powerSGD_iter and for matrices too small to compress, error feedback's
 // identity (reduced + new error = gradient + old error), and a save / load through the
 // TrainState that continues as an uninterrupted run.
@@ -105,6 +106,46 @@ TEST_CASE("powerSGD: at full rank it equals the exact average for gradients of l
       CHECK(count_keys(state->state_dict(), "q.") == 1);  // it was compressed
     }
   }
+}
+
+TEST_CASE("powerSGD: batch_tensors_with_same_shape gives the unbatched result, and the same saved state") {
+  // Three [8, 8] weights and a [4, 8] one: one batch of three and one of one. Rank 2 with
+  // warm start and error feedback over 3 steps, f64.
+  auto make = [] {
+    manual_seed(40);
+    nn::Sequential m(nn::Linear(nn::LinearOptions(8, 8)), nn::Tanh(), nn::Linear(nn::LinearOptions(8, 8)), nn::Tanh(),
+                     nn::Linear(nn::LinearOptions(8, 8)), nn::Tanh(), nn::Linear(nn::LinearOptions(8, 4)));
+    m->to(kFloat64);
+    return m;
+  };
+  std::vector<TensorDict> states;
+  std::vector<std::vector<Tensor>> grads;
+  for (bool batched : {false, true}) {
+    CAPTURE(batched);
+    nn::Sequential model = make();
+    DistributedDataParallel ddp(model, "mlp");
+    auto state = std::make_shared<PowerSGDState>(PowerSGDOptions()
+                                                     .matrix_approximation_rank(2)
+                                                     .start_powerSGD_iter(0)
+                                                     .min_compression_rate(1)
+                                                     .batch_tensors_with_same_shape(batched));
+    ddp.register_comm_hook(state, dist::powerSGD_hook);
+    Generator data{900 + static_cast<uint64_t>(rank()), 0};
+    std::vector<Tensor> seen;
+    for (int step = 0; step < 3; ++step) {
+      const Tensor x = randn({5, 8}, kFloat64, &data);
+      ddp.module()->zero_grad();
+      ddp(x).pow(2).sum().backward();
+      for (const Tensor& p : model->parameters()) seen.push_back(p.grad().clone());
+    }
+    grads.push_back(seen);
+    states.push_back(state->state_dict());
+  }
+  REQUIRE(grads[0].size() == grads[1].size());
+  for (size_t k = 0; k < grads[0].size(); ++k) nd::testing::check_close(grads[1][k], grads[0][k], 1e-13, 1e-11, "grad");
+  REQUIRE(states[0].size() == states[1].size());
+  CHECK(count_keys(states[1], "q.") == 4);
+  for (const auto& [key, t] : states[0]) nd::testing::check_close(states[1].at(key), t, 1e-13, 1e-11, key);
 }
 
 TEST_CASE("powerSGD: orthogonalize equals PyTorch's and completes an orthonormal basis for rank-deficient matrices") {
