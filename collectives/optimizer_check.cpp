@@ -5,6 +5,7 @@
 // every rank throws the same nd::Error naming rank 0's and the first differing rank's.
 #include <charconv>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -42,18 +43,13 @@ std::string describe_optimizer(const optim::Optimizer& opt) {
   return s;
 }
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xCBF29CE484222325ull;
-  for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001B3ull;
-  return h;
-}
-
 void check_optimizer_options(const optim::Optimizer& opt) {
   const std::shared_ptr<ProcessGroup> group = control_world();
   if (group->size() == 1) return;
   const std::string mine = describe_optimizer(opt);
   CollectivePurpose purpose("the check of " + opt.name() + "'s options across ranks (NANODDP_DISTRIBUTED_DEBUG=DETAIL)");
-  const int64_t h = static_cast<int64_t>(fnv1a(mine) >> 2);  // -h cannot overflow
+  // std::hash as DDP's fingerprint uses it: every rank runs the same binary. >> 2: -h cannot overflow.
+  const int64_t h = static_cast<int64_t>(std::hash<std::string>{}(mine) >> 2);
   const Tensor verdict = empty({2}, kInt64);
   verdict.data_ptr<int64_t>()[0] = h, verdict.data_ptr<int64_t>()[1] = -h;
   group->allreduce(verdict, {ReduceOp::MAX})->wait();
