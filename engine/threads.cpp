@@ -61,7 +61,13 @@ void exec_self() {
   for (size_t at = 0; at < cmdline.size(); at += std::strlen(cmdline.data() + at) + 1)
     argv.push_back(const_cast<char*>(cmdline.data() + at));
   argv.push_back(nullptr);
-  execv("/proc/self/exe", argv.data());
+  // The binary's own path, not /proc/self/exe: the process name (ps, /proc/<pid>/comm) is
+  // taken from the path given to exec.
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return;
+  path[n] = '\0';
+  execv(path, argv.data());
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // engine/threads.h: the thread count from the cores, the local ranks and this process's
 // affinity, a user's OMP_NUM_THREADS and OMP_WAIT_POLICY kept, the startup description;
-// and configure_threads() running this test binary again with OMP_WAIT_POLICY=passive,
-// which the OpenMP runtime then applies (its spin count becomes 0).
+// and configure_threads() running this test binary again (under its own name) with
+// OMP_WAIT_POLICY=passive, which the OpenMP runtime then applies (its spin count becomes 0).
 #include <omp.h>
 #include <unistd.h>
 
@@ -69,4 +69,9 @@ TEST_CASE("threads: configure_threads runs the program again with a passive wait
   std::remove(path);
   CHECK(shown.str().find("GOMP_SPINCOUNT = '0'") != std::string::npos);
   CHECK(&configure_threads() == &config);  // once per process
+  // Run again under its own name (ps and tools that find a rank by name see the program).
+  std::ifstream comm("/proc/self/comm");
+  std::string name;
+  std::getline(comm, name);
+  CHECK(name == "threads_test");
 }
