@@ -34,6 +34,7 @@
 #include "io/png.h"
 #include "engine/storage.h"
 #include "engine/tensor.h"
+#include "engine/threads.h"
 #include "io/tensorboard.h"
 #include "io/train_state.h"
 #include "io/checkpoint.h"

@@ -128,16 +128,19 @@ void register_comm_hook(nd::dist::Reducer& reducer, const CommonOptions& o, nd::
   namespace dist = nd::dist;
   if (o.comm_hook == "bf16" || o.comm_hook == "fp16") {
     auto hook = o.comm_hook == "bf16" ? dist::bf16_compress_hook : dist::fp16_compress_hook;
-    reducer.register_comm_hook([hook](dist::GradBucket& bucket) { return hook(nullptr, bucket); });
+    reducer.register_comm_hook([hook](dist::GradBucket& bucket) { return hook(nullptr, bucket); },
+                               dist::comm_hook_name(hook));
   } else if (o.comm_hook == "powersgd") {
     auto powersgd = std::make_shared<dist::PowerSGDState>(
         dist::PowerSGDOptions().matrix_approximation_rank(o.powersgd_rank).start_powerSGD_iter(o.steps / 10));
-    reducer.register_comm_hook([powersgd](dist::GradBucket& bucket) { return dist::powerSGD_hook(powersgd.get(), bucket); });
+    reducer.register_comm_hook([powersgd](dist::GradBucket& bucket) { return dist::powerSGD_hook(powersgd.get(), bucket); },
+                               dist::describe_comm_hook(powersgd.get(), dist::powerSGD_hook));
     state.stateful.push_back({"powersgd." + reducer.name(), powersgd.get()});  // the hook keeps it alive
   }
 }
 
 int run_main(const std::string& program, const std::function<int()>& body) {
+  nd::configure_threads();  // first: it may execute the program again (engine/threads.h)
   auto one_line = [](std::string s) {
     for (char& c : s)
       if (c == '\n') c = ' ';
@@ -341,6 +344,7 @@ Logger::Logger(std::string program, const CommonOptions& o, const World& world, 
     const int removed = remove_run(out_);
     if (removed) say("--overwrite: deleted " + std::to_string(removed) + " file(s) of the previous run in " + out_);
   }
+  say(program_ + ": " + nd::configure_threads().describe());
   // On resume keep the lines up to the checkpoint (and their losses for the curve);
   // lines a killed run wrote after it are dropped.
   const std::string path = out_ + "/metrics.jsonl";
