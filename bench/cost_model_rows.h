@@ -25,8 +25,6 @@ namespace nd::bench {
 
 namespace model_rows {
 
-namespace kcpu = nd::kernels::cpu;
-
 inline const char* const kImpl = "cuda::kernels";
 
 inline Work work(const cost_rows::Key& k) { return {k.op, k.shape, k.flops, k.bytes, k.dtype}; }
@@ -50,14 +48,14 @@ inline void run(Bench& b, const cost_rows::AdamwRow& r) {
   b.compare(work(cost_rows::key(r)), {},
             {kImpl, [&b, tensors, each]() -> Run {
                std::vector<nd::Tensor> keep;  // p, g, m, v of each tensor
-               std::vector<kcpu::AdamTensor<float>> list;
+               std::vector<nd::kernels::AdamTensor<float>> list;
                for (int t = 0; t < tensors; ++t) {
                  const nd::Tensor p = randn(b, {each}), g = randn(b, {each}) * 0.01, m = full(b, {each}, 0),
                                   v = full(b, {each}, 0);
                  keep.insert(keep.end(), {p, g, m, v});
                  list.push_back({each, ptr(p), ptr(g), ptr(m), ptr(v), nullptr, 1});
                }
-               kcpu::AdamParams hp;
+               nd::kernels::AdamParams hp;
                hp.lr = 1e-3, hp.weight_decay = 0.01, hp.decoupled_weight_decay = true;
                const int device = b.device();
                const cudaStream_t stream = b.stream();
@@ -100,7 +98,7 @@ inline void run(Bench& b, const cost_rows::BatchNormRow& r) {
 
 // One conv row's launch under the split rule `split` (conv.h ConvSplit), named `name`.
 inline Impl conv_impl(Bench& b, const cost_rows::ConvRow& r, const char* name, cu::ConvSplit split) {
-  const kcpu::Conv2dShape s = r.shape();
+  const nd::kernels::Conv2dShape s = r.shape();
   const std::string pass = r.pass;
   const auto operands = r.bf16 ? cu::ConvOperands::kBf16 : cu::ConvOperands::kExact;
   return {name, [&b, s, pass, operands, split]() -> Run {

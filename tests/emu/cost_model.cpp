@@ -119,7 +119,7 @@ Row make(const rows::AttentionRow& a) {
 }
 
 Row make(const rows::ConvRow& c) {
-  const cpu::Conv2dShape s = c.shape();
+  const nd::kernels::Conv2dShape s = c.shape();
   const auto ops = c.bf16 ? cuda::ConvOperands::kBf16 : cuda::ConvOperands::kExact;
   const std::string pass = c.pass;
   Row r;
@@ -187,10 +187,10 @@ Row make(const rows::AdamwRow& a) {
       p.push_back(filled<float>(size_t(each))), g.push_back(filled<float>(size_t(each), 0.01f));
       m.push_back(DeviceVector<float>(static_cast<size_t>(each))), v.push_back(m.back());
     }
-    std::vector<cpu::AdamTensor<float>> list;
+    std::vector<nd::kernels::AdamTensor<float>> list;
     for (int t = 0; t < tensors; ++t)
       list.push_back({each, p[t].data(), g[t].data(), m[t].data(), v[t].data(), nullptr, 1});
-    cpu::AdamParams hp;
+    nd::kernels::AdamParams hp;
     hp.lr = 1e-3, hp.weight_decay = 0.01, hp.decoupled_weight_decay = true;
     cuda::adam_step<float>(0, list, hp, nullptr);
   };
