@@ -18,8 +18,12 @@
 // payload bytes issued per step (an all-gather's and a reduce-scatter's payload is all
 // ranks' parts: on a ring each puts (W - 1) / W of it on a rank's wire, an all-reduce
 // 2 (W - 1) / W of its own).
+// A fourth table times the collectives alone (all-reduce, reduce-scatter, all-gather of f32
+// buffers from 1 KiB to 16 MiB per rank), the input of bench/scale_model's fit of the
+// transport's alpha and bandwidth; "gbps" is NCCL's bus bandwidth (busBw = n / t times
+// 2(W-1)/W for all-reduce, (W-1)/W for the others, n the whole buffer).
 // Output (rank 0): tables, then JSON lines {"op","shape","dtype","impl","ms",...} (json_line.h).
-// Usage: OMP_NUM_THREADS=1 mpirun -np N bench_ddp [steps] [buckets|hooks|zero: one table only]
+// Usage: OMP_NUM_THREADS=1 mpirun -np N bench_ddp [steps] [buckets|hooks|zero|collectives: one table only]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -113,6 +117,51 @@ void zero_table(const Tensor& images, int steps, int per_rank, std::vector<std::
                          .str());
     }
   }
+}
+
+// The collectives table: each collective of n bytes (the whole buffer) timed alone.
+void collectives_table(int steps, std::vector<std::string>& json) {
+  auto& pg = *dist::world();
+  const int W = pg.size();
+  if (W == 1) return;  // nothing to time
+  const bool root = pg.rank() == 0;
+  if (root) std::printf("\n%-15s %10s %10s %10s\n", "collective", "bytes", "ms", "busbw_GB/s");
+  for (const std::string op : {"allreduce", "reduce_scatter", "allgather"})
+    for (int64_t size = 1024; size <= 16 * 1024 * 1024; size *= 4) {
+      const int64_t chunk = size / 4 / W, n = chunk * W, bytes = 4 * n;
+      Tensor buffer = zeros({n});
+      std::vector<Tensor> parts;
+      for (int r = 0; r < W; ++r) parts.push_back(buffer.narrow(0, r * chunk, chunk));
+      Tensor mine = zeros({chunk});
+      auto run = [&] {
+        if (op == "allreduce")
+          pg.allreduce(buffer)->wait();
+        else if (op == "reduce_scatter")
+          pg.reduce_scatter(mine, parts)->wait();
+        else
+          pg.allgather(parts, mine)->wait();
+      };
+      for (int i = 0; i < 2; ++i) run();
+      std::vector<double> ms;
+      for (int i = 0; i < std::max(steps, 5); ++i) ms.push_back(time_once(run));
+      const double t = slowest_median(ms);
+      const double factor = (op == "allreduce" ? 2.0 : 1.0) * (W - 1) / W;
+      const double busbw = static_cast<double>(bytes) / (t * 1e-3) * factor / 1e9;
+      if (!root) continue;
+      std::printf("%-15s %10lld %10.4f %10.3f\n", op.c_str(), static_cast<long long>(bytes), t, busbw);
+      char shape[128];
+      std::snprintf(shape, sizeof shape, "%s %lld bytes x%d ranks", op.c_str(), static_cast<long long>(bytes), W);
+      json.push_back(bench::JsonLine::row("collective", shape, "f32", "nanoddp")
+                         .number("ms", t, "%.5f")
+                         .null("gflops")
+                         .number("gbps", busbw, "%.4f")
+                         .null("baseline")
+                         .null("ratio")
+                         .text("collective", op)
+                         .integer("bytes", bytes)
+                         .integer("ranks", W)
+                         .str());
+    }
 }
 
 }  // namespace
@@ -259,6 +308,7 @@ int main(int argc, char** argv) {
     }
   }
   if (runs("zero")) zero_table(images, steps, per_rank, json);
+  if (runs("collectives")) collectives_table(steps, json);
   for (const auto& line : json) std::printf("%s\n", line.c_str());
   return 0;
 }
