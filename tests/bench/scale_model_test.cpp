@@ -11,7 +11,7 @@
 #include <nanoddp.h>
 
 #include "scale_model/collective_cost.h"
-#include "scale_model/step_model.h"
+#include "scale_model/predict.h"
 
 using namespace nd::scale;
 
@@ -232,4 +232,132 @@ TEST_CASE("plan_buckets: the Reducer's rule, by hand and against a Reducer's own
   for (const auto& bucket : reducer->bucket_layout()) from_reducer.push_back(bucket.params);
   CHECK(from_reducer.size() > 3);
   CHECK(nd::dist::plan_buckets(reducer->parameters(), reverse, small) == from_reducer);
+}
+
+namespace {
+
+// A profile written by hand: one backward [10, 20] ms of a 30 ms step, every gradient ready at
+// 15 ms, one optimizer step [20, 30] ms.
+Profile one_backward(const Workload& w) {
+  Profile p;
+  p.step = 0.030;
+  p.backwards.push_back({0.010, 0.020, {}});
+  for (size_t m = 0; m < w.models.size(); ++m)
+    for (size_t i = w.models[m].params.size(); i-- > 0;) p.backwards[0].ready.push_back({m, i, 0.015});
+  p.optimizer.emplace_back(0.020, 0.030);
+  return p;
+}
+
+// Bandwidth only (no latency), 8 ranks per node.
+Fabric bandwidth_only(double bw) {
+  Fabric f;
+  f.intra = f.inter = Link{0, bw};
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("predict: MAE tiny's one bucket, its hooks and ZeRO, priced on a bandwidth-only fabric") {
+  nd::NoGradGuard no_grad;
+  const Workload w = make_workload("mae-tiny", 2);
+  REQUIRE(w.models.size() == 1);
+  const Profile profile = one_backward(w);
+  double numel = 0, buffers = 0;
+  for (const nd::Tensor& t : w.models[0].params) numel += static_cast<double>(t.numel());
+  for (const int64_t b : w.models[0].buffer_bytes) buffers += static_cast<double>(b);
+  CHECK(numel == 116656);  // docs/models.md
+  const double P = static_cast<double>(w.models[0].params.size());
+  const Fabric f = bandwidth_only(1e9);
+  DeviceModel device;
+  device.memory_bandwidth = 1e300;  // the hooks' element-wise work free
+  Options none;
+  // One process: the step as profiled.
+  CHECK(predict(w, profile, none, device, f, 1, Algorithm::kRing).step == doctest::Approx(0.030));
+  // 4 ranks: the fingerprint (32 bytes) and the buffers' broadcasts first, then the one bucket (all
+  // gradients and P + 1 status slots, 4 bytes each) at the end of backward: nothing hidden.
+  const double ring = 2 * 3.0 / 4 / 1e9;  // seconds per byte of a 4-rank ring all-reduce
+  const double before = 32 * ring + buffers / 1e9;
+  const StepResult r = predict(w, profile, none, device, f, 4, Algorithm::kRing);
+  CHECK(r.step == doctest::Approx(0.030 + before + (numel + P + 1) * 4 * ring).epsilon(1e-12));
+  CHECK(r.hidden == doctest::Approx(0).scale(1e-12));
+  // bf16: 2 bytes per gradient on the wire, the status slots in an all-reduce of their own.
+  Options bf16;
+  parse_hook("bf16", bf16);
+  CHECK(predict(w, profile, bf16, device, f, 4, Algorithm::kRing).step ==
+        doctest::Approx(0.030 + before + (numel * 2 + (P + 1) * 4) * ring).epsilon(1e-12));
+  // Where 16-bit floats travel widened (our MPI group), bf16 saves nothing.
+  Fabric widening = f;
+  widening.reduces_16bit_natively = false;
+  CHECK(predict(w, profile, bf16, device, widening, 4, Algorithm::kRing).step ==
+        doctest::Approx(0.030 + before + (numel + P + 1) * 4 * ring).epsilon(1e-12));
+  // ZeRO stage 2: a reduce-scatter ((3/4) n / B) and the status all-reduce; the optimizer's 10 ms
+  // becomes 2.5 ms, then all-gathers the parameters.
+  Options zero2;
+  zero2.zero = 2;
+  CHECK(predict(w, profile, zero2, device, f, 4, Algorithm::kRing).step ==
+        doctest::Approx(0.0225 + before + numel * 4 * 0.75 / 1e9 + (P + 1) * 4 * ring + numel * 4 * 0.75 / 1e9)
+            .epsilon(1e-12));
+  CHECK(error_of([&] {
+          Options bad = bf16;
+          bad.zero = 2;
+          predict(w, profile, bad, device, f, 4, Algorithm::kRing);
+        }) == "scale_model: ZeRO stage 2 refuses a communication hook (bf16), as ZeroRedundancyOptimizer does");
+}
+
+TEST_CASE("predict: PowerSGD sends P with the uncompressed rest, Q after the end of backward") {
+  nd::NoGradGuard no_grad;
+  const Workload w = make_workload("mae-tiny", 2);
+  const Profile profile = one_backward(w);
+  Options psgd;
+  parse_hook("powersgd:4", psgd);
+  CHECK(psgd.powersgd_rank == 4);
+  // Elements by hand: a matrix [a, b] is compressed when (a + b) 4 * 2 < a b.
+  double plain = 0, p_elems = 0, q_elems = 0;
+  for (const nd::Tensor& t : w.models[0].params) {
+    const double a = t.dim() >= 2 ? static_cast<double>(t.size(0)) : 0, b = a > 0 ? t.numel() / a : 0;
+    if (t.dim() >= 2 && (a + b) * 4 * 2 < a * b)
+      p_elems += a * 4, q_elems += b * 4;
+    else
+      plain += static_cast<double>(t.numel());
+  }
+  CHECK(p_elems > 0);
+  const Fabric f = bandwidth_only(1e9);
+  DeviceModel device;
+  device.memory_bandwidth = 1e300;
+  const double ring = 2 * 3.0 / 4 / 1e9, P = static_cast<double>(w.models[0].params.size());
+  double buffers = 0;
+  for (const int64_t b : w.models[0].buffer_bytes) buffers += static_cast<double>(b);
+  CHECK(predict(w, profile, psgd, device, f, 4, Algorithm::kRing).step ==
+        doctest::Approx(0.030 + 32 * ring + buffers / 1e9 + (plain + p_elems + q_elems + P + 1) * 4 * ring)
+            .epsilon(1e-12));
+  for (const char* bad : {"powersgd", "powersgd:0", "powersgd:x", "int8"})
+    CHECK(error_of([&] { parse_hook(bad, psgd); }) == std::string("scale_model: unknown comm hook '") + bad +
+                                                         "': expected none, bf16, fp16 or powersgd:RANK (RANK >= 1)");
+}
+
+TEST_CASE("workloads: the Reducer's buckets in gradient-ready order, and unknown names") {
+  nd::NoGradGuard no_grad;
+  const Workload w = make_workload("dcgan28", 2);
+  REQUIRE(w.models.size() == 2);
+  CHECK(w.models[0].name == "G");
+  CHECK(w.models[1].name == "D");
+  // D's gradients ready in registration order in its first backward: the plan follows that order.
+  Profile p;
+  p.step = 1;
+  p.backwards.push_back({0, 1, {}});
+  for (size_t i = 0; i < w.models[1].params.size(); ++i) p.backwards[0].ready.push_back({1, i, 0.5});
+  const auto plan = bucket_plan(w, p, 1, 25, nd::kFloat32);
+  std::vector<size_t> flat;
+  for (const auto& b : plan) flat.insert(flat.end(), b.begin(), b.end());
+  std::vector<size_t> expected(w.models[1].params.size());
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] = i;
+  CHECK(flat == expected);
+  // G never became ready: reverse registration order, as the Reducer starts.
+  const auto g = bucket_plan(w, p, 0, 25, nd::kFloat32);
+  CHECK(g.front().front() == w.models[0].params.size() - 1);
+  CHECK(error_of([] { make_workload("vit-h", 0); }) ==
+        "scale_model: unknown model 'vit-h': expected dcgan28, mae-tiny, mae-small (mae-<any models::MAEConfig::by_name "
+        "name>)");
+  CHECK(error_of([] { make_workload("mae-huge", 0); }) ==
+        "MAEConfig: unknown configuration 'huge' (expected tiny or small)");
 }

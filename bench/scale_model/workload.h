@@ -1,0 +1,81 @@
+// The models bench/scale_model predicts: their DDP models' parameters and buffers, one
+// training step as the apps take it (train_gan: D's backward, D's step, G's backward through
+// D, G's step; train_mae: one backward, AdamW), a CPU profile of that step (when each
+// parameter's gradient became ready in each backward, where the backwards and the optimizer
+// steps lie), and the buckets the Reducer builds from it (dist::plan_buckets, in the order the
+// gradients became ready, as the Reducer's rebuild after the first iteration).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nanoddp.h>
+
+namespace nd::scale {
+
+struct DdpModel {
+  std::string name;
+  std::vector<Tensor> params;          // those that require grad, in registration order
+  std::vector<int64_t> buffer_bytes;   // what DDP broadcasts before a forward, per buffer
+};
+
+class Recorder;
+
+struct Workload {
+  std::string name;  // "dcgan28", "mae-tiny", ...
+  int64_t batch = 0;  // per GPU
+  std::vector<DdpModel> models;
+  // One training step on the CPU; it calls recorder.backward(loss) and recorder.optimizer(step).
+  std::function<void(Recorder&)> step;
+  std::shared_ptr<void> state;  // what `step` holds (modules, optimizers, data)
+};
+
+// "dcgan28" (train_gan's models at its defaults: nz 64, ngf = ndf = 32), "mae-<config>" for
+// every models::MAEConfig::by_name config. batch 0: the app's default (64, 128). Throws
+// nd::Error naming the models it knows.
+Workload make_workload(const std::string& name, int64_t batch);
+std::string workload_names();
+
+// Times in seconds from the start of the step, medians over the profiled steps.
+struct Profile {
+  struct Ready {
+    size_t model, param;
+    double at;
+  };
+  struct Backward {
+    double start = 0, end = 0;
+    std::vector<Ready> ready;  // in the order the gradients became ready
+  };
+  double step = 0;
+  std::vector<Backward> backwards;
+  std::vector<std::pair<double, double>> optimizer;  // each optimizer step's [start, end]
+};
+
+// Runs `warmup` then `steps` steps of the workload on the CPU and takes the medians.
+Profile profile_workload(Workload& workload, int steps, int warmup = 2);
+
+// The Recorder the workload's step reports to (profile_workload makes it).
+class Recorder {
+ public:
+  void backward(const Tensor& loss);
+  void optimizer(const std::function<void()>& step);
+  // From the parameters' post-accumulate-grad hooks.
+  void ready(size_t model, size_t param);
+
+ private:
+  friend Profile profile_workload(Workload&, int, int);
+  double now() const;
+  double t0_ = 0;
+  Profile::Backward* current_ = nullptr;
+  Profile run_;
+};
+
+// Per bucket, the (parameter indices of) model `model`'s buckets as the Reducer builds them after
+// its first iteration: in the order the gradients became ready in the first backward that
+// reached the model, then the rest in reverse registration order. `dtype`: of the gradients.
+std::vector<std::vector<size_t>> bucket_plan(const Workload& workload, const Profile& profile, size_t model,
+                                             double bucket_cap_mb, ScalarType dtype);
+
+}  // namespace nd::scale
