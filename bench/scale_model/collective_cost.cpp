@@ -126,13 +126,29 @@ double broadcast(double bytes, int ranks, const Fabric& f) {
 // NICs: 400 Gb/s = 50 GB/s, 100 Gb/s = 12.5 GB/s, 25 Gb/s = 3.125 GB/s per direction.
 namespace {
 constexpr double kNvlinkAlpha = 3.4e-6, kNetAlpha = 9.6e-6, kBaseLatency = 8.4e-6, kNvlinkBandwidth = 450e9;
+constexpr Link kMpiShm{10.2e-6, 0.99e9}, kMpiTcp{18.8e-6, 0.67e9};
 
 Fabric nvlink_node(const std::string& name, const Link& inter) {
   return Fabric{name, Link{kNvlinkAlpha, kNvlinkBandwidth}, inter, 8, kBaseLatency, true, true};
 }
+// All ranks on one node over MPI on the CPU: 16-bit floats travel widened to f32 and the
+// collectives take the cores compute runs on (bench/results/scale.md).
+Fabric mpi_node(const std::string& name, double alpha, double bandwidth) {
+  return Fabric{name, Link{alpha, bandwidth}, Link{alpha, bandwidth}, 1 << 20, 0, false, false};
+}
 }  // namespace
 
 Fabric fabric_preset(const std::string& name) {
+  // Fitted (scale_model --fit) to bench_ddp's all-reduces, 1 KiB to 16 MiB at 2 and 4 ranks (scale.md).
+  if (name == "mpi-shm") return mpi_node(name, kMpiShm.alpha, kMpiShm.bandwidth);
+  if (name == "mpi-tcp") return mpi_node(name, kMpiTcp.alpha, kMpiTcp.bandwidth);
+  if (name.rfind("mpi:", 0) == 0) {
+    double alpha_us = 0, gbs = 0;
+    char end = 0;
+    if (std::sscanf(name.c_str() + 4, "%lf:%lf%c", &alpha_us, &gbs, &end) == 2 && alpha_us >= 0 && gbs > 0)
+      return mpi_node(name, alpha_us * 1e-6, gbs * 1e9);
+    throw Error("interconnect '" + name + "': expected mpi:ALPHA_US:GB_PER_S with ALPHA_US >= 0 and GB_PER_S > 0");
+  }
   if (name == "nvlink") return nvlink_node(name, Link{kNetAlpha, kNvlinkBandwidth});
   if (name == "ib400") return nvlink_node(name, Link{kNetAlpha, 8 * 50e9});
   if (name == "roce100") return nvlink_node(name, Link{kNetAlpha, 8 * 12.5e9});
@@ -142,7 +158,7 @@ Fabric fabric_preset(const std::string& name) {
   throw Error("unknown interconnect '" + name + "': expected one of " + names);
 }
 
-std::vector<std::string> fabric_preset_names() { return {"nvlink", "ib400", "roce100", "eth25"}; }
+std::vector<std::string> fabric_preset_names() { return {"nvlink", "ib400", "roce100", "eth25", "mpi-shm", "mpi-tcp"}; }
 
 std::string fabric_presets_text() {
   return "nvlink: one node of 8 H100 SXM, NVLink 4 at 450 GB/s per direction per GPU, 3.4 us per ring step, 8.4 us "
@@ -150,7 +166,9 @@ std::string fabric_presets_text() {
          "450 GB/s (an upper bound)\n"
          "ib400: those nodes, 8 x 400 Gb/s InfiniBand NICs each (400 GB/s per node), 9.6 us per network step\n"
          "roce100: 8 x 100 Gb/s RoCE NICs per node (100 GB/s per node), 9.6 us per network step\n"
-         "eth25: one 25 Gb/s Ethernet NIC per node (3.125 GB/s per node), 9.6 us per network step\n";
+         "eth25: one 25 Gb/s Ethernet NIC per node (3.125 GB/s per node), 9.6 us per network step\n"
+         "mpi-shm, mpi-tcp: this machine's MPI over shared memory and over TCP, fitted (scale_model --fit); "
+         "mpi:ALPHA_US:GB_PER_S: your own fit. One node, 16-bit floats sent as f32, no overlap with compute\n";
 }
 
 Fit fit_link(const std::vector<Sample>& samples) {

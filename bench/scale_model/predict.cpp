@@ -9,9 +9,14 @@ std::string Options::label() const {
   char cap[32];
   std::snprintf(cap, sizeof cap, "%g", bucket_cap_mb);
   std::string s = std::string("bucket ") + cap + "MB";
+  if (first_bucket_cap_mb != 1) {
+    std::snprintf(cap, sizeof cap, "%g", first_bucket_cap_mb);
+    s += std::string(" (first ") + cap + "MB)";
+  }
   if (hook != "none") s += ", " + (hook == "powersgd" ? "powersgd " + std::to_string(powersgd_rank) : hook);
   if (zero > 0) s += ", zero " + std::to_string(zero);
   if (grad_dtype != kFloat32) s += std::string(", ") + dtype_name(grad_dtype) + " grads";
+  if (!broadcast_buffers) s += ", no buffer broadcast";
   return s;
 }
 
@@ -89,7 +94,7 @@ StepResult predict(const Workload& w, const Profile& profile, const Options& o, 
   auto memory = [&](double bytes) { return bytes / device.memory_bandwidth; };
   std::map<size_t, std::vector<std::vector<size_t>>> plans;
   for (size_t m = 0; m < w.models.size(); ++m) {
-    plans[m] = bucket_plan(w, profile, m, o.bucket_cap_mb, o.grad_dtype);
+    plans[m] = bucket_plan(w, profile, m, o.bucket_cap_mb, o.first_bucket_cap_mb, o.grad_dtype);
     if (o.zero > 0) {
       double bytes = 0;
       for (const Tensor& t : w.models[m].params) bytes += static_cast<double>(t.numel()) * e;
@@ -107,7 +112,8 @@ StepResult predict(const Workload& w, const Profile& profile, const Options& o, 
     for (size_t m : reached) {
       const DdpModel& model = w.models[m];
       in.before += ar(32);  // the per-iteration fingerprint
-      for (const int64_t bytes : model.buffer_bytes) in.before += broadcast(static_cast<double>(bytes), gpus, fabric);
+      if (o.broadcast_buffers)
+        for (const int64_t bytes : model.buffer_bytes) in.before += broadcast(static_cast<double>(bytes), gpus, fabric);
       const std::vector<std::vector<size_t>>& plan = plans[m];
       const double status = (static_cast<double>(model.params.size()) + 1) * e;
       std::vector<BucketComm> buckets;
@@ -129,8 +135,10 @@ StepResult predict(const Workload& w, const Profile& profile, const Options& o, 
           c.second = ar(s.q * e);
         } else if (o.zero == 2) {
           c.first = reduce_scatter(s.elements * e, gpus, fabric, algorithm) + (last ? ar(status) : 0);
+          in.after += memory(2 * s.elements * e);  // the averaged chunk copied into the gradients
         } else {
           c.first = ar(s.elements * e + (last ? status : 0));
+          in.after += memory(2 * s.elements * e);  // the sum divided by the world size
         }
         buckets.push_back(c);
       }

@@ -3,7 +3,8 @@
 // the step's timeline (step_model.h).
 //
 // What each option sends per bucket of n gradient elements (e bytes each):
-//   none      all-reduce of n e bytes
+//   none      all-reduce of n e bytes, then the sum divided by p (2 n e bytes of memory traffic,
+//             counted with the communication at the end of the step)
 //   bf16/fp16 all-reduce of 2n bytes (4n where the fabric widens 16-bit floats: our MPI group),
 //             after 20 bytes of memory traffic per element (divide, cast, cast back)
 //   powersgd:r for each matrix gradient [a, b] (b = numel / a) with (a + b) r' 2 < a b,
@@ -13,9 +14,11 @@
 //             P Q^T); the last bucket's status slots in an all-reduce of their own
 //   zero 1    buckets all-reduced; the optimizer steps 1/p of the parameters, then an
 //             all-gather of all parameters
-//   zero 2    buckets reduce-scattered; status slots all-reduced apart; the same all-gather
+//   zero 2    buckets reduce-scattered (the chunk copied back: 2 n e bytes of memory traffic);
+//             status slots all-reduced apart; the same all-gather
 // Every backward also pays DDP's 32-byte fingerprint all-reduce, and each model's buffers are
-// broadcast once per backward that reaches it (both counted as blocking).
+// broadcast once per backward that reaches it (both counted as blocking; broadcast_buffers off:
+// none).
 #pragma once
 
 #include <string>
@@ -27,10 +30,11 @@
 namespace nd::scale {
 
 struct Options {
-  double bucket_cap_mb = 25;
+  double bucket_cap_mb = 25, first_bucket_cap_mb = 1;
   std::string hook = "none";  // none, bf16, fp16, powersgd
   int powersgd_rank = 0;
   int zero = 0;  // stage: 0 (off), 1, 2
+  bool broadcast_buffers = true;  // DistributedDataParallelOptions::broadcast_buffers
   ScalarType grad_dtype = kFloat32;
   // "bucket 25MB, bf16, zero 2": the curve's name.
   std::string label() const;

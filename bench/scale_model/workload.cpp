@@ -162,7 +162,7 @@ Profile profile_workload(Workload& w, int steps, int warmup) {
 }
 
 std::vector<std::vector<size_t>> bucket_plan(const Workload& w, const Profile& profile, size_t model,
-                                             double bucket_cap_mb, ScalarType dtype) {
+                                             double bucket_cap_mb, double first_bucket_cap_mb, ScalarType dtype) {
   const std::vector<Tensor>& params = w.models.at(model).params;
   std::vector<size_t> order;
   std::vector<bool> seen(params.size(), false);
@@ -180,7 +180,9 @@ std::vector<std::vector<size_t>> bucket_plan(const Workload& w, const Profile& p
   // Gradients of `dtype`: plan_buckets reads only sizes and dtypes.
   std::vector<Tensor> like;
   for (const Tensor& p : params) like.push_back(p.dtype() == dtype ? p : empty(p.sizes(), dtype));
-  return dist::plan_buckets(like, order, dist::DistributedDataParallelOptions().bucket_cap_mb(bucket_cap_mb));
+  return dist::plan_buckets(
+      like, order,
+      dist::DistributedDataParallelOptions().bucket_cap_mb(bucket_cap_mb).first_bucket_cap_mb(first_bucket_cap_mb));
 }
 
 }  // namespace nd::scale

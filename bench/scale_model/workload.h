@@ -76,6 +76,6 @@ class Recorder {
 // its first iteration: in the order the gradients became ready in the first backward that
 // reached the model, then the rest in reverse registration order. `dtype`: of the gradients.
 std::vector<std::vector<size_t>> bucket_plan(const Workload& workload, const Profile& profile, size_t model,
-                                             double bucket_cap_mb, ScalarType dtype);
+                                             double bucket_cap_mb, double first_bucket_cap_mb, ScalarType dtype);
 
 }  // namespace nd::scale

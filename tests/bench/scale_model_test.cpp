@@ -105,7 +105,19 @@ TEST_CASE("collective costs: presets and their figures") {
         doctest::Approx(8.4e-6 + 14 * 3.4e-6 + 1.75 * 26214400 / 450e9).epsilon(1e-12));
   for (const std::string& name : fabric_preset_names()) CHECK(fabric_preset(name).name == name);
   CHECK(error_of([] { fabric_preset("infiniband"); }) ==
-        "unknown interconnect 'infiniband': expected one of nvlink, ib400, roce100, eth25");
+        "unknown interconnect 'infiniband': expected one of nvlink, ib400, roce100, eth25, mpi-shm, mpi-tcp");
+  // Our MPI on one node: no overlap, 16-bit floats widened, every rank in one node.
+  const Fabric mpi = fabric_preset("mpi:20:2.5");
+  CHECK(mpi.intra.alpha == doctest::Approx(20e-6));
+  CHECK(mpi.intra.bandwidth == doctest::Approx(2.5e9));
+  CHECK(!mpi.overlaps_compute);
+  CHECK(!mpi.reduces_16bit_natively);
+  // 4 ranks: 6 steps of 20 us + 1.5 * 1e6 / 2.5e9.
+  CHECK(ring_allreduce(1e6, 4, mpi) == doctest::Approx(6 * 20e-6 + 1.5e6 / 2.5e9).epsilon(1e-12));
+  CHECK(error_of([] { fabric_preset("mpi:20"); }) ==
+        "interconnect 'mpi:20': expected mpi:ALPHA_US:GB_PER_S with ALPHA_US >= 0 and GB_PER_S > 0");
+  CHECK(error_of([] { fabric_preset("mpi:20:0"); }) ==
+        "interconnect 'mpi:20:0': expected mpi:ALPHA_US:GB_PER_S with ALPHA_US >= 0 and GB_PER_S > 0");
   CHECK(error_of([] { algorithm_by_name("rings"); }) ==
         "unknown algorithm 'rings': expected ring, tree, hierarchical or best");
   CHECK(algorithm_by_name("hierarchical") == Algorithm::kHierarchical);
@@ -346,14 +358,14 @@ TEST_CASE("workloads: the Reducer's buckets in gradient-ready order, and unknown
   p.step = 1;
   p.backwards.push_back({0, 1, {}});
   for (size_t i = 0; i < w.models[1].params.size(); ++i) p.backwards[0].ready.push_back({1, i, 0.5});
-  const auto plan = bucket_plan(w, p, 1, 25, nd::kFloat32);
+  const auto plan = bucket_plan(w, p, 1, 25, 1, nd::kFloat32);
   std::vector<size_t> flat;
   for (const auto& b : plan) flat.insert(flat.end(), b.begin(), b.end());
   std::vector<size_t> expected(w.models[1].params.size());
   for (size_t i = 0; i < expected.size(); ++i) expected[i] = i;
   CHECK(flat == expected);
   // G never became ready: reverse registration order, as the Reducer starts.
-  const auto g = bucket_plan(w, p, 0, 25, nd::kFloat32);
+  const auto g = bucket_plan(w, p, 0, 25, 1, nd::kFloat32);
   CHECK(g.front().front() == w.models[0].params.size() - 1);
   CHECK(error_of([] { make_workload("vit-h", 0); }) ==
         "scale_model: unknown model 'vit-h': expected dcgan28, mae-tiny, mae-small (mae-<any models::MAEConfig::by_name "
