@@ -126,7 +126,7 @@ double broadcast(double bytes, int ranks, const Fabric& f) {
 // NICs: 400 Gb/s = 50 GB/s, 100 Gb/s = 12.5 GB/s, 25 Gb/s = 3.125 GB/s per direction.
 namespace {
 constexpr double kNvlinkAlpha = 3.4e-6, kNetAlpha = 9.6e-6, kBaseLatency = 8.4e-6, kNvlinkBandwidth = 450e9;
-constexpr Link kMpiShm{10.2e-6, 0.99e9}, kMpiTcp{18.8e-6, 0.67e9};
+constexpr Link kMpiShm{10.8e-6, 0.94e9}, kMpiTcp{20.2e-6, 0.65e9};
 
 Fabric nvlink_node(const std::string& name, const Link& inter) {
   return Fabric{name, Link{kNvlinkAlpha, kNvlinkBandwidth}, inter, 8, kBaseLatency, true, true};

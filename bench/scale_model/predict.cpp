@@ -34,7 +34,7 @@ void parse_hook(const std::string& spec, Options& o) {
       return;
     }
   }
-  throw Error("scale_model: unknown comm hook '" + spec + "': expected none, bf16, fp16 or powersgd:RANK (RANK >= 1)");
+  throw Error("unknown comm hook '" + spec + "': expected none, bf16, fp16 or powersgd:RANK (RANK >= 1)");
 }
 
 namespace {
@@ -71,8 +71,8 @@ BucketSize bucket_size(const std::vector<Tensor>& params, const std::vector<size
 
 StepResult predict(const Workload& w, const Profile& profile, const Options& o, const DeviceModel& device,
                    const Fabric& fabric, int gpus, Algorithm algorithm) {
-  ND_CHECK(gpus >= 1, "scale_model: expected at least 1 GPU, found ", gpus);
-  ND_CHECK(!(o.zero == 2 && o.hook != "none"), "scale_model: ZeRO stage 2 refuses a communication hook (",
+  ND_CHECK(gpus >= 1, "predict: expected at least 1 GPU, found ", gpus);
+  ND_CHECK(!(o.zero == 2 && o.hook != "none"), "ZeRO stage 2 refuses a communication hook (",
            o.hook, "), as ZeroRedundancyOptimizer does");
   const double p = gpus;
   // ZeRO: each optimizer step shrinks to 1/p; later times move up by what earlier steps saved.

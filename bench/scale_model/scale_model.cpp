@@ -59,7 +59,7 @@ std::string field(const std::string& line, const std::string& key) {
 // sample against the all-reduce fit.
 int fit_main(const std::string& path, double max_bytes) {
   std::ifstream in(path);
-  ND_CHECK(in.good(), "scale_model: cannot read ", path);
+  ND_CHECK(in.good(), "cannot read ", path);
   // Repeated runs: the median time per (collective, ranks, bytes), so that a run disturbed by
   // other load does not pull the fit.
   std::map<std::tuple<std::string, int, double>, std::vector<double>> runs;
@@ -76,7 +76,7 @@ int fit_main(const std::string& path, double max_bytes) {
     all.push_back(s);
     if (s.op == "allreduce") allreduces.push_back(s);
   }
-  ND_CHECK(!allreduces.empty(), "scale_model: no all-reduce rows ({\"op\":\"collective\",...}, bench_ddp's ",
+  ND_CHECK(!allreduces.empty(), "no all-reduce rows ({\"op\":\"collective\",...}, bench_ddp's ",
            "collectives table) of at most ", max_bytes, " bytes in ", path);
   const Fit fit = fit_link(allreduces), both = fit_link(all);
   std::printf("fit of %zu all-reduces (of at most %.0f bytes) from %s: alpha %.2f us per step, bandwidth %.3f GB/s, "

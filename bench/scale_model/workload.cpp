@@ -53,7 +53,7 @@ void Recorder::optimizer(const std::function<void()>& step) {
 std::string workload_names() { return "dcgan28, mae-tiny, mae-small (mae-<any models::MAEConfig::by_name name>)"; }
 
 Workload make_workload(const std::string& name, int64_t batch) {
-  ND_CHECK(batch >= 0, "scale_model: expected a batch per GPU >= 0 (0: the app's default), found ", batch);
+  ND_CHECK(batch >= 0, "make_workload: expected a batch per GPU >= 0 (0: the app's default), found ", batch);
   Workload w;
   w.name = name;
   auto sink = std::make_shared<Recorder*>(nullptr);
@@ -108,7 +108,7 @@ Workload make_workload(const std::string& name, int64_t batch) {
     };
     w.state = s;
   } else {
-    throw Error("scale_model: unknown model '" + name + "': expected " + workload_names());
+    throw Error("unknown model '" + name + "': expected " + workload_names());
   }
   for (size_t m = 0; m < w.models.size(); ++m)
     for (size_t i = 0; i < w.models[m].params.size(); ++i)

@@ -313,7 +313,7 @@ TEST_CASE("predict: MAE tiny's one bucket, its hooks and ZeRO, priced on a bandw
           Options bad = bf16;
           bad.zero = 2;
           predict(w, profile, bad, device, f, 4, Algorithm::kRing);
-        }) == "scale_model: ZeRO stage 2 refuses a communication hook (bf16), as ZeroRedundancyOptimizer does");
+        }) == "ZeRO stage 2 refuses a communication hook (bf16), as ZeroRedundancyOptimizer does");
 }
 
 TEST_CASE("predict: PowerSGD sends P with the uncompressed rest, Q after the end of backward") {
@@ -343,7 +343,7 @@ TEST_CASE("predict: PowerSGD sends P with the uncompressed rest, Q after the end
         doctest::Approx(0.030 + 32 * ring + buffers / 1e9 + (plain + p_elems + q_elems + P + 1) * 4 * ring)
             .epsilon(1e-12));
   for (const char* bad : {"powersgd", "powersgd:0", "powersgd:x", "int8"})
-    CHECK(error_of([&] { parse_hook(bad, psgd); }) == std::string("scale_model: unknown comm hook '") + bad +
+    CHECK(error_of([&] { parse_hook(bad, psgd); }) == std::string("unknown comm hook '") + bad +
                                                          "': expected none, bf16, fp16 or powersgd:RANK (RANK >= 1)");
 }
 
@@ -368,7 +368,7 @@ TEST_CASE("workloads: the Reducer's buckets in gradient-ready order, and unknown
   const auto g = bucket_plan(w, p, 0, 25, 1, nd::kFloat32);
   CHECK(g.front().front() == w.models[0].params.size() - 1);
   CHECK(error_of([] { make_workload("vit-h", 0); }) ==
-        "scale_model: unknown model 'vit-h': expected dcgan28, mae-tiny, mae-small (mae-<any models::MAEConfig::by_name "
+        "unknown model 'vit-h': expected dcgan28, mae-tiny, mae-small (mae-<any models::MAEConfig::by_name "
         "name>)");
   CHECK(error_of([] { make_workload("mae-huge", 0); }) ==
         "MAEConfig: unknown configuration 'huge' (expected tiny or small)");
