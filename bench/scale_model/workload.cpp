@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 
 namespace nd::scale {
 
@@ -16,9 +15,6 @@ DdpModel ddp_model(const std::string& name, nn::Module& module) {
     m.buffer_bytes.push_back(b.numel() * static_cast<int64_t>(element_size(b.dtype())));
   return m;
 }
-
-// Where the parameters' gradient hooks report: the recorder of the step being profiled.
-using Sink = std::shared_ptr<Recorder*>;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -87,7 +83,6 @@ Workload make_workload(const std::string& name, int64_t batch) {
       r.backward(bce(s->D(fake), 1.0));
       r.optimizer([&] { s->opt_g->step(); });
     };
-    w.state = s;
   } else if (name.rfind("mae-", 0) == 0) {
     w.batch = batch > 0 ? batch : 128;
     struct State {
@@ -106,7 +101,6 @@ Workload make_workload(const std::string& name, int64_t batch) {
       r.backward(s->mae(s->images).loss);
       r.optimizer([&] { s->opt->step(); });
     };
-    w.state = s;
   } else {
     throw Error("unknown model '" + name + "': expected " + workload_names());
   }
@@ -115,14 +109,14 @@ Workload make_workload(const std::string& name, int64_t batch) {
       w.models[m].params[i].register_post_accumulate_grad_hook([sink, m, i](const Tensor&) {
         if (Recorder* r = *sink) r->ready(m, i);
       });
-  w.state = std::make_shared<std::pair<std::shared_ptr<void>, Sink>>(w.state, sink);
+  w.sink = sink;
   return w;
 }
 
 Profile profile_workload(Workload& w, int steps, int warmup) {
   ND_CHECK(steps >= 1 && warmup >= 0, "profile_workload: expected steps >= 1 and warmup >= 0, found ", steps, " and ",
            warmup);
-  Sink sink = std::static_pointer_cast<std::pair<std::shared_ptr<void>, Sink>>(w.state)->second;
+  std::shared_ptr<Recorder*> sink = w.sink;
   std::vector<Profile> runs;
   for (int i = 0; i < warmup + steps; ++i) {
     Recorder r;

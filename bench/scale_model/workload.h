@@ -27,9 +27,11 @@ struct Workload {
   std::string name;  // "dcgan28", "mae-tiny", ...
   int64_t batch = 0;  // per GPU
   std::vector<DdpModel> models;
-  // One training step on the CPU; it calls recorder.backward(loss) and recorder.optimizer(step).
+  // One training step on the CPU (it holds the modules, optimizers and data); it calls
+  // recorder.backward(loss) and recorder.optimizer(step).
   std::function<void(Recorder&)> step;
-  std::shared_ptr<void> state;  // what `step` holds (modules, optimizers, data)
+  // Where the parameters' gradient hooks report: the Recorder of the step being profiled.
+  std::shared_ptr<Recorder*> sink;
 };
 
 // "dcgan28" (train_gan's models at its defaults: nz 64, ngf = ndf = 32), "mae-<config>" for

@@ -205,7 +205,7 @@ TEST_CASE("step timeline: second rounds run after the end of backward, in index 
   CHECK(r.hidden == doctest::Approx(1));
 }
 
-TEST_CASE("step timeline: two models in one backward share the channel; backwards add up") {
+TEST_CASE("step timeline: two models in one backward share the channel, and backwards add up") {
   // D and G in one backward [0, 10]: D0 2-4, G0 (ready 3) 4-5, D's last 10-11, G's last 11-12.
   StepInput in;
   in.compute = 20;
