@@ -105,19 +105,6 @@ int fit_main(const std::string& path, double max_bytes) {
   return 0;
 }
 
-// Gradient-ready times spread over each backward in proportion to the bytes made ready so far
-// (in the measured order) instead of when they were measured.
-void spread_by_bytes(Profile& profile, const Workload& w) {
-  for (Profile::Backward& b : profile.backwards) {
-    double total = 0, so_far = 0;
-    for (const Profile::Ready& r : b.ready) total += static_cast<double>(w.models[r.model].params[r.param].numel());
-    for (Profile::Ready& r : b.ready) {
-      so_far += static_cast<double>(w.models[r.model].params[r.param].numel());
-      r.at = b.start + (b.end - b.start) * so_far / total;
-    }
-  }
-}
-
 // Every combination of the comma lists: one option set (one curve) each.
 std::vector<Options> option_sets(const std::string& caps, double first_cap, const std::string& hooks,
                                  const std::string& zeros, const std::string& buffers, ScalarType dtype) {
@@ -203,7 +190,7 @@ int main(int argc, char** argv) {
 
     Workload w = make_workload(model, batch);
     Profile profile = profile_workload(w, static_cast<int>(profile_steps));
-    if (ready == "bytes") spread_by_bytes(profile, w);
+    if (ready == "bytes") spread_ready_by_bytes(profile, w);
     double cpu_backward = 0;
     for (const Profile::Backward& b : profile.backwards) cpu_backward += b.end - b.start;
     DeviceModel device;

@@ -155,6 +155,17 @@ Profile profile_workload(Workload& w, int steps, int warmup) {
   return out;
 }
 
+void spread_ready_by_bytes(Profile& profile, const Workload& w) {
+  for (Profile::Backward& b : profile.backwards) {
+    double total = 0, so_far = 0;
+    for (const Profile::Ready& r : b.ready) total += static_cast<double>(w.models[r.model].params[r.param].numel());
+    for (Profile::Ready& r : b.ready) {
+      so_far += static_cast<double>(w.models[r.model].params[r.param].numel());
+      r.at = b.start + (b.end - b.start) * so_far / total;
+    }
+  }
+}
+
 std::vector<std::vector<size_t>> bucket_plan(const Workload& w, const Profile& profile, size_t model,
                                              double bucket_cap_mb, double first_bucket_cap_mb, ScalarType dtype) {
   const std::vector<Tensor>& params = w.models.at(model).params;

@@ -74,6 +74,10 @@ class Recorder {
   Profile run_;
 };
 
+// Instead of when they were measured, each backward's gradients ready at times spread over it in
+// proportion to the elements made ready so far (in the measured order): scale_model --ready bytes.
+void spread_ready_by_bytes(Profile& profile, const Workload& workload);
+
 // Per bucket, the (parameter indices of) model `model`'s buckets as the Reducer builds them after
 // its first iteration: in the order the gradients became ready in the first backward that
 // reached the model, then the rest in reverse registration order. `dtype`: of the gradients.

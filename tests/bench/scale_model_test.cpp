@@ -373,3 +373,25 @@ TEST_CASE("workloads: the Reducer's buckets in gradient-ready order, and unknown
   CHECK(error_of([] { make_workload("mae-huge", 0); }) ==
         "MAEConfig: unknown configuration 'huge' (expected tiny or small)");
 }
+
+TEST_CASE("workloads: --ready bytes spreads each backward's gradients by the elements made ready") {
+  nd::NoGradGuard no_grad;
+  const Workload w = make_workload("dcgan28", 2);
+  // D's parameters in reverse registration order over a backward [1, 3] s.
+  Profile p;
+  p.step = 4;
+  p.backwards.push_back({1, 3, {}});
+  const auto& params = w.models[1].params;
+  double total = 0;
+  for (size_t i = params.size(); i-- > 0;) {
+    p.backwards[0].ready.push_back({1, i, 2.5});
+    total += static_cast<double>(params[i].numel());
+  }
+  spread_ready_by_bytes(p, w);
+  double so_far = 0;
+  for (const Profile::Ready& r : p.backwards[0].ready) {
+    so_far += static_cast<double>(params[r.param].numel());
+    CHECK(r.at == doctest::Approx(1 + 2 * so_far / total));
+  }
+  CHECK(p.backwards[0].ready.back().at == doctest::Approx(3));
+}
