@@ -68,8 +68,7 @@ int train(Options& o) {
     const double accuracy = logits.argmax(1).eq(batch.labels).to(nd::kFloat64).mean().item();
     state.step = step;
     log.step(step, {{"loss", loss.item()}}, {{"classifier", norm}}, {{"batch_accuracy", accuracy}});
-    if (o.checkpoint_at(step)) app::save_checkpoint(o, world, state, batches);
-    if (step == o.exit_after) return 0;
+    if (const auto status = app::end_of_step(o, world, state, batches, log, step)) return *status;
   }
   if (world.rank0()) {
     log.record(std::max(start, o.steps), {{"test_accuracy", test_accuracy(C, test_set, o.test_images, device)}});

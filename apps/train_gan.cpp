@@ -134,10 +134,9 @@ int train(Options& o) {
       write_samples(step);
       if (step != o.steps) evaluate(step);
     }
-    if (o.checkpoint_at(step)) app::save_checkpoint(o, world, state, batches);
-    if (step == o.exit_after) return 0;
+    if (const auto status = app::end_of_step(o, world, state, batches, log, step)) return *status;
   }
-  if (start >= o.steps) write_samples(o.steps);
+  if (start >= o.steps) write_samples(start);  // --steps 0: the checkpoint's model
   evaluate(std::max(start, o.steps));
   log.finish();
   return 0;

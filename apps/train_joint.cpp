@@ -166,10 +166,9 @@ int train(Options& o) {
               {"unchanged_params_D", static_cast<double>(update_d.unchanged())},
               {"unchanged_params_MAE", static_cast<double>(update_m.unchanged())}});
     if (step % o.sample_every == 0 || step == o.steps) write_samples(step);
-    if (o.checkpoint_at(step)) app::save_checkpoint(o, world, state, batches);
-    if (step == o.exit_after) return 0;
+    if (const auto status = app::end_of_step(o, world, state, batches, log, step)) return *status;
   }
-  if (start >= o.steps) write_samples(o.steps);
+  if (start >= o.steps) write_samples(start);  // --steps 0: the checkpoint's model
   log.finish();
   return 0;
 }

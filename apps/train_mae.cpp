@@ -158,10 +158,9 @@ int train(Options& o) {
     state.step = step;
     log.step(step, {{"loss", loss.item()}}, {{"MAE", norm}});
     if (step % o.sample_every == 0 || step == o.steps) evaluate(step);
-    if (o.checkpoint_at(step)) app::save_checkpoint(o, world, state, batches);
-    if (step == o.exit_after) return 0;
+    if (const auto status = app::end_of_step(o, world, state, batches, log, step)) return *status;
   }
-  if (start >= o.steps) evaluate(o.steps);
+  if (start >= o.steps) evaluate(start);  // --steps 0: the checkpoint's model
   if (o.probe && world.rank0())
     log.record(std::max(start, o.steps),
                {{"probe_accuracy", linear_probe(M, train_set, test_set, o.probe_train, device, log)}});

@@ -331,6 +331,12 @@ const Bench kBenches[] = {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    std::printf("usage: bench_cpu_ops [NAME...]\nCPU op microbenchmarks against their baselines; NAME runs only that one:");
+    for (const auto& bench : kBenches) std::printf(" %s", bench.name);
+    std::printf(" (default: all).\n");
+    return 0;
+  }
   Report rep;
   for (const auto& bench : kBenches) {
     bool wanted = argc == 1;

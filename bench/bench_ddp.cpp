@@ -231,6 +231,12 @@ void collectives_table(int steps, std::vector<std::string>& json) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    std::printf("usage: OMP_NUM_THREADS=1 mpirun -np N bench_ddp [STEPS] [buckets|hooks|zero]\n"
+                "DDP step time of the MAE (tiny, small) against no communication: bucket sizes, communication\n"
+                "hooks, ZeRO. STEPS per measurement (default 10); a table name runs that table only.\n");
+    return 0;
+  }
   const int steps = argc > 1 ? std::atoi(argv[1]) : 10;
   const std::string only = argc > 2 ? argv[2] : "";
   auto runs = [&](const char* table) { return only.empty() || only == table; };

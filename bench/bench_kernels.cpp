@@ -49,8 +49,13 @@
 //   {"op","shape","dtype","impl","ms","gflops","gbps","baseline","ratio"} (+ "note")
 // then a table. A row that could not run has "ms":null and a note: "no CUDA kernel yet:
 // <the engine's message>" for an op still without one, "error: ..." otherwise.
-// Usage: bench_kernels [--device cuda[:N]] [NAME...]   NAME: a family of kFamilies below
-// (default all). Without a usable GPU: "SKIPPED: no CUDA GPU (<reason>)", exit 0.
+// Usage: bench_kernels [--device cuda[:N]] [--dtype D[,D...]] [--shape REGEX] [NAME...]
+//   NAME: a family of kFamilies below (default all); --dtype: only rows of these dtypes (f32,
+//   bf16, f16); --shape: only rows whose shape string holds a match of REGEX (ECMAScript,
+//   std::regex_search; e.g. 'D=(64|128)$', '^N=64 ', '^(?!.*fill-sms)'). A row left out is
+//   not prepared (no cuDNN search, no allocation). gpu_check.sh asks for its rows this way.
+// Names and flags are checked first: a bad one is an error naming what was expected and
+// found, exit 2, on any machine. Without a usable GPU: "SKIPPED: no CUDA GPU (<reason>)", exit 0.
 // The baselines (cuDNN, cuBLAS) are in cuda_baselines.h; this file holds the rows.
 #include <nanoddp.h>
 
@@ -61,6 +66,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_kernels_options.h"
+
 #ifdef NANODDP_WITH_CUDA
 #include "cuda_baselines.h"
 #include "cost_model_rows.h"
@@ -69,6 +76,8 @@
 #endif
 
 namespace {
+
+struct Context;  // a run's Bench and cuDNN (below, in a build with CUDA)
 
 #ifdef NANODDP_WITH_CUDA
 using namespace nd::bench;
@@ -384,34 +393,41 @@ void bench_h2d(Context& c) {
   b.compare({"h2d", "64 MiB", 0, bytes}, {raw}, pinned);
 }
 
+#endif  // NANODDP_WITH_CUDA
+
+// The families, in run order. A build without CUDA keeps the names only, to check them.
+#ifdef NANODDP_WITH_CUDA
+#define BENCH_FAMILY(name, run) {name, run}
+#else
+#define BENCH_FAMILY(name, run) {name, nullptr}
+#endif
 struct Family {
   const char* name;
   void (*run)(Context&);
 };
 const Family kFamilies[] = {
-    {"model", [](Context& c) { bench_model_rows(c.bench); }},  // first: small, and what gpu_check joins
-    // then attention, the targets' largest rows: gpu_check.sh gives the whole run 150 s, and
-    // a timeout keeps the rows measured before it
-    {"attention", bench_attention},
-    {"copy", bench_copy},
-    {"h2d", bench_h2d},
-    {"matmul", bench_matmul},
-    {"conv2d", bench_conv2d},
-    {"conv_transpose2d", bench_conv_transpose2d},
-    {"batch_norm", bench_batch_norm},
-    {"layer_norm", bench_layer_norm},
-    {"adamw", bench_adamw},
+    BENCH_FAMILY("model", [](Context& c) { bench_model_rows(c.bench); }),  // first: small, what gpu_check joins
+    BENCH_FAMILY("attention", bench_attention),
+    BENCH_FAMILY("copy", bench_copy),
+    BENCH_FAMILY("h2d", bench_h2d),
+    BENCH_FAMILY("matmul", bench_matmul),
+    BENCH_FAMILY("conv2d", bench_conv2d),
+    BENCH_FAMILY("conv_transpose2d", bench_conv_transpose2d),
+    BENCH_FAMILY("batch_norm", bench_batch_norm),
+    BENCH_FAMILY("layer_norm", bench_layer_norm),
+    BENCH_FAMILY("adamw", bench_adamw),
 };
+#undef BENCH_FAMILY
+std::vector<std::string> family_names() {
+  std::vector<std::string> names;
+  for (const Family& f : kFamilies) names.push_back(f.name);
+  return names;
+}
 
-int run_benchmarks(int device, const std::vector<std::string>& names) {
-  for (const std::string& name : names)
-    if (std::none_of(std::begin(kFamilies), std::end(kFamilies), [&](const Family& f) { return name == f.name; })) {
-      std::fprintf(stderr, "bench_kernels: unknown benchmark '%s'; expected one of:", name.c_str());
-      for (const Family& f : kFamilies) std::fprintf(stderr, " %s", f.name);
-      std::fprintf(stderr, "\n");
-      return 2;
-    }
+#ifdef NANODDP_WITH_CUDA
+int run_benchmarks(int device, const nd::bench::KernelsOptions& options) {
   Bench bench(device);
+  bench.set_filter([&options](const Work& w) { return options.keeps(w.shape, w.dtype); });
   Cudnn cudnn(bench.stream());
   cudaDeviceProp prop{};
   check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
@@ -421,7 +437,7 @@ int run_benchmarks(int device, const std::vector<std::string>& names) {
   std::fflush(stdout);
   Context context{bench, cudnn};
   for (const Family& f : kFamilies)
-    if (names.empty() || std::find(names.begin(), names.end(), f.name) != names.end()) {
+    if (options.runs(f.name)) {
       std::fprintf(stderr, "bench_kernels: %s\n", f.name);
       f.run(context);
     }
@@ -433,26 +449,27 @@ int run_benchmarks(int device, const std::vector<std::string>& names) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string device = "cuda";
-  std::vector<std::string> names;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
       std::printf(
-          "usage: bench_kernels [--device cuda[:N]] [NAME...]\n"
+          "usage: bench_kernels [--device cuda[:N]] [--dtype D[,D...]] [--shape REGEX] [NAME...]\n"
           "Times our CUDA ops against cuDNN / cuBLAS / cudaMemcpy; prints JSON lines and a table.\n"
-          "NAME: model attention copy h2d matmul conv2d conv_transpose2d batch_norm layer_norm adamw (default: all)\n");
+          "NAME: %s (default: all)\n"
+          "--dtype: rows of these dtypes only (f32, bf16, f16); --shape: rows whose shape matches REGEX\n",
+          nd::bench::joined(family_names(), " ").c_str());
       return 0;
     }
-    if (arg == "--device" && i + 1 < argc)
-      device = argv[++i];
-    else
-      names.push_back(arg);
+  nd::bench::KernelsOptions options;
+  try {
+    options = nd::bench::KernelsOptions::parse(argc, argv, family_names());
+  } catch (const nd::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
   }
   try {
-    const nd::Device dev(device);
+    const nd::Device dev(options.device);
     if (!dev.is_cuda())
-      throw nd::Error("bench_kernels times CUDA ops: expected --device cuda or cuda:N, found " + device);
+      throw nd::Error("bench_kernels times CUDA ops: expected --device cuda or cuda:N, found " + options.device);
     try {
       nd::cuda::check_device(dev);
     } catch (const nd::Error& e) {
@@ -460,7 +477,7 @@ int main(int argc, char** argv) {
       return 0;
     }
 #ifdef NANODDP_WITH_CUDA
-    return run_benchmarks(dev.index, names);
+    return run_benchmarks(dev.index, options);
 #else
     return 0;  // check_device refuses every CUDA device in a build without CUDA
 #endif

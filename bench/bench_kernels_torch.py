@@ -22,8 +22,12 @@ Output: one JSON line per row as measured
 (+ "note" when the row failed), then a table. Without torch or a CUDA GPU: one SKIPPED line,
 exit 0.
 
-Usage: python3 bench/bench_kernels_torch.py [NAME...]   (NAME as in bench_kernels; default all)
+Usage: python3 bench/bench_kernels_torch.py [--dtype D[,D...]] [--shape REGEX] [NAME...]
        python3 bench/bench_kernels_torch.py --join ROWS.jsonl
+NAME, --dtype and --shape as in bench_kernels (default all): --dtype keeps rows of these
+dtypes (f32, bf16, f16), --shape rows whose shape string holds a match of REGEX (re.search;
+the patterns gpu_check.sh gives mean the same to std::regex). A row left out is not
+prepared. Names and flags are checked before torch is imported: a bad one exits 2.
 --join (needs no torch, no GPU): ROWS.jsonl holds both programs' JSON lines (gpu_check.sh's
 bench_kernels.jsonl). Each of our measured rows (impl "nd::..." or "cuda::...", once per impl)
 that has a measured PyTorch row of the same (op, shape, dtype) is printed again as a JSON
@@ -32,9 +36,11 @@ then as a table that marks the issues' targets (21, 26): attention_fwd >= 1.0 an
 attention_fwd_bwd >= 0.9 of PyTorch's flash SDPA in bf16, for the bf16 kernels (impl
 "cuda::sdpa_bf16").
 """
+import argparse
 import contextlib
 import json
 import math
+import re
 import statistics
 import sys
 
@@ -70,8 +76,9 @@ def conv_geom(layer, transposed):
 
 
 class Bench:
-    def __init__(self, torch):
+    def __init__(self, torch, keeps=lambda shape, dtype: True):
         self.torch = torch
+        self.keeps = keeps  # (shape, dtype) -> whether the row runs (--dtype, --shape)
         self.rows = []
 
     def time_ms(self, fn, reps):
@@ -86,6 +93,8 @@ class Bench:
 
     def row(self, op, shape, dtype, flops, nbytes, prepare):
         """prepare() builds the inputs (and the graph) and returns the closure to time."""
+        if not self.keeps(shape, dtype):
+            return
         r = {"op": op, "shape": shape, "dtype": dtype, "impl": "pytorch", "ms": None, "gflops": None,
              "gbps": None, "baseline": None, "ratio": None}
         try:
@@ -258,7 +267,7 @@ def bench_copy(b):
     b.row("copy", "1 GiB", "f32", 0, 2.0 * 4 * n, prepare)
 
 
-FAMILIES = {  # in run order, as bench_kernels': attention first (gpu_check.sh caps the run)
+FAMILIES = {  # in run order, as bench_kernels'
     "attention": bench_attention, "copy": bench_copy, "matmul": bench_matmul, "conv2d": bench_conv2d,
     "conv_transpose2d": bench_conv_transpose2d, "batch_norm": bench_batch_norm,
     "layer_norm": bench_layer_norm, "adamw": bench_adamw,
@@ -301,21 +310,52 @@ def join(path):
     return 0
 
 
+DTYPES = ("f32", "bf16", "f16")
+
+
+def dtype_list(text):
+    """--dtype's value: a comma-separated list of DTYPES."""
+    for d in text.split(","):
+        if d not in DTYPES:
+            raise argparse.ArgumentTypeError(f"expected {', '.join(DTYPES)} (comma-separated), found {d!r} in {text!r}")
+    return text.split(",")
+
+
+def shape_regex(text):
+    try:
+        return re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"expected a regular expression, found {text!r} ({e})")
+
+
+def family_name(text):
+    if text not in FAMILIES:
+        raise argparse.ArgumentTypeError(f"expected a benchmark name ({' '.join(FAMILIES)}), found {text!r}")
+    return text
+
+
+def parse(argv):
+    """The command line (exit 2 with a message for a bad name or flag)."""
+    ap = argparse.ArgumentParser(prog="bench_kernels_torch.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", type=family_name, metavar="NAME", help=" ".join(FAMILIES))
+    ap.add_argument("--dtype", type=dtype_list, help="rows of these dtypes only: f32,bf16,f16")
+    ap.add_argument("--shape", type=shape_regex, help="rows whose shape matches REGEX (re.search)")
+    ap.add_argument("--join", metavar="ROWS.jsonl", help="ours vs PyTorch from both programs' rows (no torch)")
+    return ap.parse_args(argv[1:])
+
+
+def keeps(args, shape, dtype):
+    """Whether a row of (shape, dtype) runs under --dtype and --shape."""
+    return (args.dtype is None or dtype in args.dtype) and (args.shape is None or bool(args.shape.search(shape)))
+
+
 def main(argv):
-    if len(argv) >= 2 and argv[1] == "--join":
-        if len(argv) != 3:
-            print("usage: bench_kernels_torch.py --join ROWS.jsonl", file=sys.stderr)
+    args = parse(argv)
+    if args.join:
+        if args.names or args.dtype or args.shape:
+            print("usage: bench_kernels_torch.py --join ROWS.jsonl (no names or filters)", file=sys.stderr)
             return 2
-        return join(argv[2])
-    names = argv[1:]
-    if any(n in ("-h", "--help") for n in names):
-        print(__doc__)
-        return 0
-    unknown = [n for n in names if n not in FAMILIES]
-    if unknown:
-        print(f"bench_kernels_torch: unknown benchmark(s) {unknown}; expected some of {list(FAMILIES)}",
-              file=sys.stderr)
-        return 2
+        return join(args.join)
     try:
         import torch
     except ImportError as e:
@@ -333,9 +373,9 @@ def main(argv):
     print(f"bench_kernels_torch: torch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN "
           f"{torch.backends.cudnn.version()}) on {props.name}; TF32 off; medians of back-to-back runs "
           "between CUDA events", flush=True)
-    b = Bench(torch)
+    b = Bench(torch, lambda shape, dtype: keeps(args, shape, dtype))
     for name, family in FAMILIES.items():
-        if not names or name in names:
+        if not args.names or name in args.names:
             print(f"bench_kernels_torch: {name}", file=sys.stderr, flush=True)
             family(b)
     b.table()

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "json_line.h"
@@ -100,9 +101,14 @@ class Bench {
   nd::TensorOptions options() const { return nd::TensorOptions(nd::Device(nd::kCUDA, device_)); }
   const std::vector<Row>& rows() const { return rows_; }
 
+  // Rows to time (bench_kernels' --dtype and --shape): compare() leaves out, unprepared,
+  // every row `keep` refuses. Default: all.
+  void set_filter(std::function<bool(const Work&)> keep) { keep_ = std::move(keep); }
+
   // Times `ours` against each baseline (none: ours alone). Adds the baselines' rows, then
   // ours once per baseline that ran (with the ratio), or once alone.
   void compare(const Work& work, const std::vector<Impl>& baselines, const Impl& ours) {
+    if (keep_ && !keep_(work)) return;
     std::vector<Side> sides;
     for (const Impl& b : baselines) sides.push_back(start(b));
     sides.push_back(start(ours));
@@ -206,6 +212,7 @@ class Bench {
   cudaStream_t stream_;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   std::vector<Row> rows_;
+  std::function<bool(const Work&)> keep_;
 };
 
 // ---- inputs -------------------------------------------------------------------------------

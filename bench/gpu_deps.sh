@@ -2,16 +2,15 @@
 # Run HERE (not on the device machine) before a GPU check: the device machine's image
 # has nvcc, CMake and Ninja but not the C++ packages nanoddp configures against, and
 # nothing can be installed there. This copies Eigen3, doctest and zlib (headers, CMake
-# configs, libz) from this machine into .gpu-deps/ (git-ignored through
-# .git/info/exclude), with a slice of Fashion-MNIST for the check's training runs, which
-# the device-tool call then carries (with the bundle of bench/gpu_prebuild.sh, GPU.md):
+# configs, libz) from this machine into .gpu-deps/ (git-ignored), with a slice of
+# Fashion-MNIST for the check's training runs, which the device-tool call then carries
+# (with the bundle of bench/gpu_prebuild.sh, GPU.md):
 #
 #   bash bench/gpu_deps.sh && bash bench/gpu_prebuild.sh
-#   run(command="bash bench/gpu_check.sh .gpu-bin", carry=[".gpu-bin", ".gpu-deps"], timeout_s=540)
+#   run(command="bash bench/gpu_check.sh .gpu-bin", carry=[".gpu-bin", ".gpu-deps"], timeout_s=570)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 D=.gpu-deps
-grep -qxF "/$D/" .git/info/exclude 2>/dev/null || echo "/$D/" >>.git/info/exclude
 rm -rf "$D"
 mkdir -p "$D/include" "$D/share/eigen3" "$D/lib/cmake"
 cp -r /usr/include/eigen3 "$D/include/"

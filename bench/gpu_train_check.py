@@ -80,7 +80,7 @@ def steady(rows):
 def run(exe, device, extra, data, steps, out):
     cmd = [exe, "--device", device, "--steps", str(steps), "--log-every", str(max(steps // 6, 1)),
            "--sample-every", str(steps), "--ckpt-every", str(steps), "--seed", "0", "--data", data,
-           "--out", out, "--no-tensorboard"] + extra
+           "--out", out, "--overwrite", "--no-tensorboard"] + extra  # --out: this script's own folder
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return p.returncode, p.stdout
 

@@ -3,14 +3,16 @@
 //   {"op","shape","dtype","impl","ms","gflops","gbps","baseline","ratio"}
 // then whatever fields a binary adds of its own ("note", "model", "comm_ms", ...).
 // Numbers are printed with the caller's printf format, so each binary keeps the
-// precision its readers (RESULTS.md, gpu_check.sh) expect. Strings are escaped: a quote
-// or backslash gets a backslash, a control character becomes a space.
+// precision its readers (RESULTS.md, gpu_check.sh) expect. Strings are escaped by
+// io/json.h's one escaper (nd::json::quoted).
 // Header-only: every bench/*.cpp is its own executable (bench/CMakeLists.txt).
 #pragma once
 
 #include <cmath>
 #include <cstdio>
 #include <string>
+
+#include "io/json.h"
 
 namespace nd::bench {
 
@@ -24,7 +26,7 @@ class JsonLine {
     return line;
   }
 
-  JsonLine& text(const char* key, const std::string& value) { return raw(key, quoted(value)); }
+  JsonLine& text(const char* key, const std::string& value) { return raw(key, nd::json::quoted(value)); }
   // null for an empty string (a baseline row has no "baseline").
   JsonLine& text_or_null(const char* key, const std::string& value) {
     return value.empty() ? null(key) : text(key, value);
@@ -50,21 +52,9 @@ class JsonLine {
   }
 
  private:
-  static std::string quoted(const std::string& s) {
-    std::string out = "\"";
-    for (const char c : s) {
-      if (c == '"' || c == '\\')
-        out += {'\\', c};
-      else if (static_cast<unsigned char>(c) < 0x20)
-        out += ' ';
-      else
-        out += c;
-    }
-    return out + "\"";
-  }
   JsonLine& raw(const char* key, const std::string& value) {
     if (!body_.empty()) body_ += ',';
-    body_ += quoted(key) + ":" + value;
+    body_ += nd::json::quoted(key) + ":" + value;
     return *this;
   }
 

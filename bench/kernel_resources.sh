@@ -9,6 +9,10 @@
 #   bash bench/kernel_resources.sh           # regenerate bench/kernel_resources.md
 #   bash bench/kernel_resources.sh --check   # regenerate into a temporary file; also fail
 #                                            # when the committed table differs (CI)
+#   ... --cubins DIR                         # also keep each file's cubin as DIR/X.cubin
+#   bash bench/kernel_resources.sh --compile DIR [kernels/cuda/X.cu...]
+#                                            # only compile (every file, or those) into DIR
+# The cubins are what bench/kernel_sass.py disassembles: CI compiles once for both.
 #
 # Fails (exit 1, naming the kernel) when a kernel spills (spill stores or loads > 0 bytes),
 # has more than 48 KiB of static shared memory (only dynamic shared memory may go beyond,
@@ -31,17 +35,26 @@
 # Cost: about 110 CPU-seconds, a minute on 2 idle cores (bench/README.md). NVCC=path overrides
 # the compiler.
 set -euo pipefail
+invoked_from=$PWD
 cd "$(dirname "$0")/.."
 export LC_ALL=C  # the same sort order, glob order and number format everywhere
 
-usage() { echo "usage: bench/kernel_resources.sh [--check]" >&2; exit 2; }
+usage() {
+  echo "usage: bench/kernel_resources.sh [--check] [--cubins DIR] | --compile DIR [kernels/cuda/X.cu...]" >&2
+  exit 2
+}
 mode=write
-case ${1:-} in
-  "") ;;
-  --check) mode=check ;;
-  *) usage ;;
-esac
-[[ $# -le 1 ]] || usage
+cubins=""
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --check) [[ $mode == write ]] || usage; mode=check; shift ;;
+    --cubins) [[ $# -ge 2 && -z $cubins ]] || usage; cubins=$2; shift 2 ;;
+    --compile) [[ $# -ge 2 && $mode == write && -z $cubins ]] || usage; mode=compile; cubins=$2; shift 2; break ;;
+    *) usage ;;
+  esac
+done
+[[ $mode == compile || $# -eq 0 ]] || usage
+[[ -z $cubins || $cubins == /* ]] || cubins=$invoked_from/$cubins
 die() { echo "kernel_resources: $*" >&2; exit 2; }
 
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -74,6 +87,10 @@ export nvcc work
 export flags_string="${flags[*]}"
 sources=(kernels/cuda/*.cu)
 [[ -e ${sources[0]} ]] || die "no kernels/cuda/*.cu"
+if [[ $mode == compile && $# -gt 0 ]]; then
+  sources=("$@")
+  for src in "${sources[@]}"; do [[ $src == kernels/cuda/*.cu && -f $src ]] || die "--compile: $src is not a kernels/cuda/*.cu file"; done
+fi
 # Arrays do not cross `export`; the job rebuilds them from the string (no flag has a space).
 printf '%s\n' "${sources[@]}" |
   xargs -P2 -n1 bash -c 'read -ra flags <<<"$flags_string"; compile_one "$1"' _
@@ -84,6 +101,15 @@ for src in "${sources[@]}"; do
     die "$src does not compile: $nvcc ${flags[*]}"
   fi
 done
+if [[ -n $cubins ]]; then
+  mkdir -p "$cubins"
+  for src in "${sources[@]}"; do
+    name=$(basename "$src" .cu)
+    cp "$work/$name/$name.cubin" "$cubins/"
+  done
+  echo "$nvcc_version" >"$cubins/nvcc_version.txt"
+  [[ $mode != compile ]] || { echo "kernel_resources: compiled ${#sources[@]} file(s) into $cubins"; exit 0; }
+fi
 
 # ---- ptxas report -> one line per kernel ------------------------------------------------------
 # file, mangled name, registers, stack frame, spill stores, spill loads, static shared memory.

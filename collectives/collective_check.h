@@ -26,6 +26,12 @@ namespace nd::dist {
 enum class DebugLevel { OFF, DETAIL };
 DebugLevel debug_level();
 
+// Under DETAIL (registered once, when the first MPI group is created with it): each
+// optimizer's name, options and parameter counts per group are compared across ranks on
+// control_world() at its first step (optimizer_check.cpp); ranks that differ all throw an
+// nd::Error naming rank 0's optimizer and the first differing rank's.
+void enable_optimizer_check();
+
 // What must agree across ranks, as 6 int64 so that one MPI_INT64_T all-gather moves it.
 struct CollectiveSignature {
   int64_t op = 0;        // index of CollectiveInfo::op in {allreduce, broadcast, allgather, reduce_scatter, barrier}

@@ -95,4 +95,11 @@ std::shared_ptr<FutureWork> bf16_compress_hook(ProcessGroup* process_group, Grad
   return compress_hook(process_group, bucket, kBFloat16);
 }
 
+std::string comm_hook_name(std::shared_ptr<FutureWork> (*hook)(ProcessGroup*, GradBucket&)) {
+  if (hook == &allreduce_hook) return "allreduce_hook";
+  if (hook == &fp16_compress_hook) return "fp16_compress_hook";
+  if (hook == &bf16_compress_hook) return "bf16_compress_hook";
+  return "a custom hook";
+}
+
 }  // namespace nd::dist

@@ -90,4 +90,21 @@ std::shared_ptr<FutureWork> allreduce_hook(ProcessGroup* process_group, GradBuck
 std::shared_ptr<FutureWork> fp16_compress_hook(ProcessGroup* process_group, GradBucket& bucket);
 std::shared_ptr<FutureWork> bf16_compress_hook(ProcessGroup* process_group, GradBucket& bucket);
 
+// A built-in hook's name ("bf16_compress_hook"), "a custom hook" for any other: what DDP's
+// per-iteration check compares across ranks and names when they differ.
+std::string comm_hook_name(std::shared_ptr<FutureWork> (*hook)(ProcessGroup*, GradBucket&));
+
+// What DDP's per-iteration check compares across ranks for `hook` called with `state`: a
+// built-in by its name (comm_hook_name), with its state's settings where the state
+// describes them (PowerSGDState::describe(): "powerSGD_hook (matrix_approximation_rank 4,
+// ...)"); any other hook "a custom hook". For Reducer::register_comm_hook's description.
+template <class State, class Hook>
+std::string describe_comm_hook(const State* state, const Hook& hook) {
+  std::string description = "a custom hook";
+  if constexpr (requires { comm_hook_name(hook); }) description = comm_hook_name(hook);
+  if constexpr (requires { state->describe(); })
+    if (state) description += " (" + state->describe() + ")";
+  return description;
+}
+
 }  // namespace nd::dist

@@ -275,7 +275,7 @@ void Reducer::begin_iteration() {
   sharded_iteration_ = shard_gradients_ && rebuilt_ && reduce_buckets_ && pg_->size() > 1;
   status_work_.reset();
   local_sum_ = Tensor();
-  // Fingerprint: which model, which iteration, which layout (a), and what the data
+  // Fingerprint: which model, which iteration, which layout and hook (a), and what the data
   // group issued since the previous check (b). MAX over [a, b, -a, -b] gives every rank
   // the maximum and minus the minimum: the same verdict everywhere, equal iff max == min.
   record_now_ = pg_->record();
@@ -283,6 +283,7 @@ void Reducer::begin_iteration() {
   a = mix(a, static_cast<uint64_t>(iteration_));
   a = mix(a, buckets_.size());
   a = mix(a, params_.size());
+  a = mix(a, std::hash<std::string>{}(comm_hook_description_));
   const uint64_t b = mix(record_now_.hash_since(base_record_), record_now_.count - base_record_.count);
   const int64_t a62 = static_cast<int64_t>(a >> 2), b62 = static_cast<int64_t>(b >> 2);  // -x cannot overflow
   fingerprint_ = empty({4}, kInt64);

@@ -97,8 +97,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void prepare_forward();
   // Each bucket is then reduced by `hook` (comm_hooks.h) where the all-reduce would run;
   // its value replaces the bucket's averaged gradients. Once per model, before the first
-  // backward (nd::Error otherwise). Called also in a world of one process.
-  void register_comm_hook(CommHook hook);
+  // backward (nd::Error otherwise). Called also in a world of one process. `description`
+  // names the hook and its state's settings ("powerSGD_hook (matrix_approximation_rank 4,
+  // ...)"): the per-iteration check compares it across ranks, from iteration 0 on, before
+  // any bucket is reduced.
+  void register_comm_hook(CommHook hook, std::string description = "a custom hook");
   // no_sync(): while disabled, backward only accumulates local gradients.
   void set_sync(bool enabled) { sync_ = enabled; }
   bool sync_enabled() const { return sync_; }
@@ -176,6 +179,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::shared_ptr<ProcessGroup> control_;  // CPU messages: control_world(), or pg_ when it has one rank
   bool reduce_buckets_ = true;             // false: default group of one process
   CommHook comm_hook_;
+  std::string comm_hook_description_ = "none (DDP's all-reduce)";
   std::shared_ptr<ProcessGroup> hook_group_;  // pg_, or a group of one rank where pg_ is not reduced
   std::vector<Tensor> params_;
   std::vector<std::string> param_names_;  // as errors show them ("D.main.5.weight")
@@ -233,9 +237,11 @@ class DistributedDataParallel {
   // bucket from now on; DDP keeps `state` alive. ddp.register_comm_hook(powersgd_state,
   // dist::powerSGD_hook), or with a built-in hook on the model's own group:
   // ddp.register_comm_hook(nullptr, dist::bf16_compress_hook).
+  // The per-iteration check compares the hook across ranks (describe_comm_hook).
   template <class State, class Hook>
   void register_comm_hook(std::shared_ptr<State> state, Hook hook) {
-    reducer_->register_comm_hook([state, hook](GradBucket& bucket) { return hook(state.get(), bucket); });
+    reducer_->register_comm_hook([state, hook](GradBucket& bucket) { return hook(state.get(), bucket); },
+                                 describe_comm_hook(state.get(), hook));
   }
   void register_comm_hook(std::nullptr_t, std::shared_ptr<FutureWork> (*hook)(ProcessGroup*, GradBucket&)) {
     register_comm_hook(std::shared_ptr<ProcessGroup>(), hook);

@@ -10,7 +10,7 @@
 
 namespace nd::dist {
 
-void Reducer::register_comm_hook(CommHook hook) {
+void Reducer::register_comm_hook(CommHook hook, std::string description) {
   ND_CHECK(hook != nullptr, "DistributedDataParallel '", name_, "': register_comm_hook: expected a hook, found none");
   ND_CHECK(!comm_hook_, "DistributedDataParallel '", name_,
            "': register_comm_hook called twice; a model takes one communication hook (register it once, "
@@ -22,6 +22,7 @@ void Reducer::register_comm_hook(CommHook hook) {
            "': register_comm_hook: this model's buckets are reduce-scattered for a ZeroRedundancyOptimizer (ZeRO "
            "stage 2), which cannot take a communication hook; use one or the other");
   comm_hook_ = std::move(hook);
+  comm_hook_description_ = std::move(description);
   // Hooks run in a world of one process too (compression changes the gradients there as
   // well), where the default group may be none at all (a GPU alone): a group of one rank.
   hook_group_ = reduce_buckets_ ? pg_ : std::make_shared<LocalProcessGroup>(params_[0].device());

@@ -21,6 +21,7 @@ namespace {
 struct RankAccount {
   static constexpr int kLast = 2;  // collectives described in the message
   char model[64];
+  char hook[256];  // the communication hook and its settings
   int64_t iteration, buckets, params;
   int64_t base_iteration;  // the previous check (-1: DDP construction)
   uint64_t count, hash;    // data-group collectives since then
@@ -36,6 +37,11 @@ template <size_t N>
 void copy_text(char (&dst)[N], const std::string& src) {
   std::memset(dst, 0, N);
   std::memcpy(dst, src.data(), std::min(src.size(), N - 1));
+}
+
+template <size_t N>
+std::string text(const char (&src)[N]) {
+  return std::string(src, strnlen(src, N));
 }
 
 std::string describe_account(const RankAccount& a, const std::string& group) {
@@ -58,7 +64,7 @@ std::string describe_account(const RankAccount& a, const std::string& group) {
 }
 
 bool same_account(const RankAccount& x, const RankAccount& y) {
-  return std::strcmp(x.model, y.model) == 0 && x.iteration == y.iteration && x.buckets == y.buckets &&
+  return text(x.model) == text(y.model) && text(x.hook) == text(y.hook) && x.iteration == y.iteration && x.buckets == y.buckets &&
          x.params == y.params && x.count == y.count && x.hash == y.hash;
 }
 
@@ -81,6 +87,7 @@ void Reducer::check_fingerprint() {
   active_ = false;
   RankAccount mine{};
   copy_text(mine.model, name_);
+  copy_text(mine.hook, comm_hook_description_);
   mine.iteration = iteration_;
   mine.buckets = static_cast<int64_t>(buckets_.size());
   mine.params = static_cast<int64_t>(params_.size());
@@ -111,6 +118,13 @@ void Reducer::check_fingerprint() {
       other = r;
       break;
     }
+  const std::string hook0 = text(all[0].hook), hook = text(all[other].hook);
+  if (hook0 != hook)
+    throw Error("DistributedDataParallel: ranks diverged: rank " + std::to_string(other) + " reduces DDP model '" +
+                name_ + "' with another communication hook than rank 0 (found in iteration " +
+                std::to_string(iteration_) + ", before any bucket was reduced).\n  rank 0: " + hook0 +
+                "\n  rank " + std::to_string(other) + ": " + hook +
+                "\nEvery rank must register the same hook with the same settings (register_comm_hook), or none.");
   const std::string group = pg_->backend();
   std::string msg = "DistributedDataParallel: ranks diverged: rank " + std::to_string(other) +
                     " differs from rank 0 in the backward it runs or in the collectives it issued before it.";

@@ -163,6 +163,7 @@ struct MpiProcessGroup::State {
 MpiProcessGroup::MpiProcessGroup() : state_(std::make_unique<State>()) {
   state_->owner = this;
   state_->debug = debug_level();
+  if (state_->debug == DebugLevel::DETAIL) enable_optimizer_check();
   std::future<void> started = state_->started.get_future();
   state_->worker = std::thread([state = state_.get()] { state->run(); });
   try {

@@ -4,7 +4,7 @@
 //
 // For each gradient matrix M (a parameter's gradient viewed as [size(0), numel/size(0)])
 // on every rank, with Q [m, r] shared by all ranks:
-//   P = M Q  -> all-reduce (sum) -> orthogonalise P's columns (Gram-Schmidt)
+//   P = M Q  -> all-reduce (sum) -> orthogonalise P's columns (orthogonalize() below)
 //   Q = M^T P -> all-reduce, / W  -> M ~ P Q^T, the rank-r approximation of the average.
 // 1-D gradients (biases, norms) and matrices too small to gain min_compression_rate
 // ((n + m) r * rate >= n m) are all-reduced uncompressed in one flat tensor. Error
@@ -17,9 +17,11 @@
 // the first iteration and a resumed run whose buckets start in a different order, and
 // start_powerSGD_iter needs no lower bound; a fresh Q is drawn from a generator keyed by
 // (random_seed, parameter name, iteration), the same on every rank and with nothing to
-// checkpoint. A zero column in Gram-Schmidt becomes zero, not NaN (PyTorch's intent,
-// without a host read). Overlap: the uncompressed and P all-reduces are issued while
-// backward goes on; Q's, which needs P's result, when the Reducer waits for the bucket.
+// checkpoint. Gram-Schmidt (r <= 2) re-orthogonalises each column, so that it too keeps
+// full rank exact on a rank-deficient gradient; a zero column there becomes zero, not NaN
+// (PyTorch's intent, without a host read). Overlap: the uncompressed and P all-reduces are
+// issued while backward goes on; Q's, which needs P's result, when the Reducer waits for
+// the bucket.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -27,7 +29,7 @@
 
 #include "collectives/comm_hooks.h"
 #include "engine/nn/module.h"
-#include "engine/train_state.h"
+#include "io/train_state.h"
 
 namespace nd::dist {
 
@@ -46,6 +48,10 @@ struct PowerSGDOptions {
   // Added to each column's norm before dividing (0: a zero column stays zero).
   ND_ARG(double, orthogonalization_epsilon) = 0;
   ND_ARG(uint64_t, random_seed) = 0;
+  // Compress a bucket's gradients of one shape together (stacked: one batched matmul and
+  // orthogonalisation per shape, PyTorch's option): the same result in fewer, larger
+  // operations, for one stacked copy of them.
+  ND_ARG(bool, batch_tensors_with_same_shape) = false;
 };
 
 // The hyperparameters and the state of one DDP model's PowerSGD. A Stateful: in the
@@ -58,6 +64,9 @@ class PowerSGDState : public Stateful {
  public:
   explicit PowerSGDState(const PowerSGDOptions& options = {});
   const PowerSGDOptions& options() const { return options_; }
+  // The settings every rank must share, for DDP's cross-rank check of the hook:
+  // "matrix_approximation_rank 4, start_powerSGD_iter 100, min_compression_rate 2, ...".
+  std::string describe() const;
   // Iterations seen so far (counted at each iteration's last bucket).
   int64_t iter() const { return iter_; }
   TensorDict state_dict() const override;
@@ -75,7 +84,20 @@ class PowerSGDState : public Stateful {
   std::map<std::string, Tensor> q_memory_;    // parameter name -> Q [m, r] (warm start)
 };
 
+// PowerSGD's orthogonalisation (PyTorch's _orthogonalize), in place on `matrix`
+// [rows, cols], cols <= rows: afterwards its columns are orthonormal and span at least
+// the original columns' span, so P P^T M = M for any M whose columns P's spanned. Up to 2
+// columns, and in bf16 / f16: Gram-Schmidt with re-orthogonalisation, each column divided
+// by |c| + epsilon (a zero column stays zero). More columns: Householder QR (what
+// torch.linalg.qr computes, LAPACK's signs; epsilon unused, as in PyTorch), whose Q is
+// orthonormal whatever the matrix's rank: columns that the earlier ones already span
+// (rounding noise after projection) are completed to an orthonormal basis instead of
+// being normalised noise.
+void orthogonalize(const Tensor& matrix, double epsilon);
+
 // Registered as ddp.register_comm_hook(std::make_shared<PowerSGDState>(options), dist::powerSGD_hook).
 std::shared_ptr<FutureWork> powerSGD_hook(PowerSGDState* state, GradBucket& bucket);
+// "powerSGD_hook" for it, "a custom hook" for any other hook of a PowerSGDState.
+std::string comm_hook_name(std::shared_ptr<FutureWork> (*hook)(PowerSGDState*, GradBucket&));
 
 }  // namespace nd::dist

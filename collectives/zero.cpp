@@ -70,6 +70,10 @@ void ZeroRedundancyOptimizer::check_same_on_every_rank() const {
   std::vector<Tensor> all;
   for (int r = 0; r < world_size_; ++r) all.push_back(empty({2}, TensorOptions(kInt64).device(device)));
   const Tensor mine = tensor({static_cast<double>(params_.size()), static_cast<double>(N)}, kInt64).to(device);
+  // A rank that skipped this (a plain optimizer there) leaves the others waiting here: the
+  // watchdog's line then says what for.
+  CollectivePurpose purpose(ddp_ ? std::string(kName) + "'s ownership check of model '" + ddp_->name() + "'"
+                                 : std::string(kName) + "'s check that every rank shards the same parameters");
   pg_->allgather(all, mine)->wait();
   for (int r = 0; r < world_size_; ++r) {
     const Tensor cpu = all[r].cpu();
@@ -144,6 +148,7 @@ void ZeroRedundancyOptimizer::partition() {
     local_groups.emplace_back(std::move(views), param_groups()[g].options());
   }
   local_ = optimizer_class_(std::move(local_groups), *local_defaults_);
+  local_->skip_first_step_hooks();  // ranks step shards of their own sizes, some none
 }
 
 void ZeroRedundancyOptimizer::repartition() {

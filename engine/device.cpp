@@ -64,6 +64,12 @@ cudaStream_t current_stream(const Device& device) {
   return kernels::cuda::compute_stream(device.index);
 }
 
+void set_device(const Device& device) {
+  check_device(device);
+  ND_CHECK(device.is_cuda(), "cuda::set_device: expected a CUDA device (cuda:N), found ", device.str());
+  kernels::cuda::use_device(device.index);
+}
+
 cudaStream_t comm_stream(const Device& device) {
   check_device(device);
   ND_CHECK(device.is_cuda(), "cuda::comm_stream: expected a CUDA device (cuda:N), found ", device.str());

@@ -54,6 +54,9 @@ MemoryStats memory_stats(const Device& device);
 // communication stream. requires: device is cuda:N (check_device's errors otherwise).
 cudaStream_t current_stream(const Device& device);
 cudaStream_t comm_stream(const Device& device);
+// Makes `device` current for the calling thread (torch.cuda.set_device): a worker thread
+// that copies to or pins for a device calls it first. requires: device is cuda:N.
+void set_device(const Device& device);
 }  // namespace cuda
 
 }  // namespace nd

@@ -39,6 +39,7 @@ Tensor empty(const Shape& shape, TensorOptions options) {
 }
 
 uint64_t random_bits(uint64_t seed, uint64_t counter) { return kernels::counter_hash(seed, counter); }
+double random_uniform(uint64_t seed, uint64_t counter) { return kernels::counter_uniform(seed, counter); }
 
 // Fills on the CPU and moves the result: device factories of host-made values (tensor,
 // arange, rand, randn) reuse the copy path.

@@ -15,10 +15,11 @@ struct Generator {
 };
 Generator& default_generator();
 void manual_seed(uint64_t seed);
-// 64 random bits: value `counter` of the counter-based stream `seed`, the generator's own
-// hash (a pure function), for code that draws on the host by position: the samplers' and
-// the DataLoader's shuffles.
+// Value `counter` of the counter-based stream `seed` (pure functions: the generator's own
+// hash), for code that draws on the host by position: the samplers' and the DataLoader's
+// shuffles, the transforms' random parameters. 64 random bits, or uniform in [0, 1) (53 bits).
 uint64_t random_bits(uint64_t seed, uint64_t counter);
+double random_uniform(uint64_t seed, uint64_t counter);
 
 Tensor empty(const Shape& shape, TensorOptions options = {});
 Tensor zeros(const Shape& shape, TensorOptions options = {});

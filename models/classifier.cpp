@@ -1,4 +1,7 @@
 #include "models/classifier.h"
+#include "engine/error.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/view.h"
 
 namespace nd::models {
 

@@ -2,7 +2,8 @@
 // A small CNN for Fashion-MNIST. Its penultimate features are the feature space of the
 // GAN's FID and its accuracy anchors the MAE linear probe. No max-pool: stride-2
 // convolutions downsample. Tests: tests/models/classifier_test.cpp.
-#include <nanoddp.h>
+#include "engine/nn/nn.h"
+#include "engine/tensor.h"
 
 namespace nd::models {
 

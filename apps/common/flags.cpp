@@ -102,6 +102,7 @@ void Flags::set(const Flag& flag, const std::string& value) {
 }
 
 void Flags::parse(int argc, char** argv) {
+  command_line_.assign(argv, argv + argc);
   for (int i = 1; i < argc; ++i) {
     std::string name = argv[i];
     if (name == "--help" || name == "-h") {

@@ -37,6 +37,8 @@ class Flags {
   // Every flag with its current value, as a markdown table (TensorBoard's text tab shows it).
   std::string values_markdown() const;
   const std::string& program() const { return program_; }
+  // The command line parse() was given, argv[0] first, each word as given.
+  const std::vector<std::string>& command_line() const { return command_line_; }
 
  private:
   enum class Kind { Int, Double, String, Bool };
@@ -53,6 +55,7 @@ class Flags {
   std::string program_, description_;
   std::vector<Flag> flags_;
   std::set<std::string> given_;
+  std::vector<std::string> command_line_;
 };
 
 }  // namespace app

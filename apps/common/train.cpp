@@ -1,13 +1,17 @@
 #include "common/train.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+
+#include "io/json.h"
 
 namespace app {
 
@@ -21,6 +25,8 @@ void add_common_flags(Flags& flags, CommonOptions& o, bool has_batch_norm) {
   flags.add("--lr", &o.lr, "learning rate");
   flags.add("--out", &o.out, "output folder: metrics.jsonl, PNGs, ckpt/ (default out/<app>)", "DIR");
   flags.add("--resume", &o.resume, "continue from DIR/ckpt/latest.safetensors");
+  flags.add("--overwrite", &o.overwrite,
+            "DIR holds a run (metrics.jsonl or ckpt/latest.safetensors): delete its files and start again");
   flags.add("--seed", &o.seed, "seed of the weights, the data order and the noise", 0);
   flags.add("--data", &o.data, "folder with the Fashion-MNIST IDX files", "DIR");
   flags.add("--log-every", &o.log_every, "steps between log lines / metrics.jsonl entries");
@@ -76,13 +82,36 @@ nd::Device setup(const std::string& program, CommonOptions& o, const World& worl
   if (o.zero && o.comm_hook != "none")
     throw UsageError{"--zero and --comm-hook " + o.comm_hook +
                      " cannot be combined: ZeRO reduce-scatters DDP's gradient buckets itself"};
+  if (o.resume && o.overwrite)
+    throw UsageError{"--resume and --overwrite cannot be combined: --resume continues the run in --out, "
+                     "--overwrite deletes it"};
   if (o.out.empty()) o.out = "out/" + program;
-  if (world.rank0()) {
-    std::error_code ec;
-    fs::create_directories(fs::path(o.out) / "ckpt", ec);
-    ND_CHECK(!ec, "cannot create the output folder ", o.out, "/ckpt: ", ec.message());
+  // One run, one folder. Rank 0 looks (it writes every file) and tells the others, so
+  // that every rank refuses or none does.
+  int64_t taken = !o.resume && !o.overwrite && world.rank0() && holds_run(o.out);
+  if (world.size > 1) {
+    nd::Tensor flag = nd::full({1}, static_cast<double>(taken), nd::TensorOptions(nd::kInt64));
+    nd::dist::world()->allreduce(flag, {nd::dist::ReduceOp::MAX})->wait();
+    taken = flag.data_ptr<int64_t>()[0];
+  }
+  if (taken) {
+    std::string what = "metrics.jsonl";
+    const std::string ckpt = checkpoint_path(o);
+    if (world.rank0() && fs::exists(ckpt)) {
+      what = fs::exists(fs::path(o.out) / "metrics.jsonl") ? "metrics.jsonl and a checkpoint" : "a checkpoint";
+      try {
+        what += " at step " + nd::load_metadata(ckpt).at("step");
+      } catch (const std::exception&) {  // unreadable: the message still names the folder
+      }
+    }
+    throw UsageError{"--out " + o.out + " already holds a run (" + what +
+                     "): add --resume to continue it, or --overwrite to delete its files and start again"};
   }
   return device;
+}
+
+bool holds_run(const std::string& dir) {
+  return fs::exists(fs::path(dir) / "metrics.jsonl") || fs::exists(fs::path(dir) / "ckpt" / "latest.safetensors");
 }
 
 nd::ScalarType amp_dtype(const CommonOptions& o) { return o.amp_dtype == "f16" ? nd::kFloat16 : nd::kBFloat16; }
@@ -99,16 +128,19 @@ void register_comm_hook(nd::dist::Reducer& reducer, const CommonOptions& o, nd::
   namespace dist = nd::dist;
   if (o.comm_hook == "bf16" || o.comm_hook == "fp16") {
     auto hook = o.comm_hook == "bf16" ? dist::bf16_compress_hook : dist::fp16_compress_hook;
-    reducer.register_comm_hook([hook](dist::GradBucket& bucket) { return hook(nullptr, bucket); });
+    reducer.register_comm_hook([hook](dist::GradBucket& bucket) { return hook(nullptr, bucket); },
+                               dist::comm_hook_name(hook));
   } else if (o.comm_hook == "powersgd") {
     auto powersgd = std::make_shared<dist::PowerSGDState>(
         dist::PowerSGDOptions().matrix_approximation_rank(o.powersgd_rank).start_powerSGD_iter(o.steps / 10));
-    reducer.register_comm_hook([powersgd](dist::GradBucket& bucket) { return dist::powerSGD_hook(powersgd.get(), bucket); });
+    reducer.register_comm_hook([powersgd](dist::GradBucket& bucket) { return dist::powerSGD_hook(powersgd.get(), bucket); },
+                               dist::describe_comm_hook(powersgd.get(), dist::powerSGD_hook));
     state.stateful.push_back({"powersgd." + reducer.name(), powersgd.get()});  // the hook keeps it alive
   }
 }
 
 int run_main(const std::string& program, const std::function<int()>& body) {
+  nd::configure_threads();  // first: it may execute the program again (engine/threads.h)
   auto one_line = [](std::string s) {
     for (char& c : s)
       if (c == '\n') c = ' ';
@@ -193,21 +225,6 @@ std::string json_number(double v) {
   return buf;
 }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
-
 std::string duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   const long s = std::lround(seconds);
@@ -236,6 +253,82 @@ std::vector<std::pair<std::string, double>> parse_numbers(const std::string& lin
   return out;
 }
 
+// The files a run writes into `dir` (metrics.jsonl, loss_curve.png, samples_*.png, the
+// event files, classifier.safetensors, ckpt/latest.safetensors and its temp files), removed
+// by --overwrite, and ckpt/ when that leaves it empty; nothing else. Returns how many.
+int remove_run(const fs::path& dir) {
+  auto run_file = [](const std::string& name, bool in_ckpt) {
+    auto starts = [&](const char* prefix) { return name.rfind(prefix, 0) == 0; };
+    auto ends = [&](const std::string& suffix) {
+      return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (in_ckpt) return name == "latest.safetensors" || starts(".latest.safetensors.tmp.");
+    return name == "metrics.jsonl" || name == "loss_curve.png" || name == "classifier.safetensors" ||
+           (starts("samples_") && ends(".png")) || starts("events.out.tfevents.");
+  };
+  int removed = 0;
+  for (const auto& [folder, in_ckpt] : {std::pair{dir, false}, std::pair{dir / "ckpt", true}}) {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(folder, ec)) {
+      if (!entry.is_regular_file() || !run_file(entry.path().filename().string(), in_ckpt)) continue;
+      std::error_code rm;
+      fs::remove(entry.path(), rm);
+      ND_CHECK(!rm, "--overwrite: cannot delete ", entry.path().string(), ": ", rm.message());
+      ++removed;
+    }
+  }
+  std::error_code ec;
+  if (fs::is_empty(dir / "ckpt", ec) && !ec) fs::remove(dir / "ckpt", ec);
+  return removed;
+}
+
+// Graceful stop: the first SIGINT or SIGTERM sets this; the handler puts back both
+// signals' default action, so that a second one ends the process at once.
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void record_stop_signal(int signal) {
+  g_stop_signal.store(signal);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigaction(SIGINT, &dfl, nullptr);
+  sigaction(SIGTERM, &dfl, nullptr);
+}
+
+void set_stop_handlers(bool on) {
+  struct sigaction action {};
+  action.sa_handler = on ? record_stop_signal : SIG_DFL;
+  action.sa_flags = SA_RESTART;  // interrupted system calls (file writes, MPI's polls) go on
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+const char* signal_name(int signal) { return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "a signal"; }
+
+// `word` as a POSIX shell reads it: as it is when it is plain, else in single quotes.
+std::string shell_word(const std::string& word) {
+  const bool plain = !word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                             "0123456789_./:=,+-@%") == std::string::npos;
+  if (plain) return word;
+  std::string out = "'";
+  for (char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// The command line that continues this run: this one without --overwrite, with --resume
+// (under mpirun prefixed with "mpirun -np W", the other mpirun options being unknown here).
+std::string resume_command(const CommonOptions& o, const World& world) {
+  std::string out = world.size > 1 ? "mpirun -np " + std::to_string(world.size) + " " : "";
+  bool resume = false;
+  const std::vector<std::string> words = o.flags ? o.flags->command_line() : std::vector<std::string>{};
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (words[i] == "--overwrite") continue;
+    resume = resume || words[i] == "--resume";
+    out += (i ? " " : "") + shell_word(words[i]);
+  }
+  return resume ? out : out + " --resume";
+}
+
 }  // namespace
 
 Logger::Logger(std::string program, const CommonOptions& o, const World& world, int64_t start_step)
@@ -244,6 +337,14 @@ Logger::Logger(std::string program, const CommonOptions& o, const World& world, 
       start_step_(start_step), terminal_(world.size == 1 && isatty(fileno(stdout)) != 0), started_(std::chrono::steady_clock::now()),
       last_draw_(started_) {
   if (!world_.rank0()) return;
+  std::error_code ec;
+  fs::create_directories(out_, ec);
+  ND_CHECK(!ec, "cannot create the output folder ", out_, ": ", ec.message());
+  if (o.overwrite) {
+    const int removed = remove_run(out_);
+    if (removed) say("--overwrite: deleted " + std::to_string(removed) + " file(s) of the previous run in " + out_);
+  }
+  say(program_ + ": " + nd::configure_threads().describe());
   // On resume keep the lines up to the checkpoint (and their losses for the curve);
   // lines a killed run wrote after it are dropped.
   const std::string path = out_ + "/metrics.jsonl";
@@ -277,6 +378,17 @@ Logger::Logger(std::string program, const CommonOptions& o, const World& world, 
   tensorboard_->flush();
 }
 
+Logger::~Logger() {
+  if (listening_) set_stop_handlers(false);
+}
+
+void Logger::stop_listening() {
+  if (!listening_) return;
+  set_stop_handlers(false);
+  listening_ = false;
+  if (const int signal = g_stop_signal.exchange(0)) raise(signal);  // came after the last step: its default effect
+}
+
 void Logger::print_line(const std::string& line, bool permanent) {
   if (!world_.rank0()) return;
   if (terminal_) {
@@ -300,8 +412,8 @@ void Logger::write_line(int64_t step, const Values& values, const std::map<std::
   if (!world_.rank0()) return;
   std::ostringstream line;
   line << "{\"step\":" << step;
-  for (const auto& [k, v] : values) line << "," << json_string(k) << ":" << json_number(v);
-  for (const auto& [k, v] : text) line << "," << json_string(k) << ":" << json_string(v);
+  for (const auto& [k, v] : values) line << "," << nd::json::quoted(k) << ":" << json_number(v);
+  for (const auto& [k, v] : text) line << "," << nd::json::quoted(k) << ":" << nd::json::quoted(v);
   line << "}\n";
   std::ofstream out(out_ + "/metrics.jsonl", std::ios::app);
   out << line.str();
@@ -319,13 +431,26 @@ void Logger::add_image(const std::string& tag, const Image& image, int64_t step)
 }
 
 void Logger::step(int64_t step, const Values& losses, const Values& update_norms, const Values& other) {
+  if (!listening_) {
+    g_stop_signal.store(0);
+    set_stop_handlers(true);
+    listening_ = true;
+  }
+  // Every rank, every step: all stop after the same step when any got a signal.
+  int64_t signal = g_stop_signal.load();
+  if (world_.size > 1) {
+    nd::Tensor flag = nd::full({1}, static_cast<double>(signal), nd::TensorOptions(nd::kInt64));
+    nd::dist::world()->allreduce(flag, {nd::dist::ReduceOp::MAX})->wait();
+    signal = flag.data_ptr<int64_t>()[0];
+  }
+  stop_signal_ = static_cast<int>(signal);
   if (window_sums_.empty()) {
     window_sums_.assign(losses.size(), 0.0);
     for (const auto& [k, v] : losses) loss_names_.push_back(k);
   }
   for (size_t i = 0; i < losses.size(); ++i) window_sums_[i] += losses[i].second;
   ++window_;
-  const bool log_now = step % log_every_ == 0 || step == total_;
+  const bool log_now = step % log_every_ == 0 || step == total_ || stop_signal_ != 0;
   const auto now = std::chrono::steady_clock::now();
   const double elapsed = std::chrono::duration<double>(now - started_).count();
   const double rate = static_cast<double>(step - start_step_) / std::max(elapsed, 1e-9);
@@ -347,6 +472,7 @@ void Logger::step(int64_t step, const Values& losses, const Values& update_norms
         it->points.emplace_back(static_cast<double>(step), mean);
       }
     }
+    if (window_ != log_every_) values.emplace_back("steps_averaged", static_cast<double>(window_));
     for (const auto& [k, v] : update_norms) values.emplace_back("update_norm_" + k, v);
     values.insert(values.end(), other.begin(), other.end());
     if (scaler_ && scaler_->is_enabled()) values.emplace_back("amp_scale", scaler_->get_scale());
@@ -413,6 +539,9 @@ std::string checkpoint_path(const CommonOptions& o) { return o.out + "/ckpt/late
 void save_checkpoint(const CommonOptions& o, const World& world, nd::TrainState& state, const BatchStream& batches) {
   const nd::TensorDict collected = nd::train_state_dict(state);  // every rank: PowerSGD gathers its errors
   if (!world.rank0()) return;
+  std::error_code ec;
+  fs::create_directories(fs::path(o.out) / "ckpt", ec);
+  ND_CHECK(!ec, "cannot create the checkpoint folder ", o.out, "/ckpt: ", ec.message());
   nd::save_train_state(checkpoint_path(o), collected, state,
                        {{"batches_consumed", std::to_string(batches.consumed())},
                         {"epoch", std::to_string(batches.epoch())},
@@ -424,6 +553,14 @@ void save_checkpoint(const CommonOptions& o, const World& world, nd::TrainState&
 int64_t load_checkpoint(const CommonOptions& o, nd::TrainState& state, BatchStream& batches) {
   const std::string path = checkpoint_path(o);
   ND_CHECK(fs::exists(path), "--resume: no checkpoint at ", path, " (train without --resume first)");
+  if (o.steps != 0) {
+    const auto header = nd::load_metadata(path);
+    const auto step = header.find("step");
+    if (step != header.end() && std::stoll(step->second) >= o.steps)
+      throw UsageError{"--resume: the checkpoint " + path + " is at step " + step->second + " and --steps is " +
+                       std::to_string(o.steps) + ": nothing to train (give --steps above " + step->second +
+                       ", or --steps 0 to only evaluate)"};
+  }
   auto meta = nd::load_train_state(path, state);
   ND_CHECK(meta.count("batches_consumed") && meta.count("global_batch_size"), path,
            " was not written by a training app (no batches_consumed / global_batch_size metadata)");
@@ -433,6 +570,22 @@ int64_t load_checkpoint(const CommonOptions& o, nd::TrainState& state, BatchStre
            ", this run has ", o.seed);
   batches.seek(std::stoll(meta["batches_consumed"]));
   return state.step;
+}
+
+std::optional<int> end_of_step(const CommonOptions& o, const World& world, nd::TrainState& state,
+                               const BatchStream& batches, Logger& log, int64_t step) {
+  const int signal = log.stop_signal();
+  if (o.checkpoint_at(step) || signal != 0) save_checkpoint(o, world, state, batches);
+  if (signal != 0) {
+    log.finish();
+    log.say(log.program() + ": got " + signal_name(signal) + ": stopped after step " + std::to_string(step) + " of " +
+            std::to_string(o.steps) + ", checkpoint " + checkpoint_path(o));
+    log.say(log.program() + ": to continue: " + resume_command(o, world));
+    return 128 + signal;
+  }
+  if (step == o.exit_after) return 0;
+  if (step == o.steps) log.stop_listening();
+  return std::nullopt;
 }
 
 void save_samples(Logger& logger, const World& world, const CommonOptions& o, int64_t step, const Image& image) {

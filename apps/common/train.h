@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +29,7 @@ struct CommonOptions {
   double lr = 1e-3;
   std::string out;          // default out/<program>
   bool resume = false;
+  bool overwrite = false;   // --overwrite: delete the run already in --out (holds_run) before writing
   int64_t seed = 0;
   std::string data = nd::data::kFashionMnistDir;
   int64_t log_every = 50;
@@ -48,7 +50,7 @@ struct CommonOptions {
   bool checkpoint_at(int64_t step) const { return step % ckpt_every == 0 || step == steps || step == exit_after; }
 };
 
-// Adds --device --steps --batch-size --lr --out --resume --seed --data --log-every
+// Adds --device --steps --batch-size --lr --out --resume --overwrite --seed --data --log-every
 // --sample-every --ckpt-every --exit-after --amp --amp-dtype --no-tensorboard --comm-hook
 // --powersgd-rank --zero, and --sync-bn when the app has BatchNorm.
 void add_common_flags(Flags& flags, CommonOptions& options, bool has_batch_norm);
@@ -59,10 +61,15 @@ struct World {
 };
 World world();
 
+// Whether folder `dir` holds a run: it has DIR/metrics.jsonl or DIR/ckpt/latest.safetensors.
+bool holds_run(const std::string& dir);
+
 // Checks what the flags alone cannot (the device exists, the batch divides by
-// the world size), fills in --out's default, creates DIR and DIR/ckpt on rank 0, and
-// returns the device ("cuda" without an index: this rank's GPU, cuda:<local rank>).
-// Throws UsageError or nd::Error.
+// the world size), fills in --out's default, and returns the device ("cuda" without an
+// index: this rank's GPU, cuda:<local rank>). One run, one folder: when --out holds a run
+// (rank 0 looks, every rank gets its answer) and neither --resume nor --overwrite was
+// given, a UsageError naming both. Creates nothing: the Logger creates DIR, the first
+// checkpoint DIR/ckpt. Throws UsageError or nd::Error.
 nd::Device setup(const std::string& program, CommonOptions& options, const World& world);
 
 // --amp's operand dtype for the AutocastGuard: kBFloat16, or kFloat16 with --amp-dtype f16.
@@ -154,13 +161,22 @@ using Values = std::vector<std::pair<std::string, double>>;
 // terminal keeps a progress bar current (one rank only: mpirun hands every rank a
 // pseudo-terminal, also when its output goes to a file). record() writes an extra line
 // (eval results). With watch(scaler) on an enabled GradScaler, every line also has its
-// "amp_scale" (a scale that keeps falling means skipped steps).
+// "amp_scale" (a scale that keeps falling means skipped steps). A line whose window is not
+// log_every steps (the first after a resume, the last, a stop's) says how many it averages:
+// "steps_averaged".
+// Graceful stop: from the first step() to the last, SIGINT and SIGTERM only set a flag (the
+// handler also puts back both signals' default action, so a second one ends the process at
+// once); every step() agrees on it over the ranks (a max all-reduce of one integer) and a
+// stop step logs its window, so that end_of_step stops every rank after the same step.
 // Unless --no-tensorboard, rank 0 also writes TensorBoard event files to DIR: every
 // metrics.jsonl number as a scalar (its text values as text), the flags as text once,
 // sample grids as images, and at log steps the histograms of watched models' parameters.
 class Logger {
  public:
   Logger(std::string program, const CommonOptions& options, const World& world, int64_t start_step);
+  ~Logger();
+  Logger(const Logger&) = delete;
+  Logger& operator=(const Logger&) = delete;
   void step(int64_t step, const Values& losses, const Values& update_norms, const Values& other = {});
   // Writes {"step": step, values..., text...} and prints it.
   void record(int64_t step, const Values& values, const std::map<std::string, std::string>& text = {});
@@ -173,6 +189,12 @@ class Logger {
   void add_image(const std::string& tag, const Image& image, int64_t step);
   // Finishes the bar and draws DIR/loss_curve.png from every logged loss.
   void finish();
+  // The signal (SIGINT, SIGTERM) any rank got by the last step(); 0: none.
+  int stop_signal() const { return stop_signal_; }
+  // Puts the signals' default action back (after the last step: nothing left to save); a
+  // signal that arrived since the last step() takes its default effect now.
+  void stop_listening();
+  const std::string& program() const { return program_; }
 
  private:
   void write_line(int64_t step, const Values& values, const std::map<std::string, std::string>& text);
@@ -192,6 +214,8 @@ class Logger {
   const nd::optim::GradScaler* scaler_ = nullptr;
   std::unique_ptr<nd::tensorboard::SummaryWriter> tensorboard_;  // rank 0, unless --no-tensorboard
   std::vector<std::pair<std::string, const nd::nn::Module*>> watched_;
+  bool listening_ = false;
+  int stop_signal_ = 0;
 };
 
 // Checkpoints: DIR/ckpt/latest.safetensors, written atomically by rank 0 through
@@ -200,8 +224,17 @@ std::string checkpoint_path(const CommonOptions& options);
 void save_checkpoint(const CommonOptions& options, const World& world, nd::TrainState& state,
                      const BatchStream& batches);
 // Loads the checkpoint into `state` (every rank), seeks the batch stream and returns
-// the step to continue from. Throws nd::Error when there is none.
+// the step to continue from. Throws nd::Error when there is none, UsageError when --steps
+// is not 0 (only evaluate) and not above the checkpoint's step (nothing loaded then).
 int64_t load_checkpoint(const CommonOptions& options, nd::TrainState& state, BatchStream& batches);
+
+// The end of every training step, on every rank, after Logger::step and the step's samples:
+// the checkpoint when checkpoint_at(step) or a stop signal came (log.stop_signal()), and
+// whether the loop ends here: the exit status, 0 after --exit-after's step, 128 + the
+// signal (130 SIGINT, 143 SIGTERM) after a stop, which also draws loss_curve.png and
+// prints where it stopped and the command that continues (--resume); nullopt: go on.
+std::optional<int> end_of_step(const CommonOptions& options, const World& world, nd::TrainState& state,
+                               const BatchStream& batches, Logger& log, int64_t step);
 
 // Rank 0: writes DIR/samples_<step>.png (six digits), tells the user, and adds the grid
 // to TensorBoard as the image "samples".

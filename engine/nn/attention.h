@@ -23,9 +23,9 @@ struct MultiheadAttentionOptions {
 };
 
 // forward's optional arguments: PyTorch's keyword arguments of nn.MultiheadAttention.forward,
-// in its order, for designated initializers:
-//   auto [out, weights] = mha->forward(q, k, v, {.key_padding_mask = pad, .need_weights = true});
-// (through the holder's call operator, name the type: mha(q, k, v, MultiheadAttentionForwardArgs{...})).
+// in its order, for designated initializers, through forward or the holder's call operator:
+//   auto [out, weights] = mha(q, k, v, {.key_padding_mask = pad, .need_weights = true});
+// LibTorch's positional form works too: mha->forward(q, k, v, pad, true, mask, false).
 struct MultiheadAttentionForwardArgs {
   // [B, S] (or [S] for unbatched inputs): bool true = ignore that key, or floating point
   // added to the scores.
@@ -61,6 +61,17 @@ class MultiheadAttentionImpl : public Module {
   // over no key), as PyTorch's.
   std::tuple<Tensor, Tensor> forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                      const MultiheadAttentionForwardArgs& args = {});
+  // LibTorch's positional overload (its defaults: need_weights true), so a port compiles as
+  // written; from key_padding_mask on (without it, the call above is meant).
+  std::tuple<Tensor, Tensor> forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                     const Tensor& key_padding_mask, bool need_weights = true,
+                                     const Tensor& attn_mask = {}, bool average_attn_weights = true) {
+    return forward(query, key, value,
+                   MultiheadAttentionForwardArgs{.key_padding_mask = key_padding_mask,
+                                                 .need_weights = need_weights,
+                                                 .attn_mask = attn_mask,
+                                                 .average_attn_weights = average_attn_weights});
+  }
   // Self-attention: the output of forward(x, x, x).
   Tensor forward(const Tensor& x) override { return std::get<0>(forward(x, x, x)); }
 
@@ -68,6 +79,16 @@ class MultiheadAttentionImpl : public Module {
   Tensor in_proj_weight, in_proj_bias;
   Linear out_proj;
 };
-ND_MODULE(MultiheadAttention);
+// The holder, whose call operator also takes the arguments struct as a braced list:
+// mha(q, k, v, {.attn_mask = mask}) (the generic one cannot deduce a braced list).
+class MultiheadAttention : public ModuleHolder<MultiheadAttentionImpl> {
+ public:
+  using ModuleHolder<MultiheadAttentionImpl>::ModuleHolder;
+  using ModuleHolder<MultiheadAttentionImpl>::operator();
+  std::tuple<Tensor, Tensor> operator()(const Tensor& query, const Tensor& key, const Tensor& value,
+                                        const MultiheadAttentionForwardArgs& args) const {
+    return get()->forward(query, key, value, args);
+  }
+};
 
 }  // namespace nd::nn

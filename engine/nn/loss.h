@@ -48,7 +48,8 @@ class CrossEntropyLossImpl : public Module {
  public:
   explicit CrossEntropyLossImpl(const CrossEntropyLossOptions& options = {});
   using Module::forward;
-  // input [N, C] (or [C], [N, C, d...]) logits; target int64 class indices.
+  // input [N, C] (or [C], [N, C, d...]) logits; target int64 class indices, or class
+  // probabilities of input's shape and dtype (soft labels), as nd::cross_entropy.
   Tensor forward(const Tensor& input, const Tensor& target);
   CrossEntropyLossOptions options;
   Tensor weight;

@@ -92,6 +92,30 @@ struct ExtremumBackward : autograd::Node {
   }
 };
 
+// clamp(x, min, max) with tensor bounds, PyTorch's rule (torch 2.15, checked on every tie):
+// min < max: x inside gets dy, below min or above max the bound does, and x equal to a
+// bound splits dy with it (halves, as maximum / minimum); min == max: x equal to them gets
+// all of dy, else the bound x is beyond; min > max: max gets dy (the result is max).
+struct ClampTensorBackward : autograd::Node {
+  autograd::SavedTensor x, min, max;
+  std::string name() const override { return "ClampBackward"; }
+  void release_saved_tensors() override { x.reset(); min.reset(); max.reset(); }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    const Tensor xv = x.unpack(*this), lo = min.unpack(*this), hi = max.unpack(*this);
+    const ScalarType t = g[0].dtype();
+    const Tensor ordered = lt(lo, hi).to(t), pinned = eq(lo, hi).to(t), crossed = gt(lo, hi).to(t);
+    const Tensor below = lt(xv, lo).to(t), at_min = eq(xv, lo).to(t), above = gt(xv, hi).to(t), at_max = eq(xv, hi).to(t);
+    const Tensor inside = gt(xv, lo).to(t) * lt(xv, hi).to(t);
+    Tensor gx, gmin, gmax;
+    if (next_edges[0].fn)
+      gx = autograd::sum_to(g[0] * (ordered * (inside + (at_min + at_max) * 0.5) + pinned * at_min), xv.sizes());
+    if (next_edges[1].fn) gmin = autograd::sum_to(g[0] * (ordered * (below + at_min * 0.5) + pinned * below), lo.sizes());
+    if (next_edges[2].fn)
+      gmax = autograd::sum_to(g[0] * (ordered * (above + at_max * 0.5) + pinned * above + crossed), hi.sizes());
+    return {gx, gmin, gmax};
+  }
+};
+
 // y = op(x): dx = dy * op'(x) from the kernel's derivative table.
 struct UnaryBackward : autograd::Node {
   UnaryOp op{};
@@ -297,8 +321,15 @@ Tensor rsqrt(const Tensor& x, autograd::CallSite) { return unary_forward("rsqrt"
 Tensor abs(const Tensor& x, autograd::CallSite) { return unary_forward("abs", "AbsBackward", UnaryOp::abs, x); }
 Tensor clamp(const Tensor& x, const Tensor& min, const Tensor& max, autograd::CallSite) {
   ND_CHECK(min.defined() || max.defined(), "clamp: expected at least one of min and max, found neither");
-  const Tensor lower = min.defined() ? maximum(x, min) : x;
-  return max.defined() ? minimum(lower, max) : lower;
+  if (!max.defined()) return maximum(x, min);  // one bound: PyTorch's gradient is maximum's / minimum's
+  if (!min.defined()) return minimum(x, max);
+  const Tensor out = binary_forward("clamp", BinaryOp::minimum, binary_forward("clamp", BinaryOp::maximum, x, min), max);
+  autograd::record<ClampTensorBackward>({x, min, max}, {out}, [&](ClampTensorBackward& n) {
+    n.x = autograd::SavedTensor(x);
+    n.min = autograd::SavedTensor(min);
+    n.max = autograd::SavedTensor(max);
+  });
+  return out;
 }
 Tensor sign(const Tensor& x, autograd::CallSite) { return unary_forward("sign", "SignBackward", UnaryOp::sign, x); }
 Tensor tanh(const Tensor& x, autograd::CallSite) { return unary_forward("tanh", "TanhBackward", UnaryOp::tanh, x); }

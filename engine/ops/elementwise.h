@@ -31,7 +31,9 @@ Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01, autograd::CallS
 Tensor gelu(const Tensor& x, const std::string& approximate = "none", autograd::CallSite = {});
 Tensor clamp(const Tensor& x, double min, double max, autograd::CallSite = {});
 // Tensor bounds (either may be undefined), broadcast against x: minimum(maximum(x, min), max),
-// so a tie splits the gradient between x and the bound, as PyTorch's tensor-bound clamp.
+// with PyTorch's gradient: x between the bounds gets it, the bound x is beyond gets it, x equal
+// to one bound splits it with that bound (halves); where min == max, x equal to them gets it
+// all, and where min > max (the result is max), max does.
 Tensor clamp(const Tensor& x, const Tensor& min, const Tensor& max, autograd::CallSite = {});
 
 // Comparisons give bool tensors and no gradient.

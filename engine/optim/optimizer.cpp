@@ -46,7 +46,24 @@ int64_t Optimizer::state_bytes() const {
   return bytes;
 }
 
+namespace {
+
+std::vector<std::function<void(const Optimizer&)>>& first_step_hooks() {
+  static std::vector<std::function<void(const Optimizer&)>> hooks;
+  return hooks;
+}
+
+}  // namespace
+
+void register_first_step_hook(std::function<void(const Optimizer&)> hook) {
+  first_step_hooks().push_back(std::move(hook));
+}
+
 void Optimizer::step() {
+  if (!first_step_taken_) {
+    for (const auto& hook : first_step_hooks()) hook(*this);
+    first_step_taken_ = true;
+  }
   NoGradGuard no_grad;
   ops::InplaceOpLabel label(name_ + ".step");
   int64_t updated = 0;

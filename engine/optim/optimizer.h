@@ -3,6 +3,7 @@
 // a step that runs under NoGradGuard and bumps each parameter's version under the
 // label "<Name>.step" (so a stale graph reports "last modified by Adam.step"),
 // and a state_dict of plain tensors that checkpoints can store.
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -61,6 +62,10 @@ class Optimizer {
   // rank's shard.
   virtual int64_t state_bytes() const;
   const std::string& name() const { return name_; }
+  // The first-step hooks (register_first_step_hook) will not run for this optimizer: for
+  // one that steps a part of another's parameters (dist::ZeroRedundancyOptimizer's shard),
+  // which the hooks see as the other.
+  void skip_first_step_hooks() { first_step_taken_ = true; }
 
   // "state.<k>.step", "state.<k>.<buffer>" (k = parameter index across groups, as
   // PyTorch numbers them) and "param_groups.<g>.<option>", all tensors.
@@ -101,6 +106,13 @@ class Optimizer {
   std::vector<OptimizerParamGroup> groups_;
   std::map<const TensorImpl*, ParamState> state_;
   bool warned_no_grad_ = false;
+  bool first_step_taken_ = false;
 };
+
+// Called with every optimizer at the start of its first step() (PyTorch's global
+// register_optimizer_step_pre_hook, first step only), in registration order; an nd::Error
+// it throws leaves the step undone. Process-wide and never removed: what
+// NANODDP_DISTRIBUTED_DEBUG=DETAIL registers to compare the ranks' optimizer options.
+void register_first_step_hook(std::function<void(const Optimizer&)> hook);
 
 }  // namespace nd::optim

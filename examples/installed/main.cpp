@@ -4,8 +4,15 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {  // no options: --help says so, anything else is an error
+    const bool help = std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h";
+    std::fprintf(help ? stdout : stderr, "usage: %s\nChecks a gradient through the installed nanoddp; takes no options.\n",
+                 argv[0]);
+    return help ? 0 : 2;
+  }
   // loss = sum(w * w * x) with x = [1, 2, 3]: d loss / d w = 2 * w * x.
   nd::Tensor w = nd::tensor({0.5, -1.0, 2.0}).set_name("w").requires_grad_(true);
   nd::Tensor x = nd::tensor({1.0, 2.0, 3.0});

@@ -33,12 +33,32 @@ struct Args {
   std::string amp_dtype = "bf16";
 };
 
+// argparse's --help.
+constexpr const char* kUsage =
+    "usage: train_gan_mae [--steps N] [--batch-size N] [--device D] [--data DIR] [--out DIR] [--resume]\n"
+    "                     [--amp] [--amp-dtype bf16|f16]\n"
+    "A DCGAN and an MAE trained together on Fashion-MNIST under DistributedDataParallel\n"
+    "(docs/porting.md); alone or under mpirun.\n"
+    "  --steps N          training steps (default 200)\n"
+    "  --batch-size N     global batch, split evenly over the ranks (default 64)\n"
+    "  --device D         cpu, cuda (this rank's GPU) or cuda:N (default cpu)\n"
+    "  --data DIR         folder with the Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)\n"
+    "  --out DIR          where DIR/ckpt.safetensors goes (default out/train_gan_mae)\n"
+    "  --resume           continue from DIR/ckpt.safetensors\n"
+    "  --amp              mixed precision (bf16 operands)\n"
+    "  --amp-dtype T      --amp's operands: bf16 (default) or f16 (with loss scaling)\n"
+    "  -h, --help         this text\n";
+
 // argparse's part: the flags of the .py, nothing more (the apps use apps/common/flags.h,
 // which is not public API).
 Args parse_args(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
     auto value = [&]() -> std::string {
       ND_CHECK(i + 1 < argc, flag, " needs a value");
       return argv[++i];
@@ -52,7 +72,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--amp") a.amp = true;
     else if (flag == "--amp-dtype") a.amp_dtype = value();
     else ND_CHECK(false, "unknown flag ", flag, " (flags: --steps --batch-size --device --data --out --resume --amp ",
-                  "--amp-dtype)");
+                  "--amp-dtype; --help describes them)");
   }
   ND_CHECK(a.amp_dtype == "bf16" || a.amp_dtype == "f16", "--amp-dtype: expected bf16 or f16, found ", a.amp_dtype);
   return a;

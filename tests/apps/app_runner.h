@@ -64,6 +64,11 @@ inline Run run_logged(const std::string& command, const fs::path& log) {
   return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, text.str()};
 }
 
+// Runs build/apps/<app> with `args` (and `env` assignments before it), output captured.
+inline Run run_app(const std::string& app, const std::string& args, const std::string& env = "") {
+  return run_logged(env + " " + (apps_dir() / app).string() + " " + args, temp_dir("logs") / (app + ".log"));
+}
+
 inline std::vector<std::string> read_lines(const fs::path& path) {
   std::ifstream in(path);
   std::vector<std::string> lines;
@@ -200,6 +205,27 @@ inline pid_t start_in_own_session(const std::string& command, const fs::path& lo
     _exit(127);
   }
   return pid;
+}
+
+// The process of session `sid` running `program` as MPI rank `rank`; 0 when there is none.
+inline pid_t rank_pid(pid_t sid, const std::string& program, int rank) {
+  for (pid_t pid : session_members(sid)) {
+    const std::string proc = "/proc/" + std::to_string(pid);
+    if (read_text(proc + "/comm") != program + "\n") continue;
+    std::string environ = read_text(proc + "/environ");
+    for (char& c : environ)
+      if (c == '\0') c = '\n';
+    if (contains("\n" + environ, "\nOMPI_COMM_WORLD_RANK=" + std::to_string(rank) + "\n")) return pid;
+  }
+  return 0;
+}
+
+// The step of metrics.jsonl's last whole line; 0 when there is none.
+inline int64_t last_step(const fs::path& metrics) {
+  const std::vector<std::string> lines = read_lines(metrics);
+  for (auto line = lines.rbegin(); line != lines.rend(); ++line)
+    if (line->rfind("{\"step\":", 0) == 0 && line->back() == '}') return std::stoll(line->substr(8));
+  return 0;
 }
 
 // SIGKILLs every live process of session `sid`, its leader first, until none is left

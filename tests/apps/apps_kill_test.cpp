@@ -1,4 +1,4 @@
-// Resume after a real crash: train_joint under `mpirun -np 2` is killed with SIGKILL
+// Resume after a real crash, and after a graceful stop (at the end): train_joint under `mpirun -np 2` is killed with SIGKILL
 // (mpirun and both ranks, no chance to clean up) mid-training, after a checkpoint;
 // `--resume` then finishes the run, which must equal an uninterrupted 2-rank run bit
 // for bit (every model tensor of the final checkpoints) and whose metrics.jsonl must
@@ -124,4 +124,71 @@ TEST_CASE("apps: train_joint on 2 ranks killed with SIGKILL after a checkpoint r
   INFO(w.output);
   REQUIRE(w.status == 0);
   check_same_training(whole, parts, steps);
+}
+
+// The graceful stop on 2 ranks: SIGTERM to rank 1 alone (the ranks agree on the stop
+// through an all-reduce every step), or SIGINT to mpirun (which passes SIGTERM to the
+// ranks, then SIGKILL 1 s later, OpenMPI's odls_base_sigkill_timeout): both ranks end
+// after the same step with that step's checkpoint, rank 0 says so, and --resume then
+// finishes equal to an uninterrupted run bit for bit (were the ranks to stop at different
+// steps, one would wait in a collective and the checkpoint would not continue exactly).
+// The signal goes once metrics.jsonl has step 3; were it to land after the last step,
+// the run is repeated with twice the steps.
+TEST_CASE("apps: train_joint on 2 ranks stopped by SIGTERM to rank 1, or SIGINT to mpirun, stops both ranks after "
+          "the same step with a checkpoint, and --resume continues bit for bit") {
+  if (mpirun_missing()) return;
+  for (const bool to_mpirun : {false, true}) {
+    CAPTURE(to_mpirun);
+    const fs::path logs = temp_dir("logs");
+    int64_t steps = to_mpirun ? 250 : 100, stopped = 0;
+    fs::path parts;
+    for (int attempt = 1; attempt <= 3 && stopped == 0; ++attempt, steps *= 2) {
+      parts = temp_dir("stopped_" + std::to_string(attempt));
+      const fs::path log = logs / ("stopped_" + std::to_string(attempt) + ".log");
+      const pid_t job = start_in_own_session(joint_command(parts, steps), log);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+      pid_t target = 0;
+      int status = 0;
+      while (target == 0) {
+        REQUIRE_MESSAGE(waitpid(job, &status, WNOHANG) == 0, read_text(log));
+        if (last_step(parts / "metrics.jsonl") >= 3) target = to_mpirun ? job : rank_pid(job, "train_joint", 1);
+        if (std::chrono::steady_clock::now() > deadline) {
+          kill_session(job);
+          FAIL("no metrics line for step 3 after 240 s");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      REQUIRE(kill(target, to_mpirun ? SIGINT : SIGTERM) == 0);
+      REQUIRE(waitpid(job, &status, 0) == job);
+      const std::string output = read_text(log);
+      INFO(output);
+      CHECK(session_members(job).empty());
+      kill_session(job);
+      REQUIRE(WIFEXITED(status));
+      if (WEXITSTATUS(status) == 0) {
+        MESSAGE("attempt ", attempt, ": the stop landed after step ", steps, ", the last; again with ", 2 * steps);
+        continue;
+      }
+      if (!to_mpirun) CHECK(WEXITSTATUS(status) == 143);  // the ranks' status; mpirun told to stop says 1
+      CHECK_FALSE(contains(output, "watchdog"));
+      const fs::path ckpt = parts / "ckpt" / "latest.safetensors";
+      REQUIRE(fs::exists(ckpt));
+      stopped = std::stoll(load_metadata(ckpt.string()).at("step"));
+      CHECK(last_step(parts / "metrics.jsonl") == stopped);
+      CHECK(contains(output, "train_joint: got SIGTERM: stopped after step " + std::to_string(stopped) + " of " +
+                                 std::to_string(steps) + ", checkpoint " + ckpt.string() + "\n"));
+      CHECK(contains(output, "train_joint: to continue: mpirun -np 2 " + (apps_dir() / "train_joint").string()));
+    }
+    REQUIRE(stopped > 0);
+    steps /= 2;
+    const Run r = run_logged(joint_command(parts, steps, " --resume"), logs / "resumed.log");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    CHECK(contains(r.output, "steps " + std::to_string(stopped + 1) + ".." + std::to_string(steps)));
+    const fs::path whole = temp_dir("whole");
+    const Run w = run_logged(joint_command(whole, steps), logs / "whole.log");
+    INFO(w.output);
+    REQUIRE(w.status == 0);
+    check_same_training(whole, parts, steps);
+  }
 }

@@ -24,11 +24,6 @@ using namespace nd::testing;
 
 namespace {
 
-// Runs build/apps/<app> with `args` (and `env` assignments before it), output captured.
-Run run_app(const std::string& app, const std::string& args, const std::string& env = "") {
-  return run_logged(env + " " + (apps_dir() / app).string() + " " + args, temp_dir("logs") / (app + ".log"));
-}
-
 
 int count_lines(const std::string& s) {
   int n = 0;

@@ -5,6 +5,9 @@
 // - killed once and restarted with 1 rank (--np-on-restart 1), it ends equal to the
 //   uninterrupted 2-rank run up to float rounding (same global batches: --batch-size is
 //   global; only the reduction order differs);
+// - killed before its first checkpoint, it is started afresh (--overwrite) and ends equal
+//   to an uninterrupted run bit for bit; without a checkpoint a restart only runs afresh
+//   when --out held no run before the first start;
 // - SIGTERM / SIGINT to the launcher end the ranks and are not restarted; a job failing
 //   every time is restarted --max-restarts times with --resume appended once, and the
 //   launcher exits with its last status and names the rank mpirun reported; status 2 (a
@@ -22,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,31 +49,10 @@ std::string launch_command(const std::string& options, const std::string& progra
 }
 
 // The small train_joint of apps_kill_test.cpp.
-std::string joint(const fs::path& out, int64_t steps) {
+std::string joint(const fs::path& out, int64_t steps, int64_t ckpt_every = kCkptEvery) {
   return (apps_dir() / "train_joint").string() + " --steps " + std::to_string(steps) +
          " --batch-size 4 --gwidth 4 --ndf 8 --log-every 1 --sample-every 1000 --ckpt-every " +
-         std::to_string(kCkptEvery) + " --out " + out.string();
-}
-
-// The process of session `sid` running `program` as MPI rank `rank`; 0 when there is none.
-pid_t rank_pid(pid_t sid, const std::string& program, int rank) {
-  for (pid_t pid : session_members(sid)) {
-    const std::string proc = "/proc/" + std::to_string(pid);
-    if (read_text(proc + "/comm") != program + "\n") continue;
-    std::string environ = read_text(proc + "/environ");
-    for (char& c : environ)
-      if (c == '\0') c = '\n';
-    if (contains("\n" + environ, "\nOMPI_COMM_WORLD_RANK=" + std::to_string(rank) + "\n")) return pid;
-  }
-  return 0;
-}
-
-// The step of metrics.jsonl's last whole line; 0 when there is none.
-int64_t last_step(const fs::path& metrics) {
-  const std::vector<std::string> lines = read_lines(metrics);
-  for (auto line = lines.rbegin(); line != lines.rend(); ++line)
-    if (line->rfind("{\"step\":", 0) == 0 && line->back() == '}') return std::stoll(line->substr(8));
-  return 0;
+         std::to_string(ckpt_every) + " --out " + out.string();
 }
 
 struct Outcome {
@@ -79,12 +62,14 @@ struct Outcome {
 };
 
 // Runs `command` (the launcher) writing into `out`, SIGKILLs rank 1 of its job `kills`
-// times as described at the top, and waits for the launcher to exit.
-Outcome run_and_kill_rank1(const std::string& command, const fs::path& out, int kills, const fs::path& log) {
+// times as described at the top (the first time at step `first_kill`), and waits for the
+// launcher to exit.
+Outcome run_and_kill_rank1(const std::string& command, const fs::path& out, int kills, const fs::path& log,
+                           int64_t first_kill) {
   const pid_t job = start_in_own_session(command, log);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
   std::vector<pid_t> killed;
-  int64_t threshold = kCkptEvery + 1;
+  int64_t threshold = first_kill;
   int status = 0;
   while (static_cast<int>(killed.size()) < kills) {
     if (waitpid(job, &status, WNOHANG) == job) break;
@@ -114,15 +99,17 @@ Outcome run_and_kill_rank1(const std::string& command, const fs::path& out, int 
   return result;
 }
 
-// Runs the launcher with `options` on train_joint, killing rank 1 `kills` times, with
-// kFirstSteps, then twice and four times as many steps until every kill landed mid-run;
-// returns the steps of that run (written into `parts`) and its outcome.
-std::pair<int64_t, Outcome> restarted_run(const std::string& options, int kills, fs::path& parts) {
+// Runs the launcher with `options` on train_joint (a checkpoint every `ckpt_every` steps),
+// killing rank 1 `kills` times, the first at step `first_kill`, with kFirstSteps, then
+// twice and four times as many steps until every kill landed mid-run; returns the steps
+// of that run (written into `parts`) and its outcome.
+std::pair<int64_t, Outcome> restarted_run(const std::string& options, int kills, fs::path& parts,
+                                          int64_t ckpt_every = kCkptEvery, int64_t first_kill = kCkptEvery + 1) {
   int64_t steps = kFirstSteps;
   for (int attempt = 1; attempt <= 3; ++attempt, steps *= 2) {
     parts = temp_dir("parts_" + std::to_string(attempt));
-    Outcome o = run_and_kill_rank1(launch_command(options, joint(parts, steps)), parts, kills,
-                                   temp_dir("logs") / ("restarted_" + std::to_string(attempt) + ".log"));
+    Outcome o = run_and_kill_rank1(launch_command(options, joint(parts, steps, ckpt_every)), parts, kills,
+                                   temp_dir("logs") / ("restarted_" + std::to_string(attempt) + ".log"), first_kill);
     INFO(o.output);
     REQUIRE(o.status == 0);
     if (o.all_kills_landed) return {steps, o};
@@ -141,6 +128,9 @@ fs::path whole_run(int64_t steps) {
   REQUIRE(w.status == 0);
   return whole;
 }
+
+// A job whose rank 1 prints its arguments and exits with 3; rank 0 waits to be ended by mpirun.
+const std::string kFailing = "sh -c 'test $OMPI_COMM_WORLD_RANK = 1 || exec sleep 100; echo \"args [$*]\"; exit 3' sh";
 
 size_t count(const std::string& text, const std::string& part) {
   size_t n = 0;
@@ -196,6 +186,44 @@ TEST_CASE("launcher: killed at 2 ranks and restarted with 1 (--np-on-restart 1),
   check_same_models(whole_run(steps) / "ckpt" / "latest.safetensors", ckpt, 1e-4);
 }
 
+TEST_CASE("launcher: train_joint whose rank 1 is SIGKILLed before the first checkpoint starts afresh (with "
+          "--overwrite) and ends equal to an uninterrupted run bit for bit") {
+  if (mpirun_missing()) return;
+  fs::path parts;
+  // A checkpoint only at the end; rank 1 killed at step 3.
+  const auto [steps, o] = restarted_run("-np 2 --max-restarts 1", 1, parts, 100000, 3);
+  INFO(o.output);
+  CHECK(contains(o.output, "restart 1 of 1 with 2 rank(s) afresh with --overwrite (no checkpoint at " +
+                               (parts / "ckpt" / "latest.safetensors").string() + " yet)\n"));
+  CHECK(contains(o.output, "--overwrite: deleted "));
+  CHECK(contains(o.output, "steps 1.." + std::to_string(steps)));
+  check_same_training(whole_run(steps), parts, steps);
+}
+
+TEST_CASE("launcher: without a checkpoint a restart runs afresh with --overwrite when --out held no run at the "
+          "start, else with the arguments as given") {
+  if (mpirun_missing()) return;
+  const fs::path logs = temp_dir("logs");
+  const fs::path fresh = temp_dir("fresh"), taken = temp_dir("taken");
+  const Run r = run_logged(launch_command("-np 2 --max-restarts 1", kFailing + " --out=" + fresh.string()),
+                           logs / "fresh.log");
+  INFO(r.output);
+  CHECK(r.status == 3);
+  CHECK(count(r.output, "args [--out=" + fresh.string() + "]") == 1);
+  CHECK(count(r.output, "args [--out=" + fresh.string() + " --overwrite]") == 1);
+  CHECK(contains(r.output, "); restart 1 of 1 with 2 rank(s) afresh with --overwrite (no checkpoint at " +
+                               fresh.string() + "/ckpt/latest.safetensors yet)\n"));
+  std::ofstream(taken / "metrics.jsonl") << "{\"step\":1}\n";
+  const Run t = run_logged(launch_command("-np 2 --max-restarts 1", kFailing + " --out " + taken.string()),
+                           logs / "taken.log");
+  INFO(t.output);
+  CHECK(t.status == 3);
+  CHECK(count(t.output, "args [--out " + taken.string() + "]") == 2);
+  CHECK(contains(t.output, "); restart 1 of 1 with 2 rank(s) as given (no checkpoint at " + taken.string() +
+                               "/ckpt/latest.safetensors, and " + taken.string() +
+                               " held a run before the first start)\n"));
+}
+
 TEST_CASE("launcher: SIGTERM and SIGINT reach the ranks through mpirun and the job is not restarted") {
   if (mpirun_missing()) return;
   for (int sig : {SIGTERM, SIGINT}) {
@@ -229,15 +257,16 @@ TEST_CASE("launcher: a job failing every time runs 1 + --max-restarts times with
           "launcher exits with its status, and status 2 is not retried") {
   if (mpirun_missing()) return;
   const fs::path logs = temp_dir("logs");
-  // Rank 1 prints its arguments and exits with 3; rank 0 waits to be ended by mpirun.
-  const Run r = run_logged(
-      launch_command("-np 2 --max-restarts 2",
-                     "sh -c 'test $OMPI_COMM_WORLD_RANK = 1 || exec sleep 100; echo \"args [$*]\"; exit 3' sh"),
-      logs / "failing.log");
+  // kFailing's --out has a checkpoint (an empty file will do: the launcher only looks for it).
+  const fs::path out = temp_dir("failing");
+  fs::create_directories(out / "ckpt");
+  std::ofstream(out / "ckpt" / "latest.safetensors").put('\n');
+  const Run r = run_logged(launch_command("-np 2 --max-restarts 2", kFailing + " --out " + out.string()),
+                           logs / "failing.log");
   INFO(r.output);
   CHECK(r.status == 3);
-  CHECK(count(r.output, "args []") == 1);
-  CHECK(count(r.output, "args [--resume]") == 2);
+  CHECK(count(r.output, "args [--out " + out.string() + "]") == 1);
+  CHECK(count(r.output, "args [--out " + out.string() + " --resume]") == 2);
   check_failure_reports(r.output, 3, "Process name: [[", "rank 1 exited with code 3", 3);
   CHECK(contains(r.output, "); restart 1 of 2 with 2 rank(s) and --resume\n"));
   CHECK(contains(r.output, "); restart 2 of 2 with 2 rank(s) and --resume\n"));

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cuda/cuda_compare.h"
-#include "engine/data_loader.h"
+#include "data/data_loader.h"
 #include "harness.h"
 #include "kernels/cuda/allocator.h"
 #include "kernels/cuda/host_allocator.h"

@@ -1,7 +1,8 @@
 // NANODDP_DISTRIBUTED_DEBUG=DETAIL: the verdict on made-up signatures of several ranks
 // (every kind of mismatch, the exact messages), and on a real MPI group at any world size:
 // mismatched collectives throw on every rank and run on none, matching ones still give
-// the right results, and the group stays usable after a mismatch.
+// the right results, and the group stays usable after a mismatch; and the optimizers'
+// options compared across ranks at their first step.
 #include "harness.h"
 
 #include <cstdlib>
@@ -190,5 +191,45 @@ TEST_CASE("DETAIL on an MPI group: a mismatch throws on every rank and runs on n
   Tensor ok = full({4}, R + 1);
   g.allreduce(ok)->wait();
   CHECK(nd::testing::to_vector(ok) == std::vector<double>(4, W * (W + 1) / 2));
+}
+
+TEST_CASE("DETAIL: an optimizer with other options on one rank fails at its first step on every rank, naming both") {
+  const int W = dist::world()->size();
+  const int R = dist::world()->rank();
+  {
+    DebugEnv env("DETAIL");
+    dist::MpiProcessGroup made;  // the first group made under DETAIL turns the check on
+  }
+  const int odd = std::min(1, W - 1);
+  Tensor w = ones({3}).requires_grad_(true), v = ones({2}).requires_grad_(true);
+  auto with_grads = [&] {
+    w.set_grad(full({3}, 0.5));
+    v.set_grad(full({2}, 0.5));
+  };
+  // Rank `odd` has another beta2 in its second group.
+  optim::Adam differs({optim::OptimizerParamGroup({w}), optim::OptimizerParamGroup({v}, optim::AdamOptions(1e-3).betas(
+                                                                                            {0.9, R == odd ? 0.99 : 0.999}))},
+                      optim::AdamOptions(1e-3));
+  with_grads();
+  const std::string same = "Adam, 2 param group(s): group 0 (1 parameters): amsgrad 0, beta1 0.9, beta2 0.999, eps 1e-08, "
+                           "lr 0.001, weight_decay 0; group 1 (1 parameters): amsgrad 0, beta1 0.9, beta2 ";
+  if (W > 1) {
+    CHECK(error_message([&] { differs.step(); }) ==
+          "Adam: the ranks' optimizers differ at their first step: rank 1 has other options than rank 0.\n  rank 0: " +
+              same + "0.999, eps 1e-08, lr 0.001, weight_decay 0\n  rank 1: " + same +
+              "0.99, eps 1e-08, lr 0.001, weight_decay 0\nEvery rank must build its optimizer with the same options "
+              "(checked because NANODDP_DISTRIBUTED_DEBUG=DETAIL)");
+    CHECK(nd::testing::to_vector(w) == std::vector<double>(3, 1.0));  // the step was not taken
+  } else {
+    CHECK_NOTHROW(differs.step());
+  }
+  // The same options everywhere: checked once, then stepped.
+  Tensor u = ones({2}).requires_grad_(true);
+  optim::SGD agrees({u}, optim::SGDOptions(0.5));
+  for (int step = 0; step < 2; ++step) {
+    u.set_grad(full({2}, 0.5));
+    agrees.step();
+  }
+  CHECK(nd::testing::to_vector(u) == std::vector<double>(2, 0.5));
 }
 #endif

@@ -1,10 +1,12 @@
 // DDP communication hooks (collectives/comm_hooks.h), run at 1, 2 and 4 ranks: the
 // built-in allreduce, fp16 and bf16 hooks against the exact average of every rank's
-// gradient (all-gathered, summed in f64), what a user-defined hook is handed, and the
-// registration and result errors.
+// gradient (all-gathered, summed in f64), what a user-defined hook is handed, the
+// registration and result errors, and ranks with different hooks or settings failing in
+// iteration 0 before any bucket is reduced.
 #include <cmath>
 
 #include "collectives/ddp.h"
+#include "collectives/powersgd.h"
 #include "dist/ddp_test_util.h"
 #include "harness.h"
 
@@ -138,3 +140,49 @@ TEST_CASE("comm hooks: registering twice, after the first backward, or returning
     CHECK(contains(msg, "is [cpu f64 [164]], expected [cpu f64 [163]] (the bucket's gradients)"));
   }
 }
+
+TEST_CASE("comm hooks: ranks with different hooks or hook settings fail in iteration 0 before any bucket is reduced") {
+  if (skip_at_one_rank()) return;
+  using Ddp = DistributedDataParallel<nn::Sequential>;
+  using Register = std::function<void(Ddp&)>;
+  auto powersgd = [](int64_t r) {
+    return [r](Ddp& ddp) {
+      ddp.register_comm_hook(std::make_shared<dist::PowerSGDState>(dist::PowerSGDOptions().matrix_approximation_rank(r)),
+                             dist::powerSGD_hook);
+    };
+  };
+  const std::string psgd = " (matrix_approximation_rank 1, start_powerSGD_iter 1000, min_compression_rate 2, "
+                           "use_error_feedback true, warm_start true, orthogonalization_epsilon 0, random_seed 0, "
+                           "batch_tensors_with_same_shape false)";
+  struct Mixed {
+    Register on_rank0, elsewhere;
+    std::string rank0, rank1;
+  };
+  const std::vector<Mixed> cases = {
+      {[](Ddp& d) { d.register_comm_hook(nullptr, dist::bf16_compress_hook); },
+       [](Ddp& d) { d.register_comm_hook(nullptr, dist::fp16_compress_hook); },
+       "bf16_compress_hook", "fp16_compress_hook"},
+      {powersgd(1), powersgd(2), "powerSGD_hook" + psgd,
+       "powerSGD_hook" + std::string(psgd).replace(psgd.find("rank 1"), 6, "rank 2")},
+      {[](Ddp&) {}, [](Ddp& d) {
+         d.register_comm_hook(nullptr, +[](dist::ProcessGroup* pg, dist::GradBucket& b) {
+           return dist::allreduce_hook(pg, b);
+         });
+       },
+       "none (DDP's all-reduce)", "a custom hook"},
+  };
+  for (const Mixed& c : cases) {
+    CAPTURE(c.rank0);
+    nn::Sequential model = make_mlp64(12);
+    DistributedDataParallel ddp(model, "mixed");
+    (rank() == 0 ? c.on_rank0 : c.elsewhere)(ddp);
+    const uint64_t issued = dist::world()->record().count;
+    const std::string msg = nd::testing::error_message([&] { ddp(ones({2, 6}, kFloat64)).sum().backward(); });
+    CHECK(msg == "DistributedDataParallel: ranks diverged: rank 1 reduces DDP model 'mixed' with another "
+                 "communication hook than rank 0 (found in iteration 0, before any bucket was reduced).\n  rank 0: " +
+                     c.rank0 + "\n  rank 1: " + c.rank1 +
+                     "\nEvery rank must register the same hook with the same settings (register_comm_hook), or none.");
+    if (dist::control_world() != dist::world()) CHECK(dist::world()->record().count == issued);  // no bucket went out
+  }
+}
+

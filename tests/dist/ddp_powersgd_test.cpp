@@ -1,5 +1,9 @@
 // PowerSGD (collectives/powersgd.h), run at 1, 2 and 4 ranks on the f64 MLP (weights
-// [16, 6] and [3, 16], biases): full rank reproduces the exact average, plain all-reduce
+// [16, 6] and [3, 16], biases): full rank reproduces the exact average (also, in f32 and
+// f64, for gradients of lower rank than asked for, through Householder QR and through
+// Gram-Schmidt), its orthogonalisation equals PyTorch's (tests/golden/powersgd_golden.txt,
+// from make_powersgd_golden.py) and stays orthonormal on rank-deficient matrices,
+// batch_tensors_with_same_shape gives the unbatched result, plain all-reduce
 // before start_powerSGD_iter and for matrices too small to compress, error feedback's
 // identity (reduced + new error = gradient + old error), and a save / load through the
 // TrainState that continues as an uninterrupted run.
@@ -24,6 +28,34 @@ size_t count_keys(const TensorDict& state, const std::string& prefix) {
   return n;
 }
 
+// The first `cols` columns of the n x n identity.
+Tensor identity(int64_t n, int64_t cols, ScalarType dtype) {
+  const Tensor out = zeros({n, cols}, dtype);
+  for (int64_t k = 0; k < cols; ++k) out.narrow(0, k, 1).narrow(1, k, 1).fill_(1);
+  return out;
+}
+
+// |Q^T Q - I| and |Q Q^T A - A| / |A| (max norms): orthonormal columns spanning A's.
+std::pair<double, double> basis_errors(const Tensor& q, const Tensor& a) {
+  const double ortho = (q.t().matmul(q) - identity(q.size(1), q.size(1), kFloat64)).abs().max().item();
+  const double span = (q.matmul(q.t().matmul(a)) - a).abs().max().item() / a.abs().max().item();
+  return {ortho, span};
+}
+
+// One step where each rank's gradient of the bias-free Linear(in, out) has rank 1 (one
+// sample), so the average has rank <= W: |reduced - exact| / |exact| (Frobenius norms).
+template <class Ddp>
+double one_sample_step(Ddp& ddp, nn::Linear& replica, Generator& data) {
+  const Tensor x = randn({1, replica->options.in_features()}, replica->weight.dtype(), &data);
+  replica->zero_grad();
+  replica(x).pow(2).sum().backward();
+  const Tensor exact = mean_over_ranks(replica->weight.grad());
+  ddp.module()->zero_grad();
+  ddp(x).pow(2).sum().backward();
+  const Tensor reduced = ddp.module()->parameters()[0].grad().to(kFloat64);
+  return (reduced - exact).pow(2).sum().sqrt().item() / exact.pow(2).sum().sqrt().item();
+}
+
 }  // namespace
 
 TEST_CASE("powerSGD: at full rank it equals the exact average") {
@@ -45,6 +77,112 @@ TEST_CASE("powerSGD: at full rank it equals the exact average") {
   CHECK(count_keys(saved, "q.") == 2);  // both weights were compressed
   CHECK(saved.at("q.mlp.0.weight").sizes() == Shape{6, 6});
   CHECK(saved.at("q.mlp.2.weight").sizes() == Shape{16, 3});
+}
+
+TEST_CASE("powerSGD: at full rank it equals the exact average for gradients of lower rank than asked for") {
+  // Rank 16 on [24, 20] (Householder QR) and rank 2 on [2, 40] (Gram-Schmidt), each
+  // rank's gradient of rank 1: P = M Q has rank <= W, and P's further columns must
+  // complete an orthonormal basis (normalised rounding noise left full rank 0.0066 off).
+  for (ScalarType dtype : {kFloat32, kFloat64}) {
+    for (auto [in, out, r] : {std::tuple<int64_t, int64_t, int64_t>{20, 24, 16}, {40, 2, 2}}) {
+      CAPTURE(std::string(dtype_name(dtype)));
+      CAPTURE(r);
+      auto make = [&] {
+        manual_seed(30);
+        nn::Linear m(nn::LinearOptions(in, out).bias(false));
+        m->to(dtype);
+        return m;
+      };
+      nn::Linear replica = make(), model = make();
+      DistributedDataParallel ddp(model, "lin");
+      auto state = std::make_shared<PowerSGDState>(
+          PowerSGDOptions().matrix_approximation_rank(r).start_powerSGD_iter(0).min_compression_rate(0));
+      ddp.register_comm_hook(state, dist::powerSGD_hook);
+      Generator data{800 + static_cast<uint64_t>(rank()), 0};
+      for (int step = 0; step < 3; ++step) {  // fresh Q, then warm-started ones
+        CAPTURE(step);
+        CHECK(one_sample_step(ddp, replica, data) <= (dtype == kFloat32 ? 1e-6 : 1e-13));
+      }
+      CHECK(count_keys(state->state_dict(), "q.") == 1);  // it was compressed
+    }
+  }
+}
+
+TEST_CASE("powerSGD: batch_tensors_with_same_shape gives the unbatched result, and the same saved state") {
+  // Three [8, 8] weights and a [4, 8] one: one batch of three and one of one. Rank 2 with
+  // warm start and error feedback over 3 steps, f64.
+  auto make = [] {
+    manual_seed(40);
+    nn::Sequential m(nn::Linear(nn::LinearOptions(8, 8)), nn::Tanh(), nn::Linear(nn::LinearOptions(8, 8)), nn::Tanh(),
+                     nn::Linear(nn::LinearOptions(8, 8)), nn::Tanh(), nn::Linear(nn::LinearOptions(8, 4)));
+    m->to(kFloat64);
+    return m;
+  };
+  std::vector<TensorDict> states;
+  std::vector<std::vector<Tensor>> grads;
+  for (bool batched : {false, true}) {
+    CAPTURE(batched);
+    nn::Sequential model = make();
+    DistributedDataParallel ddp(model, "mlp");
+    auto state = std::make_shared<PowerSGDState>(PowerSGDOptions()
+                                                     .matrix_approximation_rank(2)
+                                                     .start_powerSGD_iter(0)
+                                                     .min_compression_rate(1)
+                                                     .batch_tensors_with_same_shape(batched));
+    ddp.register_comm_hook(state, dist::powerSGD_hook);
+    Generator data{900 + static_cast<uint64_t>(rank()), 0};
+    std::vector<Tensor> seen;
+    for (int step = 0; step < 3; ++step) {
+      const Tensor x = randn({5, 8}, kFloat64, &data);
+      ddp.module()->zero_grad();
+      ddp(x).pow(2).sum().backward();
+      for (const Tensor& p : model->parameters()) seen.push_back(p.grad().clone());
+    }
+    grads.push_back(seen);
+    states.push_back(state->state_dict());
+  }
+  REQUIRE(grads[0].size() == grads[1].size());
+  for (size_t k = 0; k < grads[0].size(); ++k) nd::testing::check_close(grads[1][k], grads[0][k], 1e-13, 1e-11, "grad");
+  REQUIRE(states[0].size() == states[1].size());
+  CHECK(count_keys(states[1], "q.") == 4);
+  for (const auto& [key, t] : states[0]) nd::testing::check_close(states[1].at(key), t, 1e-13, 1e-11, key);
+}
+
+TEST_CASE("powerSGD: orthogonalize equals PyTorch's and completes an orthonormal basis for rank-deficient matrices") {
+  const auto golden = nd::testing::read_golden_table(std::string(NANODDP_SOURCE_DIR) +
+                                                     "/tests/golden/powersgd_golden.txt");
+  for (const char* name : {"gram_schmidt_1", "gram_schmidt_2", "qr_3", "qr_4", "qr_square", "qr_negative_first"}) {
+    CAPTURE(name);
+    const std::vector<double>& shape = golden.at(std::string(name) + ".shape");
+    const Shape sizes{static_cast<int64_t>(shape[0]), static_cast<int64_t>(shape[1])};
+    const Tensor a = tensor(golden.at(std::string(name) + ".a"), kFloat64).reshape(sizes);
+    const Tensor q = a.clone();
+    dist::orthogonalize(q, 0);
+    nd::testing::check_close(q, tensor(golden.at(std::string(name) + ".q"), kFloat64).reshape(sizes), 1e-13, 1e-12,
+                             name);
+  }
+  // Rank 2 in 5 columns, rank 1 in 2 columns, and zeros.
+  Generator gen{31, 0};
+  const Tensor u = randn({9, 2}, kFloat64, &gen), v = randn({2, 5}, kFloat64, &gen);
+  for (ScalarType dtype : {kFloat32, kFloat64}) {
+    CAPTURE(std::string(dtype_name(dtype)));
+    const double tol = dtype == kFloat32 ? 1e-6 : 1e-14;
+    for (const Tensor& a : {u.matmul(v), u.narrow(1, 0, 1).matmul(v.narrow(0, 0, 1).narrow(1, 0, 2))}) {
+      CAPTURE(a.describe());
+      const Tensor q = a.to(dtype);
+      dist::orthogonalize(q, 0);
+      const auto [ortho, span] = basis_errors(q.to(kFloat64), a);
+      CHECK(ortho <= tol);
+      CHECK(span <= tol);
+    }
+    const Tensor qr_zero = zeros({4, 3}, dtype), gs_zero = zeros({4, 2}, dtype);
+    dist::orthogonalize(qr_zero, 0);  // the reflections of nothing: I's first columns
+    CHECK(nd::testing::bitwise_equal(qr_zero, identity(4, 3, dtype)));
+    dist::orthogonalize(gs_zero, 0);  // Gram-Schmidt keeps a zero column zero, not NaN
+    CHECK(gs_zero.abs().max().item() == 0);
+  }
+  CHECK(nd::testing::error_message([] { dist::orthogonalize(zeros({2, 3}), 0); }) ==
+        "orthogonalize: expected a matrix [rows, cols] with cols <= rows, found [cpu f32 [2, 3]]");
 }
 
 TEST_CASE("powerSGD: plain all-reduce before start_powerSGD_iter and for matrices compression would not shrink") {

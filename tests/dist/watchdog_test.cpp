@@ -147,6 +147,23 @@ TEST_CASE("fault: a DDP backward rank 1 never joins names the model in the watch
   FAIL("the backward's all-reduces completed although rank 1 never joined");
 }
 
+TEST_CASE("fault: ZeRO on rank 0 and a plain optimizer on rank 1 name the ZeRO ownership check") {
+  auto w = dist::world();
+  if (!nd::testing::fault_case("zero_vs_plain")) return;
+  manual_seed(1);
+  nn::Sequential model(nn::Linear(nn::LinearOptions(4, 3)));
+  dist::DistributedDataParallel ddp(model, "D");
+  std::unique_ptr<optim::Optimizer> opt;
+  if (w->rank() == 0)  // waits in its construction check, which rank 1 never joins
+    opt = dist::ZeroRedundancyOptimizer::make<optim::Adam>(model->parameters(), optim::AdamOptions(1e-3),
+                                                           dist::ZeroRedundancyOptimizerOptions().ddp(&ddp.reducer()));
+  else
+    opt = std::make_unique<optim::Adam>(model->parameters(), optim::AdamOptions(1e-3));
+  ddp(ones({2, 4})).sum().backward();
+  opt->step();
+  FAIL("the ranks went on although only rank 0 built a ZeroRedundancyOptimizer");
+}
+
 TEST_CASE("fault: a rank killed before a collective ends the job") {
   auto w = dist::world();
   if (!nd::testing::fault_case("killed")) return;

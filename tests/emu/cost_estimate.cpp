@@ -1,4 +1,4 @@
-// From a launch's counts to an H200 time (cost_estimate.h says how).
+// From a launch's counts to a time on one GPU (cost_estimate.h says how).
 #include "cost_estimate.h"
 
 #include <algorithm>
@@ -73,28 +73,27 @@ int blocks_per_sm(int registers, int64_t shared_bytes, int64_t threads) {
   return int(std::min({int64_t(32), by_regs, by_smem, by_warps}));
 }
 
-Estimate estimate(const LaunchCounts& c, const Resources* resources) {
-  using R = H200;
+Estimate estimate(const LaunchCounts& c, const Resources* resources, const Device& d) {
   Estimate e;
-  const int64_t busiest = (c.blocks + R::kSms - 1) / R::kSms;  // blocks on the busiest SM
+  const int64_t busiest = (c.blocks + d.sms - 1) / d.sms;  // blocks on the busiest SM
   const double share = c.blocks > 0 ? double(busiest) / double(c.blocks) : 0;  // its part of the launch
-  e.dram_s = double(c.unique_read_sectors + c.unique_write_sectors) * 32 / R::kDramBytesPerS;
-  e.l2_s = double(c.read_sectors + c.write_sectors) * 32 * share / (R::kL2BytesPerS / R::kSms);
-  e.shared_s = double(c.shared_wavefronts) * share / (R::kSharedWavefrontsPerSmCycle * R::kClockHz);
-  e.mma_s = double(c.mma_flops) * share / (R::kMmaSyncFlopsPerS / R::kSms);
+  e.dram_s = double(c.unique_read_sectors + c.unique_write_sectors) * 32 / d.dram_bytes_per_s;
+  e.l2_s = double(c.read_sectors + c.write_sectors) * 32 * share / (d.l2_bytes_per_s / d.sms);
+  e.shared_s = double(c.shared_wavefronts) * share / (d.shared_wavefronts_per_sm_cycle * d.clock_hz);
+  e.mma_s = double(c.mma_flops) * share / (d.mma_sync_flops_per_s / d.sms);
   if (resources != nullptr)
     e.blocks_per_sm = blocks_per_sm(resources->registers, resources->static_shared + int64_t(c.dynamic_shared),
                                     c.threads_per_block);
-  const int64_t resident = R::kSms * std::max(1, e.blocks_per_sm);
+  const int64_t resident = d.sms * std::max(1, e.blocks_per_sm);
   e.waves = (c.blocks + resident - 1) / resident;
   const double barriers_per_block = c.blocks > 0 ? double(c.barriers) / double(c.blocks) : 0;
-  e.barrier_s = double(e.waves) * barriers_per_block * R::kBarrierCycles / R::kClockHz;
+  e.barrier_s = double(e.waves) * barriers_per_block * d.barrier_cycles / d.clock_hz;
   const std::pair<double, const char*> terms[] = {
       {e.dram_s, "dram"}, {e.l2_s, "l2"}, {e.shared_s, "shared"}, {e.mma_s, "mma"}, {e.barrier_s, "barrier"}};
   const auto* top = std::max_element(std::begin(terms), std::end(terms),
                                      [](const auto& a, const auto& b) { return a.first < b.first; });
-  e.bound = top->first > R::kLaunchS ? top->second : "launch";
-  e.total_s = R::kLaunchS + top->first;
+  e.bound = top->first > d.launch_s ? top->second : "launch";
+  e.total_s = d.launch_s + top->first;
   return e;
 }
 

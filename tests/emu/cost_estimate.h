@@ -1,12 +1,12 @@
 #pragma once
-// The cost model's second half: from one launch's counts (include/emu_cost.h) to an H200 time.
-// Each count is divided by the rate of the unit that serves it; the estimate is the largest
-// of those times (the units overlap perfectly) plus a fixed launch cost. Rates and their
-// sources: tests/emu/README.md ("The cost model"); they are constants here so that the first
-// GPU run (bench/gpu_check.sh) can say how far each one is off.
+// The cost model's second half: from one launch's counts (include/emu_cost.h) to a time on
+// one GPU (an H200 or an H100: kDevices). Each count is divided by the rate of the unit that
+// serves it; the estimate is the largest of those times (the units overlap perfectly) plus a
+// fixed launch cost. Rates and their sources: tests/emu/README.md ("The cost model"); they
+// are constants here so that a GPU run (bench/gpu_check.sh) can say how far each one is off.
 //
-// Spread over the SMs: blocks are dealt round-robin to the 132 SMs, so the busiest SM runs
-// ceil(blocks / 132) of them. Per-SM work (shared wavefronts, tensor-core flops, L2 -> SM
+// Spread over the SMs: blocks are dealt round-robin to the SMs (132 on both), so the busiest
+// SM runs ceil(blocks / 132) of them. Per-SM work (shared wavefronts, tensor-core flops, L2 -> SM
 // sectors) is timed on that SM: a grid of 133 blocks costs two blocks' time, as on the GPU.
 // DRAM is shared: unique sectors / HBM rate. Barriers cost a fixed latency per barrier per
 // wave of resident blocks (waves = ceil(blocks / (132 x blocks per SM)), occupancy from the
@@ -20,17 +20,24 @@
 
 namespace emu_cost {
 
-// H200 SXM (sm_90) rates; README.md says where each comes from.
-struct H200 {
-  static constexpr int kSms = 132;
-  static constexpr double kClockHz = 1.98e9;           // boost clock, seen in nvidia-smi under load
-  static constexpr double kDramBytesPerS = 4.3e12;     // device-to-device copy measured here (4.8 peak)
-  static constexpr double kL2BytesPerS = 7.0e12;       // L2 -> SMs, an assumption (not measured here)
-  static constexpr double kSharedWavefrontsPerSmCycle = 1;  // 32 banks x 4 bytes per cycle
-  static constexpr double kMmaSyncFlopsPerS = 0.6 * 989e12;  // mma.sync/WMMA: assumed 60% of wgmma's dense bf16 peak
-  static constexpr double kBarrierCycles = 40;         // one __syncthreads with every warp already there
-  static constexpr double kLaunchS = 2.5e-6;           // launch and drain of a short kernel
+// One GPU's rates (sm_90, SXM); README.md says where each comes from.
+struct Device {
+  const char* name;               // as the GPU's name contains it ("NVIDIA H100 80GB HBM3")
+  int sms;
+  double clock_hz;                // boost clock, seen in nvidia-smi under load
+  double dram_bytes_per_s;        // device-to-device copy (read + write) measured on this workplace's machine
+  double l2_bytes_per_s;          // L2 -> SMs, an assumption (not measured here)
+  double shared_wavefronts_per_sm_cycle;  // 32 banks x 4 bytes per cycle
+  double mma_sync_flops_per_s;    // mma.sync/WMMA: assumed 60% of wgmma's dense bf16 peak
+  double barrier_cycles;          // one __syncthreads with every warp already there
+  double launch_s;                // launch and drain of a short kernel
 };
+// The same GH100 chip with other memory: only the DRAM rate differs (4.3 TB/s copy on the
+// H200's HBM3e, 3.0 on the H100's HBM3). The measured bf16 GEMMs (788 TFLOP/s on the H200,
+// 798 on the H100) say the tensor cores run alike, so both take mma.sync at 60% of 989.
+inline constexpr Device kH200{"H200", 132, 1.98e9, 4.3e12, 7.0e12, 1, 0.6 * 989e12, 40, 2.5e-6};
+inline constexpr Device kH100{"H100", 132, 1.98e9, 3.0e12, 7.0e12, 1, 0.6 * 989e12, 40, 2.5e-6};
+inline constexpr Device kDevices[] = {kH200, kH100};  // the tool's output order
 
 // A kernel's compiled resources, from bench/kernel_resources.md's "## Kernels" table.
 struct Resources {
@@ -59,7 +66,8 @@ struct Estimate {
 // float>` in the table); nullptr when there is none.
 const Resources* find_resources(const std::map<std::string, Resources>& table, const std::string& kernel);
 
-// resources: nullptr when the kernel has no row (then waves assume one block per SM).
-Estimate estimate(const LaunchCounts& c, const Resources* resources);
+// The launch's time on `device`. resources: nullptr when the kernel has no row (then waves
+// assume one block per SM).
+Estimate estimate(const LaunchCounts& c, const Resources* resources, const Device& device);
 
 }  // namespace emu_cost

@@ -1,9 +1,10 @@
 // nanoddp_emu_cost_model: the cost model's estimates (include/emu_cost.h, cost_estimate.h) for
 // the library's CUDA kernels on the rows of bench/cost_model_row_list.h (which bench_kernels'
-// "model" family times on a GPU), with no GPU: each row's launchers
-// run in the emulator with counting on, every launch's counts become an H200 time, and the
-// row's time is the sum over its launches. Prints a table per launch and per row, and JSON
-// lines (bench/json_line.h's fields; "ms" is the ESTIMATE, impl "model").
+// "model" family times on a GPU), with no GPU: each row's launchers run once in the emulator
+// with counting on, every launch's counts become a time on each GPU of cost_estimate.h's
+// kDevices (H200, H100), and the row's time is the sum over its launches. Prints a table per
+// launch and per row, and JSON lines (bench/json_line.h's fields; "ms" is the ESTIMATE, impl
+// "model", "device" the GPU's rates: all the H200's rows, then the H100's).
 //
 //   build/tests/emu/nanoddp_emu_cost_model [--only SUBSTRING] [--resources PATH] [--fill-sms]
 //
@@ -19,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <string>
 #include <variant>
@@ -46,8 +48,9 @@ namespace rows = nd::bench::cost_rows;
 // A row of bench/cost_model_row_list.h as the tool runs it.
 struct Row {
   rows::Key key;
-  std::string anchor;  // what the anchor is, with its source
-  double anchor_tflops = 0, anchor_gbps = 0;
+  std::string anchor;  // what the anchor is, with its source ("copy": the device's copy rate)
+  double anchor_tflops = 0;
+  bool copy_anchor = false;  // anchored on the device's measured copy bandwidth
   std::function<void()> run;
   // The row stands for `replicate` copies of what run() launches (see the attention row).
   int64_t replicate = 1;
@@ -84,7 +87,6 @@ DeviceVector<T> filled(size_t n, float scale = 1.0f) {
   return v;
 }
 
-constexpr double kCopyGbps = 4300;  // H200 device-to-device copy, read + write (KINDS.md, 2026-10-28)
 constexpr double kFlashAttention2Tflops = 0.35 * 989;  // FlashAttention-2 forward on H100: ~35% of bf16 peak
 
 // Emulates BH = 2 (batch x heads) and stands for BH = 2 x replicate: without a mask or dropout
@@ -138,7 +140,7 @@ Row make(const rows::ConvRow& c) {
 
 Row make(const rows::CopyRow& c) {
   Row r;
-  r.key = rows::key(c), r.anchor = "H200 device-to-device copy, measured", r.anchor_gbps = kCopyGbps;
+  r.key = rows::key(c), r.anchor = "device-to-device copy, measured", r.copy_anchor = true;
   r.run = [n = c.n] {
     auto src = filled<float>(size_t(n));
     DeviceVector<float> dst(static_cast<size_t>(n));
@@ -153,7 +155,7 @@ Row make(const rows::CopyRow& c) {
 Row make(const rows::BatchNormRow& b) {
   const int64_t N = b.N, C = b.C, S = b.S;
   Row r;
-  r.key = rows::key(b), r.anchor_gbps = kCopyGbps;
+  r.key = rows::key(b), r.copy_anchor = true;
   r.anchor = b.backward ? "copy bandwidth (reads dy x, writes dx)" : "copy bandwidth (reads x, writes y)";
   if (!b.backward) {
     r.run = [=] {
@@ -178,7 +180,7 @@ Row make(const rows::BatchNormRow& b) {
 
 Row make(const rows::AdamwRow& a) {
   Row r;
-  r.key = rows::key(a), r.anchor = "copy bandwidth (reads p g m v, writes p m v)", r.anchor_gbps = kCopyGbps;
+  r.key = rows::key(a), r.anchor = "copy bandwidth (reads p g m v, writes p m v)", r.copy_anchor = true;
   r.run = [tensors = a.tensors, each = a.each] {
     std::vector<DeviceVector<float>> p, g, m, v;
     for (int t = 0; t < tensors; ++t) {
@@ -215,9 +217,12 @@ int main(int argc, char** argv) {
   }
   try {
     const auto resources = emu_cost::read_resources(resources_path);
-    std::vector<std::string> summary, json;
-    std::printf("%-36s %-11s %4s %9s %9s %9s %8s %8s %8s %8s %8s %-7s %9s\n", "kernel", "grid", "occ", "L2 MB",
-                "DRAM MB", "wavefr.", "conflict", "MFLOP", "barriers", "waves", "us", "bound", "emu s");
+    constexpr size_t kNumDevices = std::size(emu_cost::kDevices);
+    std::vector<std::string> summary[kNumDevices], json[kNumDevices];
+    std::printf("%-36s %-11s %4s %9s %9s %9s %8s %8s %8s %8s", "kernel", "grid", "occ", "L2 MB", "DRAM MB", "wavefr.",
+                "conflict", "MFLOP", "barriers", "waves");
+    for (const emu_cost::Device& d : emu_cost::kDevices) std::printf(" %5s us %-7s", d.name, "bound");
+    std::printf("\n");
     for (const rows::Row& spec : rows::rows()) {
       Row row = std::visit([](const auto& x) { return make(x); }, spec);
       const rows::Key& key = row.key;
@@ -228,59 +233,74 @@ int main(int argc, char** argv) {
       row.run();
       const double emu_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       emu_cost::set_enabled(false);
-      double total_s = 0, l2_bytes = 0, dram_bytes = 0;
-      std::string bounds;
+      double total_s[kNumDevices] = {}, l2_bytes = 0, dram_bytes = 0;
+      std::string bounds[kNumDevices];
       std::printf("-- %s %s %s%s\n", key.op.c_str(), key.shape.c_str(), key.dtype.c_str(),
                   row.replicate > 1 ? (" (emulated 1/" + std::to_string(row.replicate) + " of it)").c_str() : "");
       for (const auto& emulated : emu_cost::launches()) {
         const auto c = replicated(emulated, row.replicate);
-        const auto e = emu_cost::estimate(c, emu_cost::find_resources(resources, c.kernel));
-        total_s += e.total_s;
+        const emu_cost::Resources* res = emu_cost::find_resources(resources, c.kernel);
         l2_bytes += double(c.read_sectors + c.write_sectors) * 32;
         dram_bytes += double(c.unique_read_sectors + c.unique_write_sectors) * 32;
-        if (bounds.find(e.bound) == std::string::npos) bounds += (bounds.empty() ? "" : "+") + e.bound;
-        std::printf("%-36.36s %-11s %4s %9.3f %9.3f %9lld %8.2f %8.1f %8lld %8lld %8.2f %-7s\n", c.kernel.c_str(),
-                    grid_text(c).c_str(), e.blocks_per_sm ? std::to_string(e.blocks_per_sm).c_str() : "?",
+        const auto first = emu_cost::estimate(c, res, emu_cost::kDevices[0]);  // occupancy and waves: the same SMs
+        std::printf("%-36.36s %-11s %4s %9.3f %9.3f %9lld %8.2f %8.1f %8lld %8lld", c.kernel.c_str(),
+                    grid_text(c).c_str(), first.blocks_per_sm ? std::to_string(first.blocks_per_sm).c_str() : "?",
                     double(c.read_sectors + c.write_sectors) * 32 / 1e6,
                     double(c.unique_read_sectors + c.unique_write_sectors) * 32 / 1e6,
                     static_cast<long long>(c.shared_wavefronts),
                     c.shared_requests ? double(c.shared_wavefronts) / double(c.shared_requests) : 0.0,
-                    double(c.mma_flops) / 1e6, static_cast<long long>(c.barriers), static_cast<long long>(e.waves),
-                    e.total_s * 1e6, e.bound.c_str());
+                    double(c.mma_flops) / 1e6, static_cast<long long>(c.barriers), static_cast<long long>(first.waves));
+        for (size_t d = 0; d < kNumDevices; ++d) {
+          const auto e = emu_cost::estimate(c, res, emu_cost::kDevices[d]);
+          total_s[d] += e.total_s;
+          if (bounds[d].find(e.bound) == std::string::npos) bounds[d] += (bounds[d].empty() ? "" : "+") + e.bound;
+          std::printf(" %8.2f %-7s", e.total_s * 1e6, e.bound.c_str());
+        }
+        std::printf("\n");
       }
-      const double tflops = key.flops / total_s / 1e12, gbps = key.bytes / total_s / 1e9;
-      char line[400];
-      std::snprintf(line, sizeof line, "| %s | %s | %s | %zu | %.2f | %s | %s | %s | %s | %.0f |", key.op.c_str(),
-                    key.shape.c_str(), key.dtype.c_str(), emu_cost::launches().size(), total_s * 1e6,
-                    key.flops > 0 ? std::to_string(int(tflops + 0.5)).c_str() : "-",
-                    std::to_string(int(gbps + 0.5)).c_str(), bounds.c_str(),
-                    row.anchor_tflops > 0 ? (std::to_string(int(row.anchor_tflops)) + " TFLOP/s").c_str()
-                    : row.anchor_gbps > 0 ? (std::to_string(int(row.anchor_gbps)) + " GB/s").c_str()
-                                          : "-",
-                    emu_s);
-      summary.push_back(line);
-      std::printf("   row: %zu launches, %.2f us estimated, %.3f TFLOP/s, %.0f GB/s (L2 %.2f MB, DRAM %.2f MB); "
-                  "emulated in %.0f s\n",
-                  emu_cost::launches().size(), total_s * 1e6, tflops, gbps, l2_bytes / 1e6, dram_bytes / 1e6, emu_s);
+      const size_t launches = emu_cost::launches().size();
+      for (size_t d = 0; d < kNumDevices; ++d) {
+        const emu_cost::Device& dev = emu_cost::kDevices[d];
+        const double tflops = key.flops / total_s[d] / 1e12, gbps = key.bytes / total_s[d] / 1e9;
+        const double anchor_gbps = row.copy_anchor ? dev.dram_bytes_per_s / 1e9 : 0;
+        char line[400];
+        std::snprintf(line, sizeof line, "| %s | %s | %s | %s | %zu | %.2f | %s | %s | %s | %s | %.0f |", dev.name,
+                      key.op.c_str(), key.shape.c_str(), key.dtype.c_str(), launches, total_s[d] * 1e6,
+                      key.flops > 0 ? std::to_string(int(tflops + 0.5)).c_str() : "-",
+                      std::to_string(int(gbps + 0.5)).c_str(), bounds[d].c_str(),
+                      row.anchor_tflops > 0 ? (std::to_string(int(row.anchor_tflops)) + " TFLOP/s").c_str()
+                      : anchor_gbps > 0     ? (std::to_string(int(anchor_gbps)) + " GB/s").c_str()
+                                            : "-",
+                      emu_s);
+        summary[d].push_back(line);
+        std::printf("   row on the %s: %zu launches, %.2f us estimated, %.3f TFLOP/s, %.0f GB/s\n", dev.name, launches,
+                    total_s[d] * 1e6, tflops, gbps);
+        json[d].push_back(nd::bench::JsonLine::row(key.op, key.shape, key.dtype, "model")
+                              .text("device", dev.name)
+                              .number("ms", total_s[d] * 1e3, "%.5f")
+                              .positive_or_null("gflops", key.flops / total_s[d] / 1e9, "%.1f")
+                              .number("gbps", gbps, "%.1f")
+                              .null("baseline")
+                              .null("ratio")
+                              .integer("launches", int64_t(launches))
+                              .text("bound", bounds[d])
+                              .positive_or_null("anchor_gflops", row.anchor_tflops * 1e3, "%.0f")
+                              .positive_or_null("anchor_gbps", anchor_gbps, "%.0f")
+                              .text("anchor", row.anchor)
+                              .str());
+      }
+      std::printf("   L2 %.2f MB, DRAM %.2f MB; emulated in %.0f s\n", l2_bytes / 1e6, dram_bytes / 1e6, emu_s);
       std::fflush(stdout);
-      json.push_back(nd::bench::JsonLine::row(key.op, key.shape, key.dtype, "model")
-                         .number("ms", total_s * 1e3, "%.5f")
-                         .positive_or_null("gflops", key.flops / total_s / 1e9, "%.1f")
-                         .number("gbps", gbps, "%.1f")
-                         .null("baseline")
-                         .null("ratio")
-                         .integer("launches", int64_t(emu_cost::launches().size()))
-                         .text("bound", bounds)
-                         .positive_or_null("anchor_gflops", row.anchor_tflops * 1e3, "%.0f")
-                         .positive_or_null("anchor_gbps", row.anchor_gbps, "%.0f")
-                         .text("anchor", row.anchor)
-                         .str());
     }
-    std::printf("\n| op | shape | dtype | launches | estimated us | TFLOP/s | GB/s | bound | anchor | emulated s |\n");
-    std::printf("|----|-------|-------|---------:|-------------:|--------:|-----:|-------|--------|-----------:|\n");
-    for (const auto& s : summary) std::printf("%s\n", s.c_str());
+    std::printf(
+        "\n| device | op | shape | dtype | launches | estimated us | TFLOP/s | GB/s | bound | anchor | emulated s |\n");
+    std::printf(
+        "|--------|----|-------|-------|---------:|-------------:|--------:|-----:|-------|--------|-----------:|\n");
+    for (const auto& device_rows : summary)
+      for (const auto& s : device_rows) std::printf("%s\n", s.c_str());
     std::printf("\n");
-    for (const auto& j : json) std::printf("%s\n", j.c_str());
+    for (const auto& device_rows : json)
+      for (const auto& j : device_rows) std::printf("%s\n", j.c_str());
   } catch (const nd::Error& e) {
     std::fprintf(stderr, "nanoddp_emu_cost_model: %s\n", e.what());
     return 1;

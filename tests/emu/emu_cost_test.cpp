@@ -150,30 +150,55 @@ TEST_CASE("occupancy: the calculator's blocks per SM, as bench/kernel_resources.
 }
 
 TEST_CASE("estimate: each term is its count over its rate, the largest wins, plus the launch") {
-  using R = emu_cost::H200;
+  const emu_cost::Device& R = emu_cost::kH200;
   emu_cost::LaunchCounts c;
   c.blocks = 264;  // two blocks on every SM
   c.threads_per_block = 256;
   c.read_sectors = c.unique_read_sectors = int64_t(1) << 25;  // 1 GiB
   c.barriers = 264 * 10;
   const emu_cost::Resources r{32, 0};
-  const auto e = emu_cost::estimate(c, &r);
+  const auto e = emu_cost::estimate(c, &r, R);
   CHECK(e.bound == "dram");
-  CHECK(e.dram_s == doctest::Approx(double(int64_t(1) << 30) / R::kDramBytesPerS));
-  CHECK(e.l2_s == doctest::Approx(double(int64_t(1) << 30) / R::kL2BytesPerS));
+  CHECK(e.dram_s == doctest::Approx(double(int64_t(1) << 30) / R.dram_bytes_per_s));
+  CHECK(e.l2_s == doctest::Approx(double(int64_t(1) << 30) / R.l2_bytes_per_s));
   CHECK(e.blocks_per_sm == 8);
   CHECK(e.waves == 1);
-  CHECK(e.barrier_s == doctest::Approx(10 * R::kBarrierCycles / R::kClockHz));
-  CHECK(e.total_s == doctest::Approx(e.dram_s + R::kLaunchS));
+  CHECK(e.barrier_s == doctest::Approx(10 * R.barrier_cycles / R.clock_hz));
+  CHECK(e.total_s == doctest::Approx(e.dram_s + R.launch_s));
   // 133 blocks: the busiest SM runs 2 of them, so per-SM terms count 2/133 of the work.
   c = {};
   c.blocks = 133;
   c.mma_flops = 133 * int64_t(1) << 30;
-  const auto q = emu_cost::estimate(c, nullptr);
+  const auto q = emu_cost::estimate(c, nullptr, R);
   CHECK(q.bound == "mma");
-  CHECK(q.mma_s == doctest::Approx(2.0 * double(int64_t(1) << 30) / (R::kMmaSyncFlopsPerS / R::kSms)));
+  CHECK(q.mma_s == doctest::Approx(2.0 * double(int64_t(1) << 30) / (R.mma_sync_flops_per_s / R.sms)));
   CHECK(q.blocks_per_sm == 0);
   CHECK(q.waves == 2);
+}
+
+TEST_CASE("estimate per device: the H100's 3.0 TB/s copy against the H200's 4.3, the same SMs and tensor cores") {
+  emu_cost::LaunchCounts dram;  // 1 GiB read by 132 blocks
+  dram.blocks = 132;
+  dram.threads_per_block = 256;
+  dram.read_sectors = dram.unique_read_sectors = int64_t(1) << 25;
+  const double gib = double(int64_t(1) << 30);
+  const auto h100 = emu_cost::estimate(dram, nullptr, emu_cost::kH100);
+  const auto h200 = emu_cost::estimate(dram, nullptr, emu_cost::kH200);
+  CHECK(h100.bound == "dram");
+  CHECK(h100.dram_s == doctest::Approx(gib / 3.0e12));
+  CHECK(h200.dram_s == doctest::Approx(gib / 4.3e12));
+  CHECK(h100.total_s == doctest::Approx(gib / 3.0e12 + 2.5e-6));
+  emu_cost::LaunchCounts mma;  // 1 GFLOP on each of 132 SMs: 132 / 593.4 TFLOP/s on both
+  mma.blocks = 132;
+  mma.mma_flops = 132 * int64_t(1) << 30;
+  for (const emu_cost::Device& d : emu_cost::kDevices) {
+    CAPTURE(d.name);
+    const auto e = emu_cost::estimate(mma, nullptr, d);
+    CHECK(e.bound == "mma");
+    CHECK(e.mma_s == doctest::Approx(132 * gib / 593.4e12));
+  }
+  CHECK(std::string(emu_cost::kDevices[0].name) == "H200");
+  CHECK(std::string(emu_cost::kDevices[1].name) == "H100");
 }
 
 namespace {

@@ -2,7 +2,7 @@
 // indexing, conversion, printing, argument errors, and pinned memory's errors without a GPU.
 #include <sstream>
 
-#include "engine/data_loader.h"
+#include "data/data_loader.h"
 #include "harness.h"
 #include "kernels/cuda/runtime.h"
 

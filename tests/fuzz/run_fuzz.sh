@@ -31,15 +31,15 @@ compile() {  # source, extra flags...
 }
 export -f compile; export root work cxx stamp
 echo "building $work/safetensors_header_fuzz with $cxx ..."
-engine=$(find "$root/engine" "$root/kernels/cpu" "$root/kernels/cuda" -name '*.cpp' ! -path '*/engine/checkpoint.cpp' ! -path '*/engine/json.cpp' | sort)
+engine=$(find "$root/engine" "$root/kernels/cpu" "$root/kernels/cuda" -name '*.cpp' ! -path '*/io/checkpoint.cpp' ! -path '*/io/json.cpp' | sort)
 # In an archive, so the linker takes only what the target reaches.
 rm -f "$work/engine.a"
 echo "$engine" | COMMON="${common[*]}" xargs -P "$(nproc)" -I{} bash -c 'common=($COMMON); compile {} -fsanitize=address' |
   xargs ar rcs "$work/engine.a"
 sanitize=(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined)
 objs=("$(compile "$root/tests/fuzz/safetensors_header_fuzz.cpp" "${sanitize[@]}")"
-      "$(compile "$root/engine/checkpoint.cpp" "${sanitize[@]}")"
-      "$(compile "$root/engine/json.cpp" "${sanitize[@]}")")
+      "$(compile "$root/io/checkpoint.cpp" "${sanitize[@]}")"
+      "$(compile "$root/io/json.cpp" "${sanitize[@]}")")
 "$cxx" -fopenmp -fsanitize=fuzzer,address,undefined "${objs[@]}" "$work/engine.a" -lz -o "$work/safetensors_header_fuzz"
 
 # Seeds: the golden files and a few small valid and broken headers.

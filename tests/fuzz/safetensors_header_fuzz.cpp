@@ -1,4 +1,4 @@
-// libFuzzer target for the safetensors header parser (engine/checkpoint.cpp): any bytes
+// libFuzzer target for the safetensors header parser (io/checkpoint.cpp): any bytes
 // as a whole file must either parse into a consistent header or throw nd::Error; never
 // crash, hang, read out of bounds or allocate without bound. Build and run:
 // tests/fuzz/run_fuzz.sh.
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "engine/checkpoint.h"
+#include "io/checkpoint.h"
 #include "engine/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

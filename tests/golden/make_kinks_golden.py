@@ -36,6 +36,14 @@ CASES = [
     ("clamp_tensor", [[-2.0, -1.0, 0.0, 1.0, 2.0, 0.5], [-1.0, -1.0, -1.0, -1.0, -1.0, 1.0],
                       [1.0, 1.0, 1.0, 1.0, 1.0, 0.0]], lambda x, lo, hi: torch.clamp(x, lo, hi)),
     ("clamp_tensor_min_only", [[-2.0, -1.0, 0.0], [-1.0, -1.0, -1.0]], lambda x, lo: torch.clamp(x, min=lo)),
+    # min == max: x at them gets the whole gradient, else the bound it is beyond
+    ("clamp_tensor_pinned", [[1.0, 0.0, 2.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]],
+     lambda x, lo, hi: torch.clamp(x, lo, hi)),
+    # every order of x, min and max over {0, 1, 2}, ties included
+    ("clamp_tensor_ties", [[float(x) for x in range(3) for lo in range(3) for hi in range(3)],
+                           [float(lo) for x in range(3) for lo in range(3) for hi in range(3)],
+                           [float(hi) for x in range(3) for lo in range(3) for hi in range(3)]],
+     lambda x, lo, hi: torch.clamp(x, lo, hi)),
 ]
 
 

@@ -1,39 +1,55 @@
 #!/usr/bin/env python3
-"""Golden values for tests/models/golden_models_test.cpp, computed by PyTorch (the
-oracle; nanoddp never depends on it). The same tiny DCGAN generator and discriminator
-and a tiny MAE as models/ builds, with the same parameter names, each run for one
-training step on a fixed batch: forward, backward, one optimizer step.
+"""Golden values for tests/models/golden_*_test.cpp, computed by PyTorch (the oracle;
+nanoddp never depends on it) on the reference twins of reference_models.py, in float64
+from float32-representable weights and inputs, stored as float32.
 
-Computed in float64 from float32-representable weights and inputs, then stored as
-float32 (the rounding of an exact reference). Outputs, one safetensors file per model:
-  models_dcgan.safetensors  keys "G.*" and "D.*"
-  models_mae.safetensors    keys "MAE.*"
-with, under each prefix: "param.<name>" the state dict before the step (parameters and
-buffers), "input.<name>" inputs, "out.<name>" outputs, "grad.<name>" every parameter's
-gradient, "after.<name>" the state dict after the optimizer step.
-
-Steps (the C++ test repeats them):
-  G:   fake = G(z) (train mode); loss = sum(fake * grad_out); Adam(lr 1e-3, betas (0.5, 0.999))
-  D:   logits = D(x) (train mode); loss = BCEWithLogits(logits, y); Adam(lr 1e-3, betas (0.5, 0.999))
-  MAE: loss, pred, mask = MAE(images, noise) (mask_ratio 0.75, norm_pix_loss);
-       AdamW(lr 1e-3, weight_decay 0.05)
-Run: python3 tests/golden/make_models_golden.py
+python3 tests/golden/make_models_golden.py writes, beside this script:
+  models_dcgan.safetensors  "G.*", "D.*": 28x28 G (nz 8, ngf 4) and D (ndf 4), one Adam
+                            step (lr 1e-3, betas (0.5, 0.999)); G's loss sum(G(z) * grad_out),
+                            D's BCE-with-logits
+  models_mae.safetensors    "MAE.*": a 28x28x1 MAE (E 16, depth 1, 2 heads; Ed 8, depth 1,
+                            2 heads), fixed masking noise, norm_pix_loss, one AdamW step
+                            (lr 1e-3, weight_decay 0.05)
+    with "param.<name>" (state dict before), "input.*", "out.*", "grad.*" (every trained
+    parameter) and "after.*" (state dict after the step)
+  models_full.safetensors   closed-form weights and inputs (reference_models.closed_form),
+                            one forward and backward at batch 2, nothing stored but results:
+    "dcgan64.G.*", "dcgan64.D.*": examples/dcgan's networks (the Sigmoid one's output
+      "out.prob", its BCELoss "out.loss"); "dcgan32.G.*", "dcgan32.D.*" (logits)
+    "mae_twin.*": ViT-B's structure at E 64, depth 2, 4 heads; Ed 32, depth 1, 4 heads;
+      32x32x3 images on 8x8 patches, norm_pix_loss; "mae_twin_raw.*" the same without it
+    each tensor as recorded by Record.put: "<key>" the values (every stride-th, flattened,
+    above 16384 values), "stride.<key>", "shape.<key>", "norm.<key>" (the f64 L2 norm of all)
+  mae_keys.txt              "<config> <key> <d0>x<d1>..." for the three paper configs'
+                            state dicts (built on the meta device)
+python3 make_models_golden.py --vit DIR   DIR/vit.safetensors: ViT-B at full size (batch 2),
+                            ViT-L and ViT-H with 2 encoder and 2 decoder blocks (batch 1), as
+                            models_full's (golden_mae_test runs this where torch is installed)
+python3 make_models_golden.py --pth DIR   DIR/mae_twin.pth (main_pretrain.py's checkpoint
+                            layout: "model", "optimizer", "epoch", "scaler", "args"),
+                            DIR/mae_twin_encoder.pth (the encoder's keys alone, as the released
+                            pretrain checkpoints), DIR/no_model.pth (no state dict), and
+                            DIR/expected.safetensors (inputs, the loss and the unmasked encoder
+                            latent of those weights)
 """
+import argparse
+import math
 import os
+import sys
 
-import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_models import (MAE, VIT_CONFIGS, Discriminator, ExampleDiscriminator,  # noqa: E402
+                              ExampleGenerator, Generator, closed_form, fill_closed_form, uniform01, vit_mae,
+                              weights_init)
 
-# The tiny configurations (tests/models/golden_models_test.cpp uses the same).
-NZ, NGF, NDF = 8, 4, 4
-MAE_CFG = dict(embed_dim=16, depth=1, num_heads=2, decoder_embed_dim=8, decoder_depth=1, decoder_num_heads=2,
-               mlp_ratio=4.0)
-BATCH = 4
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The twin of the ViT configs that tests/models/golden_mae_test.cpp builds too.
+MAE_TWIN = dict(embed_dim=64, depth=2, num_heads=4, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=4,
+                mlp_ratio=4.0, img_size=32, patch_size=8, in_chans=3)
 
 
 def f32(t):
@@ -41,139 +57,12 @@ def f32(t):
     return t.float().double()
 
 
-# ---- DCGAN (PyTorch's DCGAN example, cut to 28x28) ----
-class Generator(nn.Module):
-    def __init__(self, nz, ngf):
-        super().__init__()
-        self.nz = nz
-        self.main = nn.Sequential(
-            nn.ConvTranspose2d(nz, ngf * 2, 7, 1, 0, bias=False), nn.BatchNorm2d(ngf * 2), nn.ReLU(True),
-            nn.ConvTranspose2d(ngf * 2, ngf, 4, 2, 1, bias=False), nn.BatchNorm2d(ngf), nn.ReLU(True),
-            nn.ConvTranspose2d(ngf, 1, 4, 2, 1, bias=False), nn.Tanh())
-
-    def forward(self, z):
-        return self.main(z.view(z.size(0), self.nz, 1, 1))
+def uniform(name, shape, lo, hi):
+    """Closed-form inputs in [lo, hi) (tests/models/closed_form.h's uniform)."""
+    return f32(torch.from_numpy(lo + (hi - lo) * uniform01(name, math.prod(shape))).reshape(shape))
 
 
-class Discriminator(nn.Module):
-    def __init__(self, ndf):
-        super().__init__()
-        self.main = nn.Sequential(
-            nn.Conv2d(1, ndf, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, inplace=True),
-            nn.Conv2d(ndf, ndf * 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ndf * 2), nn.LeakyReLU(0.2, inplace=True),
-            nn.Conv2d(ndf * 2, 1, 7, 1, 0, bias=False))
-
-    def forward(self, x):
-        return self.main(x).view(-1)
-
-
-def weights_init(m):
-    name = m.__class__.__name__
-    if name.find("Conv") != -1:
-        nn.init.normal_(m.weight.data, 0.0, 0.02)
-    elif name.find("BatchNorm") != -1:
-        nn.init.normal_(m.weight.data, 1.0, 0.02)
-        nn.init.constant_(m.bias.data, 0)
-
-
-# ---- MAE (facebookresearch/mae models_mae.py with nn.MultiheadAttention blocks) ----
-def get_2d_sincos_pos_embed(embed_dim, grid_size, cls_token=False):
-    grid = np.meshgrid(np.arange(grid_size, dtype=np.float64), np.arange(grid_size, dtype=np.float64))  # w first
-    grid = np.stack(grid, axis=0).reshape([2, 1, grid_size, grid_size])
-
-    def one_d(dim, pos):
-        omega = np.arange(dim // 2, dtype=np.float64) / (dim / 2.0)
-        omega = 1.0 / 10000 ** omega
-        out = np.einsum("m,d->md", pos.reshape(-1), omega)
-        return np.concatenate([np.sin(out), np.cos(out)], axis=1)
-
-    emb = np.concatenate([one_d(embed_dim // 2, grid[0]), one_d(embed_dim // 2, grid[1])], axis=1)
-    if cls_token:
-        emb = np.concatenate([np.zeros([1, embed_dim]), emb], axis=0)
-    return emb
-
-
-class Block(nn.Module):
-    def __init__(self, dim, num_heads, mlp_ratio):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = nn.MultiheadAttention(dim, num_heads, batch_first=True)
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        hidden = int(dim * mlp_ratio)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
-
-    def forward(self, x):
-        h = self.norm1(x)
-        x = x + self.attn(h, h, h, need_weights=False)[0]
-        return x + self.mlp(self.norm2(x))
-
-
-class MAE(nn.Module):
-    def __init__(self, embed_dim, depth, num_heads, decoder_embed_dim, decoder_depth, decoder_num_heads, mlp_ratio,
-                 img_size=28, patch_size=4, mask_ratio=0.75):
-        super().__init__()
-        self.p, self.grid, self.mask_ratio = patch_size, img_size // patch_size, mask_ratio
-        L = self.grid ** 2
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.mask_token = nn.Parameter(torch.zeros(1, 1, decoder_embed_dim))
-        self.register_buffer("pos_embed", torch.from_numpy(
-            get_2d_sincos_pos_embed(embed_dim, self.grid, True)).float().view(1, L + 1, embed_dim))
-        self.register_buffer("decoder_pos_embed", torch.from_numpy(
-            get_2d_sincos_pos_embed(decoder_embed_dim, self.grid, True)).float().view(1, L + 1, decoder_embed_dim))
-        self.patch_embed = nn.Linear(patch_size * patch_size, embed_dim)
-        self.blocks = nn.ModuleList([Block(embed_dim, num_heads, mlp_ratio) for _ in range(depth)])
-        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
-        self.decoder_embed = nn.Linear(embed_dim, decoder_embed_dim)
-        self.decoder_blocks = nn.ModuleList([Block(decoder_embed_dim, decoder_num_heads, mlp_ratio)
-                                             for _ in range(decoder_depth)])
-        self.decoder_norm = nn.LayerNorm(decoder_embed_dim, eps=1e-6)
-        self.decoder_pred = nn.Linear(decoder_embed_dim, patch_size * patch_size)
-        nn.init.normal_(self.cls_token, std=0.02)
-        nn.init.normal_(self.mask_token, std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.xavier_uniform_(m.weight)
-                nn.init.constant_(m.bias, 0)
-
-    def patchify(self, imgs):
-        p, h = self.p, self.grid
-        x = imgs.reshape(imgs.shape[0], 1, h, p, h, p)
-        x = torch.einsum("nchpwq->nhwpqc", x)
-        return x.reshape(imgs.shape[0], h * h, p * p)
-
-    def random_masking(self, x, noise):
-        N, L, D = x.shape
-        len_keep = int(L * (1 - self.mask_ratio))
-        ids_shuffle = torch.argsort(noise, dim=1)
-        ids_restore = torch.argsort(ids_shuffle, dim=1)
-        ids_keep = ids_shuffle[:, :len_keep]
-        x_masked = torch.gather(x, 1, ids_keep.unsqueeze(-1).repeat(1, 1, D))
-        mask = torch.ones([N, L], dtype=x.dtype, device=x.device)
-        mask[:, :len_keep] = 0
-        return x_masked, torch.gather(mask, 1, ids_restore), ids_restore
-
-    def forward(self, imgs, noise):
-        x = self.patch_embed(self.patchify(imgs)) + self.pos_embed[:, 1:, :]
-        x, mask, ids_restore = self.random_masking(x, noise)
-        cls = (self.cls_token + self.pos_embed[:, :1, :]).expand(x.shape[0], -1, -1)
-        x = torch.cat((cls, x), dim=1)
-        for blk in self.blocks:
-            x = blk(x)
-        x = self.decoder_embed(self.norm(x))
-        mask_tokens = self.mask_token.repeat(x.shape[0], ids_restore.shape[1] + 1 - x.shape[1], 1)
-        x_ = torch.cat([x[:, 1:, :], mask_tokens], dim=1)
-        x_ = torch.gather(x_, 1, ids_restore.unsqueeze(-1).repeat(1, 1, x.shape[2]))
-        x = torch.cat([x[:, :1, :], x_], dim=1) + self.decoder_pos_embed
-        for blk in self.decoder_blocks:
-            x = blk(x)
-        pred = self.decoder_pred(self.decoder_norm(x))[:, 1:, :]
-        target = self.patchify(imgs)
-        mean, var = target.mean(dim=-1, keepdim=True), target.var(dim=-1, keepdim=True)
-        target = (target - mean) / (var + 1.e-6) ** .5
-        loss = ((pred - target) ** 2).mean(dim=-1)
-        return (loss * mask).sum() / mask.sum(), pred, mask
-
-
+# ---- one training step, everything stored (the small 28x28 models) ----------------------
 def step(prefix, module, inputs, run, optimizer):
     """Rounds weights to f32, runs run(module, inputs) -> (loss, outputs), backward, one step."""
     module = module.double()
@@ -187,29 +76,28 @@ def step(prefix, module, inputs, run, optimizer):
     loss, outputs = run(module, inputs)
     out.update({f"out.{k}": v.detach() for k, v in outputs.items()})
     loss.backward()
-    out.update({f"grad.{k}": p.grad for k, p in module.named_parameters()})
+    out.update({f"grad.{k}": p.grad for k, p in module.named_parameters() if p.requires_grad})
     optimizer(module.parameters()).step()
     out.update({f"after.{k}": v.detach().clone() for k, v in module.state_dict().items()})
     return {f"{prefix}.{k}": (v.float() if v.is_floating_point() else v).contiguous() for k, v in out.items()}
 
 
-def main():
+def small_models():
     torch.manual_seed(0)
-    adam = lambda params: torch.optim.Adam(params, lr=1e-3, betas=(0.5, 0.999))
-
-    G = Generator(NZ, NGF)
+    adam = lambda params: torch.optim.Adam(params, lr=1e-3, betas=(0.5, 0.999))  # noqa: E731
+    batch = 4
+    G = Generator(8, 4)
     G.apply(weights_init)
-    z, grad_out = f32(torch.randn(BATCH, NZ)), f32(torch.randn(BATCH, 1, 28, 28))
+    z, grad_out = f32(torch.randn(batch, 8)), f32(torch.randn(batch, 1, 28, 28))
 
     def run_g(m, ins):
         fake = m(ins["z"])
         return (fake * ins["grad_out"]).sum(), {"fake": fake}
 
     tensors = step("G", G, {"z": z, "grad_out": grad_out}, run_g, adam)
-
-    D = Discriminator(NDF)
+    D = Discriminator(4)
     D.apply(weights_init)
-    x = f32(torch.rand(BATCH, 1, 28, 28) * 2 - 1)
+    x = f32(torch.rand(batch, 1, 28, 28) * 2 - 1)
     y = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64)
 
     def run_d(m, ins):
@@ -220,17 +108,142 @@ def main():
     tensors.update(step("D", D, {"x": x, "y": y}, run_d, adam))
     save_file(tensors, os.path.join(HERE, "models_dcgan.safetensors"), metadata={"torch": torch.__version__})
 
-    mae = MAE(**MAE_CFG)
-    images = f32(torch.rand(BATCH, 1, 28, 28) * 2 - 1)
-    noise = f32(torch.rand(BATCH, 49))
+    mae = MAE(embed_dim=16, depth=1, num_heads=2, decoder_embed_dim=8, decoder_depth=1, decoder_num_heads=2)
+    images = f32(torch.rand(batch, 1, 28, 28) * 2 - 1)
+    noise = f32(torch.rand(batch, 49))
 
     def run_mae(m, ins):
         loss, pred, mask = m(ins["images"], ins["noise"])
         return loss, {"loss": loss, "pred": pred, "mask": mask}
 
-    adamw = lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.05)
+    adamw = lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.05)  # noqa: E731
     save_file(step("MAE", mae, {"images": images, "noise": noise}, run_mae, adamw),
               os.path.join(HERE, "models_mae.safetensors"), metadata={"torch": torch.__version__})
+
+
+# ---- closed-form weights, results only ----------------------------------------------------
+class Record:
+    """Tensors by key, large ones as every stride-th value (see the module docstring)."""
+
+    def __init__(self):
+        self.tensors = {}
+
+    def put(self, key, tensor, limit=16384, samples=2048):
+        flat = tensor.detach().double().reshape(-1)
+        stride = 1 if flat.numel() <= limit else -(-flat.numel() // samples)
+        self.tensors[key] = flat[::stride].float().contiguous()
+        self.tensors["stride." + key] = torch.tensor(stride, dtype=torch.int64)
+        self.tensors["shape." + key] = torch.tensor(list(tensor.shape), dtype=torch.int64)
+        self.tensors["norm." + key] = flat.norm().reshape(())
+
+    def grads(self, prefix, module, **kw):
+        for name, p in module.named_parameters():
+            if p.requires_grad:
+                self.put(f"{prefix}.grad.{name}", p.grad, **kw)
+
+
+def closed_form_module(module):
+    module = module.double()
+    fill_closed_form(module)
+    return module
+
+
+def dcgan(rec, name, G, D, nz, nc, size, sigmoid):
+    """G: fake = G(z), loss sum(fake * grad_out); D: logits (or the example's
+    probabilities) on closed-form images, BCE against labels [1, 0]. Train mode."""
+    G = closed_form_module(G)
+    z = uniform("z", (2, nz), -2, 2)
+    fake = G(z.view(2, nz, 1, 1))
+    loss = (fake * uniform("grad_out", tuple(fake.shape), -1, 1)).sum()
+    loss.backward()
+    rec.put(f"{name}.G.out.fake", fake)
+    rec.put(f"{name}.G.out.loss", loss)
+    rec.grads(f"{name}.G", G)
+    for k, v in G.state_dict().items():
+        if "running" in k:
+            rec.put(f"{name}.G.buffer.{k}", v)
+    D = closed_form_module(D)
+    x = uniform("images", (2, nc, size, size), -1, 1)
+    y = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    out = D(x)
+    loss = F.binary_cross_entropy(out, y) if sigmoid else F.binary_cross_entropy_with_logits(out, y)
+    loss.backward()
+    rec.put(f"{name}.D.out.{'prob' if sigmoid else 'logits'}", out)
+    rec.put(f"{name}.D.out.loss", loss)
+    rec.grads(f"{name}.D", D)
+
+
+def mae_result(rec, name, mae, batch, **kw):
+    """Closed-form weights, images and noise; loss, pred, mask, latent and gradients."""
+    mae = closed_form_module(mae)
+    images = uniform("images", (batch, mae.in_chans, mae.img_size, mae.img_size), -1, 1)
+    noise = uniform("noise", (batch, mae.patch_embed.num_patches), 0, 1)
+    latent, mask, ids_restore = mae.forward_encoder(images, mae.mask_ratio, noise)
+    pred = mae.forward_decoder(latent, ids_restore)
+    loss = mae.forward_loss(images, pred, mask)
+    loss.backward()
+    for key, value in [("loss", loss), ("pred", pred), ("mask", mask), ("latent", latent)]:
+        rec.put(f"{name}.out.{key}", value, **kw)
+    rec.grads(name, mae, **kw)
+
+
+def full_size():
+    rec = Record()
+    dcgan(rec, "dcgan64", ExampleGenerator(100, 64, 3), ExampleDiscriminator(64, 3), 100, 3, 64, sigmoid=True)
+    dcgan(rec, "dcgan32", Generator(100, 64, 3, 32), Discriminator(64, 3, 32), 100, 3, 32, sigmoid=False)
+    mae_result(rec, "mae_twin", MAE(**MAE_TWIN), 2)
+    mae_result(rec, "mae_twin_raw", MAE(**MAE_TWIN, norm_pix_loss=False), 2, limit=0, samples=256)
+    save_file(rec.tensors, os.path.join(HERE, "models_full.safetensors"), metadata={"torch": torch.__version__})
+    lines = []
+    for name in VIT_CONFIGS:
+        with torch.device("meta"):
+            model = vit_mae(name)
+        lines += [f"{name} {k} {'x'.join(str(d) for d in v.shape)}" for k, v in model.state_dict().items()]
+    with open(os.path.join(HERE, "mae_keys.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def vit(out_dir):
+    rec = Record()
+    mae_result(rec, "vit_b", vit_mae("mae_vit_base_patch16_dec512d8b"), 2)
+    for short, name in [("vit_l2", "mae_vit_large_patch16_dec512d8b"), ("vit_h2", "mae_vit_huge_patch14_dec512d8b")]:
+        mae_result(rec, short, vit_mae(name, depth=2, decoder_depth=2), 1)
+    save_file(rec.tensors, os.path.join(out_dir, "vit.safetensors"))
+
+
+def pth(out_dir):
+    torch.manual_seed(3)
+    mae = MAE(**MAE_TWIN)  # the reference's own init, in f32 as a trained checkpoint holds
+    state = mae.state_dict()
+    torch.save({"model": state, "optimizer": {"state": {}, "param_groups": []}, "epoch": 3, "scaler": {},
+                "args": argparse.Namespace(model="mae_twin", norm_pix_loss=True)},
+               os.path.join(out_dir, "mae_twin.pth"))
+    encoder = {k: v for k, v in state.items() if k != "mask_token" and not k.startswith("decoder_")}
+    torch.save({"model": encoder}, os.path.join(out_dir, "mae_twin_encoder.pth"))
+    torch.save({"epoch": 3}, os.path.join(out_dir, "no_model.pth"))  # what the tool must refuse
+    mae = mae.double()
+    images = uniform("images", (2, 3, 32, 32), -1, 1)
+    noise = uniform("noise", (2, 16), 0, 1)
+    with torch.no_grad():
+        loss, _, _ = mae(images, noise)
+        latent, _, _ = mae.forward_encoder(images, 0.0, torch.arange(16.0).repeat(2, 1))
+    save_file({"images": images.float(), "noise": noise.float(), "loss": loss.float().reshape(()),
+               "latent": latent.float().contiguous()}, os.path.join(out_dir, "expected.safetensors"))
+
+
+def main():
+    parser = argparse.ArgumentParser(description="PyTorch golden values for tests/models")
+    parser.add_argument("--vit", metavar="DIR", help="write DIR/vit.safetensors (full ViT-B, 2-block ViT-L/H)")
+    parser.add_argument("--pth", metavar="DIR", help="write a reference MAE's .pth checkpoints into DIR")
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    if args.vit:
+        vit(args.vit)
+    elif args.pth:
+        pth(args.pth)
+    else:
+        small_models()
+        full_size()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the safetensors golden files that tests/engine/checkpoint_interop_test.cpp
+"""Writes the safetensors golden files that tests/io/checkpoint_interop_test.cpp
 reads: checkpoints as Python's `safetensors` package and PyTorch write them.
 
 Values follow closed forms that the C++ test recomputes (all exact in every dtype):

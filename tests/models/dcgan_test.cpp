@@ -1,5 +1,6 @@
-// DCGAN: shapes, PyTorch's state_dict names and parameter counts, init statistics,
-// forward/backward through G and D, input checks.
+// DCGAN: the configs by name, shapes, PyTorch's state_dict names and parameter counts
+// (examples/dcgan's at dcgan64), init statistics, forward/backward through G and D,
+// input and config checks.
 #include <algorithm>
 #include <cmath>
 
@@ -39,9 +40,9 @@ std::pair<double, double> moments(const std::vector<Tensor>& tensors) {
 
 }  // namespace
 
-TEST_CASE("DCGAN: state_dict names and parameter counts are PyTorch's") {
-  models::DCGANGenerator G;  // nz 100, ngf 64
-  models::DCGANDiscriminator D;
+TEST_CASE("DCGAN: state_dict names and parameter counts are PyTorch's (28x28)") {
+  models::DCGANGenerator G(/*nz=*/100, /*ngf=*/64);
+  models::DCGANDiscriminator D(/*ndf=*/64);
   // From PyTorch: list(G.state_dict().keys()) for the tree of tests/golden/make_models_golden.py.
   CHECK(keys(*G) == sorted({"main.0.weight", "main.1.weight", "main.1.bias", "main.1.running_mean",
                             "main.1.running_var", "main.1.num_batches_tracked", "main.3.weight", "main.4.weight",
@@ -53,6 +54,75 @@ TEST_CASE("DCGAN: state_dict names and parameter counts are PyTorch's") {
   CHECK(num_parameters(*D) == 138624);
   CHECK(G->main[0]->named_parameters()[0].second.sizes() == Shape{100, 128, 7, 7});
   CHECK(D->main[5]->named_parameters()[0].second.sizes() == Shape{1, 128, 7, 7});
+}
+
+TEST_CASE("DCGAN: dcgan64 is examples/dcgan's tree: keys, parameter counts, shapes") {
+  models::DCGANGenerator G(models::DCGANConfig::by_name("dcgan64"));
+  models::DCGANDiscriminator D(models::DCGANConfig::by_name("dcgan64"));
+  // From PyTorch: list(netG.state_dict().keys()) of examples/dcgan/main.py (its
+  // Sigmoid, D's main.12, has no state).
+  std::vector<std::string> g_keys, d_keys;
+  auto add_bn = [](std::vector<std::string>& out, int i) {
+    for (const char* k : {"weight", "bias", "running_mean", "running_var", "num_batches_tracked"})
+      out.push_back("main." + std::to_string(i) + "." + k);
+  };
+  for (int i : {0, 3, 6, 9, 12}) g_keys.push_back("main." + std::to_string(i) + ".weight");
+  for (int i : {1, 4, 7, 10}) add_bn(g_keys, i);
+  for (int i : {0, 2, 5, 8, 11}) d_keys.push_back("main." + std::to_string(i) + ".weight");
+  for (int i : {3, 6, 9}) add_bn(d_keys, i);
+  CHECK(keys(*G) == sorted(g_keys));
+  CHECK(keys(*D) == sorted(d_keys));
+  CHECK(num_parameters(*G) == 3576704);  // PyTorch's count for netG (and netD below)
+  CHECK(num_parameters(*D) == 2765568);
+  const TensorDict g = G->state_dict(), d = D->state_dict();
+  CHECK(g.at("main.0.weight").sizes() == Shape{100, 512, 4, 4});
+  CHECK(g.at("main.12.weight").sizes() == Shape{64, 3, 4, 4});
+  CHECK(d.at("main.0.weight").sizes() == Shape{64, 3, 4, 4});
+  CHECK(d.at("main.11.weight").sizes() == Shape{1, 512, 4, 4});
+  manual_seed(3);
+  models::dcgan_init(*G);
+  models::dcgan_init(*D);
+  const Tensor fake = G(randn({2, 100}));
+  CHECK(fake.sizes() == Shape{2, 3, 64, 64});
+  CHECK(D(fake).sizes() == Shape{2});
+}
+
+TEST_CASE("DCGAN: the configs by name, dcgan32's shapes and counts, bad names and sizes") {
+  using models::DCGANConfig;
+  const DCGANConfig c28 = DCGANConfig::by_name("dcgan28"), c32 = DCGANConfig::by_name("dcgan32");
+  CHECK((c28.image_size == 28 && c28.nc == 1 && c28.nz == 64 && c28.ngf == 32 && c28.ndf == 32));
+  CHECK((c28.base() == 7 && c28.upsamplings() == 2));
+  CHECK((c32.image_size == 32 && c32.nc == 3 && c32.nz == 100 && c32.ngf == 64 && c32.ndf == 64));
+  CHECK((c32.base() == 4 && c32.upsamplings() == 3));
+  CHECK(DCGANConfig::by_name("dcgan64").upsamplings() == 4);
+  // dcgan28 is what the apps build by default: DCGANGenerator(64, 32), DCGANDiscriminator(32).
+  CHECK(keys(*models::DCGANGenerator(c28)) == keys(*models::DCGANGenerator(64, 32)));
+  CHECK(num_parameters(*models::DCGANGenerator(c28)) == 234176);  // PyTorch's, as all counts here
+  CHECK(num_parameters(*models::DCGANDiscriminator(c28)) == 36544);
+  models::DCGANGenerator G(c32);
+  models::DCGANDiscriminator D(c32);
+  CHECK(num_parameters(*G) == 1068928);
+  CHECK(num_parameters(*D) == 663296);
+  CHECK(G->state_dict().at("main.9.weight").sizes() == Shape{64, 3, 4, 4});
+  CHECK(D->state_dict().at("main.8.weight").sizes() == Shape{1, 256, 4, 4});
+  const Tensor fake = G(randn({2, 100}));
+  CHECK(fake.sizes() == Shape{2, 3, 32, 32});
+  CHECK(D(fake).sizes() == Shape{2});
+  CHECK(nd::testing::error_message([] { DCGANConfig::by_name("dcgan128"); }) ==
+        "DCGANConfig: unknown configuration 'dcgan128' (expected dcgan28, dcgan32 or dcgan64)");
+  DCGANConfig odd = c32;
+  odd.image_size = 48;
+  CHECK(nd::testing::error_message([&] { (void)models::DCGANGenerator(odd); }) ==
+        "DCGANConfig: image_size must be 4 * 2^k or 7 * 2^k with k >= 1 (28, 32, 64, ...), got 48");
+  odd.image_size = 4;
+  CHECK(nd::testing::error_message([&] { (void)models::DCGANDiscriminator(odd); }).find("got 4") != std::string::npos);
+  CHECK(DCGANConfig{28, 1, 8, 4, 4}.base() == 7);
+  odd = c32;
+  odd.nc = 0;
+  CHECK(nd::testing::error_message([&] { (void)models::DCGANDiscriminator(odd); }) ==
+        "DCGANDiscriminator: nz, ngf, ndf and nc must be positive, got nz=100, ngf=64, ndf=64, nc=0");
+  CHECK(nd::testing::error_message([&] { D(zeros({2, 1, 32, 32})); }) ==
+        "DCGANDiscriminator: expected images of shape [N, 3, 32, 32], found [cpu f32 [2, 1, 32, 32]]");
 }
 
 TEST_CASE("DCGAN: shapes, range, and gradients reach every parameter") {
@@ -116,3 +186,4 @@ TEST_CASE("DCGAN: wrong input shapes are clear errors") {
   CHECK(nd::testing::error_message([&] { G(zeros({2, 7})); }).find("expected z of shape [N, 8]") != std::string::npos);
   CHECK(nd::testing::error_message([&] { D(zeros({2, 1, 32, 32})); }).find("[N, 1, 28, 28]") != std::string::npos);
 }
+

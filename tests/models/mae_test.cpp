@@ -1,7 +1,9 @@
-// MAE: names and counts as PyTorch's, sin-cos position embedding values, patchify,
-// per-sample masking (exactly int(49 * 0.25) = 12 visible tokens, ids_restore the
+// MAE: names and counts as PyTorch's, sin-cos position embedding values, patchify (one
+// and three channels) and the patch embedding's layout, the reference's init, per-sample
+// masking (exactly int(49 * 0.25) = 12 visible tokens, ids_restore the
 // inverse permutation), a loss that counts only masked patches, forward/backward.
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "harness.h"
@@ -23,13 +25,14 @@ TEST_CASE("MAE: state_dict names and parameter counts are PyTorch's (tiny and sm
   models::MAE mae(MAEConfig::tiny());
   std::vector<std::string> names;
   for (const auto& [k, v] : mae->state_dict()) names.push_back(k);
-  // From PyTorch (tests/golden/make_models_golden.py's MAE with the tiny config).
+  // From PyTorch (tests/golden/reference_models.py's MAE, models_mae.py's tree, with the
+  // tiny config).
   std::vector<std::string> expected{"cls_token", "mask_token", "pos_embed", "decoder_pos_embed",
-                                    "patch_embed.weight", "patch_embed.bias"};
+                                    "patch_embed.proj.weight", "patch_embed.proj.bias"};
   auto add_block = [&](const std::string& p) {
-    for (const char* k : {"norm1.weight", "norm1.bias", "attn.in_proj_weight", "attn.in_proj_bias",
-                          "attn.out_proj.weight", "attn.out_proj.bias", "norm2.weight", "norm2.bias", "mlp.0.weight",
-                          "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"})
+    for (const char* k : {"norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
+                          "attn.proj.bias", "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias",
+                          "mlp.fc2.weight", "mlp.fc2.bias"})
       expected.push_back(p + k);
   };
   add_block("blocks.0.");
@@ -46,15 +49,18 @@ TEST_CASE("MAE: state_dict names and parameter counts are PyTorch's (tiny and sm
     for (const Tensor& p : m.parameters()) n += p.numel();
     return n;
   };
-  CHECK(count(*mae) == 116656);
+  CHECK(count(*mae) == 116656);  // PyTorch's count, as the next one
+  CHECK(mae->state_dict().at("patch_embed.proj.weight").sizes() == Shape{64, 1, 4, 4});
+  CHECK(mae->state_dict().at("blocks.1.attn.qkv.weight").sizes() == Shape{192, 64});
   CHECK(count(*models::MAE(MAEConfig::small())) == 2917072);
-  // The position embeddings are buffers, not parameters.
+  // The position embeddings are buffers, not parameters (the reference's never train).
   for (const auto& [k, p] : mae->named_parameters()) CHECK(k.find("pos_embed") == std::string::npos);
   CHECK(mae->pos_embed.sizes() == Shape{1, 50, 64});
   CHECK(mae->decoder_pos_embed.sizes() == Shape{1, 50, 32});
   CHECK(MAEConfig::by_name("small").embed_dim == 192);
-  CHECK(nd::testing::error_message([] { MAEConfig::by_name("huge"); }).find("unknown configuration 'huge'") !=
-        std::string::npos);
+  CHECK(nd::testing::error_message([] { MAEConfig::by_name("huge"); }) ==
+        "MAEConfig: unknown configuration 'huge' (expected tiny, small, mae_vit_base_patch16_dec512d8b, "
+        "mae_vit_large_patch16_dec512d8b or mae_vit_huge_patch14_dec512d8b)");
 }
 
 TEST_CASE("MAE: 2-D sin-cos position embedding, known values (numpy reference)") {
@@ -72,6 +78,58 @@ TEST_CASE("MAE: 2-D sin-cos position embedding, known values (numpy reference)")
                             0.5403023058681398, 0.9950041652780258, 0.9999500004166653, 0.9999995000000417},
                            1e-7, 0, "token 9");
   CHECK(models::get_2d_sincos_pos_embed(16, 7, false).sizes() == Shape{49, 16});
+}
+
+TEST_CASE("MAE: patchify keeps a pixel's channels together, and the patch embedding is a Linear on that layout") {
+  // models_mae.py's 'nchpwq->nhwpqc': patch (h, w), then pixel (p, q), then channel c.
+  const Tensor img = arange(2 * 3 * 8 * 8.0).reshape({2, 3, 8, 8});
+  const Tensor patches = models::patchify(img, 4);
+  CHECK(patches.sizes() == Shape{2, 4, 48});
+  // Sample 1, patch 1 (rows 0..3, columns 4..7), pixel (0, 1) = column 5: channels 0, 1, 2.
+  nd::testing::check_close(patches.select(0, 1).select(0, 1).slice(0, 3, 6), {192 + 5, 256 + 5, 320 + 5}, 0, 0,
+                           "pixel (0, 1)");
+  nd::testing::check_close(models::unpatchify(patches, 4, 3), img, 0, 0, "round trip");
+  CHECK(nd::testing::error_message([&] { models::unpatchify(patches, 4); }) ==
+        "unpatchify: expected patches [N, L, 16] (4x4 pixels of 1 channel(s)), found [cpu f32 [2, 4, 48]]");
+  // The strided convolution is the Linear on those patches whose weight is proj.weight
+  // [E, C, p, q] permuted to [E, p, q, C].
+  manual_seed(4);
+  models::PatchEmbed embed(3, 5, 4);
+  const Tensor x = rand({2, 3, 8, 8});
+  const Tensor w = embed->proj->weight.permute({0, 2, 3, 1}).reshape({5, 48});
+  nd::testing::check_close(embed(x), nn::functional::linear(models::patchify(x, 4), w, embed->proj->bias), 1e-5, 1e-5,
+                           "conv == linear on patches");
+}
+
+TEST_CASE("MAE: the reference's init (patch projection like a Linear, tokens N(0, 0.02), Linears xavier)") {
+  manual_seed(9);
+  models::MAE mae(MAEConfig::by_name("small"));
+  const TensorDict sd = mae->state_dict();
+  auto max_abs = [](const Tensor& t) { return t.abs().max().item(); };
+  // xavier_uniform_ on the [E, C p p] view: bound sqrt(6 / (C p p + E)), not the
+  // Conv2d's own fans (which count the receptive field twice).
+  const double patch_bound = std::sqrt(6.0 / (16 + 192));
+  CHECK(max_abs(sd.at("patch_embed.proj.weight")) <= patch_bound);
+  CHECK(max_abs(sd.at("patch_embed.proj.weight")) > 0.95 * patch_bound);
+  // Its bias keeps Conv2d's default, U(-1/sqrt(C p p), 1/sqrt(C p p)).
+  CHECK(max_abs(sd.at("patch_embed.proj.bias")) <= 0.25);
+  CHECK(max_abs(sd.at("patch_embed.proj.bias")) > 0.2);
+  const double qkv_bound = std::sqrt(6.0 / (192 + 3 * 192));
+  CHECK(max_abs(sd.at("blocks.3.attn.qkv.weight")) <= qkv_bound);
+  CHECK(max_abs(sd.at("blocks.3.attn.qkv.weight")) > 0.95 * qkv_bound);
+  CHECK(max_abs(sd.at("decoder_pred.weight")) > 0.95 * std::sqrt(6.0 / (96 + 16)));
+  for (const auto& [k, v] : sd) {
+    CAPTURE(k);
+    if (k.ends_with(".bias") && k != "patch_embed.proj.bias") CHECK(max_abs(v) == 0);
+    if (k.find("norm") != std::string::npos && k.ends_with(".weight")) CHECK(v.sub(1.0).abs().max().item() == 0);
+  }
+  for (const char* token : {"cls_token", "mask_token"}) {
+    CAPTURE(token);
+    const auto v = nd::testing::to_vector(sd.at(token));
+    double ss = 0;
+    for (double x : v) ss += x * x;
+    CHECK(std::sqrt(ss / v.size()) == doctest::Approx(0.02).epsilon(0.25));
+  }
 }
 
 TEST_CASE("MAE: patchify takes row-major 4x4 patches and unpatchify inverts it") {

@@ -156,3 +156,29 @@ TEST_CASE("golden: MultiheadAttention, unbatched causal self-attention with a ke
         m->forward(x, x, x, {.key_padding_mask = in.at("pad").to(kBool), .need_weights = true, .is_causal = true}));
   });
 }
+
+// The call forms a LibTorch port uses, on the same goldens: the positional forward (its
+// default need_weights = true) and the holder's call operator with the arguments struct.
+TEST_CASE("golden: MultiheadAttention through LibTorch's positional forward and the holder's call operator") {
+  nn::MultiheadAttention m(nn::MultiheadAttentionOptions(4, 2));
+  run_golden("mha_weights", *m, [&](TensorDict& in) {
+    const Tensor& kv = in.at("kv");
+    return out_and_weights(m->forward(in.at("q"), kv, kv, in.at("pad").detach()));
+  });
+  nn::MultiheadAttention per_head(nn::MultiheadAttentionOptions(6, 3).batch_first(true));
+  run_golden("mha_weights_per_head", *per_head, [&](TensorDict& in) {
+    const Tensor& kv = in.at("kv");
+    return out_and_weights(per_head->forward(in.at("x"), kv, kv, Tensor(), true, in.at("mask").to(kBool), false));
+  });
+  nn::MultiheadAttention padded(nn::MultiheadAttentionOptions(4, 2).batch_first(true));
+  run_golden("mha_padding", *padded, [&](TensorDict& in) {
+    return std::get<0>(padded(in.at("q"), in.at("k"), in.at("v"),
+                              {.key_padding_mask = in.at("pad").to(kBool), .attn_mask = in.at("bias").detach()}));
+  });
+  nn::MultiheadAttention held(nn::MultiheadAttentionOptions(4, 2));
+  run_golden("mha_weights", *held, [&](TensorDict& in) {
+    const Tensor& kv = in.at("kv");
+    return out_and_weights(held(in.at("q"), kv, kv, in.at("pad").detach()));  // positional through the holder
+  });
+}
+

@@ -37,6 +37,7 @@ TEST_CASE("elementwise: gradcheck table (f64, broadcast, non-contiguous)") {
       {"gelu", {{5, 3}}, [](const V& x) { return gelu(x[0]); }},
       {"gelu tanh", {{5, 3}}, [](const V& x) { return gelu(x[0], "tanh"); }},
       {"clamp", {{5, 3}}, [](const V& x) { return clamp(x[0], -0.5, 0.5); }},
+      {"clamp tensor bounds", {{3, 4}, {4}, {3, 1}}, [](const V& x) { return clamp(x[0], x[1] - 0.5, x[2] + 0.5); }},
       {"batch size 1", {{1, 4}, {1, 1}}, [](const V& x) { return tanh(x[0] * x[1]); }},
   };
   for (const OpCase& c : cases) {

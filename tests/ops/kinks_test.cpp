@@ -1,6 +1,6 @@
 // Gradients at kinks and ties equal PyTorch's, one table row per op (golden values from
 // tests/golden/make_kinks_golden.py, torch, f64): relu, leaky_relu, abs and sign at 0; clamp
-// at its bounds; max()/min() of all elements and amax/amin with ties (split evenly);
+// at its bounds, with tensor bounds in every order of x, min and max (min == max included); max()/min() of all elements and amax/amin with ties (split evenly);
 // max/min along a dim with ties (the first one); maximum/minimum of equal inputs (halves).
 // Each gradient is of sum(w * f(x)) with w = 1, 2, 3, ..., so a gradient sent to the wrong
 // element shows. The values are exact (halves and small integers): compared with ==.
@@ -63,6 +63,8 @@ const std::vector<Case>& cases() {
       {"minimum", [](const Tensor& x, const Tensor& y, const Tensor&) { return minimum(x, y); }, 2},
       {"clamp_tensor", [](const Tensor& x, const Tensor& lo, const Tensor& hi) { return clamp(x, lo, hi); }, 3},
       {"clamp_tensor_min_only", [](const Tensor& x, const Tensor& lo, const Tensor&) { return clamp(x, lo, {}); }, 2},
+      {"clamp_tensor_pinned", [](const Tensor& x, const Tensor& lo, const Tensor& hi) { return clamp(x, lo, hi); }, 3},
+      {"clamp_tensor_ties", [](const Tensor& x, const Tensor& lo, const Tensor& hi) { return clamp(x, lo, hi); }, 3},
   };
   return c;
 }

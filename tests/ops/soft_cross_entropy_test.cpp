@@ -1,7 +1,7 @@
 // cross_entropy with class-probability targets (soft labels) against PyTorch's
 // F.cross_entropy (tests/golden/make_soft_cross_entropy_golden.py, f64): [N, C], [C] and
-// [N, C, d] inputs, class weights, label smoothing, every reduction; the loss and the
-// gradients of input and target. Tolerance: log_softmax and the sums in another order than
+// [N, C, d] inputs, class weights, label smoothing, every reduction; the loss (also through
+// nn::CrossEntropyLoss) and the gradients of input and target. Tolerance: log_softmax and the sums in another order than
 // PyTorch's, a few ulps of the largest term: 1e-12 relative to the largest magnitude.
 #include <algorithm>
 #include <cmath>
@@ -54,6 +54,9 @@ TEST_CASE("cross_entropy with class probabilities equals PyTorch's: loss and bot
     (loss * v).sum().backward();
     check_close("d input", to_vector(x.grad()), row(n + ".dx"));
     check_close("d target", to_vector(t.grad()), row(n + ".dt"));
+    // The module takes probabilities too (nn::CrossEntropyLoss calls cross_entropy).
+    nn::CrossEntropyLoss module(nn::CrossEntropyLossOptions().weight(w).reduction(reduction).label_smoothing(opts[1]));
+    check_close("nn::CrossEntropyLoss", to_vector(module(x.detach(), t.detach())), row(n + ".loss"));
   }
 }
 

@@ -1,4 +1,4 @@
-// SummaryWriter's purge_step (engine/tensorboard.h): the events torch.utils.tensorboard
+// SummaryWriter's purge_step (io/tensorboard.h): the events torch.utils.tensorboard
 // writes for it (a file_version event and a SessionLog START, both at the purge step),
 // read back by our reader; and, when Python's tensorboard package is importable, its
 // EventAccumulator showing a killed run's steps >= purge_step replaced by the resumed

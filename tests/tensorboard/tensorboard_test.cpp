@@ -1,4 +1,4 @@
-// SummaryWriter and the event-file reader (engine/tensorboard.h, engine/event_file.h):
+// SummaryWriter and the event-file reader (io/tensorboard.h, io/event_file.h):
 // CRC-32C against RFC 3720's test vectors, every kind of summary written and read back
 // value for value (PNGs inflated and compared pixel for pixel), add_scalars' sub-folders,
 // a truncated last record skipped with a warning, a corrupt one an error naming file and

@@ -1,0 +1,56 @@
+#pragma once
+// What the tests/data suites share: a temporary directory, files as bytes, the committed
+// images and their golden pixels (tests/golden/make_data_images_golden.py).
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+
+namespace nd::testing {
+
+using Bytes = std::vector<uint8_t>;
+
+// A fresh directory per test process (ctest runs test cases in parallel processes)
+// and per TempDir within it.
+struct TempDir {
+  inline static int count = 0;
+  std::filesystem::path path = std::filesystem::temp_directory_path() /
+                               ("nanoddp_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(count++));
+  TempDir() {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+// Writes `bytes` to `path`, creating its directory.
+inline void write_bytes(const std::string& path, const Bytes& bytes) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(f.good());
+}
+
+inline std::string golden_image(const std::string& name) {
+  return std::string(NANODDP_SOURCE_DIR) + "/tests/golden/images/" + name;
+}
+
+// tests/golden/data_images.safetensors, loaded once.
+inline const TensorDict& image_goldens() {
+  static const TensorDict goldens = load(std::string(NANODDP_SOURCE_DIR) + "/tests/golden/data_images.safetensors");
+  return goldens;
+}
+
+}  // namespace nd::testing
+
+// The names every tests/data suite uses unqualified.
+using nd::testing::Bytes;
+using nd::testing::error_message;
+using nd::testing::golden_image;
+using nd::testing::TempDir;
+using nd::testing::write_bytes;
