@@ -137,13 +137,13 @@ int main(int argc, char** argv) {
     std::string model = "mae-tiny", caps = "25", hooks = "none", zeros = "0", precision = "f32", fabric_name = "ib400",
                 algorithm_name_ = "best", gpus_list = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096", png, fit,
                 ready = "profile", buffers = "on";
-    int64_t batch = 0, profile_steps = 5, gpus_per_node = 0;
+    int64_t batch = 0, profile_batch = 0, profile_steps = 5, gpus_per_node = 0;
     double step_ms = 0, backward_ms = 0, memory_gbs = 3350, fit_max_bytes = 1e18, first_cap = 1;
     app::Flags flags("scale_model",
                      "Predicts DDP step time, hidden communication and scaling efficiency at 1 to 4096 GPUs from the "
                      "Reducer's bucket plan, a CPU profile of the step and NCCL's collective costs.\nInterconnects:\n" +
                          fabric_presets_text());
-    flags.add("--model", &model, "dcgan28, mae-tiny, mae-small", "NAME");
+    flags.add("--model", &model, workload_names(), "NAME");
     flags.add("--batch", &batch, "images per GPU (0: the app's default, 64 / 128)", 0);
     flags.add("--bucket-cap-mb", &caps, "bucket_cap_mb values, comma-separated (one curve each)", "LIST");
     flags.add("--first-bucket-cap-mb", &first_cap, "first_bucket_cap_mb");
@@ -161,6 +161,7 @@ int main(int argc, char** argv) {
               "HOW");
     flags.add("--memory-gbs", &memory_gbs, "device memory bandwidth for the hooks' element-wise work (GB/s)");
     flags.add("--profile-steps", &profile_steps, "CPU steps profiled (medians)");
+    flags.add("--profile-batch", &profile_batch, "images per CPU profile step (0: --batch); for the ViT configs", 0);
     flags.add("--png", &png, "write the efficiency plot here", "PATH");
     flags.add("--fit", &fit, "fit alpha and bandwidth to bench_ddp's collective rows in this file, then exit", "PATH");
     flags.add("--fit-max-bytes", &fit_max_bytes, "--fit: leave out collectives larger than this");
@@ -188,7 +189,7 @@ int main(int argc, char** argv) {
     }
     if (sets.empty() || gpus.empty() || fabrics.empty()) throw app::UsageError{"nothing to predict: empty option list"};
 
-    Workload w = make_workload(model, batch);
+    Workload w = make_workload(model, batch, profile_batch);
     Profile profile = profile_workload(w, static_cast<int>(profile_steps));
     if (ready == "bytes") spread_ready_by_bytes(profile, w);
     double cpu_backward = 0;
@@ -196,9 +197,10 @@ int main(int argc, char** argv) {
     DeviceModel device;
     device.memory_bandwidth = memory_gbs * 1e9;
     device.time_scale = step_ms > 0 ? step_ms * 1e-3 / profile.step : backward_ms > 0 ? backward_ms * 1e-3 / cpu_backward : 1;
-    std::printf("scale_model: %s, batch %lld per GPU, %s gradients; CPU profile: step %.2f ms, backward %.2f ms "
-                "(%zu backward(s)); times x %.4g; all-reduce %s\n",
-                model.c_str(), static_cast<long long>(w.batch), precision.c_str(), profile.step * 1e3,
+    std::printf("scale_model: %s, batch %lld per GPU, %s gradients; CPU profile (batch %lld): step %.2f ms, backward "
+                "%.2f ms (%zu backward(s)); times x %.4g; all-reduce %s\n",
+                model.c_str(), static_cast<long long>(w.batch), precision.c_str(),
+                static_cast<long long>(profile_batch > 0 ? profile_batch : w.batch), profile.step * 1e3,
                 cpu_backward * 1e3, profile.backwards.size(), device.time_scale, algorithm_name(algorithm));
     for (size_t m = 0; m < w.models.size(); ++m) {
       int64_t numel = 0;

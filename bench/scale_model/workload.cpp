@@ -46,30 +46,37 @@ void Recorder::optimizer(const std::function<void()>& step) {
   run_.optimizer.emplace_back(start, now());
 }
 
-std::string workload_names() { return "dcgan28, mae-tiny, mae-small (mae-<any models::MAEConfig::by_name name>)"; }
+std::string workload_names() {
+  return "dcgan28, dcgan32, dcgan64 (models::DCGANConfig), mae-tiny, mae-small, "
+         "mae-mae_vit_{base,large}_patch16_dec512d8b, mae-mae_vit_huge_patch14_dec512d8b (models::MAEConfig)";
+}
 
-Workload make_workload(const std::string& name, int64_t batch) {
-  ND_CHECK(batch >= 0, "make_workload: expected a batch per GPU >= 0 (0: the app's default), found ", batch);
+Workload make_workload(const std::string& name, int64_t batch, int64_t profile_batch) {
+  ND_CHECK(batch >= 0 && profile_batch >= 0,
+           "make_workload: expected batches >= 0 (0: the app's default), found ", batch, " and ", profile_batch);
   Workload w;
   w.name = name;
   auto sink = std::make_shared<Recorder*>(nullptr);
   manual_seed(0);
-  if (name == "dcgan28") {
+  Generator gen{1, 0};
+  if (name.rfind("dcgan", 0) == 0) {
+    const models::DCGANConfig config = models::DCGANConfig::by_name(name);
     w.batch = batch > 0 ? batch : 64;
     struct State {
-      models::DCGANGenerator G{64, 32};
-      models::DCGANDiscriminator D{32};
+      models::DCGANGenerator G;
+      models::DCGANDiscriminator D;
       std::unique_ptr<optim::Adam> opt_g, opt_d;
       Tensor real, z;
     };
-    auto s = std::make_shared<State>();
+    auto s = std::make_shared<State>(State{models::DCGANGenerator(config), models::DCGANDiscriminator(config), nullptr,
+                                           nullptr, {}, {}});
     models::dcgan_init(*s->G);
     models::dcgan_init(*s->D);
     s->opt_g = std::make_unique<optim::Adam>(s->G->parameters(), optim::AdamOptions(2e-4).betas({0.5, 0.999}));
     s->opt_d = std::make_unique<optim::Adam>(s->D->parameters(), optim::AdamOptions(2e-4).betas({0.5, 0.999}));
-    Generator gen{1, 0};
-    s->real = rand({w.batch, 1, 28, 28}, kFloat32, &gen) * 2.0 - 1.0;
-    s->z = randn({w.batch, 64}, kFloat32, &gen);
+    const int64_t n = profile_batch > 0 ? profile_batch : w.batch;
+    s->real = rand({n, config.nc, config.image_size, config.image_size}, kFloat32, &gen) * 2.0 - 1.0;
+    s->z = randn({n, config.nz}, kFloat32, &gen);
     w.models = {ddp_model("G", *s->G), ddp_model("D", *s->D)};
     w.step = [s](Recorder& r) {
       auto bce = [](const Tensor& logits, double target) {
@@ -84,17 +91,17 @@ Workload make_workload(const std::string& name, int64_t batch) {
       r.optimizer([&] { s->opt_g->step(); });
     };
   } else if (name.rfind("mae-", 0) == 0) {
+    const models::MAEConfig config = models::MAEConfig::by_name(name.substr(4));
     w.batch = batch > 0 ? batch : 128;
     struct State {
       models::MAE mae;
       std::unique_ptr<optim::AdamW> opt;
       Tensor images;
     };
-    auto s = std::make_shared<State>(State{models::MAE(models::MAEConfig::by_name(name.substr(4))), nullptr, {}});
+    auto s = std::make_shared<State>(State{models::MAE(config), nullptr, {}});
     s->opt = std::make_unique<optim::AdamW>(s->mae->parameters(),
                                            optim::AdamWOptions(1.5e-4).betas({0.9, 0.95}).weight_decay(0.05));
-    Generator gen{1, 0};
-    s->images = rand({w.batch, 1, 28, 28}, kFloat32, &gen) * 2.0 - 1.0;
+    s->images = rand({profile_batch > 0 ? profile_batch : w.batch, config.in_chans, config.img_size, config.img_size}, kFloat32, &gen) * 2.0 - 1.0;
     w.models = {ddp_model("MAE", *s->mae)};
     w.step = [s](Recorder& r) {
       s->opt->zero_grad();

@@ -24,8 +24,8 @@ struct DdpModel {
 class Recorder;
 
 struct Workload {
-  std::string name;  // "dcgan28", "mae-tiny", ...
-  int64_t batch = 0;  // per GPU
+  std::string name;  // "dcgan28", "mae-tiny", "mae-mae_vit_base_patch16_dec512d8b", ...
+  int64_t batch = 0;  // per GPU (the profile may run another: make_workload)
   std::vector<DdpModel> models;
   // One training step on the CPU (it holds the modules, optimizers and data); it calls
   // recorder.backward(loss) and recorder.optimizer(step).
@@ -34,10 +34,11 @@ struct Workload {
   std::shared_ptr<Recorder*> sink;
 };
 
-// "dcgan28" (train_gan's models at its defaults: nz 64, ngf = ndf = 32), "mae-<config>" for
-// every models::MAEConfig::by_name config. batch 0: the app's default (64, 128). Throws
-// nd::Error naming the models it knows.
-Workload make_workload(const std::string& name, int64_t batch);
+// "dcgan<size>" for every models::DCGANConfig::by_name config (dcgan28: train_gan's default),
+// "mae-<config>" for every models::MAEConfig::by_name config, with the apps' optimizers (Adam
+// 2e-4, AdamW). batch 0: the apps' default (64, 128). profile_batch: the batch the CPU profile
+// runs (0: batch), for models too large to profile at theirs. Throws nd::Error naming the models.
+Workload make_workload(const std::string& name, int64_t batch, int64_t profile_batch = 0);
 std::string workload_names();
 
 // Times in seconds from the start of the step, medians over the profiled steps.
