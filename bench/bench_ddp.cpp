@@ -18,8 +18,15 @@
 // payload bytes issued per step (an all-gather's and a reduce-scatter's payload is all
 // ranks' parts: on a ring each puts (W - 1) / W of it on a rank's wire, an all-reduce
 // 2 (W - 1) / W of its own).
+// A fourth table takes apps/train_gan's step at its defaults (nz 64, ngf = ndf = 32, 64 images
+// per rank, Adam; D's backward, D's step, G's backward through D, G's step) with both models
+// under DDP, without a hook and with bf16, against the same step without DDP, interleaved.
+// A fifth table times the collectives alone (all-reduce, reduce-scatter, all-gather of f32
+// buffers from 1 KiB to 16 MiB per rank), the input of bench/scale_model's fit of the
+// transport's alpha and bandwidth; "gbps" is NCCL's bus bandwidth (busBw = n / t times
+// 2(W-1)/W for all-reduce, (W-1)/W for the others, n the whole buffer).
 // Output (rank 0): tables, then JSON lines {"op","shape","dtype","impl","ms",...} (json_line.h).
-// Usage: OMP_NUM_THREADS=1 mpirun -np N bench_ddp [steps] [buckets|hooks|zero: one table only]
+// Usage: OMP_NUM_THREADS=1 mpirun -np N bench_ddp [steps] [buckets|hooks|zero|gan|collectives: one table only]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -113,6 +120,112 @@ void zero_table(const Tensor& images, int steps, int per_rank, std::vector<std::
                          .str());
     }
   }
+}
+
+// The GAN table: train_gan's step under DDP (hook none or bf16) against the same step alone.
+void gan_table(int steps, std::vector<std::string>& json) {
+  auto& pg = *dist::world();
+  const int W = pg.size(), batch = 64;
+  const bool root = pg.rank() == 0;
+  if (root) std::printf("\n%-6s %-6s %10s %10s %9s\n", "model", "hook", "local_ms", "ddp_ms", "wait_ms");
+  Generator data{2, 0};
+  const Tensor real = rand({batch, 1, 28, 28}, kFloat32, &data) * 2.0 - 1.0, z = randn({batch, 64}, kFloat32, &data);
+  auto bce = [](const Tensor& logits, double target) {
+    return binary_cross_entropy_with_logits(logits, target > 0.5 ? ones_like(logits) : zeros_like(logits));
+  };
+  // One GAN step of G and D, called through g and d (the modules themselves or their DDP wrappers).
+  auto gan_step = [&](auto& g, auto& d, optim::Optimizer& opt_g, optim::Optimizer& opt_d) {
+    const Tensor fake = g(z);
+    opt_d.zero_grad();
+    (bce(d(real), 1.0) + bce(d(fake.detach()), 0.0)).backward();
+    opt_d.step();
+    opt_g.zero_grad();
+    bce(d(fake), 1.0).backward();
+    opt_g.step();
+  };
+  for (const std::string hook : {"none", "bf16"}) {
+    manual_seed(7);
+    models::DCGANGenerator G(64, 32), G_local(64, 32);
+    models::DCGANDiscriminator D(32), D_local(32);
+    auto adam = [](nn::Module& m) {
+      return optim::Adam(m.parameters(), optim::AdamOptions(2e-4).betas({0.5, 0.999}));
+    };
+    optim::Adam opt_g = adam(*G), opt_d = adam(*D), opt_g_local = adam(*G_local), opt_d_local = adam(*D_local);
+    dist::DistributedDataParallel g(G, "G");
+    dist::DistributedDataParallel d(D, "D");
+    if (hook == "bf16") {
+      g.register_comm_hook(nullptr, dist::bf16_compress_hook);
+      d.register_comm_hook(nullptr, dist::bf16_compress_hook);
+    }
+    auto ddp_step = [&] { gan_step(g, d, opt_g, opt_d); };
+    auto local_step = [&] { gan_step(G_local, D_local, opt_g_local, opt_d_local); };
+    for (int i = 0; i < 3; ++i) ddp_step(), local_step();
+    std::vector<double> ms_ddp, ms_local, ms_wait;
+    for (int i = 0; i < steps; ++i) {
+      ms_local.push_back(time_once(local_step));
+      ms_ddp.push_back(time_once(ddp_step));
+      ms_wait.push_back(g.reducer().last_exposed_wait_ms() + d.reducer().last_exposed_wait_ms());
+    }
+    const double t_local = slowest_median(ms_local), t_ddp = slowest_median(ms_ddp), t_wait = slowest_median(ms_wait);
+    if (!root) continue;
+    std::printf("%-6s %-6s %10.2f %10.2f %9.2f\n", "dcgan", hook.c_str(), t_local, t_ddp, t_wait);
+    char shape[128];
+    std::snprintf(shape, sizeof shape, "dcgan28 b%d x%d ranks, hook %s", batch, W, hook.c_str());
+    json.push_back(bench::JsonLine::row("ddp_gan", shape, "f32", "nanoddp")
+                       .number("ms", t_ddp, "%.3f")
+                       .null("gflops")
+                       .null("gbps")
+                       .text("baseline", "same step, no DDP")
+                       .number("ratio", t_local / t_ddp, "%.3f")
+                       .number("baseline_ms", t_local, "%.3f")
+                       .number("exposed_wait_ms", t_wait, "%.3f")
+                       .str());
+  }
+}
+
+// The collectives table: each collective of n bytes (the whole buffer) timed alone.
+void collectives_table(int steps, std::vector<std::string>& json) {
+  auto& pg = *dist::world();
+  const int W = pg.size();
+  if (W == 1) return;  // nothing to time
+  const bool root = pg.rank() == 0;
+  if (root) std::printf("\n%-15s %10s %10s %10s\n", "collective", "bytes", "ms", "busbw_GB/s");
+  for (const std::string op : {"allreduce", "reduce_scatter", "allgather"})
+    for (int64_t size = 1024; size <= 16 * 1024 * 1024; size *= 4) {
+      const int64_t chunk = size / 4 / W, n = chunk * W, bytes = 4 * n;
+      Tensor buffer = zeros({n});
+      std::vector<Tensor> parts;
+      for (int r = 0; r < W; ++r) parts.push_back(buffer.narrow(0, r * chunk, chunk));
+      Tensor mine = zeros({chunk});
+      auto run = [&] {
+        if (op == "allreduce")
+          pg.allreduce(buffer)->wait();
+        else if (op == "reduce_scatter")
+          pg.reduce_scatter(mine, parts)->wait();
+        else
+          pg.allgather(parts, mine)->wait();
+      };
+      for (int i = 0; i < 2; ++i) run();
+      std::vector<double> ms;
+      for (int i = 0; i < std::max(steps, 5); ++i) ms.push_back(time_once(run));
+      const double t = slowest_median(ms);
+      const double factor = (op == "allreduce" ? 2.0 : 1.0) * (W - 1) / W;
+      const double busbw = static_cast<double>(bytes) / (t * 1e-3) * factor / 1e9;
+      if (!root) continue;
+      std::printf("%-15s %10lld %10.4f %10.3f\n", op.c_str(), static_cast<long long>(bytes), t, busbw);
+      char shape[128];
+      std::snprintf(shape, sizeof shape, "%s %lld bytes x%d ranks", op.c_str(), static_cast<long long>(bytes), W);
+      json.push_back(bench::JsonLine::row("collective", shape, "f32", "nanoddp")
+                         .number("ms", t, "%.5f")
+                         .null("gflops")
+                         .number("gbps", busbw, "%.4f")
+                         .null("baseline")
+                         .null("ratio")
+                         .text("collective", op)
+                         .integer("bytes", bytes)
+                         .integer("ranks", W)
+                         .str());
+    }
 }
 
 }  // namespace
@@ -265,6 +378,8 @@ int main(int argc, char** argv) {
     }
   }
   if (runs("zero")) zero_table(images, steps, per_rank, json);
+  if (runs("gan")) gan_table(steps, json);
+  if (runs("collectives")) collectives_table(steps, json);
   for (const auto& line : json) std::printf("%s\n", line.c_str());
   return 0;
 }

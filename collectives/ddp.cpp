@@ -21,6 +21,30 @@ uint64_t mix(uint64_t h, uint64_t v) { return (h ^ (v + 0x9E3779B97F4A7C15ull + 
 
 }  // namespace
 
+std::vector<std::vector<size_t>> plan_buckets(const std::vector<Tensor>& params, const std::vector<size_t>& order,
+                                              const DistributedDataParallelOptions& options) {
+  const double mib = 1024.0 * 1024.0;
+  std::vector<std::vector<size_t>> buckets;
+  std::vector<size_t> current;
+  int64_t bytes = 0;
+  for (size_t i : order) {
+    ND_CHECK(i < params.size(), "plan_buckets: parameter index ", i, " in the order is out of range for ",
+             params.size(), " parameters");
+    const Tensor& p = params[i];
+    const int64_t size = p.numel() * static_cast<int64_t>(element_size(p.dtype()));
+    const double cap = (buckets.empty() ? options.first_bucket_cap_mb() : options.bucket_cap_mb()) * mib;
+    if (!current.empty() && (params[current[0]].dtype() != p.dtype() || bytes + size > cap)) {
+      buckets.push_back(std::move(current));
+      current.clear();
+      bytes = 0;
+    }
+    current.push_back(i);
+    bytes += size;
+  }
+  if (!current.empty()) buckets.push_back(std::move(current));
+  return buckets;
+}
+
 std::shared_ptr<Reducer> Reducer::create(nn::Module& module, std::string name,
                                          const DistributedDataParallelOptions& options) {
   std::shared_ptr<Reducer> r(new Reducer(module, std::move(name), options));
@@ -149,27 +173,15 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   ++layout_version_;
   bucket_of_.assign(params_.size(), 0);
   slots_.assign(params_.size(), Tensor());
-  const double mib = 1024.0 * 1024.0;
-  Bucket current;
-  int64_t bytes = 0;
-  auto close = [&]() {
-    if (current.params.empty()) return;
-    buckets_.push_back(std::move(current));
-    current = Bucket();
-    bytes = 0;
-  };
-  for (size_t i : order) {
-    const Tensor& p = params_[i];
-    const double cap = (buckets_.empty() ? options_.first_bucket_cap_mb() : options_.bucket_cap_mb()) * mib;
-    const bool dtype_change = !current.params.empty() && params_[current.params[0]].dtype() != p.dtype();
-    if (dtype_change || (!current.params.empty() && bytes + p.numel() * static_cast<int64_t>(element_size(p.dtype())) > cap))
-      close();
-    current.offsets.push_back(current.grad_numel);
-    current.params.push_back(i);
-    current.grad_numel += p.numel();
-    bytes += p.numel() * static_cast<int64_t>(element_size(p.dtype()));
+  for (std::vector<size_t>& members : plan_buckets(params_, order, options_)) {
+    Bucket bucket;
+    for (size_t i : members) {
+      bucket.offsets.push_back(bucket.grad_numel);
+      bucket.grad_numel += params_[i].numel();
+    }
+    bucket.params = std::move(members);
+    buckets_.push_back(std::move(bucket));
   }
-  close();
   // The last bucket also carries, per parameter, the number of ranks that produced its
   // gradient, then the non-finite vote (see the header).
   for (size_t b = 0; b < buckets_.size(); ++b) {

@@ -75,6 +75,14 @@ struct DistributedDataParallelOptions {
   ND_ARG(std::shared_ptr<ProcessGroup>, process_group) = nullptr;
 };
 
+// The Reducer's bucketing rule, without a process group (bench/scale_model plans with it):
+// the parameters taken in `order` (indices into `params`), a bucket closed when the next
+// parameter would take its bytes past the cap (options.first_bucket_cap_mb() for the first
+// bucket, options.bucket_cap_mb() after; a parameter larger than the cap gets one of its own)
+// or has another dtype. Per bucket, its parameters' indices in order.
+std::vector<std::vector<size_t>> plan_buckets(const std::vector<Tensor>& params, const std::vector<size_t>& order,
+                                              const DistributedDataParallelOptions& options);
+
 class Reducer : public std::enable_shared_from_this<Reducer> {
  public:
   // Verifies that every rank holds the same parameters (names the first difference

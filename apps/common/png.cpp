@@ -25,7 +25,7 @@ constexpr Glyph kFont[] = {
     {'s', {3, 4, 2, 1, 6}}, {'t', {7, 2, 2, 2, 2}}, {'u', {5, 5, 5, 5, 7}}, {'v', {5, 5, 5, 5, 2}},
     {'w', {5, 5, 7, 7, 5}}, {'x', {5, 5, 2, 5, 5}}, {'y', {5, 5, 2, 2, 2}}, {'z', {7, 1, 2, 4, 7}},
     {'.', {0, 0, 0, 0, 2}}, {'-', {0, 0, 7, 0, 0}}, {'_', {0, 0, 0, 0, 7}}, {'/', {1, 1, 2, 4, 4}},
-    {':', {0, 2, 0, 2, 0}}, {'+', {0, 2, 7, 2, 0}}, {'|', {2, 2, 2, 2, 2}},
+    {':', {0, 2, 0, 2, 0}}, {'+', {0, 2, 7, 2, 0}}, {'|', {2, 2, 2, 2, 2}}, {',', {0, 0, 0, 2, 4}},
 };
 constexpr int kScale = 2;  // each font pixel is kScale x kScale
 
@@ -147,9 +147,40 @@ std::vector<double> smooth(const std::vector<double>& values, double weight) {
 
 namespace {
 
+const uint8_t kColors[][3] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44}, {214, 39, 40},
+                              {148, 103, 189}, {140, 86, 75},  {227, 119, 194}, {127, 127, 127}};
+
+// A plot area [left, right] x [top, bottom] in pixels showing [xa, xb] x [ya, yb].
+struct Axes {
+  int left, right, top, bottom;
+  double xa, xb, ya, yb;
+  int px(double x) const { return left + static_cast<int>(std::lround((x - xa) / (xb - xa) * (right - left))); }
+  int py(double y) const { return bottom - static_cast<int>(std::lround((y - ya) / (yb - ya) * (bottom - top))); }
+};
+
+// Grid lines and labels at the y ticks, tick marks and labels (x_name(x)) at the x ticks,
+// x_label centred under them, the two axis lines.
+void draw_axes(Image& img, const Axes& a, const std::vector<double>& x_ticks, const std::vector<double>& y_ticks,
+               const std::string& x_label, std::string (*x_name)(double)) {
+  const uint8_t black[3] = {0, 0, 0}, grid_gray[3] = {225, 225, 225};
+  for (const double y : y_ticks) {
+    draw_line(img, a.left, a.py(y), a.right, a.py(y), grid_gray);
+    const std::string label = short_number(y);
+    draw_text(img, a.left - 6 - text_width(label), a.py(y) - 5, label, black);
+  }
+  for (const double x : x_ticks) {
+    draw_line(img, a.px(x), a.bottom, a.px(x), a.bottom + 4, black);
+    const std::string label = x_name(x);
+    draw_text(img, a.px(x) - text_width(label) / 2, a.bottom + 8, label, black);
+  }
+  draw_text(img, (a.left + a.right - text_width(x_label)) / 2, a.bottom + 24, x_label, black);
+  draw_line(img, a.left, a.top, a.left, a.bottom, black);
+  draw_line(img, a.left, a.bottom, a.right, a.bottom, black);
+}
+
 // One panel of plot_series in the rectangle [x0, x1) x [y0, y1) of img.
 void plot_panel(Image& img, int x0, int y0, int x1, int y1, const Series& series, const uint8_t* color) {
-  const uint8_t black[3] = {0, 0, 0}, grid_gray[3] = {225, 225, 225};
+  const uint8_t black[3] = {0, 0, 0};
   // The raw line in the color mixed 35/65 with white: the smoothed one reads on top of it.
   uint8_t light[3];
   for (int c = 0; c < 3; ++c) light[c] = static_cast<uint8_t>(color[c] * 0.35 + 255 * 0.65);
@@ -161,25 +192,11 @@ void plot_panel(Image& img, int x0, int y0, int x1, int y1, const Series& series
     if (std::isfinite(ys[i])) y_min = std::min(y_min, ys[i]), y_max = std::max(y_max, ys[i]);
   }
   const std::vector<double> x_ticks = nice_ticks(x_min, x_max, 6), y_ticks = nice_ticks(y_min, y_max, 4);
-  const double xa = x_ticks.front(), xb = x_ticks.back(), ya = y_ticks.front(), yb = y_ticks.back();
-  const int left = x0 + 64, right = x1 - 16, top = y0 + 26, bottom = y1 - 42;
-  auto px = [&](double x) { return left + static_cast<int>(std::lround((x - xa) / (xb - xa) * (right - left))); };
-  auto py = [&](double y) { return bottom - static_cast<int>(std::lround((y - ya) / (yb - ya) * (bottom - top))); };
-
-  draw_text(img, left, y0 + 8, series.name, black);
-  for (const double y : y_ticks) {
-    draw_line(img, left, py(y), right, py(y), grid_gray);
-    const std::string label = short_number(y);
-    draw_text(img, left - 6 - text_width(label), py(y) - 5, label, black);
-  }
-  for (const double x : x_ticks) {
-    draw_line(img, px(x), bottom, px(x), bottom + 4, black);
-    const std::string label = short_number(x);
-    draw_text(img, px(x) - text_width(label) / 2, bottom + 8, label, black);
-  }
-  draw_text(img, (left + right - text_width("step")) / 2, bottom + 24, "step", black);
-  draw_line(img, left, top, left, bottom, black);
-  draw_line(img, left, bottom, right, bottom, black);
+  const Axes axes{x0 + 64, x1 - 16, y0 + 26, y1 - 42, x_ticks.front(), x_ticks.back(), y_ticks.front(), y_ticks.back()};
+  draw_text(img, axes.left, y0 + 8, series.name, black);
+  draw_axes(img, axes, x_ticks, y_ticks, "step", short_number);
+  auto px = [&](double x) { return axes.px(x); };
+  auto py = [&](double y) { return axes.py(y); };
 
   auto draw_series = [&](const std::vector<double>& values, const uint8_t* rgb) {
     for (size_t i = 1; i < values.size(); ++i)
@@ -195,8 +212,6 @@ void plot_panel(Image& img, int x0, int y0, int x1, int y1, const Series& series
 }  // namespace
 
 Image plot_series(const std::vector<Series>& series, int width, int height) {
-  static const uint8_t kColors[][3] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44}, {214, 39, 40},
-                                       {148, 103, 189}, {140, 86, 75},  {227, 119, 194}, {127, 127, 127}};
   Image img(width, height, 3, 255);
   const int n = static_cast<int>(series.size());
   if (n == 0) return img;
@@ -205,6 +220,51 @@ Image plot_series(const std::vector<Series>& series, int width, int height) {
     const int c = s % cols, r = s / cols;
     plot_panel(img, c * width / cols, r * height / rows, (c + 1) * width / cols, (r + 1) * height / rows, series[s],
                kColors[s % 8]);
+  }
+  return img;
+}
+
+Image plot_lines(const std::string& title, const std::vector<Series>& lines, const std::string& x_label, bool log2_x,
+                 int width, int height) {
+  const uint8_t black[3] = {0, 0, 0};
+  Image img(width, height, 3, 255);
+  auto x_of = [&](double x) { return log2_x ? std::log2(x) : x; };
+  double x_min = INFINITY, x_max = -INFINITY, y_min = INFINITY, y_max = -INFINITY;
+  for (const Series& s : lines)
+    for (const auto& [x, y] : s.points) {
+      ND_CHECK(!log2_x || x > 0, "plot_lines: a log2 x axis needs x > 0, found ", x, " in '", s.name, "'");
+      x_min = std::min(x_min, x_of(x)), x_max = std::max(x_max, x_of(x));
+      if (std::isfinite(y)) y_min = std::min(y_min, y), y_max = std::max(y_max, y);
+    }
+  // The legend under the title: a short line in each color and the line's name, wrapped.
+  const int entry_height = 16;
+  int lx = 64, ly = 30;
+  std::vector<std::pair<int, int>> legend;
+  for (const Series& s : lines) {
+    const int w = 24 + text_width(s.name) + 16;
+    if (lx + w > width - 16 && lx > 64) lx = 64, ly += entry_height;
+    legend.emplace_back(lx, ly);
+    lx += w;
+  }
+  const std::vector<double> x_ticks = log2_x ? nice_ticks(std::floor(x_min), std::ceil(x_max), 12)
+                                             : nice_ticks(x_min, x_max, 6);
+  const std::vector<double> y_ticks = nice_ticks(y_min, y_max, 5);
+  const Axes axes{64, width - 16, ly + entry_height + 8, height - 42, x_ticks.front(), x_ticks.back(), y_ticks.front(),
+                  y_ticks.back()};
+  draw_text(img, axes.left, 8, title, black);
+  draw_axes(img, axes, x_ticks, y_ticks, x_label,
+            log2_x ? +[](double x) { return short_number(std::pow(2.0, x)); } : short_number);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const uint8_t* color = kColors[i % 8];
+    const auto [ex, ey] = legend[i];
+    for (int t = 0; t < 2; ++t) draw_line(img, ex, ey + 4 + t, ex + 16, ey + 4 + t, color);
+    draw_text(img, ex + 22, ey, lines[i].name, black);
+    const auto& pts = lines[i].points;
+    for (size_t k = 1; k < pts.size(); ++k)
+      if (std::isfinite(pts[k - 1].second) && std::isfinite(pts[k].second))
+        for (int t = 0; t < 2; ++t)  // two pixels thick
+          draw_line(img, axes.px(x_of(pts[k - 1].first)), axes.py(pts[k - 1].second) + t, axes.px(x_of(pts[k].first)),
+                    axes.py(pts[k].second) + t, color);
   }
   return img;
 }

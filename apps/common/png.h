@@ -42,6 +42,12 @@ struct Series {
 // two series stack; three or four make a 2 x 2 grid; more, 2 columns.
 Image plot_series(const std::vector<Series>& series, int width = 800, int height = 480);
 
+// Several named lines in one panel, as they are (no smoothing): `title` on top, a legend
+// (each line's color and name) under it, `x_label` under the x axis. log2_x: x > 0 on a log2
+// axis, ticks at powers of two. Colors as plot_series'.
+Image plot_lines(const std::string& title, const std::vector<Series>& lines, const std::string& x_label, bool log2_x,
+                 int width = 800, int height = 480);
+
 // Tick values for an axis spanning [lo, hi]: multiples of a step of 1, 2 or 5 x 10^k,
 // from the largest multiple <= lo to the smallest >= hi: at most max_ticks intervals
 // (max_ticks >= 2), the axis widened to round ends. lo == hi widens to a unit around it,

@@ -85,3 +85,32 @@ TEST_CASE("plot: one panel per series, each with its smoothed line over the raw 
   CHECK(count_color(two, 0, 240, 800, 480, colors[1]) > 100);
   CHECK(count_color(two, 0, 240, 800, 480, colors[0]) == 0);
 }
+
+TEST_CASE("plot: several lines in one panel on a log2 x axis, with a legend") {
+  // x = 1, 2, 4, ..., 1024: log2 0..10 over pixels 64..784 (72 per power of two). y ticks 0..1:
+  // the legend's row at 30, the plot area from 54 to 438 (384 pixels for 1).
+  std::vector<app::Series> lines = {{"flat", {}}, {"falling", {}}};
+  for (int k = 0; k <= 10; ++k) {
+    lines[0].points.emplace_back(std::pow(2.0, k), 1.0);
+    lines[1].points.emplace_back(std::pow(2.0, k), 1.0 - 0.09 * k);
+  }
+  const app::Image img = app::plot_lines("efficiency", lines, "gpus", true, 800, 480);
+  const uint8_t blue[3] = {31, 119, 180}, orange[3] = {255, 127, 14};
+  auto is = [&](int x, int y, const uint8_t (&rgb)[3]) {
+    const uint8_t* p = &img.pixels[(static_cast<size_t>(y) * img.width + x) * 3];
+    return p[0] == rgb[0] && p[1] == rgb[1] && p[2] == rgb[2];
+  };
+  CHECK(is(64 + 5 * 72, 54, blue));     // y = 1 at x = 32
+  CHECK(is(64 + 5 * 72, 227, orange));  // y = 0.55: 438 - 0.55 * 384 = 226.8
+  CHECK(is(64 + 10 * 72, 438 - static_cast<int>(std::lround(0.1 * 384)), orange));
+  // Both colors in the legend row, above the plot area.
+  CHECK(count_color(img, 0, 28, 800, 46, blue) > 10);
+  CHECK(count_color(img, 0, 28, 800, 46, orange) > 10);
+  std::string error;
+  try {
+    app::plot_lines("t", {{"bad", {{0.0, 1.0}}}}, "x", true);
+  } catch (const nd::Error& e) {
+    error = e.what();
+  }
+  CHECK(error == "plot_lines: a log2 x axis needs x > 0, found 0 in 'bad'");
+}

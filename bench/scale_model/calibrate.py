@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""scale_model's predictions beside bench_ddp's measured DDP steps (plain Python 3, no packages).
+
+For every DDP row of a bench_ddp output (ddp_step: a bucket size; ddp_comm_hook: a hook at the
+default buckets; ddp_zero: ZeRO stage 1 or 2; ddp_gan: the DCGAN step, no hook or bf16), runs scale_model on the same model, batch, world
+size and options, with the step time without communication measured in the same run (the
+ddp_step and ddp_gan row's local step; for hooks and ZeRO the default-bucket row's, measured
+minutes apart) as the compute to
+scale to, and bench_ddp's first bucket cap (min(cap, 1 MB)), and prints predicted against measured: the step and what DDP added to it.
+
+Usage: calibrate.py --tool build/bench/scale_model --fabric mpi-shm BENCH_DDP_OUTPUT...
+"""
+import argparse
+import json
+import re
+import subprocess
+import sys
+
+
+def rows(path):
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith('{"op":"ddp_'):
+                yield json.loads(line)
+
+
+def predict(tool, fabric, model, batch, ranks, cap, hook, zero, step_ms, memory_gbs):
+    cmd = [tool, '--model', model, '--batch', str(batch), '--gpus', str(ranks), '--fabric', fabric,
+           '--bucket-cap-mb', str(cap), '--first-bucket-cap-mb', str(min(cap, 1.0)), '--hook', hook, '--zero', str(zero), '--step-ms', str(step_ms),
+           '--memory-gbs', str(memory_gbs)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if line.startswith('{"op":"scale_model"'):
+            r = json.loads(line)
+            if r['gpus'] == ranks:
+                return r
+    raise RuntimeError('no prediction in: ' + out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--tool', required=True)
+    ap.add_argument('--fabric', required=True)
+    ap.add_argument('--memory-gbs', type=float, default=10.0, help="the CPU's memory bandwidth for the hooks' work")
+    ap.add_argument('outputs', nargs='+')
+    args = ap.parse_args()
+    print('| ranks | model | options | local ms | measured ms | predicted ms | error | measured added | predicted added |')
+    print('|---:|---|---|---:|---:|---:|---:|---:|---:|')
+    for path in args.outputs:
+        local = {}
+        for r in rows(path):
+            m = re.match(r'(mae_\w+|dcgan28) b(\d+) x(\d+) ranks, (.*)', r['shape'])
+            if not m:
+                continue
+            config, batch, ranks, rest = m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
+            model = config.replace('_', '-')
+            cap, hook, zero = 25, 'none', 0
+            if r['op'] == 'ddp_gan':
+                hook = rest.split()[-1]
+                base = r['baseline_ms']
+            elif r['op'] == 'ddp_step':
+                cap = float(re.match(r'bucket ([\d.]+)MB', rest).group(1))
+                base = r['baseline_ms']
+                if cap == 25:
+                    local[config] = base
+            elif r['op'] == 'ddp_comm_hook':
+                hook = rest.split()[-1]
+                hook = 'powersgd:4' if hook == 'powersgd' else hook
+                base = local.get(config)
+            elif r['op'] == 'ddp_zero':
+                if rest.startswith('AdamW'):
+                    continue
+                zero = 1 if 'ZeRO-1' in rest else 2
+                base = local.get(config)
+            else:
+                continue
+            if base is None:
+                continue
+            p = predict(args.tool, args.fabric, model, batch, ranks, cap, hook, zero, base, args.memory_gbs)
+            options = 'bucket %gMB' % cap if r['op'] == 'ddp_step' else (hook if zero == 0 else 'zero %d' % zero)
+            if r['op'] != 'ddp_step' and r['op'] != 'ddp_gan':
+                options += ' (local: the 25MB row)'
+            err = p['ms'] / r['ms'] - 1
+            print('| %d | %s | %s | %.2f | %.2f | %.2f | %+.0f%% | %.2f | %.2f |' % (
+                ranks, model, options, base, r['ms'], p['ms'], 100 * err, r['ms'] - base, p['ms'] - base))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
