@@ -2,8 +2,9 @@
 // config changes nothing, bit for bit; a config for other images than the data's is one
 // clear error naming both; unknown names and train_joint's ViTs are usage errors;
 // --checkpoint-activations gives the run without it, bit for bit; --init-from loads a
-// whole MAE or its encoder (the seed then no longer matters) and names a bad file's keys;
-// metrics.jsonl carries the allocator's peak.
+// whole MAE or its encoder (the seed then no longer matters) and names a bad file's keys,
+// and loads a reference MAE's .pth converted by models/mae_pth_to_safetensors.py (python3
+// with torch; SKIPPED without); metrics.jsonl carries the allocator's peak.
 #include <string>
 
 #include "apps/app_runner.h"
@@ -123,4 +124,40 @@ TEST_CASE("apps --init-from: a whole MAE or its encoder, and a file of another c
   check_fails(run_app("train_mae", "--steps 0 --out " + temp_dir("none").string() + " --init-from " +
                                        (files / "nothing.safetensors").string()),
               1, "nothing.safetensors");
+}
+
+TEST_CASE("apps --init-from: a reference tiny MAE's .pth converted by models/mae_pth_to_safetensors.py") {
+  if (std::system("python3 -c 'import torch, numpy, safetensors' > /dev/null 2>&1") != 0) {
+    MESSAGE("SKIPPED: python3 with torch, numpy and safetensors is not installed (pip install torch numpy safetensors)");
+    return;
+  }
+  // tests/golden/reference_models.py's MaskedAutoencoderViT at the tiny config, PyTorch's
+  // own init, saved as main_pretrain.py saves its checkpoints ({"model": state_dict}).
+  const fs::path dir = temp_dir("pth"), source = NANODDP_SOURCE_DIR;
+  const std::string pth = (dir / "tiny.pth").string(), converted = (dir / "tiny.safetensors").string();
+  const std::string make =
+      "import sys; sys.path.insert(0, '" + (source / "tests" / "golden").string() + "'); import torch; "
+      "from reference_models import MAE; torch.manual_seed(0); "
+      "m = MAE(embed_dim=64, depth=2, num_heads=4, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=4); "
+      "torch.save({'model': m.state_dict()}, '" + pth + "')";
+  const Run made = run_logged("python3 -c \"" + make + "\"", dir / "make.log");
+  INFO(made.output);
+  REQUIRE(made.status == 0);
+  const Run conv = run_logged("python3 " + (source / "models" / "mae_pth_to_safetensors.py").string() + " " + pth +
+                                  " " + converted,
+                              dir / "convert.log");
+  INFO(conv.output);
+  REQUIRE(conv.status == 0);
+  double losses[2];
+  for (int seed : {1, 2}) {
+    const fs::path out = temp_dir("pth_run" + std::to_string(seed));
+    const Run r = run_app("train_mae", "--steps 0 --sample-every 1000 --seed " + std::to_string(seed) + " --out " +
+                                           out.string() + " --init-from " + converted,
+                          "OMP_NUM_THREADS=1");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    CHECK(contains(r.output, "train_mae: initialised the encoder and decoder from " + converted));
+    losses[seed - 1] = first_metric(out, "test_loss");
+  }
+  CHECK(losses[0] == losses[1]);
 }
