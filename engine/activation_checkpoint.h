@@ -16,7 +16,9 @@
 // parameter's AccumulateGrad and its post-accumulate hooks (DDP's) run once, in the outer
 // backward, exactly as without checkpointing. fn must be deterministic in what it reads
 // and computes apart from the generator: a recomputation that reads another tensor that
-// requires grad, or returns other shapes, is an nd::Error.
+// requires grad, or returns other shapes, is an nd::Error. A module that changes its own
+// state in forward (BatchNorm's running statistics in training mode) changes it again in
+// the recomputation, as under PyTorch's checkpoint.
 //
 // Grad mode off when checkpoint is called: fn runs plainly. No input and nothing fn reads
 // requires grad: fn's outputs, with no graph (as PyTorch). fn must return at least one
