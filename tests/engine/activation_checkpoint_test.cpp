@@ -122,7 +122,7 @@ TEST_CASE("checkpoint: an output that is the input itself, and an output that ne
   CHECK(nd::testing::to_vector(x.grad()) == std::vector<double>{6, 8});
 }
 
-TEST_CASE("checkpoint: inputs that need no grad still give the parameters theirs; nothing needs grad: no graph") {
+TEST_CASE("checkpoint: inputs that need no grad still give the parameters theirs, nothing needing grad gives no graph") {
   manual_seed(1);
   nn::Linear lin(nn::LinearOptions(3, 2));
   Tensor x = randn({4, 3});
