@@ -1,6 +1,7 @@
 // nd::checkpoint: gradients bit for bit those of the plain run (f64, with dropout, with
 // parameters and closed-over tensors outside the inputs, under autocast), the generator
-// left as the plain run leaves it, one AccumulateGrad (and hook) per parameter, and the
+// left as the plain run leaves it, one AccumulateGrad (and hook) per parameter (a weight
+// used inside and outside too, anomaly mode on or off), and the
 // errors: undefined or no outputs, a second backward, an input changed in place, a
 // recomputation that reads another tensor.
 #include "harness.h"
@@ -245,4 +246,26 @@ TEST_CASE("checkpoint: errors") {
   CHECK(error_message([&] { shapes.sum().backward(); }) ==
         "checkpoint: output 0 of the recomputation is " + x.sum().describe() +
             "; the forward returned shape [2]");
+}
+
+TEST_CASE("checkpoint: a weight used inside and outside the function accumulates once, also in anomaly mode") {
+  for (bool anomaly : {false, true}) {
+    CAPTURE(anomaly);
+    Tensor grads[2];
+    int fired = 0;
+    for (bool use_checkpoint : {false, true}) {
+      Tensor w = tensor({0.5, -1.5, 2.0}, kFloat64).requires_grad_();
+      w.register_post_accumulate_grad_hook([&](const Tensor&) { ++fired; });
+      Tensor x = tensor({1.0, 2.0, 3.0}, kFloat64).requires_grad_();
+      auto inner = [w](const Tensor& in) { return tanh(in * w); };
+      const bool was = autograd::is_anomaly_enabled();
+      autograd::set_detect_anomaly(anomaly);
+      Tensor h = use_checkpoint ? checkpoint(inner, x) : inner(x);
+      (h * w).sum().backward();
+      autograd::set_detect_anomaly(was);
+      grads[use_checkpoint] = w.grad();
+    }
+    CHECK(fired == 2);  // once per backward
+    CHECK(bitwise_equal(grads[0], grads[1]));
+  }
 }
