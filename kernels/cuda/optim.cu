@@ -68,10 +68,13 @@ __global__ void multi_tensor_kernel(const Chunk* __restrict__ chunks, const Laun
   optim_math::update_chunk<VectorIO>(e, c, chunk.start, threadIdx.x, blockDim.x);
 }
 
-// A launch's chunk table on the device.
+// A launch's chunk table on the device, uploaded on the stream the launches that read it run
+// on (work on two streams is unordered: a launch on another stream than the upload's could
+// read the table before the copy has run).
 struct DeviceTable {
   int device;
-  std::string chunks;  // the host bytes of the chunks: the key
+  cudaStream_t stream;
+  std::string chunks;  // the host bytes of the chunks: with device and stream, the key
   const Chunk* table;
 };
 
@@ -88,13 +91,13 @@ class TableCache {
     std::string key(reinterpret_cast<const char*>(chunks.data()), bytes);
     const std::lock_guard<std::mutex> lock(mutex_);
     for (auto it = tables_.begin(); it != tables_.end(); ++it) {
-      if (it->device != device || it->chunks != key) continue;
+      if (it->device != device || it->stream != stream || it->chunks != key) continue;
       tables_.splice(tables_.begin(), tables_, it);
       return it->table;
     }
     auto* table = static_cast<Chunk*>(allocate(device, bytes, stream));
-    copy_host_to_device(device, table, chunks.data(), bytes);  // queued on `stream`: no wait
-    tables_.push_front({device, std::move(key), table});
+    copy_host_to_device(device, table, chunks.data(), bytes, stream);  // queued on `stream`: no wait
+    tables_.push_front({device, stream, std::move(key), table});
     if (tables_.size() > kKept) {
       release(const_cast<Chunk*>(tables_.back().table));
       tables_.pop_back();
