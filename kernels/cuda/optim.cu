@@ -17,7 +17,8 @@
 //   kMaxCoefficients coefficient sets: learning rate, bias corrections per distinct step
 //   count, the unscale factor), at most kParamBytes of it. The table of chunks depends on
 //   the tensors' lengths only: it stays on the device between steps (TableCache) and is
-//   uploaded when the lengths change (a new parameter list). A step with more tensors than
+//   uploaded, on the launch's stream, when the lengths or the stream change (a new parameter
+//   list). A step with more tensors than
 //   one launch's parameters hold (kEntries: 59 f32 Adam tensors, 85 f32 SGD ones) or more
 //   distinct step counts than kMaxCoefficients takes one launch per such share, as
 //   PyTorch's multi_tensor_apply does (which holds 36 Adam tensors and 320 chunks a launch).
