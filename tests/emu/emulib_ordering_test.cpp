@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/optim.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/stream.h"
@@ -144,4 +145,31 @@ TEST_CASE("emulib: launch blocking makes the host wait after every launch, and o
   (void)softmax(x, -1);
   kc::set_launch_blocking(false);
   CHECK(emu_rt::stats().host_waits == waits + 1);
+}
+
+// The bf16 attention kernels' request for more than 48 KiB of shared memory holds for a
+// kernel on one device: asked once per kernel and device, so again on a second device.
+TEST_CASE("emulib: two emulated devices: the attention kernels ask for their shared memory once on each") {
+  if (emu_rt::device_count() < 2) {
+    MESSAGE("SKIPPED: one emulated device; the entry '(emu, 2 devices)' runs this with NANODDP_EMU_DEVICES=2");
+    return;
+  }
+  auto forward = [](int device) {
+    const Device d(kCUDA, device);
+    const Tensor q = randn({1, 1, 16, 32}).to(kBFloat16).to(d), out = empty_like(q),
+                 lse = empty({1, 1, 16}, TensorOptions(kFloat32).device(d));
+    const cudaStream_t stream = kc::use_device(device);
+    kc::scaled_dot_product_attention_forward(q.data_ptr<BFloat16>(), q.data_ptr<BFloat16>(), q.data_ptr<BFloat16>(),
+                                             {}, 1, 1, 16, 16, 32, 32, false, 0.125, {}, out.data_ptr<BFloat16>(),
+                                             lse.data_ptr<float>(), stream);
+    kc::synchronize(device);
+  };
+  const long before = emu_rt::stats().func_attributes;
+  forward(0);
+  forward(0);
+  const long on0 = emu_rt::stats().func_attributes - before;
+  CHECK(on0 == 1);  // this process's first bf16 forward at head dim 32
+  forward(1);
+  forward(1);
+  CHECK(emu_rt::stats().func_attributes - before == on0 + 1);
 }
