@@ -48,7 +48,16 @@ struct AttentionRow {
   bool backward;
   bool causal = false;
 };
-using Row = std::variant<CopyRow, AdamwRow, BatchNormRow, ConvRow, AttentionRow>;
+// f32 layer norm's training backward on [M, D] (dx, dweight and dbias; with weight).
+struct LayerNormRow {
+  int64_t M, D;
+};
+// f32 softmax (log_softmax when log) forward over rows of D.
+struct SoftmaxRow {
+  int64_t M, D;
+  bool log = false;
+};
+using Row = std::variant<CopyRow, AdamwRow, BatchNormRow, ConvRow, AttentionRow, LayerNormRow, SoftmaxRow>;
 
 struct Key {
   std::string op, shape, dtype;
@@ -89,6 +98,16 @@ inline Key key(const AttentionRow& r) {
           r.backward ? 3.5 * fwd : fwd, double(r.BH * r.S * r.D) * 2 * (r.backward ? 8 : 4)};
 }
 
+inline Key key(const LayerNormRow& r) {  // reads dy x, writes dx
+  return {"layer_norm_bwd", "M=" + std::to_string(r.M) + " D=" + std::to_string(r.D), "f32", 0,
+          12.0 * double(r.M * r.D)};
+}
+
+inline Key key(const SoftmaxRow& r) {  // reads x, writes y
+  return {r.log ? "log_softmax_fwd" : "softmax_fwd", "M=" + std::to_string(r.M) + " D=" + std::to_string(r.D), "f32",
+          0, 8.0 * double(r.M * r.D)};
+}
+
 inline Key key(const Row& r) {
   return std::visit([](const auto& x) { return key(x); }, r);
 }
@@ -121,7 +140,11 @@ inline std::vector<Row> rows() {
           AttentionRow{64, 256, 128, false},
           AttentionRow{64, 256, 64, true},
           AttentionRow{64, 256, 128, true},
-          AttentionRow{64, 256, 64, true, true}};
+          AttentionRow{64, 256, 64, true, true},
+          LayerNormRow{1600, 192},  // MAE small's width over 32 images x 50 tokens
+          LayerNormRow{1600, 64},   // MAE tiny's
+          SoftmaxRow{512, 1000},
+          SoftmaxRow{512, 1000, true}};
 }
 
 }  // namespace nd::bench::cost_rows

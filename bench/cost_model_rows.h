@@ -19,7 +19,9 @@
 #include "kernels/cuda/conv.h"
 #include "kernels/cuda/conv_narrow.cuh"
 #include "kernels/cuda/copy.h"
+#include "kernels/cuda/layer_norm.h"
 #include "kernels/cuda/optim.h"
+#include "kernels/cuda/softmax.h"
 
 namespace nd::bench {
 
@@ -153,6 +155,34 @@ inline void run(Bench& b, const cost_rows::AttentionRow& r) {
                                                                  stream);
                    };
                  }});
+}
+
+// The training backward with dx, dweight and dbias (reads dy and x, writes dx).
+inline void run(Bench& b, const cost_rows::LayerNormRow& r) {
+  const int64_t M = r.M, D = r.D;
+  b.compare(work(cost_rows::key(r)), {}, {kImpl, [&b, M, D]() -> Run {
+              const nd::Tensor x = randn(b, {M, D}), dy = randn(b, {M, D}) * 0.01, weight = full(b, {D}, 1),
+                               mean = full(b, {M}, 0), rstd = full(b, {M}, 1), dx = nd::empty({M, D}, b.options()),
+                               dweight = nd::empty({D}, b.options()), dbias = nd::empty({D}, b.options());
+              const cudaStream_t stream = b.stream();
+              return [=] {
+                cu::layer_norm_backward<float>(ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(weight), M, D, ptr(dx),
+                                               ptr(dweight), ptr(dbias), stream);
+              };
+            }});
+}
+
+inline void run(Bench& b, const cost_rows::SoftmaxRow& r) {
+  const int64_t M = r.M, D = r.D;
+  const bool log = r.log;
+  b.compare(work(cost_rows::key(r)), {}, {kImpl, [&b, M, D, log]() -> Run {
+              const nd::Tensor x = randn(b, {M, D}) * 5.0, y = nd::empty({M, D}, b.options());
+              const cudaStream_t stream = b.stream();
+              return [=] {
+                if (log) cu::log_softmax_forward<float>(ptr(x), M, D, ptr(y), stream);
+                else cu::softmax_forward<float>(ptr(x), M, D, ptr(y), stream);
+              };
+            }});
 }
 
 }  // namespace model_rows

@@ -6,7 +6,7 @@
 // stays runnable, so it loses the scheduler's priority for a thread that wakes up: with one
 // of two cores taken by another process, train_gan's threads then wait for each other a
 // time slice at a time (0.45 steps/s against 11 with OMP_WAIT_POLICY=passive under the same
-// load; bench/results/libfix.md). A passive wait sleeps at once and is woken first. The
+// load; bench/RESULTS.md, "Threads under load"). A passive wait sleeps at once and is woken first. The
 // runtime reads OMP_WAIT_POLICY only when it is loaded, before any code of the program
 // runs, so configure_threads() sets it and executes the program again (once; same process
 // id, arguments and environment otherwise). The thread count is the machine's cores (the

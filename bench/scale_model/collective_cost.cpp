@@ -132,7 +132,7 @@ Fabric nvlink_node(const std::string& name, const Link& inter) {
   return Fabric{name, Link{kNvlinkAlpha, kNvlinkBandwidth}, inter, 8, kBaseLatency, true, true};
 }
 // All ranks on one node over MPI on the CPU: 16-bit floats travel widened to f32 and the
-// collectives take the cores compute runs on (bench/results/scale.md).
+// collectives take the cores compute runs on (bench/RESULTS.md, "Scaling model vs measured MPI runs").
 Fabric mpi_node(const std::string& name, double alpha, double bandwidth) {
   return Fabric{name, Link{alpha, bandwidth}, Link{alpha, bandwidth}, 1 << 20, 0, false, false};
 }

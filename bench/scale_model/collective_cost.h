@@ -66,7 +66,8 @@ double broadcast(double bytes, int ranks, const Fabric& fabric);
 //   "roce100"    8-GPU NVLink nodes, 8 x 100 Gb/s RoCE NICs per node (100 GB/s)
 //   "eth25"      8-GPU NVLink nodes, one 25 Gb/s Ethernet NIC per node (3.125 GB/s)
 //   "mpi-shm", "mpi-tcp": this machine's MPI transports, all ranks on one node, with alpha
-//                and bandwidth fitted to bench_ddp's collective rows (bench/results/scale.md);
+//                and bandwidth fitted to bench_ddp's collective rows (bench/RESULTS.md,
+//                "Scaling model vs measured MPI runs");
 //                16-bit floats travel as f32 (our MPI group widens them), no overlap with compute
 //   "mpi:A:B"    the same with alpha A microseconds and bandwidth B GB/s
 Fabric fabric_preset(const std::string& name);

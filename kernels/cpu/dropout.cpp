@@ -1,6 +1,7 @@
 #include "kernels/cpu/dropout.h"
 
 #include "kernels/common/dropout_mask.h"
+#include "kernels/common/twin_types.h"
 
 namespace nd::kernels::cpu {
 
@@ -24,11 +25,10 @@ void dropout_backward(const T* dy, int64_t n, double p, uint64_t seed, uint64_t 
   apply_mask(dy, n, p, seed, offset, dx);
 }
 
-template void dropout_forward<float>(const float*, int64_t, double, uint64_t, uint64_t, float*);
-template void dropout_forward<double>(const double*, int64_t, double, uint64_t, uint64_t,
-                                      double*);
-template void dropout_backward<float>(const float*, int64_t, double, uint64_t, uint64_t, float*);
-template void dropout_backward<double>(const double*, int64_t, double, uint64_t, uint64_t,
-                                       double*);
+#define ND_INSTANTIATE(T) \
+  template void dropout_forward<T>(const T*, int64_t, double, uint64_t, uint64_t, T*); \
+  template void dropout_backward<T>(const T*, int64_t, double, uint64_t, uint64_t, T*);
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
+#undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cpu

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/common/twin_types.h"
+
 namespace nd::kernels::cpu {
 
 template <typename T>
@@ -39,13 +41,10 @@ void embedding_backward(const T* dout, const int64_t* indices, int64_t n, int64_
   }
 }
 
-template int64_t embedding_forward<float>(const float*, int64_t, int64_t, const int64_t*,
-                                          int64_t, float*);
-template int64_t embedding_forward<double>(const double*, int64_t, int64_t, const int64_t*,
-                                           int64_t, double*);
-template void embedding_backward<float>(const float*, const int64_t*, int64_t, int64_t, int64_t,
-                                        int64_t, float*);
-template void embedding_backward<double>(const double*, const int64_t*, int64_t, int64_t,
-                                         int64_t, int64_t, double*);
+#define ND_INSTANTIATE(T) \
+  template int64_t embedding_forward<T>(const T*, int64_t, int64_t, const int64_t*, int64_t, T*); \
+  template void embedding_backward<T>(const T*, const int64_t*, int64_t, int64_t, int64_t, int64_t, T*);
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
+#undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cpu

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "kernels/common/float16.h"
+#include "kernels/common/twin_types.h"
 
 namespace nd::kernels::cpu {
 
@@ -35,7 +36,9 @@ ND_INST(int64_t)
 ND_INST(int32_t)
 ND_INST(uint8_t)
 ND_INST(bool)
-template void index_add<float>(int64_t, int64_t, int64_t, int64_t, const int64_t*, const float*, float*);
-template void index_add<double>(int64_t, int64_t, int64_t, int64_t, const int64_t*, const double*, double*);
+#define ND_INSTANTIATE(T) \
+  template void index_add<T>(int64_t, int64_t, int64_t, int64_t, const int64_t*, const T*, T*);
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
+#undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cpu

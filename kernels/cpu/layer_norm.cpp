@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/common/twin_types.h"
+
 // Why this shape: the MAE's layer norms run over thousands of short rows (D = 32 or 64), so
 // their cost was the latency of serial double sums (one dependent add per element), not
 // memory. Each row sum is now split into kLanes interleaved partial sums (one vector of
@@ -121,14 +123,10 @@ void layer_norm_backward(const T* dy, const T* x, const T* mean, const T* rstd, 
   }
 }
 
-template void layer_norm_forward<float>(const float*, const float*, const float*, int64_t,
-                                        int64_t, double, float*, float*, float*);
-template void layer_norm_forward<double>(const double*, const double*, const double*, int64_t,
-                                         int64_t, double, double*, double*, double*);
-template void layer_norm_backward<float>(const float*, const float*, const float*, const float*,
-                                         const float*, int64_t, int64_t, float*, float*, float*);
-template void layer_norm_backward<double>(const double*, const double*, const double*,
-                                          const double*, const double*, int64_t, int64_t,
-                                          double*, double*, double*);
+#define ND_INSTANTIATE(T) \
+  template void layer_norm_forward<T>(const T*, const T*, const T*, int64_t, int64_t, double, T*, T*, T*); \
+  template void layer_norm_backward<T>(const T*, const T*, const T*, const T*, const T*, int64_t, int64_t, T*, T*, T*);
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
+#undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cpu

@@ -14,6 +14,8 @@
 #include <Eigen/Core>
 #include <omp.h>
 
+#include "kernels/common/twin_types.h"
+
 namespace nd::kernels::cpu {
 namespace {
 
@@ -82,15 +84,12 @@ void bmm(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_
   }
 }
 
-template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
-                          const float*, int64_t, float, float*, int64_t);
-template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
-                           const double*, int64_t, double, double*, int64_t);
-template void bmm<float>(bool, bool, int64_t, int64_t, int64_t, int64_t, float, const float*,
-                         int64_t, int64_t, const float*, int64_t, int64_t, float, float*, int64_t,
-                         int64_t);
-template void bmm<double>(bool, bool, int64_t, int64_t, int64_t, int64_t, double, const double*,
-                          int64_t, int64_t, const double*, int64_t, int64_t, double, double*,
-                          int64_t, int64_t);
+#define ND_INSTANTIATE(T) \
+  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, T, T*, \
+      int64_t); \
+  template void bmm<T>(bool, bool, int64_t, int64_t, int64_t, int64_t, T, const T*, int64_t, int64_t, const T*, \
+      int64_t, int64_t, T, T*, int64_t, int64_t);
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
+#undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cpu

@@ -1,6 +1,7 @@
 #include "kernels/cpu/optim.h"
 
 #include "kernels/common/optim_math.h"
+#include "kernels/common/twin_types.h"
 
 namespace nd::kernels::cpu {
 
@@ -43,12 +44,11 @@ bool unscale_grad(int64_t n, T* g, T inv_scale) {
   return nonfinite;
 }
 
-template void sgd_step<float>(const std::vector<SgdTensor<float>>&, const SgdParams&);
-template void sgd_step<double>(const std::vector<SgdTensor<double>>&, const SgdParams&);
-template void adam_step<float>(const std::vector<AdamTensor<float>>&, const AdamParams&);
-template void adam_step<double>(const std::vector<AdamTensor<double>>&, const AdamParams&);
-
-template bool unscale_grad<float>(int64_t, float*, float);
-template bool unscale_grad<double>(int64_t, double*, double);
+#define ND_INSTANTIATE(T) \
+  template void sgd_step<T>(const std::vector<SgdTensor<T>>&, const SgdParams&); \
+  template void adam_step<T>(const std::vector<AdamTensor<T>>&, const AdamParams&); \
+  template bool unscale_grad<T>(int64_t, T*, T);
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
+#undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cpu

@@ -12,7 +12,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/common/float16.h"
 #include "kernels/cuda/attention.cuh"
@@ -122,11 +124,22 @@ void with_mask_dropout(const Problem<S>& p, Launch launch) {
 __host__ __device__ constexpr int frags16(int64_t n) { return static_cast<int>((n + 15) / 16); }
 
 // The tensor-core kernels may take more than the default 48 KiB of dynamic shared memory
-// (FwdLayout: 30-102 KiB; BwdLayout: 30-103 KiB), which sm_90 grants on request.
-template <class Kernel>
-void allow_shared(Kernel kernel, size_t bytes, const char* name) {
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+// (FwdLayout: 30-102 KiB; BwdLayout: 30-103 KiB), which sm_90 grants on request. The grant
+// is a property of the kernel on the current device and each instantiation's size is a
+// constant, so it is asked for once per kernel and device, not at every launch (a host call
+// into the driver each time).
+template <auto Kernel>
+void allow_shared(size_t bytes, const char* name) {
+  static std::mutex mutex;
+  static std::vector<bool> granted;  // by device
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice", name);
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (size_t(device) < granted.size() && granted[device]) return;
+  check(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
         "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)", name);
+  if (granted.size() <= size_t(device)) granted.resize(device + 1, false);
+  granted[device] = true;
 }
 }  // namespace
 

@@ -444,7 +444,7 @@ void tc_backward_for(const Problem<S>& p, int64_t BH, S* dq, S* dk, S* dv, cudaS
   if (p.Sk > 0) {  // dk, dv: written even when Sq == 0 (then zero)
     const char* name = f16 ? "attention backward dk, dv (f16)" : "attention backward dk, dv (bf16)";
     constexpr size_t bytes = BwdLayout<D>::dk_dv;
-    allow_shared(tc_dk_dv_kernel<S, D, kMaskDropout>, bytes, name);
+    allow_shared<tc_dk_dv_kernel<S, D, kMaskDropout>>(bytes, name);
     const int64_t n_tiles = ceil_div(p.Sk, kBwdRows);
     tc_dk_dv_kernel<S, D, kMaskDropout><<<grid_for(name, BH, n_tiles), kThreads, bytes, stream>>>(p, n_tiles, dk, dv);
     check_launch(name);
@@ -452,7 +452,7 @@ void tc_backward_for(const Problem<S>& p, int64_t BH, S* dq, S* dk, S* dv, cudaS
   if (p.Sq > 0) {
     const char* name = f16 ? "attention backward dq (f16)" : "attention backward dq (bf16)";
     constexpr size_t bytes = BwdLayout<D>::dq;
-    allow_shared(tc_dq_kernel<S, D, kMaskDropout>, bytes, name);
+    allow_shared<tc_dq_kernel<S, D, kMaskDropout>>(bytes, name);
     const int64_t n_tiles = ceil_div(p.Sq, kBwdRows);
     tc_dq_kernel<S, D, kMaskDropout><<<grid_for(name, BH, n_tiles), kThreads, bytes, stream>>>(p, n_tiles, dq);
     check_launch(name);

@@ -286,7 +286,7 @@ template <class S, int D, bool kMaskDropout>
 void tc_forward_for(const Problem<S>& p, int64_t BH, S* out, float* lse, cudaStream_t stream) {
   constexpr size_t bytes = FwdLayout<D>::bytes;
   const char* name = std::is_same_v<S, Half> ? "attention forward (f16)" : "attention forward (bf16)";
-  allow_shared(tc_forward_kernel<S, D, kMaskDropout>, bytes, name);
+  allow_shared<tc_forward_kernel<S, D, kMaskDropout>>(bytes, name);
   const int64_t n_tiles = ceil_div(p.Sq, kFwdRows);
   tc_forward_kernel<S, D, kMaskDropout><<<grid_for(name, BH, n_tiles), kFwdThreads, bytes, stream>>>(p, n_tiles, out,
                                                                                                    lse);

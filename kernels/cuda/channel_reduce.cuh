@@ -228,6 +228,24 @@ __global__ void column_kernel(Op op, int64_t N, int64_t C, int64_t ld, int64_t c
   }
 }
 
+// The scratch of a launch that splits C channels, in `groups` groups of the grid's x, into
+// `chunks` chunks (blockIdx.y): store_or_finish's partials and the groups' tickets (zeroed on
+// `stream`), from the caching allocator; both null with one chunk.
+template <class State>
+struct ChunkScratch {
+  ChunkScratch(const char* kernel, int64_t C, int64_t groups, int64_t chunks, cudaStream_t stream)
+      : scratch(kernel, chunks > 1 ? partial_bytes(C, chunks) + sizeof(unsigned) * groups : 0, stream),
+        partial(scratch.as<State>()),
+        tickets(chunks > 1 ? reinterpret_cast<unsigned*>(scratch.as<unsigned char>() + partial_bytes(C, chunks))
+                           : nullptr) {
+    if (tickets) check(cudaMemsetAsync(tickets, 0, sizeof(unsigned) * groups, stream), "cudaMemsetAsync", kernel);
+  }
+  static size_t partial_bytes(int64_t C, int64_t chunks) { return (sizeof(State) * C * chunks + 15) / 16 * 16; }
+  const Scratch scratch;
+  State* const partial;
+  unsigned* const tickets;
+};
+
 // Op's result for each channel c < C of [N, C, S] (rows of [N, C] ld elements apart when
 // S == 1; ld == C when contiguous), in one launch: the partials and tickets, when a channel
 // is split into chunks, in scratch from the caching allocator (the tickets zeroed first).
@@ -248,13 +266,9 @@ bool reduce(const char* kernel, const Op& op, int64_t N, int64_t C, int64_t S, i
   ChannelChunks chunks = channel_chunks(N * S / unit, per_chunk / unit, kMaxChunks);
   chunks.length *= unit;
   const int64_t groups = columns ? (C + kColumns - 1) / kColumns : C;
-  const size_t partial_bytes = chunks.count > 1 ? (sizeof(State) * C * chunks.count + 15) / 16 * 16 : 0;
-  const size_t ticket_bytes = chunks.count > 1 ? sizeof(unsigned) * groups : 0;
-  const Scratch scratch(kernel, partial_bytes + ticket_bytes, stream);
-  State* partial = scratch.as<State>();
-  unsigned* tickets = chunks.count > 1 ? reinterpret_cast<unsigned*>(scratch.as<unsigned char>() + partial_bytes)
-                                       : nullptr;
-  if (tickets) check(cudaMemsetAsync(tickets, 0, ticket_bytes, stream), "cudaMemsetAsync", kernel);
+  const ChunkScratch<State> scratch(kernel, C, groups, chunks.count, stream);
+  State* partial = scratch.partial;
+  unsigned* tickets = scratch.tickets;
   const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(chunks.count));
   if (columns) {
     column_kernel<Op><<<grid, dim3(kColumns, kRows), 0, stream>>>(op, N, C, ld, chunks.length, partial, tickets);

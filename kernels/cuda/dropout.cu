@@ -4,6 +4,7 @@
 
 #include "kernels/common/dropout_mask.h"
 #include "kernels/cuda/strided.cuh"
+#include "kernels/common/twin_types.h"
 
 namespace nd::kernels::cuda {
 
@@ -39,9 +40,10 @@ void dropout_backward(const T* dy, int64_t n, double p, uint64_t seed, uint64_t 
   launch(dy, n, p, seed, offset, dx, stream, "dropout_backward");
 }
 
-template void dropout_forward<float>(const float*, int64_t, double, uint64_t, uint64_t, float*, cudaStream_t);
-template void dropout_forward<double>(const double*, int64_t, double, uint64_t, uint64_t, double*, cudaStream_t);
-template void dropout_backward<float>(const float*, int64_t, double, uint64_t, uint64_t, float*, cudaStream_t);
-template void dropout_backward<double>(const double*, int64_t, double, uint64_t, uint64_t, double*, cudaStream_t);
+#define ND_INSTANTIATE(T) \
+  template void dropout_forward<T>(const T*, int64_t, double, uint64_t, uint64_t, T*, cudaStream_t); \
+  template void dropout_backward<T>(const T*, int64_t, double, uint64_t, uint64_t, T*, cudaStream_t);
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
+#undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cuda

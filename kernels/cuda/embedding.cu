@@ -14,6 +14,7 @@
 #include "kernels/common/sorted_search.h"
 #include "kernels/cuda/row_reduce.cuh"
 #include "kernels/cuda/strided.cuh"
+#include "kernels/common/twin_types.h"
 
 namespace nd::kernels::cuda {
 
@@ -98,13 +99,10 @@ void embedding_backward(const T* dout, const int64_t* indices, int64_t n, int64_
   check_launch(kernel);
 }
 
-template int64_t embedding_forward<float>(const float*, int64_t, int64_t, const int64_t*, int64_t, float*,
-                                          cudaStream_t);
-template int64_t embedding_forward<double>(const double*, int64_t, int64_t, const int64_t*, int64_t, double*,
-                                           cudaStream_t);
-template void embedding_backward<float>(const float*, const int64_t*, int64_t, int64_t, int64_t, int64_t, float*,
-                                        cudaStream_t);
-template void embedding_backward<double>(const double*, const int64_t*, int64_t, int64_t, int64_t, int64_t, double*,
-                                         cudaStream_t);
+#define ND_INSTANTIATE(T) \
+  template int64_t embedding_forward<T>(const T*, int64_t, int64_t, const int64_t*, int64_t, T*, cudaStream_t); \
+  template void embedding_backward<T>(const T*, const int64_t*, int64_t, int64_t, int64_t, int64_t, T*, cudaStream_t);
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
+#undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cuda

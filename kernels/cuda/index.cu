@@ -4,6 +4,7 @@
 
 #include "kernels/common/float16.h"
 #include "kernels/cuda/strided.cuh"
+#include "kernels/common/twin_types.h"
 
 namespace nd::kernels::cuda {
 
@@ -64,8 +65,9 @@ ND_SELECT(int64_t)
 ND_SELECT(int32_t)
 ND_SELECT(uint8_t)
 ND_SELECT(bool)
-template void index_add<float>(int64_t, int64_t, int64_t, int64_t, const int64_t*, const float*, float*, cudaStream_t);
-template void index_add<double>(int64_t, int64_t, int64_t, int64_t, const int64_t*, const double*, double*,
-                                cudaStream_t);
+#define ND_INSTANTIATE(T) \
+  template void index_add<T>(int64_t, int64_t, int64_t, int64_t, const int64_t*, const T*, T*, cudaStream_t);
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
+#undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cuda

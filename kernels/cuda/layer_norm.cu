@@ -1,12 +1,16 @@
 // Layer norm: the forward and dx are row reductions (one block per row, statistics in
 // double like kernels/cpu/layer_norm.cpp); dweight and dbias are column sums over the
-// rows, done by blocks of 32 columns x 8 row lanes: lane k sums rows k, k + 8, ... and
-// the 8 lane sums are added in lane order, so the result does not depend on scheduling
-// (no atomics).
+// rows, done by blocks of 32 columns x 8 row lanes, each over a chunk of about 128 rows
+// (channel_reduce.cuh's column layout: a grid of column tiles x row chunks, so a narrow
+// layer over many rows still fills the GPU): lane k sums the chunk's rows k, k + 8, ...,
+// the lanes combine in a fixed tree, and the last block of a column tile to finish adds
+// the chunks' partial sums in chunk order. The order depends on the shape only, so the
+// result is the same bits on every run (no float atomics).
 #include "kernels/cuda/layer_norm.h"
 
 #include <cmath>
 
+#include "kernels/cuda/channel_reduce.cuh"
 #include "kernels/cuda/row_reduce.cuh"
 
 namespace nd::kernels::cuda {
@@ -68,39 +72,63 @@ __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const T* mean, con
   }
 }
 
-constexpr int kColumns = 32;  // columns per block (one warp reads 32 adjacent elements)
-constexpr int kLanes = 8;     // row lanes per block
+// dweight[d] = sum_m dy[m,d] xhat[m,d],  dbias[d] = sum_m dy[m,d]: channels::store_or_finish's
+// Op (State, combine, finish), the sums in double.
+template <class T>
+struct ParamGradOp {
+  struct State {  // an aggregate: it lives in __shared__ arrays
+    double w, b;
+  };
+  T* dweight;
+  T* dbias;
+  __device__ static State combine(State a, State b) { return {a.w + b.w, a.b + b.b}; }
+  __device__ void finish(State s, int64_t d) const {
+    if (dweight) dweight[d] = static_cast<T>(s.w);
+    if (dbias) dbias[d] = static_cast<T>(s.b);
+  }
+};
 
-// dweight[d] = sum_m dy[m,d] xhat[m,d],  dbias[d] = sum_m dy[m,d].
+// Grid (ceil(D / kColumns), chunks), block (kColumns, kRows): thread (tx, ty) of block (b, k)
+// adds rows begin + ty, begin + ty + kRows, ... < end of column b * kColumns + tx; a warp
+// reads kColumns adjacent elements of one row.
 template <class T>
 __global__ void layer_norm_dweight_kernel(const T* dy, const T* x, const T* mean, const T* rstd, int64_t M,
-                                          int64_t D, T* dweight, T* dbias) {
-  __shared__ double sw[kLanes][kColumns];
-  __shared__ double sb[kLanes][kColumns];
-  const int col = static_cast<int>(threadIdx.x) % kColumns, lane = static_cast<int>(threadIdx.x) / kColumns;
-  for (int64_t d0 = int64_t(blockIdx.x) * kColumns; d0 < D; d0 += int64_t(gridDim.x) * kColumns) {
-    const int64_t d = d0 + col;
-    double w = 0.0, b = 0.0;
-    if (d < D) {
-      for (int64_t m = lane; m < M; m += kLanes) {
-        const double g = static_cast<double>(dy[m * D + d]);
-        b += g;
-        w += g * (static_cast<double>(x[m * D + d]) - static_cast<double>(mean[m])) * static_cast<double>(rstd[m]);
-      }
+                                          int64_t D, int64_t chunk_rows, ParamGradOp<T> op,
+                                          typename ParamGradOp<T>::State* partial, unsigned* tickets) {
+  using State = typename ParamGradOp<T>::State;
+  __shared__ State smem[channels::kColumns * channels::kRows];
+  const int64_t d = int64_t(blockIdx.x) * channels::kColumns + threadIdx.x, begin = blockIdx.y * chunk_rows;
+  const int64_t end = begin + chunk_rows < M ? begin + chunk_rows : M;
+  const bool valid = d < D;
+  State st{};
+  if (valid) {
+    for (int64_t m = begin + threadIdx.y; m < end; m += channels::kRows) {
+      const double g = static_cast<double>(dy[m * D + d]);
+      st.b += g;
+      st.w += g * (static_cast<double>(x[m * D + d]) - static_cast<double>(mean[m])) * static_cast<double>(rstd[m]);
     }
-    sw[lane][col] = w;
-    sb[lane][col] = b;
-    __syncthreads();
-    if (lane == 0 && d < D) {
-      for (int k = 1; k < kLanes; ++k) {
-        w += sw[k][col];
-        b += sb[k][col];
-      }
-      if (dweight) dweight[d] = static_cast<T>(w);
-      if (dbias) dbias[d] = static_cast<T>(b);
-    }
-    __syncthreads();  // sw, sb are rewritten by the next column tile
   }
+  st = channels::combine_lanes<ParamGradOp<T>>(st, smem);
+  channels::store_or_finish(op, st, d, valid, partial, tickets, smem);
+}
+
+// dweight and dbias in one launch (plus the tickets' memset when the rows are split).
+template <class T>
+void launch_param_grads(const T* dy, const T* x, const T* mean, const T* rstd, int64_t M, int64_t D, T* dweight,
+                        T* dbias, cudaStream_t stream) {
+  const char* kernel = "layer_norm_backward (dweight, dbias)";
+  using State = typename ParamGradOp<T>::State;
+  const ChannelChunks chunks =
+      channel_chunks(M, channels::kRows * channels::kValuesPerThread, channels::kMaxChunks);
+  const int64_t tiles = (D + channels::kColumns - 1) / channels::kColumns;
+  require(tiles <= int64_t(0x7fffffff), kernel, "at most 2^31 - 1 column tiles, found " + std::to_string(tiles));
+  const channels::ChunkScratch<State> scratch(kernel, D, tiles, chunks.count, stream);
+  layer_norm_dweight_kernel<T>
+      <<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks.count)),
+         dim3(channels::kColumns, channels::kRows), 0, stream>>>(dy, x, mean, rstd, M, D, chunks.length,
+                                                                  ParamGradOp<T>{dweight, dbias}, scratch.partial,
+                                                                  scratch.tickets);
+  check_launch(kernel);
 }
 
 }  // namespace
@@ -119,11 +147,7 @@ template <typename T>
 void layer_norm_backward(const T* dy, const T* x, const T* mean, const T* rstd, const T* weight, int64_t M,
                          int64_t D, T* dx, T* dweight, T* dbias, cudaStream_t stream) {
   if (D == 0) return;
-  if (dweight != nullptr || dbias != nullptr) {
-    const unsigned blocks = rows::blocks_for((D + kColumns - 1) / kColumns);
-    layer_norm_dweight_kernel<T><<<blocks, kColumns * kLanes, 0, stream>>>(dy, x, mean, rstd, M, D, dweight, dbias);
-    check_launch("layer_norm_backward (dweight, dbias)");
-  }
+  if (dweight != nullptr || dbias != nullptr) launch_param_grads(dy, x, mean, rstd, M, D, dweight, dbias, stream);
   if (dx == nullptr || M == 0) return;
   layer_norm_dx_kernel<T>
       <<<rows::blocks_for(M), rows::threads_for(D), 0, stream>>>(dy, x, mean, rstd, weight, M, D, dx);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/cuda/strided.cuh"
+#include "kernels/common/twin_types.h"
 
 namespace nd::kernels::cuda {
 
@@ -134,13 +135,12 @@ void bmm_f16(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, in
                             stride_b, beta, C, ldc, stride_c, stream);
 }
 
-template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
-                          float, float*, int64_t, cudaStream_t);
-template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
-                           int64_t, double, double*, int64_t, cudaStream_t);
-template void bmm<float>(bool, bool, int64_t, int64_t, int64_t, int64_t, float, const float*, int64_t, int64_t,
-                         const float*, int64_t, int64_t, float, float*, int64_t, int64_t, cudaStream_t);
-template void bmm<double>(bool, bool, int64_t, int64_t, int64_t, int64_t, double, const double*, int64_t, int64_t,
-                          const double*, int64_t, int64_t, double, double*, int64_t, int64_t, cudaStream_t);
+#define ND_INSTANTIATE(T) \
+  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, T, T*, \
+      int64_t, cudaStream_t); \
+  template void bmm<T>(bool, bool, int64_t, int64_t, int64_t, int64_t, T, const T*, int64_t, int64_t, const T*, \
+      int64_t, int64_t, T, T*, int64_t, int64_t, cudaStream_t);
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
+#undef ND_INSTANTIATE
 
 }  // namespace nd::kernels::cuda

@@ -17,7 +17,8 @@
 //   kMaxCoefficients coefficient sets: learning rate, bias corrections per distinct step
 //   count, the unscale factor), at most kParamBytes of it. The table of chunks depends on
 //   the tensors' lengths only: it stays on the device between steps (TableCache) and is
-//   uploaded when the lengths change (a new parameter list). A step with more tensors than
+//   uploaded, on the launch's stream, when the lengths or the stream change (a new parameter
+//   list). A step with more tensors than
 //   one launch's parameters hold (kEntries: 59 f32 Adam tensors, 85 f32 SGD ones) or more
 //   distinct step counts than kMaxCoefficients takes one launch per such share, as
 //   PyTorch's multi_tensor_apply does (which holds 36 Adam tensors and 320 chunks a launch).
@@ -68,10 +69,13 @@ __global__ void multi_tensor_kernel(const Chunk* __restrict__ chunks, const Laun
   optim_math::update_chunk<VectorIO>(e, c, chunk.start, threadIdx.x, blockDim.x);
 }
 
-// A launch's chunk table on the device.
+// A launch's chunk table on the device, uploaded on the stream the launches that read it run
+// on (work on two streams is unordered: a launch on another stream than the upload's could
+// read the table before the copy has run).
 struct DeviceTable {
   int device;
-  std::string chunks;  // the host bytes of the chunks: the key
+  cudaStream_t stream;
+  std::string chunks;  // the host bytes of the chunks: with device and stream, the key
   const Chunk* table;
 };
 
@@ -88,13 +92,13 @@ class TableCache {
     std::string key(reinterpret_cast<const char*>(chunks.data()), bytes);
     const std::lock_guard<std::mutex> lock(mutex_);
     for (auto it = tables_.begin(); it != tables_.end(); ++it) {
-      if (it->device != device || it->chunks != key) continue;
+      if (it->device != device || it->stream != stream || it->chunks != key) continue;
       tables_.splice(tables_.begin(), tables_, it);
       return it->table;
     }
     auto* table = static_cast<Chunk*>(allocate(device, bytes, stream));
-    copy_host_to_device(device, table, chunks.data(), bytes);  // queued on `stream`: no wait
-    tables_.push_front({device, std::move(key), table});
+    copy_host_to_device(device, table, chunks.data(), bytes, stream);  // queued on `stream`: no wait
+    tables_.push_front({device, stream, std::move(key), table});
     if (tables_.size() > kKept) {
       release(const_cast<Chunk*>(tables_.back().table));
       tables_.pop_back();

@@ -18,8 +18,10 @@ using kernels::SgdTensor;
 // Formulas and contracts as cpu::sgd_step / cpu::adam_step, with the same arithmetic
 // per element (kernels/common/optim_math.h). Each block updates one chunk of one tensor,
 // found in a table of the tensors' pointers and lengths that stays on the device between
-// steps (uploaded on `stream`, queued without a wait, only when the tensors change).
-// requires: every pointer on `device`, whose compute stream `stream` is.
+// steps (uploaded on `stream`, queued without a wait, only when the tensors change; one
+// table per stream, so a launch never reads a table another stream is still copying).
+// requires: every pointer on `device`, `stream` a stream of `device` (its compute stream in
+// the engine).
 template <class T>
 void sgd_step(int device, const std::vector<SgdTensor<T>>& tensors, const SgdParams& hp, cudaStream_t stream);
 

@@ -66,12 +66,11 @@ void* staging_buffer(Staging& s) {
   return s.buffer;
 }
 
-// Host <-> device through the staging buffer, one chunk at a time: host -> pinned ->
-// device, or device -> pinned -> host. Each chunk waits for its DMA before the buffer is
-// refilled (to the device) or read (to the host).
-void staged_copy(int device, bool to_device, void* dst, const void* src, size_t nbytes) {
+// Host <-> device through the staging buffer on `stream` (of `device`, made current), one
+// chunk at a time: host -> pinned -> device, or device -> pinned -> host. Each chunk waits
+// for its DMA before the buffer is refilled (to the device) or read (to the host).
+void staged_copy(int device, bool to_device, void* dst, const void* src, size_t nbytes, cudaStream_t stream) {
   if (nbytes == 0) return;
-  cudaStream_t stream = use_device(device);
   const std::string what = (to_device ? "copy to cuda:" : "copy from cuda:") + std::to_string(device);
   Staging& s = staging();
   std::lock_guard lock(s.mutex);
@@ -99,9 +98,13 @@ void staged_copy(int device, bool to_device, void* dst, const void* src, size_t 
 // before its recorded copy has run. Larger copies (a data set, a checkpoint) go through
 // the staging buffer in chunks, waiting for each, rather than pinning their whole size.
 void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes) {
+  copy_host_to_device(device, dst, src, nbytes, use_device(device));
+}
+
+void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes, cudaStream_t stream) {
   if (nbytes == 0) return;
-  if (nbytes > kStagingBytes) return staged_copy(device, true, dst, src, nbytes);
-  cudaStream_t stream = use_device(device);
+  check(cudaSetDevice(device), "cudaSetDevice", "copy to cuda:" + std::to_string(device));
+  if (nbytes > kStagingBytes) return staged_copy(device, true, dst, src, nbytes, stream);
   void* block = allocate_pinned(nbytes);
   try {
     std::memcpy(block, src, nbytes);
@@ -116,7 +119,7 @@ void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes) 
 }
 
 void copy_device_to_host(int device, void* dst, const void* src, size_t nbytes) {
-  staged_copy(device, false, dst, src, nbytes);
+  staged_copy(device, false, dst, src, nbytes, use_device(device));
 }
 
 void copy_pinned_to_device_async(int device, void* dst, void* src_block, const void* src, size_t nbytes) {
@@ -151,6 +154,7 @@ bool built_with_cuda() { return false; }
 int device_count() { return 0; }
 std::string unavailable_reason() { return "nanoddp was built without CUDA"; }
 void copy_host_to_device(int, void*, const void*, size_t) { no_cuda(); }
+void copy_host_to_device(int, void*, const void*, size_t, cudaStream_t) { no_cuda(); }
 void copy_device_to_host(int, void*, const void*, size_t) { no_cuda(); }
 void copy_pinned_to_device_async(int, void*, void*, const void*, size_t) { no_cuda(); }
 void copy_device_to_device(int, void*, int, const void*, size_t) { no_cuda(); }

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <string>
 
+#include "kernels/cuda/stream.h"
+
 namespace nd::kernels::cuda {
 
 bool built_with_cuda();
@@ -21,6 +23,9 @@ std::string unavailable_reason();        // why device_count() is 0
 // To the host: waits for the device (the host reads the bytes on return).
 // requires: dst/src do not overlap; device pointers on `device`.
 void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes);
+// The same on `stream` (a stream of `device`) instead of the compute stream: for data that
+// kernels on that stream read (kernels queued there after it see it).
+void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes, cudaStream_t stream);
 void copy_device_to_host(int device, void* dst, const void* src, size_t nbytes);
 // Pinned host -> device without waiting: queued on the device's compute stream, which is
 // all the ordering kernels there need; records the copy on the pinned block that starts at

@@ -1,44 +1,78 @@
 // Softmax / log-softmax: one block per row (rows::threads_for picks a warp for short
-// rows). Each thread strides over the row: pass 1 the maximum, pass 2 the sum of
-// exp(x - max), pass 3 the output. A thread reads and writes the same elements in every
-// pass, so y may alias x. Accumulation is in T, as in kernels/cpu/softmax.cpp.
+// rows). The forward reads the row twice and writes it once: each thread strides over the
+// row keeping the online maximum and sum of exp(x - maximum) of its elements
+// (kernels/common/online_softmax.h), the block merges them, then each thread writes its
+// elements' outputs. A thread reads and writes the
+// same elements in both passes, so y may alias x. Accumulation is in T, as in
+// kernels/cpu/softmax.cpp, in another order (each thread's running sum is rescaled when its
+// maximum moves): the same bits run to run, within the sum's rounding of the CPU's.
 #include "kernels/cuda/softmax.h"
 
 #include <cmath>
 
-#include "kernels/cuda/row_reduce.cuh"
+#include "kernels/common/online_softmax.h"
 #include "kernels/common/twin_types.h"
+#include "kernels/cuda/row_reduce.cuh"
 
 namespace nd::kernels::cuda {
 
 namespace {
 
+// The merge of every thread's state, in every thread: a warp's xor butterfly (merge is
+// commutative bit for bit, so every lane ends with the same bits), then the warps' states in
+// warp order, as rows::block_reduce. Every thread of the block must call it (it synchronises).
+template <class T>
+__device__ OnlineSoftmax<T> block_online(OnlineSoftmax<T> s, T* smem_m, T* smem_l) {
+  T scale_a, scale_b;
+  for (int o = rows::kWarp / 2; o > 0; o /= 2) {
+    OnlineSoftmax<T> other;
+    other.m = __shfl_xor_sync(0xffffffffu, s.m, o);
+    other.l = __shfl_xor_sync(0xffffffffu, s.l, o);
+    s = merge(s, other, &scale_a, &scale_b);
+  }
+  const int warps = static_cast<int>(blockDim.x) / rows::kWarp;
+  if (threadIdx.x % rows::kWarp == 0) {
+    smem_m[threadIdx.x / rows::kWarp] = s.m;
+    smem_l[threadIdx.x / rows::kWarp] = s.l;
+  }
+  __syncthreads();
+  OnlineSoftmax<T> r;
+  r.m = smem_m[0];
+  r.l = smem_l[0];
+  for (int w = 1; w < warps; ++w) {
+    OnlineSoftmax<T> other;
+    other.m = smem_m[w];
+    other.l = smem_l[w];
+    r = merge(r, other, &scale_a, &scale_b);
+  }
+  __syncthreads();  // the arrays are free for the next row
+  return r;
+}
+
 template <class T, bool Log>
 __global__ void softmax_forward_kernel(const T* x, int64_t M, int64_t D, T* y) {
-  using std::exp, std::isinf, std::log;
-  __shared__ T smem[rows::kWarp];
+  using std::exp, std::log;
+  __shared__ T smem_m[rows::kWarp];
+  __shared__ T smem_l[rows::kWarp];
   for (int64_t m = blockIdx.x; m < M; m += gridDim.x) {
     const T* xr = x + m * D;
     T* yr = y + m * D;
-    T mx = xr[0];
-    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) mx = rows::Max{}(mx, xr[d]);
-    mx = rows::block_max(mx, smem);
-    // A row of all -inf: subtract 0 instead (x - max would be NaN); the row comes out
-    // as 0/0 = NaN, as on the CPU and in PyTorch.
-    if (isinf(mx) && mx < T(0)) mx = T(0);
-    T sum = 0;
+    OnlineSoftmax<T> s;
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-      const T e = exp(xr[d] - mx);
-      if (!Log) yr[d] = e;
-      sum += e;
+      const T v = xr[d];
+      if (v > s.m) s.begin_block(v);  // the maximum moves: the sum so far is rescaled
+      s.add(s.weight(v));
     }
-    sum = rows::block_sum(sum, smem);
+    s = block_online(s, smem_m, smem_l);
+    // A row of only -inf keeps m = -inf and l = 0 and shifts by 0 (online_softmax.h): it
+    // comes out as 0 * (1/0) or -inf - log(0) = NaN, as on the CPU and in PyTorch.
+    const T shift = s.shift();
     if (Log) {
-      const T shift = mx + log(sum);
-      for (int64_t d = threadIdx.x; d < D; d += blockDim.x) yr[d] = xr[d] - shift;
+      const T total = shift + log(s.l);
+      for (int64_t d = threadIdx.x; d < D; d += blockDim.x) yr[d] = xr[d] - total;
     } else {
-      const T inv = T(1) / sum;
-      for (int64_t d = threadIdx.x; d < D; d += blockDim.x) yr[d] *= inv;
+      const T inv = T(1) / s.l;
+      for (int64_t d = threadIdx.x; d < D; d += blockDim.x) yr[d] = exp(xr[d] - shift) * inv;
     }
   }
 }

@@ -1,6 +1,8 @@
 // Per-device compute and communication streams, events, and the CUDA error check.
 #include "kernels/cuda/stream.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -30,7 +32,27 @@ void check(int status, const char* call, const std::string& op) {
               cudaGetErrorString(err) + ")");
 }
 
-void check_launch(const char* kernel) { check(cudaGetLastError(), "kernel launch", kernel); }
+namespace {
+std::atomic<bool>& launch_blocking_flag() {
+  static std::atomic<bool> flag{[] {
+    const char* env = std::getenv("NANODDP_LAUNCH_BLOCKING");
+    return env != nullptr && std::string(env) == "1";
+  }()};
+  return flag;
+}
+}  // namespace
+
+void set_launch_blocking(bool blocking) { launch_blocking_flag() = blocking; }
+bool launch_blocking() { return launch_blocking_flag(); }
+
+// A kernel that faults (an illegal address, a trap) does so after its launch returned: CUDA
+// reports it at a later call, often another kernel's check_launch, which then takes the
+// blame. Blocking, the device is synchronised here, so the fault is this kernel's.
+void check_launch(const char* kernel) {
+  check(cudaGetLastError(), "kernel launch", kernel);
+  if (launch_blocking())
+    check(cudaDeviceSynchronize(), "kernel (NANODDP_LAUNCH_BLOCKING=1: synchronised after its launch)", kernel);
+}
 
 namespace {
 
@@ -123,6 +145,8 @@ void check(int status, const char* call, const std::string& op) {
   if (status != 0) throw Error(std::string(call) + " failed in " + op);
 }
 void check_launch(const char*) { no_cuda(); }
+void set_launch_blocking(bool) {}
+bool launch_blocking() { return false; }
 cudaStream_t use_device(int) { no_cuda(); }
 cudaStream_t compute_stream(int) { no_cuda(); }
 cudaStream_t comm_stream(int) { no_cuda(); }

@@ -53,8 +53,17 @@ class Event {
 void check(int status, const char* call, const std::string& op);
 // nd::Error "<kernel>: <message>" unless ok (argument limits of the kernels).
 void require(bool ok, const char* kernel, const std::string& message);
-// After a kernel launch: reports a bad launch configuration or an earlier async error.
+// After a kernel launch: reports a bad launch configuration or an earlier async error (a
+// kernel fault is reported by whichever call comes next: a later kernel's check_launch, a
+// copy to the host, a synchronize). With launch blocking on, it then synchronises the device
+// and reports a fault of this kernel as "kernel (NANODDP_LAUNCH_BLOCKING=1: synchronised
+// after its launch) failed in <kernel>: <CUDA's message>", as CUDA_LAUNCH_BLOCKING=1 does for
+// PyTorch. A debugging aid: every launch then waits for the device.
 void check_launch(const char* kernel);
+// Launch blocking: on when the environment has NANODDP_LAUNCH_BLOCKING=1 at the first launch,
+// or set here (a process-wide setting).
+void set_launch_blocking(bool blocking);
+bool launch_blocking();
 // cudaEventQuery as a bool: true once the event's work has run, false while it is queued
 // (that cudaErrorNotReady is cleared from the thread's last error, so the next
 // check_launch does not report it); any other status is an nd::Error naming `op`.

@@ -26,6 +26,8 @@
 // - f16: the same with f16 (2^-12 per rounding): 2e-3, about 4 f16 ulps of the largest value.
 #include <doctest/doctest.h>
 
+#include <cuda_runtime.h>
+
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -223,6 +225,19 @@ TEST_CASE("attention dropout: the SIMT and tensor-core kernels drop the CPU's we
     check_half<BFloat16>(c, true);
     check_half<nd::Half>(c);
   }
+}
+
+// The tensor-core kernels' request for more than 48 KiB of shared memory is a property of the
+// kernel on a device: asked for at its first launch, not at every one (it was, three driver
+// calls per forward and backward).
+TEST_CASE("attention tensor-core kernels ask for their shared memory once per kernel and device") {
+  const Case c{"Sq=Sk=16 E=32", 1, 1, 16, 16, 32, 32, false, 0};
+  const long before = emu_rt::stats().func_attributes;
+  check_half<BFloat16>(c);  // forward, dk/dv, dq: at most three requests (none if an earlier case ran them)
+  const long first = emu_rt::stats().func_attributes - before;
+  CHECK(first <= 3);
+  for (int i = 0; i < 3; ++i) check_half<BFloat16>(c);
+  CHECK(emu_rt::stats().func_attributes - before == first);
 }
 
 TEST_CASE("attention head dims over 128 are an nd::Error") {

@@ -46,16 +46,6 @@ void check_pass(const std::string& what, size_t n, int64_t terms, Cpu cpu_pass, 
   check_sum_bound(what, got, ref, bound, terms);
 }
 
-// The launches run() makes, as the cost model records them.
-template <class Run>
-std::vector<emu_cost::LaunchCounts> launches_of(Run&& run) {
-  emu_cost::clear();
-  emu_cost::set_enabled(true);
-  run();
-  emu_cost::set_enabled(false);
-  return emu_cost::launches();
-}
-
 // The names of the kernels run() launches, one a line (int64_t is `long` there, int32_t `int`).
 template <class Run>
 std::string kernels_run(Run&& run) {

@@ -36,7 +36,9 @@
 #include "kernels/cuda/batch_norm.h"
 #include "kernels/cuda/conv.h"
 #include "kernels/cuda/copy.h"
+#include "kernels/cuda/layer_norm.h"
 #include "kernels/cuda/optim.h"
+#include "kernels/cuda/softmax.h"
 
 namespace {
 
@@ -193,6 +195,35 @@ Row make(const rows::AdamwRow& a) {
     nd::kernels::AdamParams hp;
     hp.lr = 1e-3, hp.weight_decay = 0.01, hp.decoupled_weight_decay = true;
     cuda::adam_step<float>(0, list, hp, nullptr);
+  };
+  return r;
+}
+
+// The training backward: reads dy and x (twice: dweight and dbias, then dx), writes dx.
+Row make(const rows::LayerNormRow& l) {
+  const int64_t M = l.M, D = l.D;
+  Row r;
+  r.key = rows::key(l), r.anchor = "copy bandwidth (reads dy x, writes dx)", r.copy_anchor = true;
+  r.run = [=] {
+    auto x = filled<float>(size_t(M * D)), dy = filled<float>(size_t(M * D), 0.01f), weight = filled<float>(size_t(D));
+    auto mean = filled<float>(size_t(M), 0.1f), rstd = filled<float>(size_t(M));
+    DeviceVector<float> dx(x.size()), dweight(static_cast<size_t>(D)), dbias(static_cast<size_t>(D));
+    cuda::layer_norm_backward<float>(dy.data(), x.data(), mean.data(), rstd.data(), weight.data(), M, D, dx.data(),
+                                     dweight.data(), dbias.data(), nullptr);
+  };
+  return r;
+}
+
+Row make(const rows::SoftmaxRow& s) {
+  const int64_t M = s.M, D = s.D;
+  const bool log = s.log;
+  Row r;
+  r.key = rows::key(s), r.anchor = "copy bandwidth (reads x, writes y)", r.copy_anchor = true;
+  r.run = [=] {
+    auto x = filled<float>(size_t(M * D), 5.0f);
+    DeviceVector<float> y(x.size());
+    if (log) cuda::log_softmax_forward<float>(x.data(), M, D, y.data(), nullptr);
+    else cuda::softmax_forward<float>(x.data(), M, D, y.data(), nullptr);
   };
   return r;
 }

@@ -40,7 +40,7 @@ void release(void* ptr) {
   emu_san::untrack(ptr);
   std::free(static_cast<unsigned char*>(ptr) - kScratchRedZone);
 }
-void copy_host_to_device(int, void* dst, const void* src, size_t nbytes) {
+void copy_host_to_device(int, void* dst, const void* src, size_t nbytes, cudaStream_t) {
   std::memcpy(dst, src, nbytes);
   emu_san::host_wrote(dst, nbytes);
 }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -145,6 +146,22 @@ inline void check_sum_bound(const std::string& what, const std::vector<double>& 
   // f64 results: the bound itself is computed in f64, so allow u of f64 plus the bound's own rounding.
   const double u = std::ldexp(1.0, -53), gamma = 2.0 * (n * u) / (1.0 - n * u) + 4 * u;
   check_within(what, got, ref, [&](size_t i) { return gamma * bound[i]; });
+}
+
+// The launches run() makes, as the cost model records them (grids, blocks, memory traffic).
+template <class Run>
+std::vector<emu_cost::LaunchCounts> launches_of(Run&& run) {
+  emu_cost::clear();
+  emu_cost::set_enabled(true);
+  run();
+  emu_cost::set_enabled(false);
+  return emu_cost::launches();
+}
+
+// The same bits, NaN included (a rerun must repeat every bit: a deterministic order of adds).
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
 }  // namespace nd::emu_test

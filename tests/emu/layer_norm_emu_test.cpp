@@ -10,8 +10,10 @@
 // value (u of T) covers them and the elementwise roundings.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "emu_test.h"
@@ -62,6 +64,50 @@ TEST_CASE("layer_norm f32: one partial warp, several warps, 256 threads striding
 TEST_CASE("layer_norm f64") {
   check_layer_norm<double>(5, 7, true);
   check_layer_norm<double>(4, 700, false);
+}
+
+// dweight and dbias alone (dx null, as for a frozen input): the rows are split across blocks
+// of kChunkRows rows, each block a tile of 32 columns, and the blocks' partial sums are added
+// in block order, so the result is the same bits on every run.
+constexpr int64_t kChunkRows = 128;  // layer_norm.cu: 8 row lanes x 16 rows each
+
+template <class T>
+void check_param_grads(int64_t M, int64_t D) {
+  INFO("M = ", M, ", D = ", D, std::string(sizeof(T) == 4 ? " f32" : " f64"));
+  const auto x = cast<T>(uniform(M * D, 5, -1, 3)), dy = cast<T>(uniform(M * D, 6));
+  std::vector<T> y(M * D), mean(M), rstd(M), dw1(D), db1(D);
+  cpu::layer_norm_forward<T>(x.data(), nullptr, nullptr, M, D, 1e-5, y.data(), mean.data(), rstd.data());
+  cpu::layer_norm_backward<T>(dy.data(), x.data(), mean.data(), rstd.data(), nullptr, M, D, nullptr, dw1.data(),
+                              db1.data());
+  auto run = [&] {
+    auto dw = nans<T>(D), db = nans<T>(D);
+    const auto launches = launches_of([&] {
+      cuda::layer_norm_backward<T>(dy.data(), x.data(), mean.data(), rstd.data(), nullptr, M, D, nullptr, dw.data(),
+                                   db.data(), nullptr);
+    });
+    // One launch: a block per 32 columns and per kChunkRows rows (so the MAE's 1 to 6 column
+    // tiles over thousands of rows fill the GPU), whatever the split.
+    REQUIRE(launches.size() == 1);
+    CHECK(launches[0].grid[0] == unsigned((D + 31) / 32));
+    CHECK(launches[0].grid[1] == unsigned(std::max<int64_t>(1, (M + kChunkRows - 1) / kChunkRows)));
+    return std::pair{dw, db};
+  };
+  const auto [dw2, db2] = run();
+  check_rel("dweight", dw2, dw1, rel_for<T>(M));
+  check_rel("dbias", db2, db1, rel_for<T>(M));
+  const auto [dw3, db3] = run();
+  CHECK_MESSAGE(same_bits(dw2, dw3), "dweight not bit-reproducible");
+  CHECK_MESSAGE(same_bits(db2, db3), "dbias not bit-reproducible");
+}
+
+TEST_CASE("layer_norm dweight and dbias: rows split across blocks, partial tiles, bit-reproducible") {
+  check_param_grads<float>(1, 32);
+  check_param_grads<float>(129, 33);    // one row into a second chunk, one column into a second tile
+  check_param_grads<float>(1000, 100);  // a partial last chunk (1000 = 7 x 128 + 104)
+  check_param_grads<float>(5000, 192);  // the MAE's width at its rows per step
+  check_param_grads<float>(300, 1024);
+  check_param_grads<double>(700, 40);
+  check_param_grads<float>(0, 40);  // no rows: zero gradients
 }
 
 TEST_CASE("layer_norm rows of no element are an nd::Error") {

@@ -15,6 +15,10 @@
 //   (emu_rt::set_hold_events): then an event recorded meanwhile reports cudaErrorNotReady
 //   to cudaEventQuery until cudaEventSynchronize waits for it or emu_rt::complete_events()
 //   lets the "GPU" catch up, so code that must wait for a copy can be seen waiting, or not.
+//   emu_rt::fault_launch makes a launch fault as a kernel that reads out of bounds does
+//   (reported later, by a synchronize or after the next launch); emu_rt::record_trace keeps
+//   the stream of every copy, launch and event record or wait, so that the order the host
+//   asks for can be checked where nothing here can race.
 //   What is checked is what CUDA rejects: a
 //   destroyed or unknown stream/event (cudaErrorInvalidResourceHandle), an event recorded
 //   on a stream of another device, a kernel launched on a stream of a device that is not
@@ -32,6 +36,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "emu_core.h"
@@ -44,6 +49,7 @@ enum cudaError {
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
+  cudaErrorIllegalAddress = 700,
 };
 typedef cudaError cudaError_t;
 
@@ -81,6 +87,18 @@ struct Stats {
   long mallocs = 0, frees = 0, host_allocs = 0, host_frees = 0;
   long memcpys = 0, memsets = 0, event_records = 0, event_waits = 0, stream_waits = 0;
   long host_waits = 0;  // the host blocked on the device: stream, device or event synchronize
+  long func_attributes = 0;  // cudaFuncSetAttribute calls
+};
+
+// One operation on a stream, as record_trace keeps them: a copy or memset (kernel empty, dst
+// its device destination), a kernel launch (its name as written at the launch), an event
+// recorded on a stream or waited for by one (event set).
+struct TraceEntry {
+  const CUstream_st* stream;
+  std::string kernel;
+  const void* dst = nullptr;
+  const CUevent_st* event = nullptr;
+  bool event_wait = false;
 };
 
 struct Block {
@@ -96,6 +114,11 @@ struct State {
   std::vector<size_t> used, limit;
   Stats stats;
   bool hold_events = false;
+  std::string fault_kernel;                  // fault_launch's kernel (a part of its name), or empty
+  cudaError_t fault = cudaSuccess;           // what it faults with
+  cudaError_t pending_fault = cudaSuccess;   // a fault not yet reported
+  bool trace = false;                        // record_trace: the stream of each copy and launch
+  std::vector<TraceEntry> traced;
 };
 inline State& state() {
   static State* s = new State();  // never destroyed: freed from static destructors too
@@ -208,15 +231,65 @@ inline void complete_events() {
   for (const CUevent_st* e : state().events) const_cast<CUevent_st*>(e)->pending = false;
 }
 
+// The next launch of a kernel whose name (as written at the launch) contains `kernel` faults
+// with `error`, as a kernel that reads out of bounds does on a GPU: it does not run, its
+// launch succeeds, and the fault is reported later, by the next synchronising call (stream,
+// device or event synchronize) or, failing that, as the last error after the next launch
+// (which the engine then blames). Reported once (on a GPU it stays: the context is lost).
+inline void fault_launch(const char* kernel, cudaError_t error = cudaErrorIllegalAddress) {
+  std::lock_guard lock(state().mutex);
+  state().fault_kernel = kernel;
+  state().fault = error;
+}
+// A pending fault, once: what a synchronising call returns. Caller holds the mutex.
+inline cudaError_t take_fault() {
+  const cudaError_t e = state().pending_fault;
+  state().pending_fault = cudaSuccess;
+  return e;
+}
+
+// While on, every copy, memset, launch and event record or wait is kept, in order, with its
+// stream (trace(); clear_trace() empties it). Streams are synchronous here, so work queued
+// on two streams cannot be seen racing; the trace shows which stream each piece went to and
+// which events order them.
+inline void record_trace(bool on) {
+  std::lock_guard lock(state().mutex);
+  state().trace = on;
+}
+inline std::vector<TraceEntry> trace() {
+  std::lock_guard lock(state().mutex);
+  return state().traced;
+}
+inline void clear_trace() {
+  std::lock_guard lock(state().mutex);
+  state().traced.clear();
+}
+// Caller holds the mutex.
+inline void traced(TraceEntry e) {
+  if (state().trace) state().traced.push_back(std::move(e));
+}
+
 }  // namespace emu_rt
 
 // emu_launch's hook (emu_core.h, found by argument-dependent lookup): a kernel runs only on
-// a stream of the current device, as on CUDA; otherwise the launch records the error.
-inline bool emu_launch_allowed(cudaStream_t stream) {
+// a stream of the current device, as on CUDA; otherwise the launch records the error. A fault
+// pending from an earlier launch (emu_rt::fault_launch) becomes the last error here; a
+// launch that fault_launch names does not run and leaves its fault pending.
+inline bool emu_launch_allowed(cudaStream_t stream, const char* name) {
+  using namespace emu_rt;
   int device = 0;
-  if (emu_rt::stream_device(stream, &device) != cudaSuccess) return false;
-  if (device != emu_rt::current_device) {
-    emu_rt::fail(cudaErrorInvalidResourceHandle);
+  if (stream_device(stream, &device) != cudaSuccess) return false;
+  if (device != current_device) {
+    fail(cudaErrorInvalidResourceHandle);
+    return false;
+  }
+  std::lock_guard lock(state().mutex);
+  State& s = state();
+  traced({stream, name});
+  if (s.pending_fault != cudaSuccess) last_error = take_fault();
+  if (!s.fault_kernel.empty() && std::strstr(name, s.fault_kernel.c_str()) != nullptr) {
+    s.pending_fault = s.fault;
+    s.fault_kernel.clear();
     return false;
   }
   return true;
@@ -238,6 +311,7 @@ inline const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
   }
   return "cudaErrorUnknown";
 }
@@ -250,6 +324,7 @@ inline const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
   }
   return "unknown error";
 }
@@ -280,12 +355,15 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d
 inline cudaError_t cudaDeviceSynchronize() {
   std::lock_guard lock(emu_rt::state().mutex);
   ++emu_rt::state().stats.host_waits;
+  if (cudaError_t e = emu_rt::take_fault(); e != cudaSuccess) return emu_rt::fail(e);
   return cudaSuccess;
 }
 template <class K>
 cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute attr, int value) {
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize && (value < 0 || value > emu_rt::kMaxDynamicSharedBytes))
     return emu_rt::fail(cudaErrorInvalidValue);
+  std::lock_guard lock(emu_rt::state().mutex);
+  ++emu_rt::state().stats.func_attributes;
   return cudaSuccess;
 }
 
@@ -377,6 +455,7 @@ inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMem
   emu_san::host_wrote(dst, n);
   std::lock_guard lock(state().mutex);
   ++state().stats.memcpys;
+  traced({stream, "", dst});
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int src_device, size_t n,
@@ -406,6 +485,7 @@ inline cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t st
   emu_san::host_wrote(p, n);
   std::lock_guard lock(state().mutex);
   ++state().stats.memsets;
+  traced({stream, "", p});
   return cudaSuccess;
 }
 inline cudaError_t cudaMemset(void* p, int value, size_t n) { return cudaMemsetAsync(p, value, n, nullptr); }
@@ -442,6 +522,7 @@ inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (cudaError_t e = emu_rt::stream_device(stream, &device); e != cudaSuccess) return e;
   std::lock_guard lock(emu_rt::state().mutex);
   ++emu_rt::state().stats.host_waits;
+  if (cudaError_t e = emu_rt::take_fault(); e != cudaSuccess) return emu_rt::fail(e);
   return cudaSuccess;
 }
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
@@ -458,6 +539,7 @@ inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = null
   std::lock_guard lock(state().mutex);
   ++state().stats.event_records;
   event->pending = state().hold_events;
+  traced({stream, "", nullptr, event});
   return cudaSuccess;
 }
 // cudaErrorNotReady is kept as the thread's last error here, the pessimistic reading that
@@ -480,6 +562,7 @@ inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   ++state().stats.event_waits;
   ++state().stats.host_waits;
   event->pending = false;
+  if (cudaError_t e = take_fault(); e != cudaSuccess) return fail(e);
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0) {
@@ -490,5 +573,6 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, u
   if (cudaError_t e = check_event(event); e != cudaSuccess) return e;
   std::lock_guard lock(state().mutex);
   ++state().stats.stream_waits;
+  traced({stream, "", nullptr, event, true});
   return cudaSuccess;
 }

@@ -459,13 +459,14 @@ template <class F>
 void emu_launch(dim3 g, dim3 b, size_t smem, const char* name, F&& kernel) {
   emu_launch_impl(g, b, smem, name, kernel);
 }
-// With a stream: cuda_runtime.h's emu_launch_allowed(stream) (found by argument-dependent
+// With a stream: cuda_runtime.h's emu_launch_allowed(stream, name) (found by argument-dependent
 // lookup) refuses a stream that is unknown or belongs to another device than the current
-// one, recording the error for cudaGetLastError as CUDA does; the kernel then does not run.
+// one, recording the error for cudaGetLastError as CUDA does, and a launch a test made fault;
+// the kernel then does not run.
 template <class S, class F>
 void emu_launch(dim3 g, dim3 b, size_t smem, S stream, const char* name, F&& kernel) {
   if constexpr (std::is_pointer_v<S>) {
-    if (!emu_launch_allowed(stream)) return;
+    if (!emu_launch_allowed(stream, name)) return;
   }
   emu_launch_impl(g, b, smem, name, kernel);
 }
