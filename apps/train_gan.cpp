@@ -9,6 +9,7 @@
 
 #include "common/fid.h"
 #include "common/flags.h"
+#include "common/model_select.h"
 #include "common/png.h"
 #include "common/train.h"
 
@@ -18,7 +19,8 @@ using nd::Tensor;
 namespace models = nd::models;
 
 struct Options : app::CommonOptions {
-  int64_t nz = 64, ngf = 32, ndf = 32;
+  std::string model;               // "": the config for the data's image size
+  int64_t nz = 0, ngf = 0, ndf = 0;  // 0: the config's
   bool eval = false;
   std::string classifier = "out/train_classifier/classifier.safetensors";
   int64_t eval_samples = 10000;  // the whole test set
@@ -62,9 +64,14 @@ int train(Options& o) {
   if (o.eval) ND_CHECK(std::filesystem::exists(o.classifier), "--classifier: no file at ", o.classifier,
                        " (train one with train_classifier, or pass --classifier PATH)");
 
+  models::DCGANConfig config = app::dcgan_config(o.model, app::image_shape(train_set.images));
+  auto take = [](int64_t& flag, int64_t& field) { flag ? void(field = flag) : void(flag = field); };
+  take(o.nz, config.nz), take(o.ngf, config.ngf), take(o.ndf, config.ndf);  // --nz/--ngf/--ndf over the config's
+  if (o.model.empty()) o.model = "dcgan" + std::to_string(config.image_size);
+
   nd::manual_seed(static_cast<uint64_t>(o.seed));
-  models::DCGANGenerator G(o.nz, o.ngf);
-  models::DCGANDiscriminator D(o.ndf);
+  models::DCGANGenerator G(config);
+  models::DCGANDiscriminator D(config);
   models::dcgan_init(*G);
   models::dcgan_init(*D);
   if (o.sync_bn) {
@@ -76,8 +83,8 @@ int train(Options& o) {
   nd::dist::DistributedDataParallel g(G, "G", app::ddp_options(device));
   nd::dist::DistributedDataParallel d(D, "D", app::ddp_options(device));
   // --zero: each a ZeroRedundancyOptimizer over its DDP model (ZeRO stage 2: sharded state and gradients).
-  auto opt_g = app::make_optimizer<nd::optim::Adam>(o, g.reducer(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
-  auto opt_d = app::make_optimizer<nd::optim::Adam>(o, d.reducer(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
+  auto opt_g = app::make_optimizer<nd::optim::Adam>(o, g.reducer(), models::dcgan_adam_options().lr(o.lr));
+  auto opt_d = app::make_optimizer<nd::optim::Adam>(o, d.reducer(), models::dcgan_adam_options().lr(o.lr));
 
   app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
   nd::TrainState state{{{"G", G.get()}, {"D", D.get()}}, {{"G", opt_g.get()}, {"D", opt_d.get()}}, {}, 0, {{"amp", &scaler}}, {}};
@@ -90,7 +97,7 @@ int train(Options& o) {
   log.watch(&scaler);
   log.say("train_gan: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", global batch " +
           std::to_string(o.batch_size) + ", steps " + std::to_string(start + 1) + ".." + std::to_string(o.steps) +
-          ", nz " + std::to_string(o.nz) + ", ngf " + std::to_string(o.ngf) + ", ndf " + std::to_string(o.ndf) +
+          ", model " + o.model + ", nz " + std::to_string(o.nz) + ", ngf " + std::to_string(o.ngf) + ", ndf " + std::to_string(o.ndf) +
           ", output " + o.out);
   app::UpdateNorm update_g(G->parameters()), update_d(D->parameters());
   auto bce = [](const Tensor& logits, double target) {
@@ -157,9 +164,12 @@ int main(int argc, char** argv) {
                      "Trains a DCGAN (generator + discriminator) on Fashion-MNIST; alone or under mpirun.\n"
                      "Writes samples_<step>.png, metrics.jsonl, loss_curve.png and ckpt/ to --out.");
     app::add_common_flags(flags, o, /*has_batch_norm=*/true);
-    flags.add("--nz", &o.nz, "latent size");
-    flags.add("--ngf", &o.ngf, "generator width");
-    flags.add("--ndf", &o.ndf, "discriminator width");
+    flags.add("--model", &o.model,
+              "DCGAN configuration: dcgan28, dcgan32 or dcgan64 (default: the one for the data's image size)",
+              "NAME");
+    flags.add("--nz", &o.nz, "latent size (0: the config's, 64 for dcgan28, 100 for dcgan32/64)");
+    flags.add("--ngf", &o.ngf, "generator width (0: the config's, 32 for dcgan28, 64 for dcgan32/64)");
+    flags.add("--ndf", &o.ndf, "discriminator width (0: the config's, 32 for dcgan28, 64 for dcgan32/64)");
     flags.add("--eval", &o.eval, "FID vs the test set at each sample step and the end (needs --classifier)");
     flags.add("--classifier", &o.classifier, "classifier weights from train_classifier (FID features)", "PATH");
     flags.add("--eval-samples", &o.eval_samples, "generated and test images per FID", 2);

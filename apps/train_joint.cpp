@@ -14,6 +14,7 @@
 #include <string>
 
 #include "common/flags.h"
+#include "common/model_select.h"
 #include "common/png.h"
 #include "common/train.h"
 
@@ -54,15 +55,11 @@ int train(Options& o) {
   const nd::Device device = app::setup("train_joint", o, world);
   const nd::AutocastGuard amp(device.type, o.amp, app::amp_dtype(o));  // --amp (engine/autocast.h)
   nd::optim::GradScaler scaler(app::grad_scaler_options(o));  // on for --amp-dtype f16 only
-  if (o.model.empty()) o.model = device.is_cpu() ? "tiny" : "small";
-  models::MAEConfig config;
-  try {
-    config = models::MAEConfig::by_name(o.model);
-  } catch (const nd::Error&) {
-    throw app::UsageError{"--model expects tiny or small, got '" + o.model + "'"};
-  }
   const nd::data::Dataset train_set = nd::data::load_fashion_mnist(o.data, true);
   const nd::data::Dataset test_set = nd::data::load_fashion_mnist(o.data, false);
+  const models::MAEConfig config =
+      app::mae_config(o.model, app::image_shape(train_set.images), device, /*allow_vit=*/false);
+  if (o.model.empty()) o.model = device.is_cpu() ? "tiny" : "small";
 
   nd::manual_seed(static_cast<uint64_t>(o.seed));
   nd::apps::Perturber G(o.gwidth);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/flags.h"
+#include "common/model_select.h"
 #include "common/png.h"
 #include "common/train.h"
 
@@ -19,7 +20,9 @@ using nd::Tensor;
 namespace models = nd::models;
 
 struct Options : app::CommonOptions {
-  std::string model;  // tiny (cpu) / small (cuda)
+  std::string model;  // "": the config for the data's image size (28x28: tiny on cpu, small on cuda)
+  bool checkpoint_activations = false;
+  std::string init_from;  // an MAE's (or its encoder's) weights to start from
   int64_t warmup = 0;  // 0: 5% of --steps
   bool probe = false;
   int64_t probe_train = 60000;
@@ -32,21 +35,21 @@ Tensor fixed_noise(int64_t n, int64_t patches) {
   return nd::rand({n, patches}, {}, &gen);
 }
 
-// [n, 1, 28, 28] originals -> 3n images: original, masked (gray patches), reconstruction
+// [n, C, S, S] originals -> 3n images: original, masked (gray patches), reconstruction
 // (predicted masked patches de-normalised with each patch's own mean and std, visible
 // patches pasted from the original), per sample.
 Tensor triplets(models::MAE& mae, const Tensor& images) {
   nd::NoGradGuard no_grad;
-  const int64_t p = mae->config.patch_size, n = images.size(0);
+  const int64_t p = mae->config.patch_size, c = mae->config.in_chans, n = images.size(0);
   const models::MAEOutput out = mae->forward(images, fixed_noise(n, mae->config.num_patches()));
   const Tensor target = models::patchify(images, p);
   const Tensor mask = out.mask.unsqueeze(-1), keep = 1.0 - mask;
   Tensor pred = out.pred;
   if (mae->config.norm_pix_loss)
     pred = pred * (target.var({2}, 1, true) + 1e-6).sqrt() + target.mean({2}, true);
-  const Tensor masked = models::unpatchify(target * keep, p);
-  const Tensor recon = models::unpatchify(pred * mask + target * keep, p);
-  return nd::stack({images, masked, recon}, 1).reshape({3 * n, 1, images.size(2), images.size(3)});
+  const Tensor masked = models::unpatchify(target * keep, p, c);
+  const Tensor recon = models::unpatchify(pred * mask + target * keep, p, c);
+  return nd::stack({images, masked, recon}, 1).reshape({3 * n, c, images.size(2), images.size(3)});
 }
 
 // Masked-patch loss on `images` with the fixed masks, eval mode.
@@ -99,19 +102,17 @@ int train(Options& o) {
   const nd::Device device = app::setup("train_mae", o, world);
   const nd::AutocastGuard amp(device.type, o.amp, app::amp_dtype(o));  // --amp (engine/autocast.h)
   nd::optim::GradScaler scaler(app::grad_scaler_options(o));  // on for --amp-dtype f16 only
-  if (o.model.empty()) o.model = device.is_cpu() ? "tiny" : "small";
-  models::MAEConfig config;
-  try {
-    config = models::MAEConfig::by_name(o.model);
-  } catch (const nd::Error&) {
-    throw app::UsageError{"--model expects tiny or small, got '" + o.model + "'"};
-  }
   if (o.probe && o.probe_train > 60000) throw app::UsageError{"--probe-train is at most 60000"};
   const nd::data::Dataset train_set = nd::data::load_fashion_mnist(o.data, true);
   const nd::data::Dataset test_set = nd::data::load_fashion_mnist(o.data, false);
+  models::MAEConfig config = app::mae_config(o.model, app::image_shape(train_set.images), device);
+  if (o.model.empty())
+    o.model = config.img_size == 224 ? "mae_vit_base_patch16_dec512d8b" : device.is_cpu() ? "tiny" : "small";
+  config.checkpoint_activations = o.checkpoint_activations;
 
   nd::manual_seed(static_cast<uint64_t>(o.seed));
   models::MAE M(config);
+  const std::string init = o.init_from.empty() ? "" : app::init_mae_from(*M, o.init_from);
   M->to(device);
   nd::dist::DistributedDataParallel m(M, "MAE", app::ddp_options(device));
   nd::optim::AdamWOptions adamw(o.lr);
@@ -131,7 +132,9 @@ int train(Options& o) {
   log.watch(&scaler);
   log.say("train_mae: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", model " + o.model +
           ", global batch " + std::to_string(o.batch_size) + ", steps " + std::to_string(start + 1) + ".." +
-          std::to_string(o.steps) + ", output " + o.out);
+          std::to_string(o.steps) + ", output " + o.out +
+          (o.checkpoint_activations ? ", activation checkpointing" : ""));
+  if (!init.empty()) log.say("train_mae: initialised the " + init);
   app::UpdateNorm update(M->parameters());
   const Tensor eval_images = test_set.images.narrow(0, 0, 1000);
   auto evaluate = [&](int64_t step) {
@@ -184,7 +187,18 @@ int main(int argc, char** argv) {
                      "Writes samples_<step>.png (original / masked / reconstruction), metrics.jsonl,\n"
                      "loss_curve.png and ckpt/ to --out.");
     app::add_common_flags(flags, o, /*has_batch_norm=*/false);
-    flags.add("--model", &o.model, "MAE configuration: tiny or small (default tiny on cpu, small on cuda)", "NAME");
+    flags.add("--model", &o.model,
+              "MAE configuration: tiny, small, mae_vit_base_patch16_dec512d8b, mae_vit_large_patch16_dec512d8b or "
+              "mae_vit_huge_patch14_dec512d8b (default: for 28x28 images tiny on cpu, small on cuda; for 224x224 "
+              "the ViT-B)",
+              "NAME");
+    flags.add("--checkpoint-activations", &o.checkpoint_activations,
+              "recompute each transformer block's activations in backward instead of keeping them (less memory, "
+              "about a third more compute; the same results)");
+    flags.add("--init-from", &o.init_from,
+              "start from an MAE's weights (safetensors; models/mae_pth_to_safetensors.py converts the paper's "
+              ".pth): a whole MAE, or an encoder alone (the decoder keeps its init)",
+              "FILE");
     flags.add("--warmup", &o.warmup, "linear warmup steps (0: 5% of --steps)", 0);
     flags.add("--probe", &o.probe, "at the end, a linear probe on frozen encoder features (test accuracy)");
     flags.add("--probe-train", &o.probe_train, "training images for the linear probe");

@@ -1,10 +1,18 @@
-// Training-step benchmark: one full step (forward, backward, optimizer step) of the two
+// Training-step benchmark: one full step (forward, backward, optimizer step) of the
 // models the apps train, timed end to end, against the GEMM rate of the same machine.
-//   dcgan  exactly apps/train_gan's step at its defaults (nz 64, ngf = ndf = 32, batch 64,
-//          Adam lr 2e-4 betas (0.5, 0.999)): fake = G(z); D step on
+//   dcgan  exactly apps/train_gan's step at its defaults (dcgan28: nz 64, ngf = ndf = 32,
+//          batch 64, Adam lr 2e-4 betas (0.5, 0.999)): fake = G(z); D step on
 //          bce(D(real), 1) + bce(D(fake.detach()), 0); G step on bce(D(fake), 1).
 //   mae    exactly apps/train_mae's step with the tiny model (batch 128, AdamW betas
 //          (0.9, 0.95), weight decay 0.05): loss = MAE(images, noise); backward; step.
+//   NAME   the same step for any models::DCGANConfig (dcgan28, dcgan32, dcgan64; batch 64)
+//          or models::MAEConfig (tiny, small, mae_vit_{base,large}_patch16_dec512d8b,
+//          mae_vit_huge_patch14_dec512d8b; batch 64) on random images of its size.
+// --checkpoint-activations on: the MAE's blocks under nd::checkpoint (FLOPs then count
+// each block's forward twice).
+// Every step row reports "peak_bytes": the device allocator's peak of allocated bytes
+// (nd::cpu::memory_stats / nd::cuda::memory_stats, reset before the warmup): the model,
+// its gradients and optimizer state and the most activations a step held at once.
 // Left out of the timed step, as app bookkeeping rather than training: loading the batch
 // (a fixed random batch stands in), the update-norm metric, logging, the LR schedule,
 // and DDP (one rank; bench_ddp measures its overhead). The losses are read with item()
@@ -36,7 +44,8 @@
 // every backward node its gradients. Its cost, and the cost of the switch when off, are in
 // bench/RESULTS.md ("Anomaly mode").
 // Usage: bench_train [--steps N] [--warmup N] [--threads N] [--gemm N] [--device cpu|cuda|all]
-//                    [--model dcgan|mae|all] [--amp f32|bf16|f16] [--batch N] [--anomaly off|on]
+//                    [--model dcgan|mae|all|NAME] [--amp f32|bf16|f16] [--batch N] [--anomaly off|on]
+//                    [--checkpoint-activations off|on]
 // GCC 12 false positives inside Eigen's AVX-512 code (see kernels/cpu/matmul.cpp).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -70,6 +79,7 @@ struct Options {
   std::string amp = "f32";  // f32 (off), bf16 or f16
   int64_t batch = 0;        // images per step; 0: the app's default (DCGAN 64, MAE 128)
   bool anomaly = false;     // --anomaly on: steps under DetectAnomalyGuard
+  bool checkpoint_activations = false;  // --checkpoint-activations on: MAEConfig::checkpoint_activations
 };
 
 // The step's precision: --amp's AutocastGuard and, for f16, the GradScaler's options.
@@ -95,17 +105,25 @@ double linear_flops(int64_t rows, int64_t in, int64_t out) { return 2.0 * rows *
 // S = Q K^T and O = P V over all heads: 2 * 2 * n * seq^2 * dim (dim = heads * head_dim).
 double attention_flops(int64_t n, int64_t seq, int64_t dim) { return 4.0 * n * seq * seq * dim; }
 
-double dcgan_generator_flops(int64_t n, int64_t nz, int64_t ngf) {
-  return conv_transpose2d_flops(n, nz, 2 * ngf, 7, 1) + conv_transpose2d_flops(n, 2 * ngf, ngf, 4, 7) +
-         conv_transpose2d_flops(n, ngf, 1, 4, 14);
+// The stacks of models/dcgan.h for any DCGANConfig: k = upsamplings() stride-2 layers
+// each, widths w_i = ngf 2^(k-1-i) (generator) and ndf 2^i (discriminator).
+double dcgan_generator_flops(int64_t n, const nd::models::DCGANConfig& c) {
+  const int64_t k = c.upsamplings(), base = c.base();
+  double f = conv_transpose2d_flops(n, c.nz, c.ngf << (k - 1), base, 1);
+  for (int64_t i = 1; i < k; ++i)
+    f += conv_transpose2d_flops(n, c.ngf << (k - i), c.ngf << (k - 1 - i), 4, base << (i - 1));
+  return f + conv_transpose2d_flops(n, c.ngf, c.nc, 4, base << (k - 1));
 }
-double dcgan_discriminator_flops(int64_t n, int64_t ndf) {
-  return conv2d_flops(n, 1, ndf, 4, 14) + conv2d_flops(n, ndf, 2 * ndf, 4, 7) + conv2d_flops(n, 2 * ndf, 1, 7, 1);
+double dcgan_discriminator_flops(int64_t n, const nd::models::DCGANConfig& c) {
+  const int64_t k = c.upsamplings(), base = c.base();
+  double f = conv2d_flops(n, c.nc, c.ndf, 4, c.image_size / 2);
+  for (int64_t i = 1; i < k; ++i) f += conv2d_flops(n, c.ndf << (i - 1), c.ndf << i, 4, c.image_size >> (i + 1));
+  return f + conv2d_flops(n, c.ndf << (k - 1), 1, base, 1);
 }
 // One train_gan step: G forward once, D forward three times (real, fake.detach(), fake),
 // each pass with its backward.
-double dcgan_step_flops(int64_t n, int64_t nz, int64_t ngf, int64_t ndf) {
-  return 3.0 * (dcgan_generator_flops(n, nz, ngf) + 3.0 * dcgan_discriminator_flops(n, ndf));
+double dcgan_step_flops(int64_t n, const nd::models::DCGANConfig& c) {
+  return 3.0 * (dcgan_generator_flops(n, c) + 3.0 * dcgan_discriminator_flops(n, c));
 }
 
 // Pre-LN block on [n, seq, dim]: qkv, attention, out_proj, the two MLP linears.
@@ -115,7 +133,8 @@ double transformer_block_flops(int64_t n, int64_t seq, int64_t dim, double mlp_r
          linear_flops(rows, dim, hidden) + linear_flops(rows, hidden, dim);
 }
 // One train_mae step: patch_embed on all L patches, encoder on cls + kept tokens, decoder
-// on cls + L tokens, decoder_pred on all of them (the cls row is dropped after it).
+// on cls + L tokens, decoder_pred on all of them (the cls row is dropped after it). With
+// checkpoint_activations every block's forward runs twice: 4x its forward instead of 3x.
 double mae_step_flops(int64_t n, const nd::models::MAEConfig& c) {
   const int64_t len = c.num_patches(), enc = 1 + static_cast<int64_t>(len * (1 - c.mask_ratio)), dec = 1 + len;
   const double forward = linear_flops(n * len, c.patch_dim(), c.embed_dim) +
@@ -123,7 +142,9 @@ double mae_step_flops(int64_t n, const nd::models::MAEConfig& c) {
                          linear_flops(n * enc, c.embed_dim, c.decoder_embed_dim) +
                          c.decoder_depth * transformer_block_flops(n, dec, c.decoder_embed_dim, c.mlp_ratio) +
                          linear_flops(n * dec, c.decoder_embed_dim, c.patch_dim());
-  return 3.0 * forward;
+  const double blocks = c.depth * transformer_block_flops(n, enc, c.embed_dim, c.mlp_ratio) +
+                        c.decoder_depth * transformer_block_flops(n, dec, c.decoder_embed_dim, c.mlp_ratio);
+  return 3.0 * forward + (c.checkpoint_activations ? blocks : 0.0);
 }
 
 // ---- the timed steps --------------------------------------------------------------------
@@ -137,9 +158,12 @@ Tensor bce(const Tensor& logits, double target) {
   return nd::binary_cross_entropy_with_logits(logits, target > 0.5 ? nd::ones_like(logits) : nd::zeros_like(logits));
 }
 
-std::string dcgan_shape(int64_t batch) { return "nz=64 ngf=32 ndf=32 batch=" + std::to_string(batch) + " Adam"; }
-Workload dcgan(nd::Device device, const Precision& amp, int64_t n) {
-  const int64_t nz = 64, ngf = 32, ndf = 32;
+std::string dcgan_shape(const nd::models::DCGANConfig& c, int64_t batch) {
+  const std::string side = std::to_string(c.image_size);
+  return side + "x" + side + "x" + std::to_string(c.nc) + " nz=" + std::to_string(c.nz) + " ngf=" +
+         std::to_string(c.ngf) + " ndf=" + std::to_string(c.ndf) + " batch=" + std::to_string(batch) + " Adam";
+}
+Workload dcgan(nd::Device device, const Precision& amp, int64_t n, const nd::models::DCGANConfig& config) {
   struct State {
     nd::models::DCGANGenerator G;
     nd::models::DCGANDiscriminator D;
@@ -148,16 +172,16 @@ Workload dcgan(nd::Device device, const Precision& amp, int64_t n) {
     nd::optim::GradScaler scaler;
   };
   nd::manual_seed(0);
-  auto s = std::make_shared<State>(State{nd::models::DCGANGenerator(nz, ngf), nd::models::DCGANDiscriminator(ndf),
+  auto s = std::make_shared<State>(State{nd::models::DCGANGenerator(config), nd::models::DCGANDiscriminator(config),
                                          nullptr, nullptr, {}, nd::optim::GradScaler(amp.scaler())});
   nd::models::dcgan_init(*s->G);
   nd::models::dcgan_init(*s->D);
   s->G->to(device);
   s->D->to(device);
-  s->opt_g = std::make_unique<nd::optim::Adam>(s->G->parameters(), nd::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
-  s->opt_d = std::make_unique<nd::optim::Adam>(s->D->parameters(), nd::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
-  s->real = (nd::rand({n, 1, 28, 28}) * 2.0 - 1.0).to(device);
-  auto step = [s, n, nz, amp] {
+  s->opt_g = std::make_unique<nd::optim::Adam>(s->G->parameters(), nd::models::dcgan_adam_options());
+  s->opt_d = std::make_unique<nd::optim::Adam>(s->D->parameters(), nd::models::dcgan_adam_options());
+  s->real = (nd::rand({n, config.nc, config.image_size, config.image_size}) * 2.0 - 1.0).to(device);
+  auto step = [s, n, nz = config.nz, amp] {
     const nd::AutocastGuard guard(s->real.device().type, amp.on, amp.dtype);
     const Tensor z = nd::randn({n, nz}).to(s->real.device());
     const Tensor fake = s->G(z);
@@ -173,12 +197,15 @@ Workload dcgan(nd::Device device, const Precision& amp, int64_t n) {
     loss_d.item();
     loss_g.item();
   };
-  return {n, dcgan_step_flops(n, nz, ngf, ndf), step};
+  return {n, dcgan_step_flops(n, config), step};
 }
 
-std::string mae_shape(int64_t batch) { return "tiny E=64x2 Ed=32x1 batch=" + std::to_string(batch) + " AdamW"; }
-Workload mae(nd::Device device, const Precision& amp, int64_t n) {
-  const nd::models::MAEConfig config = nd::models::MAEConfig::tiny();
+std::string mae_shape(const std::string& name, const nd::models::MAEConfig& c, int64_t batch) {
+  return name + " E=" + std::to_string(c.embed_dim) + "x" + std::to_string(c.depth) + " Ed=" +
+         std::to_string(c.decoder_embed_dim) + "x" + std::to_string(c.decoder_depth) + " batch=" +
+         std::to_string(batch) + " AdamW" + (c.checkpoint_activations ? " ckpt" : "");
+}
+Workload mae(nd::Device device, const Precision& amp, int64_t n, const nd::models::MAEConfig& config) {
   struct State {
     nd::models::MAE M;
     std::unique_ptr<nd::optim::AdamW> opt;
@@ -188,10 +215,8 @@ Workload mae(nd::Device device, const Precision& amp, int64_t n) {
   nd::manual_seed(0);
   auto s = std::make_shared<State>(State{nd::models::MAE(config), nullptr, {}, nd::optim::GradScaler(amp.scaler())});
   s->M->to(device);
-  nd::optim::AdamWOptions adamw(1e-3);
-  adamw.betas({0.9, 0.95}).weight_decay(0.05);
-  s->opt = std::make_unique<nd::optim::AdamW>(s->M->parameters(), adamw);
-  s->images = (nd::rand({n, 1, 28, 28}) * 2.0 - 1.0).to(device);
+  s->opt = std::make_unique<nd::optim::AdamW>(s->M->parameters(), nd::models::mae_adamw_options(1e-3));
+  s->images = (nd::rand({n, config.in_chans, config.img_size, config.img_size}) * 2.0 - 1.0).to(device);
   auto step = [s, n, len = config.num_patches(), amp] {
     const nd::AutocastGuard guard(s->images.device().type, amp.on, amp.dtype);
     const Tensor noise = nd::rand({n, len});  // on the host, as train_mae: the masking runs there
@@ -210,8 +235,20 @@ struct Row {
   std::string op, shape, impl, model, device, baseline, note, dtype = "f32";
   double ms = -1, gflops = 0, ratio = -1, ms_min = 0, ms_max = 0, flops = 0;
   int64_t images = 0;
+  int64_t peak_bytes = -1;  // the device allocator's peak over the warmup and timed steps
   int steps = 0;
 };
+
+// The allocator's peak of allocated bytes (PyTorch's max_memory_allocated): the model,
+// its gradients and optimizer state, and the most activations a step held at once.
+void reset_peak(nd::Device device) {
+  if (device.is_cpu()) nd::cpu::reset_peak_memory_stats();
+  else nd::cuda::reset_peak_memory_stats(device);
+}
+int64_t peak_bytes(nd::Device device) {
+  return device.is_cpu() ? nd::cpu::memory_stats().peak_allocated_bytes
+                         : nd::cuda::memory_stats(device).peak_allocated_bytes;
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -275,8 +312,8 @@ std::vector<Row> gemm_rows(nd::Device device, int64_t size, const Options& o) {
 
 void print(const std::vector<Row>& rows, int threads) {
   std::printf("bench_train: %d OpenMP thread(s); median step; ratio = achieved GFLOP/s / sgemm GFLOP/s\n", threads);
-  std::printf("%-7s %-6s %-36s %-11s %9s %8s %9s %8s %6s\n", "model", "device", "shape", "impl", "ms", "steps/s",
-              "images/s", "GFLOP/s", "ratio");
+  std::printf("%-7s %-6s %-36s %-11s %9s %8s %9s %8s %6s %9s\n", "model", "device", "shape", "impl", "ms", "steps/s",
+              "images/s", "GFLOP/s", "ratio", "peak MiB");
   for (const Row& r : rows) {
     if (r.ms < 0) {
       std::printf("%-7s %-6s %-36s %-11s %s\n", r.model.c_str(), r.device.c_str(), r.shape.c_str(), r.impl.c_str(),
@@ -287,8 +324,10 @@ void print(const std::vector<Row>& rows, int threads) {
                 r.impl.c_str(), r.ms, 1e3 / r.ms);
     if (r.images > 0) std::printf("%9.0f %8.1f ", r.images * 1e3 / r.ms, r.gflops);
     else std::printf("%9s %8.1f ", "-", r.gflops);
-    if (r.ratio < 0) std::printf("%6s\n", "-");
-    else std::printf("%6.3f\n", r.ratio);
+    if (r.ratio < 0) std::printf("%6s", "-");
+    else std::printf("%6.3f", r.ratio);
+    if (r.peak_bytes < 0) std::printf(" %9s\n", "-");
+    else std::printf(" %9.1f\n", static_cast<double>(r.peak_bytes) / (1 << 20));
   }
   for (const Row& r : rows) {
     auto line = nd::bench::JsonLine::row(r.op, r.shape, r.dtype, r.impl);
@@ -303,6 +342,7 @@ void print(const std::vector<Row>& rows, int threads) {
           .number("images_per_s", r.images * 1e3 / r.ms, "%.1f")
           .number("gflop_per_step", r.flops / 1e9, "%.4f");
     if (r.ms >= 0) line.number("ms_min", r.ms_min, "%.4f").number("ms_max", r.ms_max, "%.4f").integer("runs", r.steps);
+    if (r.peak_bytes >= 0) line.integer("peak_bytes", r.peak_bytes);
     if (!r.note.empty()) line.text("note", r.note);
     line.print();
   }
@@ -315,15 +355,37 @@ std::string one_line(std::string s) {
   return s;
 }
 
-// The models, by name, with the apps' batch sizes; shape says what one step is (also for
-// rows that cannot run).
+// The models, by name, with their default batch sizes; shape says what one step is (also
+// for rows that cannot run).
 struct Model {
-  const char* name;
+  std::string name;
   int64_t default_batch;
-  std::string (*shape)(int64_t batch);
-  Workload (*build)(nd::Device, const Precision&, int64_t batch);
+  std::function<std::string(int64_t batch)> shape;
+  std::function<Workload(nd::Device, const Precision&, int64_t batch)> build;
 };
-const Model kModels[] = {{"dcgan", 64, dcgan_shape, dcgan}, {"mae", 128, mae_shape, mae}};
+
+Model dcgan_model(const std::string& name, const nd::models::DCGANConfig& c) {
+  return {name, 64, [c](int64_t b) { return dcgan_shape(c, b); },
+          [c](nd::Device d, const Precision& p, int64_t b) { return dcgan(d, p, b, c); }};
+}
+Model mae_model(const std::string& name, const std::string& config_name, int64_t batch, bool checkpointed) {
+  nd::models::MAEConfig c = nd::models::MAEConfig::by_name(config_name);
+  c.checkpoint_activations = checkpointed;
+  return {name, batch, [c, config_name](int64_t b) { return mae_shape(config_name, c, b); },
+          [c](nd::Device d, const Precision& p, int64_t b) { return mae(d, p, b, c); }};
+}
+
+// --model: "dcgan" and "mae" are the apps' steps (dcgan28 at batch 64, tiny at 128),
+// "all" both; a DCGANConfig name (batch 64, examples/dcgan's) or an MAEConfig name (batch
+// 64, main_pretrain.py's per-GPU batch) that config. Throws nd::Error for another name.
+std::vector<Model> models_for(const Options& o) {
+  std::vector<Model> out;
+  if (o.model == "dcgan" || o.model == "all") out.push_back(dcgan_model("dcgan", nd::models::DCGANConfig::dcgan28()));
+  if (o.model == "mae" || o.model == "all") out.push_back(mae_model("mae", "tiny", 128, o.checkpoint_activations));
+  if (!out.empty()) return out;
+  if (o.model.rfind("dcgan", 0) == 0) return {dcgan_model(o.model, nd::models::DCGANConfig::by_name(o.model))};
+  return {mae_model(o.model, o.model, 64, o.checkpoint_activations)};
+}
 
 // The step rows of one device: baseline GEMM rows, then one row per model.
 void bench_device(nd::Device device, const Options& o, std::vector<Row>& out) {
@@ -334,9 +396,9 @@ void bench_device(nd::Device device, const Options& o, std::vector<Row>& out) {
     r.note = one_line(why);
     out.push_back(r);
   };
+  const std::vector<Model> all = models_for(o);
   std::vector<const Model*> models;
-  for (const Model& m : kModels)
-    if (o.model == "all" || o.model == m.name) models.push_back(&m);
+  for (const Model& m : all) models.push_back(&m);
   auto batch = [&](const Model* m) { return o.batch > 0 ? o.batch : m->default_batch; };
   if (device.is_cuda() && !nd::cuda::is_available()) {
     for (const Model* m : models)
@@ -364,7 +426,9 @@ void bench_device(nd::Device device, const Options& o, std::vector<Row>& out) {
         const nd::autograd::DetectAnomalyGuard anomaly;
         w.step();
       };
+      reset_peak(device);
       time_steps(step, device, o.warmup, o.steps, r);
+      r.peak_bytes = peak_bytes(device);
       if (!base.empty()) r.baseline = base.front().impl, r.ratio = r.gflops / base.front().gflops;
       out.push_back(r);
     } catch (const nd::Error& e) {
@@ -377,7 +441,8 @@ void bench_device(nd::Device device, const Options& o, std::vector<Row>& out) {
 int usage(const char* why, int status = 2) {
   std::fprintf(status == 0 ? stdout : stderr,
                "bench_train: %s\nusage: bench_train [--steps N] [--warmup N] [--threads N] [--gemm N] "
-               "[--device cpu|cuda|all] [--model dcgan|mae|all] [--amp f32|bf16|f16] [--batch N] [--anomaly off|on]\n",
+               "[--device cpu|cuda|all] [--model dcgan|mae|all|NAME] [--amp f32|bf16|f16] [--batch N] [--anomaly off|on] "
+               "[--checkpoint-activations off|on]\n",
                why);
   return status;
 }
@@ -402,12 +467,21 @@ int main(int argc, char** argv) {
     else if (flag == "--batch") o.batch = number;
     else if (flag == "--anomaly" && (value == "on" || value == "off")) o.anomaly = value == "on";
     else if (flag == "--anomaly") return usage("--anomaly expects on or off");
+    else if (flag == "--checkpoint-activations" && (value == "on" || value == "off"))
+      o.checkpoint_activations = value == "on";
+    else if (flag == "--checkpoint-activations") return usage("--checkpoint-activations expects on or off");
     else return usage(("unknown flag " + flag).c_str());
   }
   if (o.steps < 1 || o.warmup < 0 || o.threads < 0 || o.gemm < 1 || o.batch < 0)
     return usage("--steps and --gemm must be >= 1, --warmup, --threads and --batch >= 0");
   if (o.device != "cpu" && o.device != "cuda" && o.device != "all") return usage("--device expects cpu, cuda or all");
-  if (o.model != "dcgan" && o.model != "mae" && o.model != "all") return usage("--model expects dcgan, mae or all");
+  try {
+    models_for(o);
+  } catch (const nd::Error& e) {
+    return usage(("--model expects dcgan, mae, all, a DCGAN config (dcgan28, dcgan32, dcgan64) or an MAE config "
+                  "(tiny, small, mae_vit_base_patch16_dec512d8b, mae_vit_large_patch16_dec512d8b, "
+                  "mae_vit_huge_patch14_dec512d8b), got '" + o.model + "'").c_str());
+  }
   if (o.amp != "f32" && o.amp != "bf16" && o.amp != "f16") return usage("--amp expects f32, bf16 or f16");
   if (o.threads > 0) omp_set_num_threads(o.threads);
 

@@ -9,14 +9,22 @@ with impl "pytorch" (baseline: torch.mm of the same size in the same run).
   mae    tiny (embed 64 x 2 blocks, decoder 32 x 1, 4 heads), batch 128, AdamW lr 1e-3
          betas (0.9, 0.95) weight decay 0.05 (apps/train_mae's step)
 
-The models are tests/golden/make_models_golden.py's (the oracle the C++ models are tested
-against), so parameter shapes match nanoddp's one for one. FLOPs per step are counted as
-in bench_train.cpp (GEMM FLOPs, training pass = 3x forward).
+  NAME   any of bench_train's configs: dcgan28 | dcgan32 | dcgan64 (batch 64) or tiny | small |
+         mae_vit_base_patch16_dec512d8b | mae_vit_large_patch16_dec512d8b |
+         mae_vit_huge_patch14_dec512d8b (batch 64), on random images of the config's size
+
+The models are tests/golden/reference_models.py's (the PyTorch references the C++ models are
+tested against: examples/dcgan's layers, models_mae.py's MaskedAutoencoderViT), so parameter
+shapes match nanoddp's one for one; dcgan64's discriminator ends in the logit, its Sigmoid
+left to the loss, as nanoddp's. FLOPs per step are counted as in bench_train.cpp (GEMM
+FLOPs, training pass = 3x forward). --checkpoint-activations on wraps each MAE block in
+torch.utils.checkpoint.checkpoint(use_reentrant=False). On CUDA the rows carry
+"peak_bytes" (torch.cuda.max_memory_allocated, reset before the warmup), as bench_train's.
 --amp bf16|f16: the step under torch.autocast(dtype) (f16 with torch.amp.GradScaler), as
 bench_train --amp; the step rows then carry that dtype.
 Usage: python3 bench/bench_train_torch.py [--steps N] [--warmup N] [--threads N]
-                                          [--gemm N] [--device cpu|cuda|all] [--model dcgan|mae|all]
-                                          [--amp f32|bf16|f16] [--batch N]
+                                          [--gemm N] [--device cpu|cuda|all] [--model dcgan|mae|all|NAME]
+                                          [--amp f32|bf16|f16] [--batch N] [--checkpoint-activations off|on]
 --batch N: N images per step instead of the apps' batch (bench_train.cpp --batch).
 --threads 0 (default) keeps torch's default (OMP_NUM_THREADS when set).
 """
@@ -31,21 +39,22 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "golden"))
-import make_models_golden as golden  # noqa: E402
+import reference_models as ref  # noqa: E402
+
+# ---- the configs, as models::DCGANConfig and models::MAEConfig name them ----
+DCGAN_CONFIGS = {"dcgan28": dict(image_size=28, nc=1, nz=64, ngf=32, ndf=32),
+                 "dcgan32": dict(image_size=32, nc=3, nz=100, ngf=64, ndf=64),
+                 "dcgan64": dict(image_size=64, nc=3, nz=100, ngf=64, ndf=64)}
+MAE_SMALL_CONFIGS = {
+    "tiny": dict(embed_dim=64, depth=2, num_heads=4, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=4),
+    "small": dict(embed_dim=192, depth=6, num_heads=6, decoder_embed_dim=96, decoder_depth=2, decoder_num_heads=3)}
 
 
-class MAE(golden.MAE):
-    """The golden MAE with its mask made on the input's device (the golden one is CPU-only)."""
-
-    def random_masking(self, x, noise):
-        N, L, D = x.shape
-        len_keep = int(L * (1 - self.mask_ratio))
-        ids_shuffle = torch.argsort(noise, dim=1)
-        ids_restore = torch.argsort(ids_shuffle, dim=1)
-        x_masked = torch.gather(x, 1, ids_shuffle[:, :len_keep].unsqueeze(-1).repeat(1, 1, D))
-        mask = torch.ones([N, L], dtype=x.dtype, device=x.device)
-        mask[:, :len_keep] = 0
-        return x_masked, torch.gather(mask, 1, ids_restore), ids_restore
+def mae_config(name):
+    if name in MAE_SMALL_CONFIGS:
+        return dict(MAE_SMALL_CONFIGS[name], mlp_ratio=4.0, img_size=28, patch_size=4, in_chans=1)
+    return dict(ref.VIT_CONFIGS[name], decoder_embed_dim=512, decoder_depth=8, decoder_num_heads=16, mlp_ratio=4.0,
+                img_size=224, in_chans=3)
 
 
 # ---- FLOPs (forward; a training pass is 3x), as bench_train.cpp counts them ----
@@ -67,33 +76,47 @@ def block_flops(n, seq, dim, mlp_ratio):
             + linear_flops(rows, dim, hidden) + linear_flops(rows, hidden, dim))
 
 
-def dcgan_step_flops(n, nz, ngf, ndf):
-    g = (conv_transpose2d_flops(n, nz, 2 * ngf, 7, 1) + conv_transpose2d_flops(n, 2 * ngf, ngf, 4, 7)
-         + conv_transpose2d_flops(n, ngf, 1, 4, 14))
-    d = conv2d_flops(n, 1, ndf, 4, 14) + conv2d_flops(n, ndf, 2 * ndf, 4, 7) + conv2d_flops(n, 2 * ndf, 1, 7, 1)
+def dcgan_step_flops(n, c):
+    side, base = c["image_size"], 7 if c["image_size"] % 7 == 0 else 4
+    k = (side // base).bit_length() - 1
+    ngf, ndf = c["ngf"], c["ndf"]
+    g = conv_transpose2d_flops(n, c["nz"], ngf << (k - 1), base, 1)
+    g += sum(conv_transpose2d_flops(n, ngf << (k - i), ngf << (k - 1 - i), 4, base << (i - 1)) for i in range(1, k))
+    g += conv_transpose2d_flops(n, ngf, c["nc"], 4, base << (k - 1))
+    d = conv2d_flops(n, c["nc"], ndf, 4, side // 2)
+    d += sum(conv2d_flops(n, ndf << (i - 1), ndf << i, 4, side >> (i + 1)) for i in range(1, k))
+    d += conv2d_flops(n, ndf << (k - 1), 1, base, 1)
     return 3.0 * (g + 3.0 * d)
 
 
-MAE_TINY = dict(embed_dim=64, depth=2, num_heads=4, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=4,
-                mlp_ratio=4.0)
-
-
-def mae_step_flops(n, c, patches=49, patch_dim=16, mask_ratio=0.75):
+def mae_step_flops(n, c, checkpointed, mask_ratio=0.75):
+    patches = (c["img_size"] // c["patch_size"]) ** 2
+    patch_dim = c["patch_size"] ** 2 * c["in_chans"]
     enc, dec = 1 + int(patches * (1 - mask_ratio)), 1 + patches
-    forward = (linear_flops(n * patches, patch_dim, c["embed_dim"])
-               + c["depth"] * block_flops(n, enc, c["embed_dim"], c["mlp_ratio"])
+    blocks = (c["depth"] * block_flops(n, enc, c["embed_dim"], c["mlp_ratio"])
+              + c["decoder_depth"] * block_flops(n, dec, c["decoder_embed_dim"], c["mlp_ratio"]))
+    forward = (linear_flops(n * patches, patch_dim, c["embed_dim"]) + blocks
                + linear_flops(n * enc, c["embed_dim"], c["decoder_embed_dim"])
-               + c["decoder_depth"] * block_flops(n, dec, c["decoder_embed_dim"], c["mlp_ratio"])
                + linear_flops(n * dec, c["decoder_embed_dim"], patch_dim))
-    return 3.0 * forward
+    return 3.0 * forward + (blocks if checkpointed else 0.0)
 
 
 # ---- the steps ----
-DEFAULT_BATCH = {"dcgan": 64, "mae": 128}  # the apps' batch sizes
+def resolve(model, checkpointed):
+    """[(row name, config name, default batch)] for --model, as bench_train.cpp's models_for."""
+    out = ([("dcgan", "dcgan28", 64)] if model in ("dcgan", "all") else []) + \
+          ([("mae", "tiny", 128)] if model in ("mae", "all") else [])
+    return out or [(model, model, 64)]
 
 
-def shape(model, batch):
-    return {"dcgan": f"nz=64 ngf=32 ndf=32 batch={batch} Adam", "mae": f"tiny E=64x2 Ed=32x1 batch={batch} AdamW"}[model]
+def shape(config, batch, checkpointed):
+    if config in DCGAN_CONFIGS:
+        c = DCGAN_CONFIGS[config]
+        return (f"{c['image_size']}x{c['image_size']}x{c['nc']} nz={c['nz']} ngf={c['ngf']} ndf={c['ndf']} "
+                f"batch={batch} Adam")
+    c = mae_config(config)
+    return (f"{config} E={c['embed_dim']}x{c['depth']} Ed={c['decoder_embed_dim']}x{c['decoder_depth']} "
+            f"batch={batch} AdamW" + (" ckpt" if checkpointed else ""))
 
 
 def precision(device, amp):
@@ -103,24 +126,34 @@ def precision(device, amp):
     return autocast, torch.amp.GradScaler(device.type, enabled=amp == "f16")
 
 
-def dcgan(device, amp, n):
-    nz, ngf, ndf = 64, 32, 32
+def dcgan_nets(c):
+    if c["image_size"] == 64:
+        G, D = ref.ExampleGenerator(c["nz"], c["ngf"], c["nc"]), ref.ExampleDiscriminator(c["ndf"], c["nc"])
+        D.main[-1] = torch.nn.Identity()  # the logit: the Sigmoid goes to the loss
+        return G, D
+    return (ref.Generator(c["nz"], c["ngf"], c["nc"], c["image_size"]),
+            ref.Discriminator(c["ndf"], c["nc"], c["image_size"]))
+
+
+def dcgan(device, amp, n, config, checkpointed):
+    c = DCGAN_CONFIGS[config]
+    nz = c["nz"]
     autocast, scaler = precision(device, amp)
     torch.manual_seed(0)
-    G, D = golden.Generator(nz, ngf), golden.Discriminator(ndf)
-    G.apply(golden.weights_init)
-    D.apply(golden.weights_init)
+    G, D = dcgan_nets(c)
+    G.apply(ref.weights_init)
+    D.apply(ref.weights_init)
     G.to(device), D.to(device)
     opt_g = torch.optim.Adam(G.parameters(), lr=2e-4, betas=(0.5, 0.999))
     opt_d = torch.optim.Adam(D.parameters(), lr=2e-4, betas=(0.5, 0.999))
-    real = (torch.rand(n, 1, 28, 28) * 2 - 1).to(device)
+    real = (torch.rand(n, c["nc"], c["image_size"], c["image_size"]) * 2 - 1).to(device)
 
     def bce(logits, target):
         return F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, target))
 
     def step():
         with autocast():
-            z = torch.randn(n, nz).to(device)
+            z = torch.randn(n, nz, 1, 1).to(device)
             fake = G(z)
             opt_d.zero_grad()
             loss_d = bce(D(real), 1.0) + bce(D(fake.detach()), 0.0)
@@ -134,18 +167,34 @@ def dcgan(device, amp, n):
         scaler.update()
         loss_d.item(), loss_g.item()
 
-    return n, dcgan_step_flops(n, nz, ngf, ndf), step
+    return n, dcgan_step_flops(n, c), step
 
 
-def mae(device, amp, n):
+class CheckpointedBlock(torch.nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
+
+
+def mae(device, amp, n, config, checkpointed):
+    c = mae_config(config)
     autocast, scaler = precision(device, amp)
     torch.manual_seed(0)
-    model = MAE(**MAE_TINY).to(device)
+    model = ref.MAE(**c)
+    if checkpointed:
+        for blocks in (model.blocks, model.decoder_blocks):
+            for i in range(len(blocks)):
+                blocks[i] = CheckpointedBlock(blocks[i])
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.05)
-    images = (torch.rand(n, 1, 28, 28) * 2 - 1).to(device)
+    images = (torch.rand(n, c["in_chans"], c["img_size"], c["img_size"]) * 2 - 1).to(device)
+    patches = (c["img_size"] // c["patch_size"]) ** 2
 
     def step():
-        noise = torch.rand(n, 49).to(device)
+        noise = torch.rand(n, patches).to(device)
         opt.zero_grad()
         with autocast():
             loss = model(images, noise)[0]
@@ -154,7 +203,7 @@ def mae(device, amp, n):
         scaler.update()
         loss.item()
 
-    return n, mae_step_flops(n, MAE_TINY), step
+    return n, mae_step_flops(n, c, checkpointed), step
 
 
 # ---- timing and output ----
@@ -173,12 +222,14 @@ def time_steps(fn, device, warmup, steps):
 
 
 def bench_device(device, args, rows):
-    builders = [b for b in (dcgan, mae) if args.model in ("all", b.__name__)]
-    batch = lambda b: args.batch or DEFAULT_BATCH[b.__name__]  # noqa: E731
+    models = resolve(args.model, args.checkpoint_activations)
+    ckpt = args.checkpoint_activations == "on"
+    batch = lambda default: args.batch or default  # noqa: E731
     if device.type == "cuda" and not torch.cuda.is_available():
-        for b in builders:
-            rows.append(dict(op="train_step", model=b.__name__, device="cuda:0", impl="pytorch",
-                             shape=shape(b.__name__, batch(b)), note="skipped: torch.cuda.is_available() is False"))
+        for name, config, default in models:
+            rows.append(dict(op="train_step", model=name, device="cuda:0", impl="pytorch",
+                             shape=shape(config, batch(default), ckpt),
+                             note="skipped: torch.cuda.is_available() is False"))
         return
     size = args.gemm * (4 if device.type == "cuda" else 1)
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
@@ -187,14 +238,20 @@ def bench_device(device, args, rows):
                 ms_min=lo, ms_max=hi, flops=2.0 * size ** 3, images=0, steps=max(5, args.steps // 2))
     base["gflops"] = base["flops"] / (ms * 1e6)
     rows.append(base)
-    for build in builders:
-        images, flops, step = build(device, args.amp, batch(build))
+    for name, config, default in models:
+        build = dcgan if config in DCGAN_CONFIGS else mae
+        images, flops, step = build(device, args.amp, batch(default), config, ckpt)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         ms, lo, hi = time_steps(step, device, args.warmup, args.steps)
         gflops = flops / (ms * 1e6)
-        rows.append(dict(op="train_step", shape=shape(build.__name__, batch(build)), impl="pytorch", model=build.__name__,
-                         device=str(device), ms=ms, dtype=args.amp,
-                         ms_min=lo, ms_max=hi, flops=flops, images=images, steps=args.steps, gflops=gflops,
-                         baseline="torch.mm", ratio=gflops / base["gflops"]))
+        row = dict(op="train_step", shape=shape(config, batch(default), ckpt), impl="pytorch", model=name,
+                   device=str(device), ms=ms, dtype=args.amp,
+                   ms_min=lo, ms_max=hi, flops=flops, images=images, steps=args.steps, gflops=gflops,
+                   baseline="torch.mm", ratio=gflops / base["gflops"])
+        if device.type == "cuda":
+            row["peak_bytes"] = torch.cuda.max_memory_allocated(device)
+        rows.append(row)
 
 
 def report(rows, threads):
@@ -219,6 +276,8 @@ def report(rows, threads):
             if out["ratio"] is not None:
                 out["ratio"] = round(out["ratio"], 4)
             out.update(ms_min=round(r["ms_min"], 4), ms_max=round(r["ms_max"], 4), runs=r["steps"])
+            if "peak_bytes" in r:
+                out["peak_bytes"] = r["peak_bytes"]
             if r["images"]:
                 out.update(steps_per_s=round(1e3 / r["ms"], 3), images_per_s=round(r["images"] * 1e3 / r["ms"], 1),
                            gflop_per_step=round(r["flops"] / 1e9, 4))
@@ -234,10 +293,14 @@ def main():
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     p.add_argument("--gemm", type=int, default=1024, help="M = N = K of the reference sgemm (CUDA: 4x)")
     p.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
-    p.add_argument("--model", choices=["dcgan", "mae", "all"], default="all")
+    p.add_argument("--model", choices=["dcgan", "mae", "all", *DCGAN_CONFIGS, *MAE_SMALL_CONFIGS, *ref.VIT_CONFIGS],
+                   default="all")
     p.add_argument("--amp", choices=["f32", "bf16", "f16"], default="f32",
                    help="the step under torch.autocast to this dtype (f16 with a GradScaler)")
-    p.add_argument("--batch", type=int, default=0, help="images per step (0: the apps' batch, DCGAN 64, MAE 128)")
+    p.add_argument("--batch", type=int, default=0,
+                   help="images per step (0: the apps' batch, DCGAN 64, MAE 128; a config name: 64)")
+    p.add_argument("--checkpoint-activations", choices=["off", "on"], default="off",
+                   help="each MAE block under torch.utils.checkpoint (use_reentrant=False)")
     args = p.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.threads < 0 or args.gemm < 1 or args.batch < 0:
         p.error("--steps and --gemm must be >= 1, --warmup, --threads and --batch >= 0")

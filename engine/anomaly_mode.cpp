@@ -73,7 +73,7 @@ std::string nonfinite_kinds(const Tensor& t) {
 namespace detail {
 
 // Anomaly mode: where the user called the op, and whether its forward made a NaN or inf.
-void record_anomaly_metadata(Node& node, std::initializer_list<Tensor> outputs) {
+void record_anomaly_metadata(Node& node, std::span<const Tensor> outputs) {
   if (!node.anomaly) node.anomaly = std::make_unique<AnomalyMetadata>();
   AnomalyMetadata& meta = *node.anomaly;
   if (const SourceLocation* site = CallSite::current()) {

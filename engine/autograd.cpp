@@ -106,7 +106,10 @@ void connect(Node& node, std::initializer_list<Tensor> inputs) {
   }
 }
 
-void set_history(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> outputs) {
+namespace {
+thread_local ReadCapture* t_read_capture = nullptr;
+
+void set_history_of(const std::shared_ptr<Node>& node, std::span<const Tensor> outputs) {
   uint32_t i = 0;
   for (const Tensor& out : outputs) {
     TensorImpl& im = out.impl();
@@ -117,12 +120,29 @@ void set_history(const std::shared_ptr<Node>& node, std::initializer_list<Tensor
   }
   if (is_anomaly_enabled()) record_anomaly_metadata(*node, outputs);
 }
+}  // namespace
+
+void set_history(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> outputs) {
+  set_history_of(node, std::span<const Tensor>(outputs.begin(), outputs.size()));
+}
+void set_history(const std::shared_ptr<Node>& node, const std::vector<Tensor>& outputs) {
+  set_history_of(node, outputs);
+}
+
+ReadCapture::ReadCapture() : previous_(t_read_capture) { t_read_capture = this; }
+ReadCapture::~ReadCapture() { t_read_capture = previous_; }
+void ReadCapture::add(const Tensor& t) {
+  if (seen_.insert(&t.impl()).second) tensors_.push_back(t);
+}
 
 void mark_untracked(std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs) {
   // A leaf that requires grad read under no-grad (a module's forward under NoGradGuard) gets
   // no gradient from that use: Tensor::grad() says so if its .grad is then missing. Being
   // written in place (an optimizer step, after its reads) is not such a read.
   if (!GradMode::is_enabled()) {
+    if (t_read_capture)
+      for (const Tensor& t : inputs)
+        if (t.defined() && t.requires_grad()) t_read_capture->add(t);
     for (const Tensor& t : inputs) {
       if (!t.defined() || !t.requires_grad() || !t.is_leaf()) continue;
       bool written = false;
@@ -166,8 +186,10 @@ struct Capture {
 
 // Runs the graph below `root_edges`. With captures (autograd::grad), gradients
 // arriving at the captured node inputs are returned and no .grad is touched.
+// With min_sequence_nr (captures only), nodes recorded before it are captured, not run.
 void run_backward(const std::vector<Edge>& root_edges, const std::vector<Tensor>& root_grads, bool retain_graph,
-                  const std::vector<Capture>* captures, std::vector<Tensor>* captured) {
+                  const std::vector<Capture>* captures, std::vector<Tensor>* captured,
+                  uint64_t min_sequence_nr = 0) {
   NoGradGuard no_grad;
   std::vector<std::function<void()>> callbacks;
   auto* outer_callbacks = t_callbacks;  // a backward started from a hook has its own list
@@ -189,6 +211,7 @@ void run_backward(const std::vector<Edge>& root_edges, const std::vector<Tensor>
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
+    if (n->sequence_nr < min_sequence_nr) continue;  // outside the recomputed graph
     for (const Edge& e : n->next_edges) {
       if (!e.fn) continue;
       ++deps[e.fn.get()];
@@ -221,9 +244,17 @@ void run_backward(const std::vector<Edge>& root_edges, const std::vector<Tensor>
     }
     bool is_accumulate = dynamic_cast<AccumulateGrad*>(node) != nullptr;
     if (captures) {
-      for (const Capture& c : *captures)
-        if (c.node == node) (*captured)[c.result_index] = inputs[c.input_nr];
-      if (is_accumulate) continue;  // autograd::grad never writes .grad
+      bool target = false;
+      for (const Capture& c : *captures) {
+        if (c.node != node) continue;
+        (*captured)[c.result_index] = inputs[c.input_nr];
+        target = true;
+      }
+      const bool outside = min_sequence_nr > 0 && node->sequence_nr < min_sequence_nr;
+      ND_CHECK(!(outside || (min_sequence_nr > 0 && is_accumulate)) || target, "checkpoint: the recomputation "
+               "reached ", node->name(), ", a tensor that requires grad which the forward under checkpoint did not "
+               "read: the checkpointed function must read the same tensors every time it runs");
+      if (is_accumulate || outside) continue;  // autograd::grad never writes .grad
     }
     for (auto& [nr, weak] : node->retained_grads) {
       if (auto im = weak.lock()) {
@@ -353,6 +384,20 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
   }
   return result;
 }
+
+namespace detail {
+std::vector<Tensor> grad_at_edges(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads,
+                                  const std::vector<Edge>& targets, uint64_t min_sequence_nr) {
+  std::vector<Tensor> grads = root_grads;
+  std::vector<Edge> edges = root_edges_of(roots, grads);
+  std::vector<Capture> captures;
+  for (size_t i = 0; i < targets.size(); ++i)
+    if (targets[i].fn) captures.push_back({targets[i].fn.get(), targets[i].input_nr, i});
+  std::vector<Tensor> result(targets.size());
+  run_backward(edges, grads, /*retain_graph=*/false, &captures, &result, min_sequence_nr);
+  return result;
+}
+}  // namespace detail
 
 void queue_callback(std::function<void()> callback) {
   ND_CHECK(t_callbacks != nullptr, "autograd::queue_callback: called outside a backward pass (only hooks that "

@@ -14,6 +14,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -160,11 +161,38 @@ namespace detail {
 uint64_t next_sequence_nr();
 void connect(Node& node, std::initializer_list<Tensor> inputs);
 void set_history(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> outputs);
+void set_history(const std::shared_ptr<Node>& node, const std::vector<Tensor>& outputs);
 void mark_untracked(std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs);
+// Activation checkpointing's two hooks (engine/activation_checkpoint.cpp).
+// While a ReadCapture lives on this thread, every tensor that requires grad and is read by
+// an op that records nothing (grad mode off) is collected once, in first-read order:
+// the tensors from outside a checkpointed function that its backward must reach.
+class ReadCapture {
+ public:
+  ReadCapture();
+  ~ReadCapture();
+  ReadCapture(const ReadCapture&) = delete;
+  ReadCapture& operator=(const ReadCapture&) = delete;
+  const std::vector<Tensor>& tensors() const { return tensors_; }
+  void add(const Tensor& t);
+
+ private:
+  ReadCapture* previous_;
+  std::vector<Tensor> tensors_;
+  std::unordered_set<const TensorImpl*> seen_;
+};
+// The gradients arriving at `targets` (undefined where none arrives or the edge is null)
+// when root_grads flow back from roots, running only the nodes recorded at or after
+// min_sequence_nr (a recomputation's graph): nodes of the graph before it and the leaves'
+// AccumulateGrad are not run and no .grad is written. A node before min_sequence_nr that
+// is not a target throws nd::Error naming it (the recomputation read a tensor that
+// requires grad which the capture did not see). Frees the recomputed graph.
+std::vector<Tensor> grad_at_edges(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads,
+                                  const std::vector<Edge>& targets, uint64_t min_sequence_nr);
 // Anomaly mode (engine/anomaly_mode.cpp): fills node.anomaly when an op is recorded; runs
 // a node, adding its forward call site to an nd::Error it throws; throws when a gradient
 // it returned holds NaN or inf, naming the first non-finite forward output in `graph`.
-void record_anomaly_metadata(Node& node, std::initializer_list<Tensor> outputs);
+void record_anomaly_metadata(Node& node, std::span<const Tensor> outputs);
 void run_with_call_site(const Node& node, const std::function<void()>& run);
 void check_gradients(const Node& node, const std::vector<Tensor>& grads, const std::unordered_set<Node*>& graph);
 }  // namespace detail

@@ -1,6 +1,7 @@
 // The caching CPU allocator; see cpu_allocator.h for the size classes and the limit.
 #include "engine/cpu_allocator.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,7 @@ struct Cache {
   std::unordered_map<size_t, std::vector<void*>> free_blocks;  // size class -> blocks, last freed last
   AllocatorStats stats;
   std::atomic<bool> fill_on_allocate{false};
+  std::atomic<int64_t> allocated{0}, peak{0};  // every live block; outside the mutex
 };
 
 // Never destroyed: Storage objects freed during static destruction still find it.
@@ -53,6 +55,14 @@ void* take_cached(size_t size) {
   return p;
 }
 
+void count_allocated(int64_t size) {
+  Cache& c = cache();
+  const int64_t now = c.allocated.fetch_add(size, std::memory_order_relaxed) + size;
+  int64_t peak = c.peak.load(std::memory_order_relaxed);
+  while (now > peak && !c.peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
 }  // namespace
 
 void* allocate(size_t nbytes) {
@@ -66,11 +76,13 @@ void* allocate(size_t nbytes) {
   }
   ND_CHECK(p != nullptr, "out of CPU memory: failed to allocate ", nbytes, " bytes (with nanoddp's CPU cache emptied)");
   if (cache().fill_on_allocate.load(std::memory_order_relaxed)) std::memset(p, 0xFF, nbytes);
+  count_allocated(static_cast<int64_t>(size));
   return p;
 }
 
 void release(void* ptr, size_t nbytes) {
   if (!ptr) return;
+  cache().allocated.fetch_sub(static_cast<int64_t>(block_size(nbytes)), std::memory_order_relaxed);
   if (cached_size(nbytes)) {
     const size_t size = block_size(nbytes);
     Cache& c = cache();
@@ -103,7 +115,15 @@ void empty_cache() {
 AllocatorStats memory_stats() {
   Cache& c = cache();
   std::lock_guard lock(c.mutex);
-  return c.stats;
+  AllocatorStats stats = c.stats;
+  stats.allocated_bytes = c.allocated.load(std::memory_order_relaxed);
+  stats.peak_allocated_bytes = std::max(c.peak.load(std::memory_order_relaxed), stats.allocated_bytes);
+  return stats;
+}
+
+void reset_peak_memory_stats() {
+  Cache& c = cache();
+  c.peak.store(c.allocated.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
 void set_fill_on_allocate(bool enable) { cache().fill_on_allocate.store(enable); }

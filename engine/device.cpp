@@ -58,6 +58,13 @@ MemoryStats memory_stats(const Device& device) {
   return kernels::cuda::memory_stats(device.index);
 }
 
+void reset_peak_memory_stats(const Device& device) {
+  ND_CHECK(device.is_cuda(), "cuda::reset_peak_memory_stats: expected a CUDA device (cuda:N), found ", device.str(),
+           "; the CPU allocator's is nd::cpu::reset_peak_memory_stats()");
+  check_device(device);
+  kernels::cuda::reset_peak_memory_stats(device.index);
+}
+
 cudaStream_t current_stream(const Device& device) {
   check_device(device);
   ND_CHECK(device.is_cuda(), "cuda::current_stream: expected a CUDA device (cuda:N), found ", device.str());

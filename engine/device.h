@@ -47,6 +47,9 @@ using MemoryStats = kernels::cuda::AllocatorStats;
 // requires: device is cuda:N (check_device's errors otherwise; a cpu device is an nd::Error
 // pointing to nd::cpu::memory_stats).
 MemoryStats memory_stats(const Device& device);
+// Starts a new peak_allocated_bytes at the bytes allocated now
+// (torch.cuda.reset_peak_memory_stats). requires: device is cuda:N, as memory_stats.
+void reset_peak_memory_stats(const Device& device);
 
 // The streams the engine queues a CUDA device's work on, for code that queues its own work
 // beside it (the NCCL process group, the DataLoader's copies): every op's kernels go on the

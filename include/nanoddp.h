@@ -1,5 +1,6 @@
 #pragma once
 // nanoddp: the one header a program includes. Names follow LibTorch under nd::.
+#include "engine/activation_checkpoint.h"
 #include "engine/anomaly_mode.h"
 #include "engine/autocast.h"
 #include "engine/autograd.h"

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "engine/activation_checkpoint.h"
 #include "engine/error.h"
 #include "engine/factories.h"
 #include "engine/ops/attention.h"
@@ -197,6 +198,13 @@ nn::ModuleList transformer_blocks(int64_t count, int64_t dim, int64_t num_heads,
   return list;
 }
 
+// The blocks in order, each under nd::checkpoint when `checkpointed`.
+Tensor run_blocks(const nn::ModuleList& blocks, Tensor x, bool checkpointed) {
+  for (const auto& block : *blocks)
+    x = checkpointed ? checkpoint([block](const Tensor& in) { return block->forward(in); }, x) : block->forward(x);
+  return x;
+}
+
 // [1, L + 1, dim]: the fixed sin-cos rows, cls position first.
 Tensor pos_embed_of(int64_t dim, const MAEConfig& c) {
   return get_2d_sincos_pos_embed(dim, c.grid(), true).reshape({1, c.num_patches() + 1, dim});
@@ -253,8 +261,7 @@ MAEEncoderOutput MAEEncoderImpl::forward_encoder(const Tensor& images, double ma
   }
   const Tensor cls = (cls_token + pos_embed.slice(1, 0, 1)).expand({n, 1, config.embed_dim});
   x = cat({cls, x}, 1);
-  for (const auto& block : *blocks) x = block->forward(x);
-  out.latent = norm(x);
+  out.latent = norm(run_blocks(blocks, x, config.checkpoint_activations));
   return out;
 }
 
@@ -300,7 +307,7 @@ Tensor MAEImpl::forward_decoder(const Tensor& latent, const Tensor& ids_restore)
   Tensor tokens = x.slice(1, 1, kept + 1);
   if (kept < len) tokens = cat({tokens, mask_token.expand({n, len - kept, config.decoder_embed_dim})}, 1);
   x = cat({x.slice(1, 0, 1), gather_tokens(tokens, ids_restore)}, 1) + decoder_pos_embed;
-  for (const auto& block : *decoder_blocks) x = block->forward(x);
+  x = run_blocks(decoder_blocks, x, config.checkpoint_activations);
   return decoder_pred(decoder_norm(x)).slice(1, 1, len + 1);
 }
 

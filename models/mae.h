@@ -82,6 +82,10 @@ struct MAEConfig {
   // Targets normalised per patch (the paper's choice; models_mae.py's argument defaults
   // to false, main_pretrain.py's --norm_pix_loss turns it on).
   bool norm_pix_loss = true;
+  // Each encoder and decoder block runs under nd::checkpoint (engine/activation_checkpoint.h):
+  // its activations are recomputed in backward instead of kept, the same gradients for a
+  // second forward of the blocks. Not part of the state_dict.
+  bool checkpoint_activations = false;
 
   // CPU, 28x28x1 on 4x4 patches: 64-wide encoder of depth 2, 32-wide decoder of depth 1.
   static MAEConfig tiny();

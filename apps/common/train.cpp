@@ -479,6 +479,16 @@ void Logger::step(int64_t step, const Values& losses, const Values& update_norms
     values.emplace_back("steps_per_s", rate);
     // cudaMalloc calls so far: constant after the first steps (the caching allocator's steady state).
     if (device_.is_cuda()) values.emplace_back("cuda_mallocs", double(nd::cuda::memory_stats(device_).num_mallocs));
+    // The most tensor memory this rank's device held at once since the last log line
+    // (max_memory_allocated): the dataset if it lives there, the models, their gradients
+    // and optimizer state, and a step's activations.
+    if (device_.is_cuda()) {
+      values.emplace_back("peak_mem_bytes", double(nd::cuda::memory_stats(device_).peak_allocated_bytes));
+      nd::cuda::reset_peak_memory_stats(device_);
+    } else {
+      values.emplace_back("peak_mem_bytes", double(nd::cpu::memory_stats().peak_allocated_bytes));
+      nd::cpu::reset_peak_memory_stats();
+    }
     if (tensorboard_)  // histograms only here: copying every parameter to the host each step would cost
       for (const auto& [name, module] : watched_)
         for (const auto& [param, p] : module->named_parameters()) tensorboard_->add_histogram(name + "/" + param, p, step);

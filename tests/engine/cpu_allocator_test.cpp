@@ -1,5 +1,6 @@
 // The caching CPU allocator (engine/cpu_allocator.h): reuse within a size class, the
-// cache limit, empty_cache, several threads at once, and training steps that neither
+// cache limit, empty_cache, the allocated bytes and their peak, several threads at once,
+// and training steps that neither
 // leak Storage objects nor read memory they did not write (every allocation poisoned).
 #include <cmath>
 #include <cstdint>
@@ -118,6 +119,31 @@ TEST_CASE("cpu allocator: the cache holds at most kCacheLimitBytes, and empty_ca
   CHECK(cpu::memory_stats().num_mallocs == s2.num_mallocs + 1);  // nothing left to reuse
   cpu::release(p, big);
   cpu::empty_cache();
+}
+
+TEST_CASE("cpu allocator: allocated_bytes counts every live block, the peak its maximum until reset") {
+  cpu::empty_cache();
+  const int64_t base = cpu::memory_stats().allocated_bytes;
+  cpu::reset_peak_memory_stats();
+  CHECK(cpu::memory_stats().peak_allocated_bytes == base);
+  // 100 B: a multiple of 64; 100 KB: its size class (four per power of two: 112 KiB); 40 MiB: exact.
+  void* small = cpu::allocate(100);
+  void* mid = cpu::allocate(100000);
+  void* huge = cpu::allocate(size_t{40} << 20);
+  const int64_t blocks = 128 + (112 << 10) + (int64_t{40} << 20);
+  CHECK(cpu::memory_stats().allocated_bytes == base + blocks);
+  cpu::release(huge, size_t{40} << 20);
+  cpu::release(mid, 100000);
+  CHECK(cpu::memory_stats().allocated_bytes == base + 128);
+  CHECK(cpu::memory_stats().peak_allocated_bytes == base + blocks);
+  cpu::reset_peak_memory_stats();
+  CHECK(cpu::memory_stats().peak_allocated_bytes == base + 128);
+  void* again = cpu::allocate(100000);  // from the cache: counted as allocated all the same
+  cpu::release(again, 100000);
+  cpu::release(small, 100);
+  const cpu::AllocatorStats s = cpu::memory_stats();
+  CHECK(s.allocated_bytes == base);
+  CHECK(s.peak_allocated_bytes == base + 128 + (112 << 10));
 }
 
 TEST_CASE("cpu allocator: threads allocating and releasing at once never share a block") {

@@ -1,0 +1,163 @@
+// The apps' model selection (apps/common/model_select.h): --model naming the default
+// config changes nothing, bit for bit; a config for other images than the data's is one
+// clear error naming both; unknown names and train_joint's ViTs are usage errors;
+// --checkpoint-activations gives the run without it, bit for bit; --init-from loads a
+// whole MAE or its encoder (the seed then no longer matters) and names a bad file's keys,
+// and loads a reference MAE's .pth converted by models/mae_pth_to_safetensors.py (python3
+// with torch; SKIPPED without); metrics.jsonl carries the allocator's peak.
+#include <string>
+
+#include "apps/app_runner.h"
+#include "harness.h"
+
+using namespace nd;
+using namespace nd::testing;
+
+namespace {
+std::string tiny(const fs::path& out) {
+  return "--steps 2 --batch-size 8 --log-every 2 --sample-every 1000 --ckpt-every 2 --out " + out.string();
+}
+
+// The number after "key": in the first metrics line that has it.
+double first_metric(const fs::path& out, const std::string& key) {
+  for (const std::string& line : read_lines(out / "metrics.jsonl")) {
+    const size_t at = line.find("\"" + key + "\":");
+    if (at != std::string::npos) return std::stod(line.substr(at + key.size() + 3));
+  }
+  FAIL("no " << key << " in " << (out / "metrics.jsonl").string());
+  return 0;
+}
+
+// A one-line failure with this status and this text.
+void check_fails(const Run& r, int status, const std::string& text) {
+  INFO(r.output);
+  CHECK(r.status == status);
+  CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  CHECK(contains(r.output, text));
+}
+// `app` on the tiny settings without and with `flag`, one OpenMP thread each (the CPU
+// runs are then bit for bit repeatable); the second run's output.
+struct TwoRuns {
+  fs::path plain, flagged;
+  std::string output;
+};
+TwoRuns without_and_with(const std::string& app, const std::string& flag) {
+  TwoRuns t{temp_dir(app + "_plain"), temp_dir(app + "_flagged"), ""};
+  REQUIRE(run_app(app, tiny(t.plain), "OMP_NUM_THREADS=1").status == 0);
+  const Run r = run_app(app, tiny(t.flagged) + " " + flag, "OMP_NUM_THREADS=1");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  check_same_models(t.plain / "ckpt" / "latest.safetensors", t.flagged / "ckpt" / "latest.safetensors", 0);
+  t.output = r.output;
+  return t;
+}
+}  // namespace
+
+TEST_CASE("apps --model: naming the data's default config changes nothing, a config for other images is an error") {
+  const TwoRuns gan = without_and_with("train_gan", "--model dcgan28");
+  CHECK(contains(gan.output, "model dcgan28, nz 64, ngf 32, ndf 32"));
+  CHECK(first_metric(gan.flagged, "peak_mem_bytes") > 1.8e8);  // the dataset alone is 188 MB of f32
+
+  check_fails(run_app("train_gan", tiny(temp_dir("gan64")) + " --model dcgan64"), 1,
+              "train_gan: error: --model dcgan64 takes 64x64x3 images; the data's are 28x28x1");
+  check_fails(run_app("train_gan", tiny(temp_dir("gan99")) + " --model dcgan99"), 2,
+              "train_gan: --model expects dcgan28, dcgan32 or dcgan64, got 'dcgan99'");
+  check_fails(run_app("train_mae", tiny(temp_dir("vit")) + " --model mae_vit_base_patch16_dec512d8b"), 1,
+              "train_mae: error: --model mae_vit_base_patch16_dec512d8b takes 224x224x3 images; the data's are "
+              "28x28x1");
+  check_fails(run_app("train_mae", tiny(temp_dir("big")) + " --model big"), 2,
+              "train_mae: --model expects tiny, small, mae_vit_base_patch16_dec512d8b, "
+              "mae_vit_large_patch16_dec512d8b or mae_vit_huge_patch14_dec512d8b, got 'big'");
+  check_fails(run_app("train_joint", tiny(temp_dir("joint")) + " --model mae_vit_huge_patch14_dec512d8b"), 2,
+              "train_joint: --model mae_vit_huge_patch14_dec512d8b: train_joint's MAE reconstructs its DCGAN's 28x28 "
+              "images; expected tiny or small");
+  check_fails(run_app("train_joint", tiny(temp_dir("joint2")) + " --model big"), 2,
+              "train_joint: --model expects tiny or small, got 'big'");
+}
+
+TEST_CASE("apps --checkpoint-activations: train_mae's losses and weights are those of the run without it") {
+  const TwoRuns mae = without_and_with("train_mae", "--checkpoint-activations");
+  CHECK(contains(mae.output, "activation checkpointing"));
+  CHECK(first_metric(mae.flagged, "loss") == first_metric(mae.plain, "loss"));
+  CHECK(first_metric(mae.flagged, "test_loss") == first_metric(mae.plain, "test_loss"));
+}
+
+TEST_CASE("apps --init-from: a whole MAE or its encoder, and a file of another config named") {
+  manual_seed(99);
+  models::MAE source(models::MAEConfig::tiny());
+  const fs::path files = temp_dir("init_files");
+  save(source->state_dict(), (files / "mae_tiny.safetensors").string());
+  TensorDict encoder;
+  for (const auto& [key, value] : source->state_dict())
+    if (!models::MAEEncoderImpl::is_decoder_key(key)) encoder[key] = value;
+  save(encoder, (files / "encoder_tiny.safetensors").string());
+  manual_seed(99);
+  models::MAE other(models::MAEConfig::small());
+  save(other->state_dict(), (files / "mae_small.safetensors").string());
+
+  // --steps 0 evaluates the starting weights: with --init-from the seed's init no longer
+  // matters, without it it does.
+  auto test_loss = [&](const std::string& name, const std::string& args) {
+    const fs::path out = temp_dir(name);
+    const Run r = run_app("train_mae", "--steps 0 --sample-every 1000 --out " + out.string() + " " + args,
+                          "OMP_NUM_THREADS=1");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    return std::pair{first_metric(out, "test_loss"), r.output};
+  };
+  const std::string whole = "--init-from " + (files / "mae_tiny.safetensors").string();
+  const auto [a, log_a] = test_loss("init_a", whole + " --seed 1");
+  const auto [b, log_b] = test_loss("init_b", whole + " --seed 2");
+  CHECK(a == b);
+  CHECK(contains(log_a, "train_mae: initialised the encoder and decoder from "));
+  CHECK(test_loss("seed_1", "--seed 1").first != test_loss("seed_2", "--seed 2").first);
+  const std::string enc = "--init-from " + (files / "encoder_tiny.safetensors").string();
+  const auto [e1, log_e] = test_loss("enc_1", enc + " --seed 1");
+  CHECK(contains(log_e, "train_mae: initialised the encoder from "));
+  CHECK(contains(log_e, "(no decoder keys: the decoder keeps its init)"));
+  CHECK(e1 != a);  // the decoder is the seed's
+
+  const Run bad = run_app("train_mae", "--steps 0 --out " + temp_dir("bad").string() + " --init-from " +
+                                           (files / "mae_small.safetensors").string());
+  check_fails(bad, 1, "train_mae: error: --init-from " + (files / "mae_small.safetensors").string() + ": ");
+  CHECK(contains(bad.output, "cls_token"));
+  check_fails(run_app("train_mae", "--steps 0 --out " + temp_dir("none").string() + " --init-from " +
+                                       (files / "nothing.safetensors").string()),
+              1, "nothing.safetensors");
+}
+
+TEST_CASE("apps --init-from: a reference tiny MAE's .pth converted by models/mae_pth_to_safetensors.py") {
+  if (std::system("python3 -c 'import torch, numpy, safetensors' > /dev/null 2>&1") != 0) {
+    MESSAGE("SKIPPED: python3 with torch, numpy and safetensors is not installed (pip install torch numpy safetensors)");
+    return;
+  }
+  // tests/golden/reference_models.py's MaskedAutoencoderViT at the tiny config, PyTorch's
+  // own init, saved as main_pretrain.py saves its checkpoints ({"model": state_dict}).
+  const fs::path dir = temp_dir("pth"), source = NANODDP_SOURCE_DIR;
+  const std::string pth = (dir / "tiny.pth").string(), converted = (dir / "tiny.safetensors").string();
+  const std::string make =
+      "import sys; sys.path.insert(0, '" + (source / "tests" / "golden").string() + "'); import torch; "
+      "from reference_models import MAE; torch.manual_seed(0); "
+      "m = MAE(embed_dim=64, depth=2, num_heads=4, decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=4); "
+      "torch.save({'model': m.state_dict()}, '" + pth + "')";
+  const Run made = run_logged("python3 -c \"" + make + "\"", dir / "make.log");
+  INFO(made.output);
+  REQUIRE(made.status == 0);
+  const Run conv = run_logged("python3 " + (source / "models" / "mae_pth_to_safetensors.py").string() + " " + pth +
+                                  " " + converted,
+                              dir / "convert.log");
+  INFO(conv.output);
+  REQUIRE(conv.status == 0);
+  double losses[2];
+  for (int seed : {1, 2}) {
+    const fs::path out = temp_dir("pth_run" + std::to_string(seed));
+    const Run r = run_app("train_mae", "--steps 0 --sample-every 1000 --seed " + std::to_string(seed) + " --out " +
+                                           out.string() + " --init-from " + converted,
+                          "OMP_NUM_THREADS=1");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    CHECK(contains(r.output, "train_mae: initialised the encoder and decoder from " + converted));
+    losses[seed - 1] = first_metric(out, "test_loss");
+  }
+  CHECK(losses[0] == losses[1]);
+}
