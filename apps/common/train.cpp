@@ -188,12 +188,13 @@ nd::data::Batch BatchStream::next() {
   std::optional<nd::data::Batch> batch = loader_->next();
   if (!batch) batch = loader_->next();  // the end of an epoch: the next one starts
   ++consumed_;
-  return {batch->images.to(device_, /*non_blocking=*/true), batch->labels.to(device_, /*non_blocking=*/true)};
+  batch->images = batch->images.to(device_, /*non_blocking=*/true);
+  batch->labels = batch->labels.to(device_, /*non_blocking=*/true);
+  return std::move(*batch);
 }
 
 void BatchStream::seek(int64_t consumed) {
-  loader_->set_epoch(consumed / per_epoch_);
-  for (int64_t i = 0; i < consumed % per_epoch_; ++i) loader_->next();
+  loader_->seek(consumed / per_epoch_, consumed % per_epoch_);  // builds none of the batches before
   consumed_ = consumed;
 }
 
