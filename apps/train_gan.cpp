@@ -1,9 +1,11 @@
-// train_gan: DCGAN (models/dcgan.h) on Fashion-MNIST with the non-saturating GAN loss
-// (BCE with logits: D learns real -> 1, G(z) -> 0; G learns D(G(z)) -> 1), Adam
-// lr 2e-4, betas (0.5, 0.999), both models under DistributedDataParallel with default
-// options. Writes DIR/samples_<step>.png (8x8 grid from a fixed z, G in eval mode),
-// DIR/metrics.jsonl, DIR/loss_curve.png, DIR/ckpt/latest.safetensors; with --eval,
-// FID in the feature space of a classifier trained by train_classifier.
+// train_gan: DCGAN (models/dcgan.h) on Fashion-MNIST, an image folder or CIFAR (--data:
+// dcgan28, dcgan32 or dcgan64 by the images' size, channels as the data's) with the
+// non-saturating GAN loss (BCE with logits: D learns real -> 1, G(z) -> 0; G learns
+// D(G(z)) -> 1), Adam lr 2e-4, betas (0.5, 0.999), both models under
+// DistributedDataParallel with default options. Writes DIR/samples_<step>.png (8x8 grid
+// from a fixed z, G in eval mode), DIR/metrics.jsonl, DIR/loss_curve.png,
+// DIR/ckpt/latest.safetensors; with --eval (Fashion-MNIST), FID in the feature space of
+// a classifier trained by train_classifier.
 #include <filesystem>
 #include <string>
 
@@ -17,7 +19,7 @@ namespace {
 using nd::Tensor;
 namespace models = nd::models;
 
-struct Options : app::CommonOptions {
+struct Options : app::CommonOptions, app::DataOptions {
   int64_t nz = 64, ngf = 32, ndf = 32;
   bool eval = false;
   std::string classifier = "out/train_classifier/classifier.safetensors";
@@ -57,14 +59,23 @@ int train(Options& o) {
   const nd::AutocastGuard amp(device.type, o.amp, app::amp_dtype(o));  // --amp (engine/autocast.h)
   nd::optim::GradScaler scaler(app::grad_scaler_options(o));  // on for --amp-dtype f16 only
   if (o.eval && o.eval_samples > 10000) throw app::UsageError{"--eval-samples is at most 10000 (the test set)"};
-  const nd::data::Dataset train_set = nd::data::load_fashion_mnist(o.data, true);
+  const app::TrainData train_set = app::load_train_data(o.data, o);
+  if (o.eval && !train_set.is_idx())
+    throw app::UsageError{"--eval: FID uses the features of a Fashion-MNIST classifier; --data " + o.data + " holds " +
+                          train_set.kind + " images"};
+  // The data decides the image size and channels; --nz, --ngf, --ndf when given.
+  models::DCGANConfig config = app::dcgan_config(train_set);
+  if (o.flags->given("--nz")) config.nz = o.nz;
+  if (o.flags->given("--ngf")) config.ngf = o.ngf;
+  if (o.flags->given("--ndf")) config.ndf = o.ndf;
+  o.nz = config.nz, o.ngf = config.ngf, o.ndf = config.ndf;
   const nd::data::Dataset test_set = o.eval ? nd::data::load_fashion_mnist(o.data, false) : nd::data::Dataset{};
   if (o.eval) ND_CHECK(std::filesystem::exists(o.classifier), "--classifier: no file at ", o.classifier,
                        " (train one with train_classifier, or pass --classifier PATH)");
 
   nd::manual_seed(static_cast<uint64_t>(o.seed));
-  models::DCGANGenerator G(o.nz, o.ngf);
-  models::DCGANDiscriminator D(o.ndf);
+  models::DCGANGenerator G(config);
+  models::DCGANDiscriminator D(config);
   models::dcgan_init(*G);
   models::dcgan_init(*D);
   if (o.sync_bn) {
@@ -79,7 +90,7 @@ int train(Options& o) {
   auto opt_g = app::make_optimizer<nd::optim::Adam>(o, g.reducer(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
   auto opt_d = app::make_optimizer<nd::optim::Adam>(o, d.reducer(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
 
-  app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
+  app::BatchStream batches(train_set, o, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
   nd::TrainState state{{{"G", G.get()}, {"D", D.get()}}, {{"G", opt_g.get()}, {"D", opt_d.get()}}, {}, 0, {{"amp", &scaler}}, {}};
   for (auto* reducer : {&g.reducer(), &d.reducer()}) app::register_comm_hook(*reducer, o, state);  // --comm-hook
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
@@ -90,7 +101,7 @@ int train(Options& o) {
   log.watch(&scaler);
   log.say("train_gan: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", global batch " +
           std::to_string(o.batch_size) + ", steps " + std::to_string(start + 1) + ".." + std::to_string(o.steps) +
-          ", nz " + std::to_string(o.nz) + ", ngf " + std::to_string(o.ngf) + ", ndf " + std::to_string(o.ndf) +
+          ", " + train_set.describe() + ", nz " + std::to_string(o.nz) + ", ngf " + std::to_string(o.ngf) + ", ndf " + std::to_string(o.ndf) +
           ", output " + o.out);
   app::UpdateNorm update_g(G->parameters()), update_d(D->parameters());
   auto bce = [](const Tensor& logits, double target) {
@@ -154,12 +165,14 @@ int main(int argc, char** argv) {
     o.sample_every = 500;
     o.ckpt_every = 500;
     app::Flags flags("train_gan",
-                     "Trains a DCGAN (generator + discriminator) on Fashion-MNIST; alone or under mpirun.\n"
+                     "Trains a DCGAN (generator + discriminator) on Fashion-MNIST, an image folder or CIFAR;\n"
+                     "alone or under mpirun.\n"
                      "Writes samples_<step>.png, metrics.jsonl, loss_curve.png and ckpt/ to --out.");
     app::add_common_flags(flags, o, /*has_batch_norm=*/true);
-    flags.add("--nz", &o.nz, "latent size");
-    flags.add("--ngf", &o.ngf, "generator width");
-    flags.add("--ndf", &o.ndf, "discriminator width");
+    app::add_data_flags(flags, o);
+    flags.add("--nz", &o.nz, "latent size (default: the DCGAN configuration's, 100 at 32 and 64)");
+    flags.add("--ngf", &o.ngf, "generator width (default: the configuration's, 64 at 32 and 64)");
+    flags.add("--ndf", &o.ndf, "discriminator width (default: the configuration's, 64 at 32 and 64)");
     flags.add("--eval", &o.eval, "FID vs the test set at each sample step and the end (needs --classifier)");
     flags.add("--classifier", &o.classifier, "classifier weights from train_classifier (FID features)", "PATH");
     flags.add("--eval-samples", &o.eval_samples, "generated and test images per FID", 2);

@@ -1,10 +1,11 @@
-// train_mae: the masked autoencoder of models/mae.h on Fashion-MNIST (tiny on the CPU,
-// small on CUDA) with AdamW (betas 0.9, 0.95, weight decay 0.05) and a linear warmup
-// then cosine schedule, under DistributedDataParallel with default options. Writes
-// DIR/samples_<step>.png (rows of original / masked / reconstruction triplets of test
-// images), the masked-patch test loss, metrics.jsonl, loss_curve.png and ckpt/.
-// --probe: a linear probe (logistic regression trained with Adam on standardised,
-// frozen, mean-pooled encoder features) reports the test accuracy.
+// train_mae: the masked autoencoder of models/mae.h (tiny on the CPU, small on CUDA, at
+// the image size and channels of --data: Fashion-MNIST, an image folder or CIFAR) with
+// AdamW (betas 0.9, 0.95, weight decay 0.05) and a linear warmup then cosine schedule,
+// under DistributedDataParallel with default options. Writes DIR/samples_<step>.png
+// (rows of original / masked / reconstruction triplets of test images), the
+// masked-patch test loss, metrics.jsonl, loss_curve.png and ckpt/.
+// --probe (Fashion-MNIST): a linear probe (logistic regression trained with Adam on
+// standardised, frozen, mean-pooled encoder features) reports the test accuracy.
 #include <algorithm>
 #include <random>
 #include <string>
@@ -18,7 +19,7 @@ namespace {
 using nd::Tensor;
 namespace models = nd::models;
 
-struct Options : app::CommonOptions {
+struct Options : app::CommonOptions, app::DataOptions {
   std::string model;  // tiny (cpu) / small (cuda)
   int64_t warmup = 0;  // 0: 5% of --steps
   bool probe = false;
@@ -32,7 +33,7 @@ Tensor fixed_noise(int64_t n, int64_t patches) {
   return nd::rand({n, patches}, {}, &gen);
 }
 
-// [n, 1, 28, 28] originals -> 3n images: original, masked (gray patches), reconstruction
+// [n, C, S, S] originals -> 3n images: original, masked (gray patches), reconstruction
 // (predicted masked patches de-normalised with each patch's own mean and std, visible
 // patches pasted from the original), per sample.
 Tensor triplets(models::MAE& mae, const Tensor& images) {
@@ -44,9 +45,10 @@ Tensor triplets(models::MAE& mae, const Tensor& images) {
   Tensor pred = out.pred;
   if (mae->config.norm_pix_loss)
     pred = pred * (target.var({2}, 1, true) + 1e-6).sqrt() + target.mean({2}, true);
-  const Tensor masked = models::unpatchify(target * keep, p);
-  const Tensor recon = models::unpatchify(pred * mask + target * keep, p);
-  return nd::stack({images, masked, recon}, 1).reshape({3 * n, 1, images.size(2), images.size(3)});
+  const int64_t c = images.size(1);
+  const Tensor masked = models::unpatchify(target * keep, p, c);
+  const Tensor recon = models::unpatchify(pred * mask + target * keep, p, c);
+  return nd::stack({images, masked, recon}, 1).reshape({3 * n, c, images.size(2), images.size(3)});
 }
 
 // Masked-patch loss on `images` with the fixed masks, eval mode.
@@ -107,8 +109,16 @@ int train(Options& o) {
     throw app::UsageError{"--model expects tiny or small, got '" + o.model + "'"};
   }
   if (o.probe && o.probe_train > 60000) throw app::UsageError{"--probe-train is at most 60000"};
-  const nd::data::Dataset train_set = nd::data::load_fashion_mnist(o.data, true);
-  const nd::data::Dataset test_set = nd::data::load_fashion_mnist(o.data, false);
+  const app::TrainData train_set = app::load_train_data(o.data, o);
+  if (o.probe && !train_set.is_idx())
+    throw app::UsageError{"--probe: the linear probe uses Fashion-MNIST's labelled test set; --data " + o.data +
+                          " holds " + train_set.kind + " images"};
+  // The data decides the image size and channels.
+  config.img_size = train_set.image_size;
+  config.in_chans = train_set.channels;
+  if (config.img_size % config.patch_size != 0)
+    throw app::UsageError{"--image-size " + std::to_string(config.img_size) + " is not a multiple of the MAE's patch size " +
+                          std::to_string(config.patch_size)};
 
   nd::manual_seed(static_cast<uint64_t>(o.seed));
   models::MAE M(config);
@@ -122,7 +132,7 @@ int train(Options& o) {
   auto cosine = std::make_shared<nd::optim::CosineAnnealingLR>(*opt, std::max<int64_t>(1, o.steps - warmup));
   nd::optim::SequentialLR schedule(*opt, {warm, cosine}, {warmup});
 
-  app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
+  app::BatchStream batches(train_set, o, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
   nd::TrainState state{{{"MAE", M.get()}}, {{"MAE", opt.get()}}, {{"MAE", &schedule}}, 0, {{"amp", &scaler}}, {}};
   app::register_comm_hook(m.reducer(), o, state);  // --comm-hook
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
@@ -130,14 +140,15 @@ int train(Options& o) {
   app::Logger log("train_mae", o, world, start);
   log.watch(&scaler);
   log.say("train_mae: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", model " + o.model +
-          ", global batch " + std::to_string(o.batch_size) + ", steps " + std::to_string(start + 1) + ".." +
-          std::to_string(o.steps) + ", output " + o.out);
+          ", " + train_set.describe() + ", global batch " + std::to_string(o.batch_size) + ", steps " +
+          std::to_string(start + 1) + ".." + std::to_string(o.steps) + ", output " + o.out);
   app::UpdateNorm update(M->parameters());
-  const Tensor eval_images = test_set.images.narrow(0, 0, 1000);
+  // Rank 0 samples and evaluates: the test set's first 1000 images (a folder: its own).
+  const Tensor eval_images = world.rank0() ? app::eval_images(train_set, 1000) : Tensor();
   auto evaluate = [&](int64_t step) {
     if (!world.rank0()) return;
     nd::cpu::empty_cache();  // the training step's cached blocks would only add to this pass's peak
-    const Tensor grid = triplets(M, test_set.images.narrow(0, 0, 16).to(device));
+    const Tensor grid = triplets(M, eval_images.narrow(0, 0, std::min<int64_t>(16, eval_images.size(0))).to(device));
     app::save_samples(log, world, o, step, app::image_grid(grid, 6));
     log.record(step, {{"test_loss", test_loss(M, eval_images, device)}});
   };
@@ -163,7 +174,8 @@ int train(Options& o) {
   if (start >= o.steps) evaluate(start);  // --steps 0: the checkpoint's model
   if (o.probe && world.rank0())
     log.record(std::max(start, o.steps),
-               {{"probe_accuracy", linear_probe(M, train_set, test_set, o.probe_train, device, log)}});
+               {{"probe_accuracy", linear_probe(M, train_set.tensors, nd::data::load_fashion_mnist(o.data, false),
+                                                o.probe_train, device, log)}});
   log.finish();
   return 0;
 }
@@ -180,10 +192,11 @@ int main(int argc, char** argv) {
     o.sample_every = 500;
     o.ckpt_every = 500;
     app::Flags flags("train_mae",
-                     "Trains a masked autoencoder on Fashion-MNIST; alone or under mpirun.\n"
+                     "Trains a masked autoencoder on Fashion-MNIST, an image folder or CIFAR; alone or under mpirun.\n"
                      "Writes samples_<step>.png (original / masked / reconstruction), metrics.jsonl,\n"
                      "loss_curve.png and ckpt/ to --out.");
     app::add_common_flags(flags, o, /*has_batch_norm=*/false);
+    app::add_data_flags(flags, o);
     flags.add("--model", &o.model, "MAE configuration: tiny or small (default tiny on cpu, small on cuda)", "NAME");
     flags.add("--warmup", &o.warmup, "linear warmup steps (0: 5% of --steps)", 0);
     flags.add("--probe", &o.probe, "at the end, a linear probe on frozen encoder features (test accuracy)");

@@ -49,7 +49,7 @@ void check_same(const std::vector<data::Batch>& a, const std::vector<data::Batch
 
 TEST_CASE("image DataLoader: [B, 3, H, W] f32 batches of get(i, sample_generator(seed, epoch, i)) in epoch order") {
   TempDir dir;
-  make_image_folder(dir, 30);
+  make_image_folder(dir.path, 30);
   const auto folder = folder_of(dir);
   data::DataLoader loader(folder, data::DataLoaderOptions(8).shuffle(true).seed(5).num_workers(2));
   CHECK(loader.dataset_size() == 32);
@@ -82,7 +82,7 @@ TEST_CASE("image DataLoader: [B, 3, H, W] f32 batches of get(i, sample_generator
 
 TEST_CASE("image DataLoader: identical batches at 1, 2 and 4 workers, any prefetch, with drop_last and shards") {
   TempDir dir;
-  make_image_folder(dir, 40);
+  make_image_folder(dir.path, 40);
   const auto folder = folder_of(dir);
   std::vector<int64_t> shard;
   for (int64_t i = 1; i < 42; i += 2) shard.push_back(i);  // 21 samples: 2 batches of 8, 5 dropped
@@ -107,7 +107,7 @@ TEST_CASE("image DataLoader: identical batches at 1, 2 and 4 workers, any prefet
 
 TEST_CASE("image DataLoader: seek(epoch, batch) continues exactly where the uninterrupted run was") {
   TempDir dir;
-  make_image_folder(dir, 34);
+  make_image_folder(dir.path, 34);
   const auto folder = folder_of(dir);
   auto options = data::DataLoaderOptions(5).shuffle(true).seed(3).num_workers(3);
   data::DataLoader whole(folder, options);
@@ -140,7 +140,7 @@ TEST_CASE("image DataLoader: seek(epoch, batch) continues exactly where the unin
 
 TEST_CASE("image DataLoader: a corrupt or non-image file is an nd::Error in the caller's thread naming it") {
   TempDir dir;
-  make_image_folder(dir, 14);  // a: 000, 002 .. 012.png, j420.jpg (samples 0-7); b: 001 .. 013.png, j444.jpg (8-15)
+  make_image_folder(dir.path, 14);  // a: 000, 002 .. 012.png, j420.jpg (samples 0-7); b: 001 .. 013.png, j444.jpg (8-15)
   const Bytes good = data::read_file(golden_image("j420.jpg"));
   write_bytes(dir.file("a/j420.jpg"), Bytes(good.begin(), good.begin() + static_cast<long>(good.size() / 2)));
   write_bytes(dir.file("b/013.png"), Bytes{'n', 'o', 't', ' ', 'a', 'n', ' ', 'i', 'm', 'a', 'g', 'e'});
@@ -189,7 +189,7 @@ TEST_CASE("image DataLoader: a corrupt or non-image file is an nd::Error in the 
 
 TEST_CASE("image DataLoader: samples of different shapes, a failing sampler and bad options are clear errors") {
   TempDir dir;
-  make_image_folder(dir, 4);
+  make_image_folder(dir.path, 4);
   const auto raw = folder_of(dir, {});  // no transform: each image its own size, u8
   data::DataLoader loader(raw, data::DataLoaderOptions(2).num_workers(2));
   CHECK(error_message([&] { loader.next(); }) ==

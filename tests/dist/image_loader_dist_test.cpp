@@ -16,7 +16,7 @@ constexpr int64_t kLocalBatch = 5;  // 40 = 8 batches at 1 rank, 4 at 2, 2 at 4:
 constexpr uint64_t kSeed = 17;
 
 std::shared_ptr<const data::ImageFolder> make_dataset(const TempDir& dir) {
-  make_image_folder(dir, kSamples - 2);
+  make_image_folder(dir.path, kSamples - 2);
   return std::make_shared<const data::ImageFolder>(
       dir.path.string(), data::ImageFolderOptions().transform(T::Compose(
                              {T::RandomResizedCrop({12}), T::RandomHorizontalFlip(), T::ToTensor()})));
