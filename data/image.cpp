@@ -59,7 +59,18 @@ std::vector<uint8_t> read_file(const std::string& path) {
   errno = 0;
   std::ifstream in(path, std::ios::binary);
   if (!in) throw detail::file_error(path, str_cat("cannot open it: ", errno ? std::strerror(errno) : "unknown error"));
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // One read of the file's size (a regular file); byte by byte where it has none (a pipe).
+  std::vector<uint8_t> bytes;
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  if (size >= 0 && in.seekg(0)) {
+    bytes.resize(static_cast<size_t>(size));
+    in.read(reinterpret_cast<char*>(bytes.data()), size);
+    bytes.resize(static_cast<size_t>(in.gcount()));
+  } else {
+    in.clear();
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
   if (in.bad()) throw detail::file_error(path, "reading it failed");
   return bytes;
 }

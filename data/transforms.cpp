@@ -200,13 +200,17 @@ void Normalize::operator()(Sample& sample, Generator&) const {
   ND_CHECK(t && t->dtype() == kFloat32 && t->dim() == 3 && t->size(0) == static_cast<int64_t>(mean_.size()),
            "Normalize expects a [", mean_.size(), ", H, W] f32 tensor (put it after ToTensor), got ",
            t ? shape_str(t->sizes()) : std::string("an image"));
-  Tensor out = t->contiguous().clone();
+  // Plain loops, no tensor op: a DataLoader's worker threads run this (an engine op would
+  // start an OpenMP team from each of them).
+  const Tensor in = t->contiguous();
+  Tensor out = empty(in.sizes());
+  const float* x = in.data_ptr<float>();
   float* v = out.data_ptr<float>();
   const int64_t plane = out.size(1) * out.size(2);
   for (size_t c = 0; c < mean_.size(); ++c) {
     // torchvision's float32 sub_ then div_.
     const float m = static_cast<float>(mean_[c]), s = static_cast<float>(std_[c]);
-    for (int64_t p = 0; p < plane; ++p) v[c * plane + p] = (v[c * plane + p] - m) / s;
+    for (int64_t p = 0; p < plane; ++p) v[c * plane + p] = (x[c * plane + p] - m) / s;
   }
   sample = out;
 }
