@@ -15,9 +15,13 @@
 // Output: a table, then JSON lines (json_line.h) {"op","shape","dtype","impl","ms","gflops",
 // "gbps","baseline","ratio"} plus "workers","batch","images","runs","images_per_s",
 // "images_per_s_min","images_per_s_max"; ms is the median epoch.
-// Usage: bench_data --root DIR [--pipeline crop|gan|all] [--workers 1,2] [--batch 64] [--repeats 3]
+// --fast 1 adds the gan pipeline with Resize(64).fast(true) (impl "nanoddp-fast": JPEGs decoded
+// at a reduced DCT scale) and its PSNR against the exact mode over the folder ("psnr_db",
+// "psnr_db_min": the mean and the lowest per image, 64x64 u8 after CenterCrop).
+// Usage: bench_data --root DIR [--pipeline crop|gan|all] [--workers 1,2] [--batch 64] [--repeats 3] [--fast 1]
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -38,14 +42,38 @@ namespace T = nd::data::transforms;
 struct Options {
   std::string root, pipeline = "all", workers = "1,2";
   int64_t batch = 64, repeats = 3;
+  int64_t fast = 0;  // --fast 1: the gan pipeline again with Resize(...).fast(true), and its PSNR
 };
 
 T::AnyTransform pipeline_transform(const std::string& name) {
   if (name == "crop")
     return T::Compose({T::RandomResizedCrop({224}), T::RandomHorizontalFlip(), T::ToTensor(),
                        T::Normalize({0.485, 0.456, 0.406}, {0.229, 0.224, 0.225})});
-  return T::Compose(
-      {T::Resize({64}), T::CenterCrop({64}), T::ToTensor(), T::Normalize({0.5, 0.5, 0.5}, {0.5, 0.5, 0.5})});
+  return T::Compose({T::Resize({64}).fast(name == "gan-fast"), T::CenterCrop({64}), T::ToTensor(),
+                     T::Normalize({0.5, 0.5, 0.5}, {0.5, 0.5, 0.5})});
+}
+
+// The fast mode's PSNR against the exact mode over the folder (Resize 64 + CenterCrop 64, u8):
+// {mean over images, lowest}.
+std::pair<double, double> fast_psnr(const std::string& root) {
+  const nd::data::ImageFolder exact(root, nd::data::ImageFolderOptions().transform(
+                                               T::Compose({T::Resize({64}), T::CenterCrop({64})})));
+  const nd::data::ImageFolder fast(root, nd::data::ImageFolderOptions().transform(
+                                              T::Compose({T::Resize({64}).fast(true), T::CenterCrop({64})})));
+  double sum = 0, lowest = 1e9;
+  nd::Generator gen;
+  for (int64_t i = 0; i < exact.size(); ++i) {
+    const nd::Tensor a = exact.get(i, gen).data, b = fast.get(i, gen).data;
+    double se = 0;
+    for (int64_t k = 0; k < a.numel(); ++k) {
+      const double d = double(a.data_ptr<uint8_t>()[k]) - double(b.data_ptr<uint8_t>()[k]);
+      se += d * d;
+    }
+    const double psnr = se == 0 ? 99.0 : 10 * std::log10(255.0 * 255.0 * double(a.numel()) / se);
+    sum += psnr;
+    lowest = std::min(lowest, psnr);
+  }
+  return {sum / double(exact.size()), lowest};
 }
 
 // One epoch's wall time in seconds.
@@ -65,7 +93,7 @@ double epoch_seconds(const std::shared_ptr<const nd::data::ImageFolder>& folder,
 int usage(const std::string& why, int status = 2) {
   std::fprintf(status ? stderr : stdout,
                "bench_data: %s\nUsage: bench_data --root DIR [--pipeline crop|gan|all] [--workers 1,2] "
-               "[--batch 64] [--repeats 3]\n",
+               "[--batch 64] [--repeats 3] [--fast 1]\n",
                why.c_str());
   return status;
 }
@@ -78,7 +106,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") return usage("images per second of ImageFolder + DataLoader", 0);
-    if (flag != "--root" && flag != "--pipeline" && flag != "--workers" && flag != "--batch" && flag != "--repeats")
+    if (flag != "--root" && flag != "--pipeline" && flag != "--workers" && flag != "--batch" && flag != "--repeats" &&
+        flag != "--fast")
       return usage("unknown flag " + flag);
     if (i + 1 >= argc) return usage("expected a value after " + flag);
     given[flag] = argv[i + 1];
@@ -94,6 +123,7 @@ int main(int argc, char** argv) {
   read("--workers", o.workers);
   read("--batch", o.batch);
   read("--repeats", o.repeats);
+  read("--fast", o.fast);
   if (o.root.empty()) return usage("--root DIR is required (a folder made by bench/make_bench_images.py)");
   if (o.pipeline != "crop" && o.pipeline != "gan" && o.pipeline != "all")
     return usage("--pipeline expects crop, gan or all");
@@ -105,10 +135,11 @@ int main(int argc, char** argv) {
     return usage("--workers expects a comma-separated list of numbers >= 1");
 
   std::vector<nd::bench::JsonLine> lines;
-  std::printf("%-6s %8s %8s %12s %12s %12s\n", "pipe", "workers", "images", "img/s", "img/s min", "img/s max");
+  std::printf("%-8s %8s %8s %12s %12s %12s\n", "pipe", "workers", "images", "img/s", "img/s min", "img/s max");
   try {
-    for (const std::string pipeline : {"crop", "gan"}) {
-      if (o.pipeline != "all" && o.pipeline != pipeline) continue;
+    for (const std::string pipeline : {"crop", "gan", "gan-fast"}) {
+      if (o.pipeline != "all" && o.pipeline != pipeline && !(pipeline == "gan-fast" && o.pipeline == "gan")) continue;
+      if (pipeline == "gan-fast" && !o.fast) continue;
       const auto folder = std::make_shared<const nd::data::ImageFolder>(
           o.root, nd::data::ImageFolderOptions().transform(pipeline_transform(pipeline)));
       for (int64_t w : workers) {
@@ -116,13 +147,19 @@ int main(int argc, char** argv) {
         for (int64_t r = 0; r < o.repeats; ++r) seconds.push_back(epoch_seconds(folder, w, o.batch, r));
         std::sort(seconds.begin(), seconds.end());
         const double median = seconds[seconds.size() / 2], n = static_cast<double>(folder->size());
-        std::printf("%-6s %8lld %8lld %12.1f %12.1f %12.1f\n", pipeline.c_str(), (long long)w, (long long)folder->size(),
+        std::printf("%-8s %8lld %8lld %12.1f %12.1f %12.1f\n", pipeline.c_str(), (long long)w, (long long)folder->size(),
                     n / median, n / seconds.back(), n / seconds.front());
-        auto line = nd::bench::JsonLine::row("data_loader", pipeline == "crop" ? "crop224" : "gan64", "f32", "nanoddp");
+        auto line = nd::bench::JsonLine::row("data_loader", pipeline == "crop" ? "crop224" : "gan64", "f32",
+                                             pipeline == "gan-fast" ? "nanoddp-fast" : "nanoddp");
         line.number("ms", median * 1e3, "%.1f").null("gflops").null("gbps").null("baseline").null("ratio");
         line.integer("workers", w).integer("batch", o.batch).integer("images", folder->size());
         line.integer("runs", o.repeats).number("images_per_s", n / median, "%.1f");
         line.number("images_per_s_min", n / seconds.back(), "%.1f").number("images_per_s_max", n / seconds.front(), "%.1f");
+        if (pipeline == "gan-fast" && w == workers.front()) {
+          const auto [mean, lowest] = fast_psnr(o.root);
+          std::printf("gan-fast PSNR against the exact mode: mean %.2f dB, lowest %.2f dB\n", mean, lowest);
+          line.number("psnr_db", mean, "%.2f").number("psnr_db_min", lowest, "%.2f");
+        }
         lines.push_back(line);
       }
     }

@@ -70,6 +70,7 @@ struct Job {
   const std::vector<uint8_t>* bytes;
   const Box* region;       // null: the whole image
   bool header_only;        // stop after the header (jpeg_info)
+  int scale_denom;         // 1, 2, 4 or 8: libjpeg's scaled IDCT (whole images only)
   ImageInfo info;
   Image* out;
   std::vector<uint8_t>* row;  // one decoded row (3 or 4 bytes a pixel)
@@ -108,6 +109,8 @@ bool run(Job& job) {
   cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
   cinfo.dct_method = JDCT_ISLOW;
   cinfo.do_fancy_upsampling = TRUE;
+  cinfo.scale_num = 1;
+  cinfo.scale_denom = static_cast<unsigned>(job.scale_denom);
   jpeg_start_decompress(&cinfo);
 
   const Box box = job.region ? *job.region : Box{0, 0, cinfo.output_height, cinfo.output_width};
@@ -158,9 +161,9 @@ bool run(Job& job) {
 }
 
 Job run_or_throw(const std::vector<uint8_t>& bytes, const std::string& path, const Box* region, bool header_only,
-                 Image* out) {
+                 Image* out, int scale_denom = 1) {
   std::vector<uint8_t> row;
-  Job job{&bytes, region, header_only, {}, out, &row, {}};
+  Job job{&bytes, region, header_only, scale_denom, {}, out, &row, {}};
   if (!run(job)) throw file_error(path, job.message);
   return job;
 }
@@ -174,6 +177,12 @@ ImageInfo jpeg_info(const std::vector<uint8_t>& bytes, const std::string& path) 
 Image decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& path, const Box* region) {
   Image out;
   run_or_throw(bytes, path, region, false, &out);
+  return out;
+}
+
+Image decode_jpeg_reduced(const std::vector<uint8_t>& bytes, const std::string& path, int scale_denom) {
+  Image out;
+  run_or_throw(bytes, path, nullptr, false, &out, scale_denom);
   return out;
 }
 

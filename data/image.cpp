@@ -99,6 +99,13 @@ Image decode(const std::vector<uint8_t>& bytes, const std::string& path, const B
 
 Image decode_image(const std::vector<uint8_t>& bytes, const std::string& path) { return decode(bytes, path, nullptr); }
 
+Image decode_image_reduced(const std::vector<uint8_t>& bytes, const std::string& path, int scale_denom) {
+  ND_CHECK(scale_denom == 1 || scale_denom == 2 || scale_denom == 4 || scale_denom == 8,
+           "decode_image_reduced: the scale must be 1, 2, 4 or 8, got 1/", scale_denom);
+  if (is_jpeg(bytes)) return detail::decode_jpeg_reduced(bytes, path, scale_denom);
+  return decode(bytes, path, nullptr);
+}
+
 Image decode_image(const std::vector<uint8_t>& bytes, const std::string& path, const Box& region) {
   const ImageInfo info = image_info(bytes, path);
   ND_CHECK(region.top >= 0 && region.left >= 0 && region.height >= 1 && region.width >= 1 &&

@@ -101,10 +101,25 @@ std::pair<int64_t, int64_t> Resize::output_size(int64_t height, int64_t width) c
   return width <= height ? std::pair{long_out, size_[0]} : std::pair{size_[0], long_out};
 }
 
+int Resize::reduction(int64_t height, int64_t width) const {
+  const auto [h, w] = output_size(height, width);
+  int d = 1;
+  while (d < 8 && height / (2 * d) >= h && width / (2 * d) >= w) d *= 2;
+  return d;
+}
+
 void Resize::operator()(Sample& sample, Generator&) const {
+  std::pair<int64_t, int64_t> size;
+  if (const auto* e = std::get_if<EncodedImage>(&sample)) {
+    size = output_size(e->info.height, e->info.width);  // from the full size, also when decoded reduced
+    const int d = fast_ && e->info.format == ImageFormat::kJpeg ? reduction(e->info.height, e->info.width) : 1;
+    if (d > 1) sample = decode_image_reduced(e->bytes, e->path, d);
+  } else {
+    const Image& image = image_of(sample, "Resize");
+    size = output_size(image.height, image.width);
+  }
   Image& image = image_of(sample, "Resize");
-  const auto [h, w] = output_size(image.height, image.width);
-  image = resize(image, h, w, interpolation_);
+  image = resize(image, size.first, size.second, interpolation_);
 }
 
 CenterCrop::CenterCrop(std::vector<int64_t> size) {
