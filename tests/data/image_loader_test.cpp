@@ -1,7 +1,8 @@
 // DataLoader over image datasets: [B, C, H, W] batches equal to the dataset's own samples
 // under sample_generator(seed, epoch, index); the same batches at 1, 2 and 4 workers;
 // seek() mid-epoch equal to the uninterrupted run; corrupt files raised in the caller's
-// thread (at 1 and several workers) or skipped and listed with skip_unreadable.
+// thread (at 1 and several workers; every kind of bad file) or skipped and listed with
+// skip_unreadable.
 #include <algorithm>
 #include <set>
 
@@ -215,4 +216,42 @@ TEST_CASE("image DataLoader: samples of different shapes, a failing sampler and 
         }) == "DataLoader: skip_unreadable needs an image dataset (files to skip)");
   CHECK(error_message([&] { data::DataLoader l(std::shared_ptr<const data::ImageDataset>(), {}); }) ==
         "DataLoader: the image dataset is null");
+}
+
+TEST_CASE("image DataLoader: every kind of bad file is an nd::Error naming it, at 1 and 3 workers") {
+  const Bytes png = data::read_file(golden_image("rgb8.png"));
+  size_t idat = 0;
+  while (!(png[idat] == 'I' && png[idat + 1] == 'D' && png[idat + 2] == 'A' && png[idat + 3] == 'T')) ++idat;
+  Bytes bad_crc = png;
+  bad_crc[idat + 4 + ((png[idat - 2] << 8) | png[idat - 1])] ^= 0x01;  // IDAT's CRC (a short chunk: length < 65536)
+  const std::vector<std::pair<Bytes, std::string>> kinds = {
+      {bad_crc, "not a valid PNG: IDAT: CRC error"},
+      {Bytes(png.begin(), png.end() - 12), "not a valid PNG: the file ends early (it is truncated)"},
+      {Bytes{}, "the file is empty; expected a JPEG or PNG image"},
+      {Bytes{0xFF, 0xD8, 0xFF}, "not a valid JPEG: Premature end of JPEG file"},
+  };
+  for (const auto& [bytes, what] : kinds) {
+    TempDir dir;
+    make_image_folder(dir.path, 6);  // a: 0-3, b: 001, 003, 005, j444 (4-7), then b/zzz (8)
+    write_bytes(dir.file("b/zzz.png"), bytes);
+    const auto folder = folder_of(dir, T::Compose({T::Resize({12}), T::CenterCrop({12}), T::ToTensor()}));
+    for (int64_t workers : {1, 3}) {
+      CAPTURE(what);
+      CAPTURE(workers);
+      data::DataLoader loader(folder, data::DataLoaderOptions(3).num_workers(workers));
+      CHECK(loader.next()->indices == std::vector<int64_t>{0, 1, 2});
+      CHECK(loader.next()->indices == std::vector<int64_t>{3, 4, 5});
+      CHECK(error_message([&] { loader.next(); }) == "decode_image: '" + dir.file("b/zzz.png") + "': " + what);
+    }
+  }
+  // A listed file that is not there.
+  TempDir dir;
+  make_image_folder(dir.path, 2);
+  const auto listed = std::make_shared<const data::ImageFolder>(
+      dir.path.string(), data::ImageFolderOptions().files({"a/000.png", "b/001.png", "b/gone.png"}));
+  for (int64_t workers : {1, 3}) {
+    data::DataLoader loader(listed, data::DataLoaderOptions(3).num_workers(workers));
+    CHECK(error_message([&] { loader.next(); }) ==
+          "decode_image: '" + dir.file("b/gone.png") + "': cannot open it: No such file or directory");
+  }
 }
