@@ -1,9 +1,11 @@
-// train_gan: DCGAN (models/dcgan.h) on Fashion-MNIST with the non-saturating GAN loss
-// (BCE with logits: D learns real -> 1, G(z) -> 0; G learns D(G(z)) -> 1), Adam
-// lr 2e-4, betas (0.5, 0.999), both models under DistributedDataParallel with default
-// options. Writes DIR/samples_<step>.png (8x8 grid from a fixed z, G in eval mode),
-// DIR/metrics.jsonl, DIR/loss_curve.png, DIR/ckpt/latest.safetensors; with --eval,
-// FID in the feature space of a classifier trained by train_classifier.
+// train_gan: DCGAN (models/dcgan.h) on Fashion-MNIST, an image folder or CIFAR (--data:
+// dcgan28, dcgan32 or dcgan64 by the images' size, channels as the data's) with the
+// non-saturating GAN loss (BCE with logits: D learns real -> 1, G(z) -> 0; G learns
+// D(G(z)) -> 1), Adam lr 2e-4, betas (0.5, 0.999), both models under
+// DistributedDataParallel with default options. Writes DIR/samples_<step>.png (8x8 grid
+// from a fixed z, G in eval mode), DIR/metrics.jsonl, DIR/loss_curve.png,
+// DIR/ckpt/latest.safetensors; with --eval (Fashion-MNIST), FID in the feature space of
+// a classifier trained by train_classifier.
 #include <filesystem>
 #include <string>
 
@@ -18,7 +20,7 @@ namespace {
 using nd::Tensor;
 namespace models = nd::models;
 
-struct Options : app::CommonOptions {
+struct Options : app::CommonOptions, app::DataOptions {
   std::string model;               // "": the config for the data's image size
   int64_t nz = 0, ngf = 0, ndf = 0;  // 0: the config's
   bool eval = false;
@@ -59,15 +61,23 @@ int train(Options& o) {
   const nd::AutocastGuard amp(device.type, o.amp, app::amp_dtype(o));  // --amp (engine/autocast.h)
   nd::optim::GradScaler scaler(app::grad_scaler_options(o));  // on for --amp-dtype f16 only
   if (o.eval && o.eval_samples > 10000) throw app::UsageError{"--eval-samples is at most 10000 (the test set)"};
-  const nd::data::Dataset train_set = nd::data::load_fashion_mnist(o.data, true);
+  const app::TrainData train_set = app::load_train_data(o.data, o);
+  if (o.eval && !train_set.is_idx())
+    throw app::UsageError{"--eval: FID uses the features of a Fashion-MNIST classifier; --data " + o.data + " holds " +
+                          train_set.kind + " images"};
   const nd::data::Dataset test_set = o.eval ? nd::data::load_fashion_mnist(o.data, false) : nd::data::Dataset{};
   if (o.eval) ND_CHECK(std::filesystem::exists(o.classifier), "--classifier: no file at ", o.classifier,
                        " (train one with train_classifier, or pass --classifier PATH)");
 
-  models::DCGANConfig config = app::dcgan_config(o.model, app::image_shape(train_set.images));
+  // The data decides the image size and channels (app/common/model_select.h); --nz, --ngf,
+  // --ndf over the config's.
+  models::DCGANConfig config = app::dcgan_config(o.model, train_set.shape());
   auto take = [](int64_t& flag, int64_t& field) { flag ? void(field = flag) : void(flag = field); };
-  take(o.nz, config.nz), take(o.ngf, config.ngf), take(o.ndf, config.ndf);  // --nz/--ngf/--ndf over the config's
-  if (o.model.empty()) o.model = "dcgan" + std::to_string(config.image_size);
+  take(o.nz, config.nz), take(o.ngf, config.ngf), take(o.ndf, config.ndf);
+  if (o.model.empty()) {
+    const int64_t s = config.image_size;
+    o.model = s == 28 || s == 32 || s == 64 ? "dcgan" + std::to_string(s) : "dcgan28's widths";
+  }
 
   nd::manual_seed(static_cast<uint64_t>(o.seed));
   models::DCGANGenerator G(config);
@@ -86,7 +96,7 @@ int train(Options& o) {
   auto opt_g = app::make_optimizer<nd::optim::Adam>(o, g.reducer(), models::dcgan_adam_options().lr(o.lr));
   auto opt_d = app::make_optimizer<nd::optim::Adam>(o, d.reducer(), models::dcgan_adam_options().lr(o.lr));
 
-  app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
+  app::BatchStream batches(train_set, o, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
   nd::TrainState state{{{"G", G.get()}, {"D", D.get()}}, {{"G", opt_g.get()}, {"D", opt_d.get()}}, {}, 0, {{"amp", &scaler}}, {}};
   for (auto* reducer : {&g.reducer(), &d.reducer()}) app::register_comm_hook(*reducer, o, state);  // --comm-hook
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
@@ -97,7 +107,8 @@ int train(Options& o) {
   log.watch(&scaler);
   log.say("train_gan: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", global batch " +
           std::to_string(o.batch_size) + ", steps " + std::to_string(start + 1) + ".." + std::to_string(o.steps) +
-          ", model " + o.model + ", nz " + std::to_string(o.nz) + ", ngf " + std::to_string(o.ngf) + ", ndf " + std::to_string(o.ndf) +
+          ", model " + o.model + ", nz " + std::to_string(o.nz) + ", ngf " + std::to_string(o.ngf) + ", ndf " +
+          std::to_string(o.ndf) + ", " + train_set.describe() +
           ", output " + o.out);
   app::UpdateNorm update_g(G->parameters()), update_d(D->parameters());
   auto bce = [](const Tensor& logits, double target) {
@@ -161,9 +172,11 @@ int main(int argc, char** argv) {
     o.sample_every = 500;
     o.ckpt_every = 500;
     app::Flags flags("train_gan",
-                     "Trains a DCGAN (generator + discriminator) on Fashion-MNIST; alone or under mpirun.\n"
+                     "Trains a DCGAN (generator + discriminator) on Fashion-MNIST, an image folder or CIFAR;\n"
+                     "alone or under mpirun.\n"
                      "Writes samples_<step>.png, metrics.jsonl, loss_curve.png and ckpt/ to --out.");
     app::add_common_flags(flags, o, /*has_batch_norm=*/true);
+    app::add_data_flags(flags, o);
     flags.add("--model", &o.model,
               "DCGAN configuration: dcgan28, dcgan32 or dcgan64 (default: the one for the data's image size)",
               "NAME");

@@ -20,16 +20,16 @@
 
 namespace nd::apps {
 
-// A residual perturbation of images: conv 3x3 (1 -> w), ReLU, conv (w -> w), ReLU,
-// conv (w -> 1), out = x + 0.1 tanh(.). No BatchNorm, so N ranks equal one process
-// without synchronising statistics.
+// A residual perturbation of images with c channels: conv 3x3 (c -> w), ReLU, conv
+// (w -> w), ReLU, conv (w -> c), out = x + 0.1 tanh(.). No BatchNorm, so N ranks equal one
+// process without synchronising statistics.
 class PerturberImpl : public nn::Module {
  public:
-  explicit PerturberImpl(int64_t width = 16) {
+  explicit PerturberImpl(int64_t width = 16, int64_t channels = 1) {
     net = register_module(
-        "net", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, width, 3).padding(1)), nn::ReLU(),
+        "net", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(channels, width, 3).padding(1)), nn::ReLU(),
                               nn::Conv2d(nn::Conv2dOptions(width, width, 3).padding(1)), nn::ReLU(),
-                              nn::Conv2d(nn::Conv2dOptions(width, 1, 3).padding(1))));
+                              nn::Conv2d(nn::Conv2dOptions(width, channels, 3).padding(1))));
   }
   Tensor forward(const Tensor& x) override { return x + net(x).tanh() * 0.1; }
 
@@ -44,7 +44,7 @@ namespace {
 using nd::Tensor;
 namespace models = nd::models;
 
-struct Options : app::CommonOptions {
+struct Options : app::CommonOptions, app::DataOptions {
   std::string model;  // MAE: tiny (cpu) / small (cuda)
   int64_t gwidth = 16, ndf = 32;
   double lr_mae = 1e-3;
@@ -55,15 +55,16 @@ int train(Options& o) {
   const nd::Device device = app::setup("train_joint", o, world);
   const nd::AutocastGuard amp(device.type, o.amp, app::amp_dtype(o));  // --amp (engine/autocast.h)
   nd::optim::GradScaler scaler(app::grad_scaler_options(o));  // on for --amp-dtype f16 only
-  const nd::data::Dataset train_set = nd::data::load_fashion_mnist(o.data, true);
-  const nd::data::Dataset test_set = nd::data::load_fashion_mnist(o.data, false);
-  const models::MAEConfig config =
-      app::mae_config(o.model, app::image_shape(train_set.images), device, /*allow_vit=*/false);
+  const app::TrainData train_set = app::load_train_data(o.data, o);
+  // The data decides the image size and channels of the three models (common/model_select.h).
+  const models::MAEConfig config = app::mae_config(o.model, train_set.shape(), device, /*allow_vit=*/false);
   if (o.model.empty()) o.model = device.is_cpu() ? "tiny" : "small";
+  models::DCGANConfig d_config = app::dcgan_config("", train_set.shape());
+  d_config.ndf = o.ndf;
 
   nd::manual_seed(static_cast<uint64_t>(o.seed));
-  nd::apps::Perturber G(o.gwidth);
-  models::DCGANDiscriminator D(o.ndf);
+  nd::apps::Perturber G(o.gwidth, train_set.channels);
+  models::DCGANDiscriminator D(d_config);
   models::dcgan_init(*D);
   nd::nn::convert_sync_batchnorm(D.ptr());  // after dcgan_init, which sets the BatchNorm weights
   models::MAE M(config);
@@ -84,7 +85,7 @@ int train(Options& o) {
   auto cosine = std::make_shared<nd::optim::CosineAnnealingLR>(*opt_m, std::max<int64_t>(1, o.steps - warmup));
   nd::optim::SequentialLR schedule(*opt_m, {warm, cosine}, {warmup});
 
-  app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
+  app::BatchStream batches(train_set, o, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
   nd::TrainState state{{{"G", G.get()}, {"D", D.get()}, {"MAE", M.get()}},
                        {{"G", opt_g.get()}, {"D", opt_d.get()}, {"MAE", opt_m.get()}},
                        {{"MAE", &schedule}},
@@ -97,30 +98,33 @@ int train(Options& o) {
   log.watch(&scaler);
   log.watch("G", *G), log.watch("D", *D), log.watch("MAE", *M);
   log.say("train_joint: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", MAE " + o.model +
-          ", global batch " + std::to_string(o.batch_size) + ", steps " + std::to_string(start + 1) + ".." +
-          std::to_string(o.steps) + ", output " + o.out);
+          ", " + train_set.describe() + ", global batch " + std::to_string(o.batch_size) + ", steps " +
+          std::to_string(start + 1) + ".." + std::to_string(o.steps) + ", output " + o.out);
   app::UpdateNorm update_g(G->parameters()), update_d(D->parameters()), update_m(M->parameters());
   auto bce = [](const Tensor& logits, bool original) {
     return nd::binary_cross_entropy_with_logits(logits, original ? nd::ones_like(logits) : nd::zeros_like(logits));
   };
+  // Rank 0 draws its samples from the test set's first 16 images (a folder: its own).
+  const Tensor sample_images = world.rank0() ? app::eval_images(train_set, 16) : Tensor();
   auto write_samples = [&](int64_t step) {
     if (!world.rank0()) return;
     nd::NoGradGuard no_grad;
-    const Tensor x = test_set.images.narrow(0, 0, 16).to(device);
+    const Tensor x = sample_images.to(device);
+    const int64_t n = x.size(0), c = x.size(1);
     const Tensor perturbed = G->forward(x);
     nd::Generator gen{4242, 0};
-    const Tensor noise = nd::rand({16, config.num_patches()}, {}, &gen);
+    const Tensor noise = nd::rand({n, config.num_patches()}, {}, &gen);
     const models::MAEEncoderOutput enc = M->forward_encoder(perturbed, config.mask_ratio, noise);
     const Tensor pred = M->forward_decoder(enc.latent, enc.ids_restore);
     const Tensor target = models::patchify(x, config.patch_size);
     const Tensor mask = enc.mask.unsqueeze(-1);
     Tensor recon = pred;
     if (config.norm_pix_loss) recon = pred * (target.var({2}, 1, true) + 1e-6).sqrt() + target.mean({2}, true);
-    recon = models::unpatchify(recon * mask + target * (1.0 - mask), config.patch_size);
+    recon = models::unpatchify(recon * mask + target * (1.0 - mask), config.patch_size, c);
     const Tensor masked = models::unpatchify(models::patchify(perturbed, config.patch_size) * (1.0 - mask),
-                                             config.patch_size);
+                                             config.patch_size, c);
     // Per sample: original, perturbed, masked perturbed, reconstruction.
-    const Tensor grid = nd::stack({x, perturbed, masked, recon}, 1).reshape({64, 1, 28, 28});
+    const Tensor grid = nd::stack({x, perturbed, masked, recon}, 1).reshape({4 * n, c, x.size(2), x.size(3)});
     app::save_samples(log, world, o, step, app::image_grid(grid, 8));
   };
 
@@ -186,6 +190,7 @@ int main(int argc, char** argv) {
                      "three DDP models with three optimizers; alone or under mpirun. Writes samples_<step>.png\n"
                      "(original / perturbed / masked / reconstruction), metrics.jsonl, loss_curve.png, ckpt/.");
     app::add_common_flags(flags, o, /*has_batch_norm=*/false);
+    app::add_data_flags(flags, o);
     flags.add("--lr-mae", &o.lr_mae, "MAE peak learning rate (AdamW, warmup then cosine); --lr is G's and D's");
     flags.add("--model", &o.model, "MAE configuration: tiny or small (default tiny on cpu, small on cuda)", "NAME");
     flags.add("--gwidth", &o.gwidth, "perturber width");

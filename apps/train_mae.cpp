@@ -1,10 +1,11 @@
-// train_mae: the masked autoencoder of models/mae.h on Fashion-MNIST (tiny on the CPU,
-// small on CUDA) with AdamW (betas 0.9, 0.95, weight decay 0.05) and a linear warmup
-// then cosine schedule, under DistributedDataParallel with default options. Writes
-// DIR/samples_<step>.png (rows of original / masked / reconstruction triplets of test
-// images), the masked-patch test loss, metrics.jsonl, loss_curve.png and ckpt/.
-// --probe: a linear probe (logistic regression trained with Adam on standardised,
-// frozen, mean-pooled encoder features) reports the test accuracy.
+// train_mae: the masked autoencoder of models/mae.h (tiny on the CPU, small on CUDA, at
+// the image size and channels of --data: Fashion-MNIST, an image folder or CIFAR) with
+// AdamW (betas 0.9, 0.95, weight decay 0.05) and a linear warmup then cosine schedule,
+// under DistributedDataParallel with default options. Writes DIR/samples_<step>.png
+// (rows of original / masked / reconstruction triplets of test images), the
+// masked-patch test loss, metrics.jsonl, loss_curve.png and ckpt/.
+// --probe (Fashion-MNIST): a linear probe (logistic regression trained with Adam on
+// standardised, frozen, mean-pooled encoder features) reports the test accuracy.
 #include <algorithm>
 #include <random>
 #include <string>
@@ -19,8 +20,8 @@ namespace {
 using nd::Tensor;
 namespace models = nd::models;
 
-struct Options : app::CommonOptions {
-  std::string model;  // "": the config for the data's image size (28x28: tiny on cpu, small on cuda)
+struct Options : app::CommonOptions, app::DataOptions {
+  std::string model;  // "": the config for the data's image size (tiny on cpu, small on cuda; 224: the ViT-B)
   bool checkpoint_activations = false;
   std::string init_from;  // an MAE's (or its encoder's) weights to start from
   int64_t warmup = 0;  // 0: 5% of --steps
@@ -103,9 +104,12 @@ int train(Options& o) {
   const nd::AutocastGuard amp(device.type, o.amp, app::amp_dtype(o));  // --amp (engine/autocast.h)
   nd::optim::GradScaler scaler(app::grad_scaler_options(o));  // on for --amp-dtype f16 only
   if (o.probe && o.probe_train > 60000) throw app::UsageError{"--probe-train is at most 60000"};
-  const nd::data::Dataset train_set = nd::data::load_fashion_mnist(o.data, true);
-  const nd::data::Dataset test_set = nd::data::load_fashion_mnist(o.data, false);
-  models::MAEConfig config = app::mae_config(o.model, app::image_shape(train_set.images), device);
+  const app::TrainData train_set = app::load_train_data(o.data, o);
+  if (o.probe && !train_set.is_idx())
+    throw app::UsageError{"--probe: the linear probe uses Fashion-MNIST's labelled test set; --data " + o.data +
+                          " holds " + train_set.kind + " images"};
+  // The data decides the image size and channels (common/model_select.h).
+  models::MAEConfig config = app::mae_config(o.model, train_set.shape(), device);
   if (o.model.empty())
     o.model = config.img_size == 224 ? "mae_vit_base_patch16_dec512d8b" : device.is_cpu() ? "tiny" : "small";
   config.checkpoint_activations = o.checkpoint_activations;
@@ -123,7 +127,7 @@ int train(Options& o) {
   auto cosine = std::make_shared<nd::optim::CosineAnnealingLR>(*opt, std::max<int64_t>(1, o.steps - warmup));
   nd::optim::SequentialLR schedule(*opt, {warm, cosine}, {warmup});
 
-  app::BatchStream batches(train_set, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
+  app::BatchStream batches(train_set, o, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
   nd::TrainState state{{{"MAE", M.get()}}, {{"MAE", opt.get()}}, {{"MAE", &schedule}}, 0, {{"amp", &scaler}}, {}};
   app::register_comm_hook(m.reducer(), o, state);  // --comm-hook
   const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
@@ -131,16 +135,17 @@ int train(Options& o) {
   app::Logger log("train_mae", o, world, start);
   log.watch(&scaler);
   log.say("train_mae: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", model " + o.model +
-          ", global batch " + std::to_string(o.batch_size) + ", steps " + std::to_string(start + 1) + ".." +
-          std::to_string(o.steps) + ", output " + o.out +
+          ", " + train_set.describe() + ", global batch " + std::to_string(o.batch_size) + ", steps " +
+          std::to_string(start + 1) + ".." + std::to_string(o.steps) + ", output " + o.out +
           (o.checkpoint_activations ? ", activation checkpointing" : ""));
   if (!init.empty()) log.say("train_mae: initialised the " + init);
   app::UpdateNorm update(M->parameters());
-  const Tensor eval_images = test_set.images.narrow(0, 0, 1000);
+  // Rank 0 samples and evaluates: the test set's first 1000 images (a folder: its own).
+  const Tensor eval_images = world.rank0() ? app::eval_images(train_set, 1000) : Tensor();
   auto evaluate = [&](int64_t step) {
     if (!world.rank0()) return;
     nd::cpu::empty_cache();  // the training step's cached blocks would only add to this pass's peak
-    const Tensor grid = triplets(M, test_set.images.narrow(0, 0, 16).to(device));
+    const Tensor grid = triplets(M, eval_images.narrow(0, 0, std::min<int64_t>(16, eval_images.size(0))).to(device));
     app::save_samples(log, world, o, step, app::image_grid(grid, 6));
     log.record(step, {{"test_loss", test_loss(M, eval_images, device)}});
   };
@@ -166,7 +171,8 @@ int train(Options& o) {
   if (start >= o.steps) evaluate(start);  // --steps 0: the checkpoint's model
   if (o.probe && world.rank0())
     log.record(std::max(start, o.steps),
-               {{"probe_accuracy", linear_probe(M, train_set, test_set, o.probe_train, device, log)}});
+               {{"probe_accuracy", linear_probe(M, train_set.tensors, nd::data::load_fashion_mnist(o.data, false),
+                                                o.probe_train, device, log)}});
   log.finish();
   return 0;
 }
@@ -183,14 +189,15 @@ int main(int argc, char** argv) {
     o.sample_every = 500;
     o.ckpt_every = 500;
     app::Flags flags("train_mae",
-                     "Trains a masked autoencoder on Fashion-MNIST; alone or under mpirun.\n"
+                     "Trains a masked autoencoder on Fashion-MNIST, an image folder or CIFAR; alone or under mpirun.\n"
                      "Writes samples_<step>.png (original / masked / reconstruction), metrics.jsonl,\n"
                      "loss_curve.png and ckpt/ to --out.");
     app::add_common_flags(flags, o, /*has_batch_norm=*/false);
+    app::add_data_flags(flags, o);
     flags.add("--model", &o.model,
               "MAE configuration: tiny, small, mae_vit_base_patch16_dec512d8b, mae_vit_large_patch16_dec512d8b or "
-              "mae_vit_huge_patch14_dec512d8b (default: for 28x28 images tiny on cpu, small on cuda; for 224x224 "
-              "the ViT-B)",
+              "mae_vit_huge_patch14_dec512d8b (default: tiny on cpu, small on cuda, at the data's image size; for "
+              "224x224 images the ViT-B)",
               "NAME");
     flags.add("--checkpoint-activations", &o.checkpoint_activations,
               "recompute each transformer block's activations in backward instead of keeping them (less memory, "

@@ -70,6 +70,7 @@ struct Job {
   const std::vector<uint8_t>* bytes;
   const Box* region;       // null: the whole image
   bool header_only;        // stop after the header (jpeg_info)
+  int scale_denom;         // 1, 2, 4 or 8: libjpeg's scaled IDCT (whole images only)
   ImageInfo info;
   Image* out;
   std::vector<uint8_t>* row;  // one decoded row (3 or 4 bytes a pixel)
@@ -108,6 +109,8 @@ bool run(Job& job) {
   cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
   cinfo.dct_method = JDCT_ISLOW;
   cinfo.do_fancy_upsampling = TRUE;
+  cinfo.scale_num = 1;
+  cinfo.scale_denom = static_cast<unsigned>(job.scale_denom);
   jpeg_start_decompress(&cinfo);
 
   const Box box = job.region ? *job.region : Box{0, 0, cinfo.output_height, cinfo.output_width};
@@ -127,17 +130,28 @@ bool run(Job& job) {
   job.row->resize(static_cast<size_t>(cinfo.output_width) * components);
   *job.out = Image(box.height, box.width);
   const int64_t skip = box.left - x0;
-  for (int64_t y = 0; y < box.height; ++y) {
-    JSAMPROW row = job.row->data();
-    jpeg_read_scanlines(&cinfo, &row, 1);
-    const uint8_t* src = job.row->data() + skip * components;
-    uint8_t* dst = job.out->row(y);
-    if (!cmyk) {
-      std::memcpy(dst, src, static_cast<size_t>(box.width) * 3);
-      continue;
+  // RGB rows that are the box's whole width go straight into the image, several at a time;
+  // others through the row buffer (cut to the box, or converted from CMYK).
+  const bool direct = !cmyk && skip == 0 && static_cast<int64_t>(cinfo.output_width) == box.width;
+  for (int64_t y = 0; y < box.height;) {
+    JSAMPROW rows[16];
+    const int64_t n = direct ? std::min<int64_t>({box.height - y, 16, cinfo.rec_outbuf_height}) : 1;
+    for (int64_t i = 0; i < n; ++i) rows[i] = direct ? job.out->row(y + i) : job.row->data();
+    const int64_t got = jpeg_read_scanlines(&cinfo, rows, static_cast<JDIMENSION>(n));
+    if (got == 0) {  // a source that suspends: jpeg_mem_src never does
+      std::snprintf(job.message, sizeof job.message, "not a valid JPEG: no scanline after row %lld", (long long)y);
+      jpeg_destroy_decompress(&cinfo);
+      return false;
     }
-    for (int64_t x = 0; x < box.width; ++x, src += 4, dst += 3)
-      for (int c = 0; c < 3; ++c) dst[c] = cmyk_channel(src[c], src[3]);
+    if (!direct) {
+      const uint8_t* src = job.row->data() + skip * components;
+      uint8_t* dst = job.out->row(y);
+      if (!cmyk) std::memcpy(dst, src, static_cast<size_t>(box.width) * 3);
+      else
+        for (int64_t x = 0; x < box.width; ++x, src += 4, dst += 3)
+          for (int c = 0; c < 3; ++c) dst[c] = cmyk_channel(src[c], src[3]);
+    }
+    y += got;
   }
   // A whole decode reads on to the end of the image, so a file cut off after its last
   // row still fails; a region leaves the rest unread.
@@ -147,9 +161,9 @@ bool run(Job& job) {
 }
 
 Job run_or_throw(const std::vector<uint8_t>& bytes, const std::string& path, const Box* region, bool header_only,
-                 Image* out) {
+                 Image* out, int scale_denom = 1) {
   std::vector<uint8_t> row;
-  Job job{&bytes, region, header_only, {}, out, &row, {}};
+  Job job{&bytes, region, header_only, scale_denom, {}, out, &row, {}};
   if (!run(job)) throw file_error(path, job.message);
   return job;
 }
@@ -163,6 +177,12 @@ ImageInfo jpeg_info(const std::vector<uint8_t>& bytes, const std::string& path) 
 Image decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& path, const Box* region) {
   Image out;
   run_or_throw(bytes, path, region, false, &out);
+  return out;
+}
+
+Image decode_jpeg_reduced(const std::vector<uint8_t>& bytes, const std::string& path, int scale_denom) {
+  Image out;
+  run_or_throw(bytes, path, nullptr, false, &out, scale_denom);
   return out;
 }
 

@@ -20,6 +20,8 @@ ImageInfo png_info(const std::vector<uint8_t>& bytes, const std::string& path);
 // The image, or only `region` of it when `region` is not null (inside the image).
 Image decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& path, const Box* region);
 Image decode_png(const std::vector<uint8_t>& bytes, const std::string& path, const Box* region);
+// The whole JPEG at 1 / scale_denom (1, 2, 4, 8) of its size (libjpeg's scaled IDCT).
+Image decode_jpeg_reduced(const std::vector<uint8_t>& bytes, const std::string& path, int scale_denom);
 
 // Why a header's size is refused ("" when it is fine): both decoders ask before allocating.
 std::string size_problem(int64_t height, int64_t width);

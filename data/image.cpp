@@ -59,7 +59,18 @@ std::vector<uint8_t> read_file(const std::string& path) {
   errno = 0;
   std::ifstream in(path, std::ios::binary);
   if (!in) throw detail::file_error(path, str_cat("cannot open it: ", errno ? std::strerror(errno) : "unknown error"));
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // One read of the file's size (a regular file); byte by byte where it has none (a pipe).
+  std::vector<uint8_t> bytes;
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  if (size >= 0 && in.seekg(0)) {
+    bytes.resize(static_cast<size_t>(size));
+    in.read(reinterpret_cast<char*>(bytes.data()), size);
+    bytes.resize(static_cast<size_t>(in.gcount()));
+  } else {
+    in.clear();
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
   if (in.bad()) throw detail::file_error(path, "reading it failed");
   return bytes;
 }
@@ -87,6 +98,13 @@ Image decode(const std::vector<uint8_t>& bytes, const std::string& path, const B
 }  // namespace
 
 Image decode_image(const std::vector<uint8_t>& bytes, const std::string& path) { return decode(bytes, path, nullptr); }
+
+Image decode_image_reduced(const std::vector<uint8_t>& bytes, const std::string& path, int scale_denom) {
+  ND_CHECK(scale_denom == 1 || scale_denom == 2 || scale_denom == 4 || scale_denom == 8,
+           "decode_image_reduced: the scale must be 1, 2, 4 or 8, got 1/", scale_denom);
+  if (is_jpeg(bytes)) return detail::decode_jpeg_reduced(bytes, path, scale_denom);
+  return decode(bytes, path, nullptr);
+}
 
 Image decode_image(const std::vector<uint8_t>& bytes, const std::string& path, const Box& region) {
   const ImageInfo info = image_info(bytes, path);

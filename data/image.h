@@ -72,4 +72,9 @@ Image decode_image(const std::vector<uint8_t>& bytes, const std::string& path);
 // copied out (its rows are compressed as one stream). The region must lie inside the image.
 Image decode_image(const std::vector<uint8_t>& bytes, const std::string& path, const Box& region);
 
+// Fast mode (not PIL's pixels): a JPEG decoded at 1 / scale_denom of its size (2, 4 or 8;
+// 1 is the exact decode), ceil(width / d) x ceil(height / d), by libjpeg's scaled inverse
+// DCT, which skips most of the work (DALI's and FFCV's trick). A PNG is decoded whole.
+Image decode_image_reduced(const std::vector<uint8_t>& bytes, const std::string& path, int scale_denom);
+
 }  // namespace nd::data

@@ -101,10 +101,25 @@ std::pair<int64_t, int64_t> Resize::output_size(int64_t height, int64_t width) c
   return width <= height ? std::pair{long_out, size_[0]} : std::pair{size_[0], long_out};
 }
 
+int Resize::reduction(int64_t height, int64_t width) const {
+  const auto [h, w] = output_size(height, width);
+  int d = 1;
+  while (d < 8 && height / (2 * d) >= h && width / (2 * d) >= w) d *= 2;
+  return d;
+}
+
 void Resize::operator()(Sample& sample, Generator&) const {
+  std::pair<int64_t, int64_t> size;
+  if (const auto* e = std::get_if<EncodedImage>(&sample)) {
+    size = output_size(e->info.height, e->info.width);  // from the full size, also when decoded reduced
+    const int d = fast_ && e->info.format == ImageFormat::kJpeg ? reduction(e->info.height, e->info.width) : 1;
+    if (d > 1) sample = decode_image_reduced(e->bytes, e->path, d);
+  } else {
+    const Image& image = image_of(sample, "Resize");
+    size = output_size(image.height, image.width);
+  }
   Image& image = image_of(sample, "Resize");
-  const auto [h, w] = output_size(image.height, image.width);
-  image = resize(image, h, w, interpolation_);
+  image = resize(image, size.first, size.second, interpolation_);
 }
 
 CenterCrop::CenterCrop(std::vector<int64_t> size) {
@@ -200,13 +215,17 @@ void Normalize::operator()(Sample& sample, Generator&) const {
   ND_CHECK(t && t->dtype() == kFloat32 && t->dim() == 3 && t->size(0) == static_cast<int64_t>(mean_.size()),
            "Normalize expects a [", mean_.size(), ", H, W] f32 tensor (put it after ToTensor), got ",
            t ? shape_str(t->sizes()) : std::string("an image"));
-  Tensor out = t->contiguous().clone();
+  // Plain loops, no tensor op: a DataLoader's worker threads run this (an engine op would
+  // start an OpenMP team from each of them).
+  const Tensor in = t->contiguous();
+  Tensor out = empty(in.sizes());
+  const float* x = in.data_ptr<float>();
   float* v = out.data_ptr<float>();
   const int64_t plane = out.size(1) * out.size(2);
   for (size_t c = 0; c < mean_.size(); ++c) {
     // torchvision's float32 sub_ then div_.
     const float m = static_cast<float>(mean_[c]), s = static_cast<float>(std_[c]);
-    for (int64_t p = 0; p < plane; ++p) v[c * plane + p] = (v[c * plane + p] - m) / s;
+    for (int64_t p = 0; p < plane; ++p) v[c * plane + p] = (x[c * plane + p] - m) / s;
   }
   sample = out;
 }

@@ -83,16 +83,27 @@ class Compose : public Transform {
 
 // size {s}: the smaller edge becomes s, the other int(s * long / short) (torchvision's
 // rounding down); size {h, w}: exactly h x w. Antialiased (data/resize.h).
+// fast(true): a still-encoded JPEG at least 2, 4 or 8 times the output size in both
+// dimensions is decoded at that reduced scale (decode_image_reduced, the largest that
+// fits) and resized from there: several times faster, not torchvision's pixels
+// (docs/data.md gives the PSNR against the exact mode).
 class Resize : public Transform {
  public:
   explicit Resize(std::vector<int64_t> size, InterpolationMode interpolation = InterpolationMode::kBilinear);
+  Resize& fast(bool on) {
+    fast_ = on;
+    return *this;
+  }
   void operator()(Sample& sample, Generator& gen) const override;
   // The output size (height, width) for an input of height x width.
   std::pair<int64_t, int64_t> output_size(int64_t height, int64_t width) const;
+  // fast(true)'s reduced scale for an image of height x width: 1, 2, 4 or 8.
+  int reduction(int64_t height, int64_t width) const;
 
  private:
   std::vector<int64_t> size_;
   InterpolationMode interpolation_;
+  bool fast_ = false;
 };
 
 // The central size {s} (square) or {h, w} box, its offsets rounded as Python's round() does

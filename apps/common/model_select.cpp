@@ -22,18 +22,18 @@ std::string ImageShape::str() const {
   return std::to_string(size) + "x" + std::to_string(size) + "x" + std::to_string(channels);
 }
 
-ImageShape image_shape(const nd::Tensor& images) {
-  ND_CHECK(images.dim() == 4 && images.size(2) == images.size(3), "expected training images [N, C, S, S], found ",
-           images.describe());
-  return {images.size(1), images.size(2)};
-}
-
 nd::models::DCGANConfig dcgan_config(const std::string& name, const ImageShape& data) {
   if (name.empty()) {
-    ND_CHECK(data.size == 28 || data.size == 32 || data.size == 64, "no DCGAN config for ", data.str(),
-             " images: the configs take 28x28 (dcgan28), 32x32 (dcgan32) or 64x64 (dcgan64)");
-    nd::models::DCGANConfig c = nd::models::DCGANConfig::by_name("dcgan" + std::to_string(data.size));
+    // dcgan28, dcgan32 or dcgan64 by image size; another size keeps dcgan28's widths.
+    const bool named = data.size == 28 || data.size == 32 || data.size == 64;
+    nd::models::DCGANConfig c = nd::models::DCGANConfig::by_name(named ? "dcgan" + std::to_string(data.size) : "dcgan28");
+    c.image_size = data.size;
     c.nc = data.channels;
+    try {
+      (void)c.upsamplings();
+    } catch (const nd::Error& e) {
+      throw UsageError{"--image-size " + std::to_string(data.size) + ": " + e.what()};
+    }
     return c;
   }
   nd::models::DCGANConfig c;
@@ -51,11 +51,15 @@ nd::models::MAEConfig mae_config(const std::string& name, const ImageShape& data
   const char* vits[] = {"mae_vit_base_patch16_dec512d8b", "mae_vit_large_patch16_dec512d8b",
                         "mae_vit_huge_patch14_dec512d8b"};
   if (name.empty()) {
-    ND_CHECK(data.size == 28 || (allow_vit && data.size == 224), "no MAE config for ", data.str(),
-             " images: the configs take 28x28 (tiny, small)", allow_vit ? " or 224x224 (the ViTs)" : "");
+    // 224x224: the ViT-B; other sizes: tiny (cpu) or small (cuda) at the data's size.
+    const bool vit_b = allow_vit && data.size == 224;
     nd::models::MAEConfig c = nd::models::MAEConfig::by_name(
-        data.size == 224 ? std::string(vits[0]) : std::string(device.is_cpu() ? "tiny" : "small"));
+        vit_b ? std::string(vits[0]) : std::string(device.is_cpu() ? "tiny" : "small"));
+    c.img_size = data.size;
     c.in_chans = data.channels;
+    if (c.img_size % c.patch_size != 0)
+      throw UsageError{"--image-size " + std::to_string(c.img_size) + " is not a multiple of the MAE's patch size " +
+                       std::to_string(c.patch_size)};
     return c;
   }
   const bool vit = std::find(std::begin(vits), std::end(vits), name) != std::end(vits);

@@ -14,16 +14,15 @@ struct ImageShape {
   int64_t channels = 1, size = 28;
   std::string str() const;  // "28x28x1"
 };
-// requires: images [N, C, S, S]; otherwise nd::Error.
-ImageShape image_shape(const nd::Tensor& images);
 
-// name "": dcgan28 for 28x28, dcgan32 for 32x32, dcgan64 for 64x64 images, with the data's
-// channels; other sizes are an nd::Error. name: DCGANConfig::by_name(name), which must take
-// the data's images.
+// name "": dcgan28 for 28x28, dcgan32 for 32x32, dcgan64 for 64x64 images, another size with
+// dcgan28's widths (a size the generator cannot reach by doublings is a UsageError), with
+// the data's channels. name: DCGANConfig::by_name(name), which must take the data's images.
 nd::models::DCGANConfig dcgan_config(const std::string& name, const ImageShape& data);
 
-// name "": tiny (cpu) or small (cuda) for 28x28 images, mae_vit_base_patch16_dec512d8b for
-// 224x224, with the data's channels; other sizes are an nd::Error. name:
+// name "": mae_vit_base_patch16_dec512d8b for 224x224 images, otherwise tiny (cpu) or small
+// (cuda) at the data's size (a multiple of the patch size, else a UsageError), with the
+// data's channels. name:
 // MAEConfig::by_name(name), which must take the data's images. allow_vit false (train_joint,
 // whose MAE reconstructs its DCGAN's 28x28 images): the three ViT names are a UsageError.
 nd::models::MAEConfig mae_config(const std::string& name, const ImageShape& data, const nd::Device& device,

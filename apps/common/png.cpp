@@ -92,21 +92,22 @@ nd::Tensor image_tensor(const Image& image) {
 }
 
 Image image_grid(const nd::Tensor& images, int cols, int pad) {
-  ND_CHECK(images.dim() == 4 && images.size(1) == 1, "image_grid: expected [N, 1, H, W] images, got a ",
-           images.dim(), "-d tensor");
+  ND_CHECK(images.dim() == 4 && (images.size(1) == 1 || images.size(1) == 3),
+           "image_grid: expected [N, 1, H, W] or [N, 3, H, W] images, got ", nd::shape_str(images.sizes()));
   const nd::Tensor data = images.detach().cpu().to(nd::kFloat32).contiguous();
-  const int n = static_cast<int>(data.size(0)), h = static_cast<int>(data.size(2)),
+  const int n = static_cast<int>(data.size(0)), c = static_cast<int>(data.size(1)), h = static_cast<int>(data.size(2)),
             w = static_cast<int>(data.size(3));
   const int rows = (n + cols - 1) / cols;
-  Image grid(cols * w + (cols + 1) * pad, rows * h + (rows + 1) * pad, 1, 128);
+  Image grid(cols * w + (cols + 1) * pad, rows * h + (rows + 1) * pad, c, 128);
   const float* p = data.data_ptr<float>();
   for (int i = 0; i < n; ++i) {
     const int x0 = pad + (i % cols) * (w + pad), y0 = pad + (i / cols) * (h + pad);
-    for (int y = 0; y < h; ++y)
-      for (int x = 0; x < w; ++x) {
-        const float v = std::clamp(p[(static_cast<size_t>(i) * h + y) * w + x], -1.0f, 1.0f);
-        *grid.at(x0 + x, y0 + y) = static_cast<uint8_t>(std::lround((v + 1) * 127.5f));
-      }
+    for (int k = 0; k < c; ++k)
+      for (int y = 0; y < h; ++y)
+        for (int x = 0; x < w; ++x) {
+          const float v = std::clamp(p[((static_cast<size_t>(i) * c + k) * h + y) * w + x], -1.0f, 1.0f);
+          grid.at(x0 + x, y0 + y)[k] = static_cast<uint8_t>(std::lround((v + 1) * 127.5f));
+        }
   }
   return grid;
 }

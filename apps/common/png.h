@@ -26,8 +26,8 @@ void write_png(const std::string& path, const Image& image);
 // The image as a u8 [C, H, W] tensor (encode_png's and SummaryWriter::add_image's layout).
 nd::Tensor image_tensor(const Image& image);
 
-// images [N, 1, H, W] (any device) with values in [-1, 1] -> a gray grid of `cols`
-// columns, `pad` pixels between tiles (background mid-gray).
+// images [N, 1, H, W] or [N, 3, H, W] (any device) with values in [-1, 1] -> a gray or RGB
+// grid of `cols` columns, `pad` pixels between tiles (background mid-gray).
 Image image_grid(const nd::Tensor& images, int cols, int pad = 2);
 
 // One named line of (step, value) points.

@@ -28,7 +28,8 @@ void add_common_flags(Flags& flags, CommonOptions& o, bool has_batch_norm) {
   flags.add("--overwrite", &o.overwrite,
             "DIR holds a run (metrics.jsonl or ckpt/latest.safetensors): delete its files and start again");
   flags.add("--seed", &o.seed, "seed of the weights, the data order and the noise", 0);
-  flags.add("--data", &o.data, "folder with the Fashion-MNIST IDX files", "DIR");
+  flags.add("--data", &o.data, "training data: a folder of Fashion-MNIST/MNIST IDX files (the default), and for the "
+            "image apps an image folder (one subfolder per class) or CIFAR-10/100 binaries", "DIR");
   flags.add("--log-every", &o.log_every, "steps between log lines / metrics.jsonl entries");
   flags.add("--sample-every", &o.sample_every, "steps between sample PNGs");
   flags.add("--ckpt-every", &o.ckpt_every, "steps between checkpoints (one is also written at the end)");
@@ -155,6 +156,14 @@ int run_main(const std::string& program, const std::function<int()>& body) {
     return 2;
   } catch (const std::exception& e) {
     std::cerr << program << ": error: " << one_line(e.what()) << "\n";
+    // Under mpirun the other ranks may wait in a collective for this one (a file only this
+    // rank read was corrupt), and MPI's finalisation would wait for them: end without it, so
+    // that mpirun ends the job at once.
+    if (world().size > 1) {
+      std::cerr.flush();
+      std::fflush(stdout);
+      std::_Exit(1);
+    }
     return 1;
   }
 }
@@ -167,20 +176,38 @@ nd::Tensor shard_rows(const nd::Tensor& global, const World& world) {
   return global.index_select(0, idx.to(global.device()));
 }
 
+nd::data::DataLoaderOptions BatchStream::shard_options(int64_t n, int64_t global_batch, uint64_t seed,
+                                                       const World& world, nd::Device device) {
+  ND_CHECK(global_batch <= n, "--batch-size ", global_batch, " exceeds the ", n, " training images");
+  nd::dist::DistributedSampler sampler(n, world.size, world.rank, /*shuffle=*/true, seed, /*drop_last=*/true);
+  auto options = nd::data::DataLoaderOptions(global_batch / world.size).drop_last(true).seed(seed).sampler(
+      [sampler](int64_t epoch) {
+        auto s = sampler;
+        s.set_epoch(static_cast<uint64_t>(epoch));
+        return s.indices();
+      });
+  // On a GPU the loader's threads pin each batch, and next() copies it without waiting.
+  if (device.is_cuda()) options.pin_memory(true).pin_memory_device(device);
+  return options;
+}
+
 BatchStream::BatchStream(nd::data::Dataset dataset, int64_t global_batch, uint64_t seed, const World& world,
                          nd::Device device)
     : device_(device) {
-  const int64_t n = dataset.labels.size(0), local = global_batch / world.size;
-  ND_CHECK(global_batch <= n, "--batch-size ", global_batch, " exceeds the ", n, " training images");
-  nd::dist::DistributedSampler sampler(n, world.size, world.rank, /*shuffle=*/true, seed, /*drop_last=*/true);
-  auto options = nd::data::DataLoaderOptions(local).drop_last(true).sampler([sampler](int64_t epoch) {
-    auto s = sampler;
-    s.set_epoch(static_cast<uint64_t>(epoch));
-    return s.indices();
-  });
-  // On a GPU the loader's thread pins each batch, and next() copies it without waiting.
-  if (device.is_cuda()) options.pin_memory(true).pin_memory_device(device);
+  auto options = shard_options(dataset.labels.size(0), global_batch, seed, world, device);
   loader_ = std::make_unique<nd::data::DataLoader>(std::move(dataset), options);
+  per_epoch_ = loader_->size();
+}
+
+BatchStream::BatchStream(const TrainData& data, const DataOptions& o, int64_t global_batch, uint64_t seed,
+                         const World& world, nd::Device device)
+    : device_(device) {
+  auto options = shard_options(data.size(), global_batch, seed, world, device).num_workers(o.workers);
+  if (data.is_idx()) {
+    loader_ = std::make_unique<nd::data::DataLoader>(data.tensors, options);
+  } else {
+    loader_ = std::make_unique<nd::data::DataLoader>(data.images, options.skip_unreadable(o.skip_unreadable));
+  }
   per_epoch_ = loader_->size();
 }
 
@@ -188,12 +215,13 @@ nd::data::Batch BatchStream::next() {
   std::optional<nd::data::Batch> batch = loader_->next();
   if (!batch) batch = loader_->next();  // the end of an epoch: the next one starts
   ++consumed_;
-  return {batch->images.to(device_, /*non_blocking=*/true), batch->labels.to(device_, /*non_blocking=*/true)};
+  batch->images = batch->images.to(device_, /*non_blocking=*/true);
+  batch->labels = batch->labels.to(device_, /*non_blocking=*/true);
+  return std::move(*batch);
 }
 
 void BatchStream::seek(int64_t consumed) {
-  loader_->set_epoch(consumed / per_epoch_);
-  for (int64_t i = 0; i < consumed % per_epoch_; ++i) loader_->next();
+  loader_->seek(consumed / per_epoch_, consumed % per_epoch_);  // builds none of the batches before
   consumed_ = consumed;
 }
 
@@ -582,10 +610,24 @@ int64_t load_checkpoint(const CommonOptions& o, nd::TrainState& state, BatchStre
   return state.step;
 }
 
+namespace {
+// Every rank's files --skip-unreadable left out, one a line.
+void report_skipped(const BatchStream& batches, const World& world, Logger& log) {
+  const auto skipped = batches.skipped();
+  if (skipped.empty()) return;
+  std::string text = log.program() + ": --skip-unreadable: rank " + std::to_string(world.rank) + " left out " +
+                     std::to_string(skipped.size()) + " unreadable file(s):";
+  for (const auto& s : skipped) text += "\n  " + s.error;
+  if (world.rank0()) log.say(text);
+  else std::printf("%s\n", text.c_str());
+}
+}  // namespace
+
 std::optional<int> end_of_step(const CommonOptions& o, const World& world, nd::TrainState& state,
                                const BatchStream& batches, Logger& log, int64_t step) {
   const int signal = log.stop_signal();
   if (o.checkpoint_at(step) || signal != 0) save_checkpoint(o, world, state, batches);
+  if (signal != 0 || step == o.exit_after || step == o.steps) report_skipped(batches, world, log);
   if (signal != 0) {
     log.finish();
     log.say(log.program() + ": got " + signal_name(signal) + ": stopped after step " + std::to_string(step) + " of " +

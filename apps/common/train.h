@@ -17,6 +17,7 @@
 
 #include <nanoddp.h>
 
+#include "common/data.h"
 #include "common/flags.h"
 #include "common/png.h"
 
@@ -123,14 +124,22 @@ class BatchStream {
  public:
   BatchStream(nd::data::Dataset dataset, int64_t global_batch, uint64_t seed, const World& world,
               nd::Device device);
+  // --data's training set (load_train_data), image data read by --workers threads.
+  BatchStream(const TrainData& data, const DataOptions& options, int64_t global_batch, uint64_t seed,
+              const World& world, nd::Device device);
   nd::data::Batch next();
   // Restarts so that the next batch is number `consumed` (counting from 0 at epoch 0).
   void seek(int64_t consumed);
   int64_t consumed() const { return consumed_; }
   int64_t batches_per_epoch() const { return per_epoch_; }
   int64_t epoch() const { return consumed_ / per_epoch_; }
+  // The files --skip-unreadable left out so far (this rank's).
+  std::vector<nd::data::SkippedSample> skipped() const { return loader_->skipped(); }
 
  private:
+  // The rank's loader options: a DistributedSampler shard of n samples, batches of global_batch / W.
+  static nd::data::DataLoaderOptions shard_options(int64_t n, int64_t global_batch, uint64_t seed, const World& world,
+                                                   nd::Device device);
   std::unique_ptr<nd::data::DataLoader> loader_;
   nd::Device device_;
   int64_t per_epoch_ = 1, consumed_ = 0;
@@ -230,7 +239,7 @@ int64_t load_checkpoint(const CommonOptions& options, nd::TrainState& state, Bat
 
 // The end of every training step, on every rank, after Logger::step and the step's samples:
 // the checkpoint when checkpoint_at(step) or a stop signal came (log.stop_signal()), and
-// whether the loop ends here: the exit status, 0 after --exit-after's step, 128 + the
+// whether the loop ends here (then also every rank's files --skip-unreadable left out): the exit status, 0 after --exit-after's step, 128 + the
 // signal (130 SIGINT, 143 SIGTERM) after a stop, which also draws loss_curve.png and
 // prints where it stopped and the command that continues (--resume); nullopt: go on.
 std::optional<int> end_of_step(const CommonOptions& options, const World& world, nd::TrainState& state,

@@ -3,6 +3,7 @@
 // images and their golden pixels (tests/golden/make_data_images_golden.py).
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -40,6 +41,22 @@ inline std::string golden_image(const std::string& name) {
   return std::string(NANODDP_SOURCE_DIR) + "/tests/golden/images/" + name;
 }
 
+// root/a, root/b: n PNGs of 24-40 x 20-32 seeded random pixels (image i, "%03d.png", in
+// class a when i is even, b when odd), and copies of the committed a/j420.jpg and
+// b/j444.jpg, so that both decoders run: n + 2 samples.
+inline void make_image_folder(const std::filesystem::path& root, int n) {
+  Generator gen{99, 0};
+  for (int i = 0; i < n; ++i) {
+    const int64_t h = 24 + i % 17, w = 20 + i % 13;
+    const std::string png = encode_png(randint(0, 256, {3, h, w}, TensorOptions(kInt64), &gen).to(kUInt8));
+    char name[32];
+    std::snprintf(name, sizeof name, "%s/%03d.png", i % 2 ? "b" : "a", i);
+    write_bytes((root / name).string(), Bytes(png.begin(), png.end()));
+  }
+  write_bytes((root / "a/j420.jpg").string(), data::read_file(golden_image("j420.jpg")));
+  write_bytes((root / "b/j444.jpg").string(), data::read_file(golden_image("j444.jpg")));
+}
+
 // tests/golden/data_images.safetensors, loaded once.
 inline const TensorDict& image_goldens() {
   static const TensorDict goldens = load(std::string(NANODDP_SOURCE_DIR) + "/tests/golden/data_images.safetensors");
@@ -52,5 +69,6 @@ inline const TensorDict& image_goldens() {
 using nd::testing::Bytes;
 using nd::testing::error_message;
 using nd::testing::golden_image;
+using nd::testing::make_image_folder;
 using nd::testing::TempDir;
 using nd::testing::write_bytes;

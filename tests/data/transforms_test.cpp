@@ -197,3 +197,44 @@ TEST_CASE("transforms in the wrong order or with bad arguments are errors naming
   CHECK(error_message([&] { Normalize({0.5, 0.5}, {0.5}); }) ==
         "Normalize: expected mean and std of the same length, got 2 and 1");
 }
+
+namespace {
+// PSNR in dB between two images of one size (infinite when equal).
+double psnr(const data::Image& a, const data::Image& b) {
+  REQUIRE(a.height == b.height);
+  REQUIRE(a.width == b.width);
+  double se = 0;
+  for (size_t i = 0; i < a.pixels.size(); ++i) se += std::pow(static_cast<double>(a.pixels[i]) - static_cast<double>(b.pixels[i]), 2);
+  return se == 0 ? INFINITY : 10 * std::log10(255.0 * 255.0 * static_cast<double>(a.pixels.size()) / se);
+}
+}  // namespace
+
+TEST_CASE("Resize fast(true): JPEGs decoded at 1/2, 1/4 or 1/8 scale when the output is that much smaller") {
+  CHECK(Resize({16}).reduction(61, 77) == 2);  // 16 x 20 out: 30 x 38 fits, 15 x 19 does not
+  CHECK(Resize({8}).reduction(61, 77) == 4);
+  CHECK(Resize({64}).reduction(300, 400) == 4);
+  CHECK(Resize({4}).reduction(300, 400) == 8);
+  CHECK(Resize({40}).reduction(61, 77) == 1);
+  const data::EncodedImage jpeg = data::read_image(golden_image("j420.jpg"));
+  const data::Image half = data::decode_image_reduced(jpeg.bytes, jpeg.path, 2);
+  CHECK((half.height == 31 && half.width == 39));  // ceil(61 / 2) x ceil(77 / 2)
+  CHECK(error_message([&] { data::decode_image_reduced(jpeg.bytes, jpeg.path, 3); }) ==
+        "decode_image_reduced: the scale must be 1, 2, 4 or 8, got 1/3");
+  // Same size as the exact mode and near it: these small, detailed crops give 20.7 to 43.3 dB
+  // (the bench folder's photographs, docs/data.md: higher); equal where no reduced scale
+  // fits, and for a PNG.
+  for (const char* name : {"j420.jpg", "j422.jpg", "j444.jpg", "jprogressive.jpg"}) {
+    for (int64_t size : {16, 8}) {
+      CAPTURE(name);
+      CAPTURE(size);
+      const data::EncodedImage e = data::read_image(golden_image(name));
+      const data::Image exact = run(Resize({size}), e), fast = run(Resize({size}).fast(true), e);
+      CHECK(psnr(exact, fast) > 20);
+      CHECK(psnr(exact, fast) < 45);  // not the exact decode
+    }
+  }
+  const data::EncodedImage e = data::read_image(golden_image("j420.jpg"));
+  CHECK(psnr(run(Resize({40}), e), run(Resize({40}).fast(true), e)) == INFINITY);
+  const data::EncodedImage png = data::read_image(golden_image("rgb8.png"));
+  CHECK(psnr(run(Resize({8}), png), run(Resize({8}).fast(true), png)) == INFINITY);
+}

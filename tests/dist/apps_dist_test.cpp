@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "apps/app_runner.h"
+#include "data/data_test_util.h"
 #include "harness.h"
 
 using namespace nd;
@@ -218,4 +219,65 @@ TEST_CASE("apps under mpirun: a batch size that does not divide by the world siz
   CHECK(r.status != 0);
   CHECK(contains(r.output, "--batch-size " + std::to_string(W + 1) + " does not divide by the world size " +
                                std::to_string(W)));
+}
+
+namespace {
+// train_gan on a generated folder (50 PNGs and JPEGs of 20-40 px in 2 classes: 6 batches
+// of 8 an epoch) at 32x32 RGB; the flags before --out.
+std::string image_gan_args(const fs::path& images) {
+  make_image_folder(images, 48);
+  return "--data " + images.string() +
+         " --image-size 32 --workers 2 --sync-bn --batch-size 8 --nz 16 --ngf 8 --ndf 8 --lr 1e-3 "
+         "--log-every 1 --sample-every 8 --ckpt-every 100 --no-tensorboard --steps 8 --out ";
+}
+}  // namespace
+
+TEST_CASE("apps under mpirun: train_gan on a folder of PNGs and JPEGs at 32x32 RGB: W ranks equal 1 rank, "
+          "a resume mid-epoch equals the uninterrupted run") {
+  if (skip()) return;
+  const int64_t W = ranks_to_launch();
+  const fs::path images = temp_dir("gan_images");
+  const std::string args = image_gan_args(images);
+  const fs::path multi = temp_dir("gan_images_multi"), single = temp_dir("gan_images_single");
+  const Run m = launch(W, "train_gan", args + multi.string());
+  INFO(m.output);
+  REQUIRE(m.status == 0);
+  CHECK(contains(m.output, "ImageFolder in " + images.string() + " (50 images, 2 classes) at 32x32x3"));
+  CHECK(png_size(multi / "samples_000008.png") == std::make_pair(274, 274));  // 8 x 8 tiles of 32 px
+  const auto weights = load((multi / "ckpt" / "latest.safetensors").string());
+  CHECK(weights.at("model.D.main.0.weight").sizes() == Shape{8, 3, 4, 4});  // dcgan32's stack on RGB
+  CHECK(weights.at("model.G.main.0.weight").sizes() == Shape{16, 32, 4, 4});
+  const Run s = launch(0, "train_gan", args + single.string());
+  INFO(s.output);
+  REQUIRE(s.status == 0);
+  check_same_models(multi / "ckpt" / "latest.safetensors", single / "ckpt" / "latest.safetensors", 1e-4);
+
+  // Stopped after step 3 (mid-epoch), resumed with other --workers: the same bits.
+  const fs::path parts = temp_dir("gan_images_parts");
+  REQUIRE(launch(W, "train_gan", args + parts.string() + " --exit-after 3").status == 0);
+  const Run r = launch(W, "train_gan", args + parts.string() + " --resume --workers 3");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  check_same_models(multi / "ckpt" / "latest.safetensors", parts / "ckpt" / "latest.safetensors", 0.0);
+}
+
+TEST_CASE("apps under mpirun: an unreadable image file ends the job naming it, or --skip-unreadable lists it") {
+  if (skip()) return;
+  const int64_t W = ranks_to_launch();
+  const fs::path images = temp_dir("gan_images_bad");
+  const std::string args = image_gan_args(images);
+  const Bytes jpeg = data::read_file((images / "a" / "j420.jpg").string());
+  write_bytes((images / "b" / "cut.jpg").string(), Bytes(jpeg.begin(), jpeg.begin() + static_cast<long>(jpeg.size() / 2)));
+  const std::string bad =
+      "decode_image: '" + (images / "b" / "cut.jpg").string() + "': not a valid JPEG: Premature end of JPEG file";
+  // The rank that reads it stops; mpirun ends the others (which wait in a collective for it).
+  const Run failed = launch(W, "train_gan", args + temp_dir("gan_images_failed").string() + " --steps 14");
+  INFO(failed.output);
+  CHECK(failed.status == 1);
+  CHECK(contains(failed.output, "train_gan: error: " + bad));
+  const Run skipped =
+      launch(W, "train_gan", args + temp_dir("gan_images_skip").string() + " --steps 14 --skip-unreadable");
+  INFO(skipped.output);
+  CHECK(skipped.status == 0);
+  CHECK(contains(skipped.output, " left out 1 unreadable file(s):\n  " + bad));
 }

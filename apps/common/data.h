@@ -1,0 +1,50 @@
+#pragma once
+// The apps' training data: what --data holds, detected (Fashion-MNIST / MNIST IDX files, a
+// CIFAR-10 or CIFAR-100 binary folder, an ImageFolder root), at --image-size, decoded by
+// --workers threads; the images the apps sample and evaluate on. Tests: tests/apps/apps_data_test.cpp, tests/dist/apps_dist_test.cpp.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <nanoddp.h>
+
+#include "common/flags.h"
+#include "common/model_select.h"
+
+namespace app {
+
+struct DataOptions {
+  int64_t image_size = 0;        // --image-size: 0 = the data's own (28 IDX, 32 CIFAR, 64 a folder)
+  int64_t workers = 1;           // --workers: threads decoding and transforming
+  bool skip_unreadable = false;  // --skip-unreadable
+};
+
+// Adds --image-size --workers --skip-unreadable.
+void add_data_flags(Flags& flags, DataOptions& options);
+
+// The training set --data names. Image data (a folder, CIFAR) goes through
+// Resize(S) + CenterCrop(S) + ToTensor + Normalize(0.5, 0.5): [3, S, S] in [-1, 1], the
+// range of the IDX images and of the generators' tanh.
+struct TrainData {
+  std::string dir, kind;  // kind: "Fashion-MNIST/MNIST IDX", "ImageFolder", "CIFAR-10", "CIFAR-100"
+  int64_t channels = 1, image_size = 28;
+  nd::data::Dataset tensors;                             // IDX: in memory
+  std::shared_ptr<const nd::data::ImageDataset> images;  // the others
+  bool is_idx() const { return images == nullptr; }
+  int64_t size() const { return images ? images->size() : tensors.images.size(0); }
+  ImageShape shape() const { return {channels, image_size}; }  // what the model configs take
+  // "CIFAR-10 in data/cifar (50000 images, 10 classes) at 32x32x3"
+  std::string describe() const;
+};
+
+// Detects what `dir` holds and loads its training set. Throws UsageError for an
+// --image-size the data cannot have (IDX is 28x28) and nd::Error for data that is not
+// there or not readable, naming what --data accepts.
+TrainData load_train_data(const std::string& dir, const DataOptions& options);
+
+// n images [n, C, S, S] f32 in [-1, 1] to sample and evaluate on: the first n of the
+// test set (IDX, CIFAR), or n evenly spaced images of a folder (which has no test split);
+// all of them when there are fewer (image data).
+nd::Tensor eval_images(const TrainData& data, int64_t n);
+
+}  // namespace app
