@@ -274,8 +274,10 @@ TarShards::TarShards(std::vector<std::string> paths, TarShardsOptions options)
            " ranks: each rank reads its own shards (shard i goes to rank i % world_size), so there must be at least as "
            "many shards as ranks");
   std::error_code ec;
-  for (const std::string& p : all_shards_)
+  for (const std::string& p : all_shards_) {
     ND_CHECK(fs::exists(p, ec), "TarShards: the shard '", p, "' does not exist");
+    ND_CHECK(fs::is_regular_file(p, ec), "TarShards: the shard '", p, "' is not a file");
+  }
   for (int64_t i = options_.rank(); i < n; i += world) index_shard(i);
   ND_CHECK(!samples_.empty(), "TarShards: the shards of rank ", options_.rank(), " of ", world,
            " hold no sample (no member named <key>.<extension>)");

@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -244,4 +246,240 @@ TEST_CASE("TarShards: a resumed run (seek mid-epoch) gets the uninterrupted run'
   resumed.seek(0, 2);
   epoch_batches(resumed);
   require_equal(e1, epoch_batches(resumed));
+}
+
+// ---- bad input ------------------------------------------------------------------------
+
+namespace {
+
+// Samples a, b, c: a 4 x 4 PNG and a .cls of "1" each.
+std::vector<TarMember> abc_members() {
+  std::vector<TarMember> members;
+  Generator gen{3, 0};
+  for (const char* key : {"a", "b", "c"}) {
+    const std::string png = encode_png(randint(0, 256, {3, 4, 4}, TensorOptions(kInt64), &gen).to(kUInt8));
+    members.push_back({std::string(key) + ".png", Bytes(png.begin(), png.end())});
+    members.push_back({std::string(key) + ".cls", text_bytes("1")});
+  }
+  return members;
+}
+
+// The byte where each member's header starts in make_tar(members).
+std::map<std::string, int64_t> header_offsets(const std::vector<TarMember>& members) {
+  std::map<std::string, int64_t> at;
+  int64_t offset = 0;
+  for (const TarMember& m : members) {
+    at[m.name] = offset;
+    offset += 512 + (static_cast<int64_t>(m.data.size()) + 511) / 512 * 512;
+  }
+  return at;
+}
+
+// The checksum a header block needs (its checksum field counted as spaces).
+int64_t header_sum(const Bytes& b, int64_t at) {
+  int64_t sum = 0;
+  for (int64_t i = 0; i < 512; ++i) sum += i >= 148 && i < 156 ? ' ' : b[at + i];
+  return sum;
+}
+
+// next()'s error at sample `bad` (samples in tar order, one a batch), again on the call
+// after it, at 1 and 3 workers.
+void check_loader_error(const std::string& path, int64_t bad, const std::string& expected) {
+  for (int64_t workers : {1, 3}) {
+    INFO(workers << " workers");
+    auto ds = std::make_shared<const TarShards>(path);
+    DataLoader loader(ds, DataLoaderOptions(1).num_workers(workers).sampler(ds->sampler(0, 0)));
+    for (int64_t i = 0; i < bad; ++i) REQUIRE(loader.next().has_value());
+    CHECK(error_message([&] { loader.next(); }) == expected);
+    CHECK(error_message([&] { loader.next(); }) == expected);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("TarShards: a damaged tar is an error naming the shard, the member and what is wrong") {
+  TempDir dir;
+  const std::string p = dir.file("bad.tar");
+  const std::vector<TarMember> members = abc_members();
+  std::map<std::string, int64_t> at = header_offsets(members);
+  const Bytes good = make_tar(members);
+  auto error_with = [&](const Bytes& bytes) {
+    write_bytes(p, bytes);
+    return error_message([&] { TarShards ds(p); });
+  };
+  const std::string prefix = "TarShards: shard '" + p + "': ";
+  const int64_t c_png = at["c.png"] + 512;
+  CHECK(error_with(Bytes(good.begin(), good.begin() + c_png + 10)) ==
+        prefix + "member 'c.png' is cut off: its header says " + std::to_string(members[4].data.size()) +
+            " bytes from byte " + std::to_string(c_png) + ", but the file ends at byte " + std::to_string(c_png + 10));
+  CHECK(error_with(Bytes(good.begin(), good.begin() + at["c.png"] + 100)) ==
+        prefix + "the file ends at byte " + std::to_string(at["c.png"] + 100) + " inside the header at byte " +
+            std::to_string(at["c.png"]) + " (after member 'b.cls'): cut off?");
+  CHECK(error_with(Bytes(good.begin(), good.end() - 1024)) ==
+        prefix + "the file ends at byte " + std::to_string(good.size() - 1024) +
+            " after member 'c.cls' without tar's end-of-archive blocks: cut off?");
+  Bytes flipped = good;
+  const int64_t stored = header_sum(good, at["b.png"]);
+  flipped[at["b.png"]] = 'c';  // "b.png" -> "c.png": one more than the stored sum
+  CHECK(error_with(flipped) == prefix + "the header at byte " + std::to_string(at["b.png"]) +
+                                   " (after member 'a.cls') has a bad checksum (stored " + std::to_string(stored) +
+                                   ", computed " + std::to_string(stored + 1) + "): not a tar file, or damaged");
+  Bytes text;
+  for (int i = 0; i < 100; ++i)
+    for (char ch : std::string("not a tar ")) text.push_back(static_cast<uint8_t>(ch));
+  CHECK(error_with(text) == prefix + "the header at byte 0 (the first) has a bad checksum (stored none, computed " +
+                                std::to_string(header_sum(text, 0)) + "): not a tar file, or damaged");
+  CHECK(error_with(Bytes(1024, 0)) ==
+        "TarShards: the shards of rank 0 of 1 hold no sample (no member named <key>.<extension>)");
+}
+
+TEST_CASE("TarShards: missing, unreadable and too few shards") {
+  TempDir dir;
+  const std::string d = dir.path.string();
+  CHECK(error_message([&] { TarShards ds(d + "/none-{0..3}.tar"); }) ==
+        "TarShards: '" + d + "/none-{0..3}.tar' names 4 files and none of them exists (the first: '" + d +
+            "/none-0.tar')");
+  CHECK(error_message([&] { TarShards ds(d + "/none.tar"); }) ==
+        "TarShards: '" + d + "/none.tar' names 1 file, which does not exist");
+  write_bytes(dir.file("part-0.tar"), make_tar(abc_members()));
+  write_bytes(dir.file("part-2.tar"), make_tar(abc_members()));
+  CHECK(error_message([&] { TarShards ds(d + "/part-{0..2}.tar"); }) ==
+        "TarShards: the shard '" + d + "/part-1.tar' does not exist");
+  fs::create_directories(dir.file("folder.tar"));
+  CHECK(error_message([&] { TarShards ds(std::vector<std::string>{dir.file("folder.tar")}); }) ==
+        "TarShards: the shard '" + dir.file("folder.tar") + "' is not a file");
+  CHECK(error_message([&] { TarShards ds(d + "/part-{0,2}.tar", TarShardsOptions().rank(1).world_size(4)); }) ==
+        "TarShards: 2 shards for 4 ranks: each rank reads its own shards (shard i goes to rank i % world_size), so "
+        "there must be at least as many shards as ranks");
+  CHECK(error_message([&] { TarShards ds(d + "/part-0.tar", TarShardsOptions().rank(1)); }) ==
+        "TarShards: expected 0 <= rank < world_size, got rank 1 of 1");
+}
+
+TEST_CASE("TarShards: a shard without read permission") {
+  if (::geteuid() == 0) {
+    MESSAGE("SKIPPED: running as root, which reads any file");
+    return;
+  }
+  TempDir dir;
+  write_bytes(dir.file("part-0.tar"), make_tar(abc_members()));
+  write_bytes(dir.file("part-1.tar"), make_tar(abc_members()));
+  ::chmod(dir.file("part-1.tar").c_str(), 0);
+  CHECK(error_message([&] { TarShards ds(dir.path.string() + "/part-{0..1}.tar"); }) ==
+        "TarShards: cannot open the shard '" + dir.file("part-1.tar") + "': Permission denied");
+}
+
+TEST_CASE("TarShards: a bad sample is raised by next() naming shard and member at 1 and 3 workers, or skipped") {
+  TempDir dir;
+  const std::string p = dir.file("s.tar");
+  const std::string prefix = "TarShards: shard '" + p + "': ";
+  std::vector<TarMember> members = abc_members();
+  auto write_without = [&](const std::string& name) {
+    std::vector<TarMember> kept;
+    for (const TarMember& m : members)
+      if (m.name != name) kept.push_back(m);
+    write_bytes(p, make_tar(kept));
+  };
+  write_without("b.cls");
+  check_loader_error(p, 1, prefix + "sample 'b': no class member (b.cls)");
+  write_without("b.png");
+  check_loader_error(p, 1, prefix + "sample 'b': no image member (b.jpg, .jpeg or .png)");
+  for (const char* cls : {"seven", "-1", "", "1.5"}) {
+    members[3].data = text_bytes(cls);
+    write_bytes(p, make_tar(members));
+    check_loader_error(p, 1, prefix + "member 'b.cls' holds '" + cls + "', not a class index (decimal digits, >= 0)");
+  }
+  members[3].data = text_bytes("1");
+  std::vector<TarMember> two = members;
+  two.insert(two.begin() + 3, TarMember{"b.jpg", members[2].data});
+  write_bytes(p, make_tar(two));
+  check_loader_error(p, 1, prefix + "sample 'b': two image members, 'b.png' and 'b.jpg'");
+  // A PNG cut inside the tar: the decoder's own error, naming "<shard>:<member>".
+  const Bytes png = members[2].data;
+  members[2].data.resize(png.size() - 20);
+  write_bytes(p, make_tar(members));
+  const std::string decoder_error =
+      error_message([&] { decode_image(members[2].data, p + ":b.png"); });
+  CHECK(decoder_error.starts_with("decode_image: '" + p + ":b.png': "));
+  check_loader_error(p, 1, decoder_error);
+
+  // skip_unreadable: b left out of its batch and listed once, a and c served.
+  members[2].data = png;
+  write_without("b.cls");
+  for (int64_t workers : {1, 3}) {
+    auto ds = std::make_shared<const TarShards>(p);
+    DataLoader loader(ds, DataLoaderOptions(3).num_workers(workers).skip_unreadable(true).sampler(ds->sampler(0, 0)));
+    std::optional<Batch> b = loader.next();
+    REQUIRE(b.has_value());
+    CHECK(b->indices == std::vector<int64_t>{0, 2});
+    REQUIRE(loader.skipped().size() == 1);
+    CHECK(loader.skipped()[0].index == 1);
+    CHECK(loader.skipped()[0].error == prefix + "sample 'b': no class member (b.cls)");
+  }
+}
+
+TEST_CASE("TarShards: shards written by Python's tarfile (ustar, pax, GNU), grouped as WebDataset groups them") {
+  if (std::system("python3 -c 'import tarfile' >/dev/null 2>&1") != 0) {
+    MESSAGE("SKIPPED: no python3 to write the shards with tarfile");
+    return;
+  }
+  TempDir dir;
+  const std::string png = encode_png(full({3, 2, 3}, 200, TensorOptions(kUInt8)));
+  write_bytes(dir.file("x.png"), Bytes(png.begin(), png.end()));
+  // Long names take the ustar prefix field, a pax 'x' header or a GNU 'L' member; a folder
+  // member and a link are skipped; the keys Python prints follow webdataset's
+  // base_plus_ext and group_by_keys.
+  const std::string script = R"PY(
+import io, re, sys, tarfile
+out, png = sys.argv[1], open(sys.argv[2], 'rb').read()
+def add(tf, name, data):
+    ti = tarfile.TarInfo(name); ti.size = len(data); tf.addfile(ti, io.BytesIO(data))
+formats = {'ustar': tarfile.USTAR_FORMAT, 'pax': tarfile.PAX_FORMAT, 'gnu': tarfile.GNU_FORMAT}
+for name, fmt in formats.items():
+    with tarfile.open(f'{out}/{name}.tar', 'w', format=fmt) as tf:
+        d = tarfile.TarInfo('top'); d.type = tarfile.DIRTYPE; tf.addfile(d)
+        keys = ['top/k0', 'p' * 120 + '.d/k1', 'top/K2']
+        if fmt != tarfile.USTAR_FORMAT: keys += ['q' * 130, 'top/\u00e9t\u00e9']
+        for i, key in enumerate(keys):
+            add(tf, key + ('.PNG' if i == 2 else '.png'), png)
+            add(tf, key + '.cls', f'{i * 3}\n'.encode())
+        link = tarfile.TarInfo('top/link.png'); link.type = tarfile.SYMTYPE; link.linkname = 'k0.png'; tf.addfile(link)
+    with tarfile.open(f'{out}/{name}.tar') as tf:
+        samples = []
+        for m in tf:
+            if not m.isreg(): continue
+            match = re.match(r'^((?:.*/|)[^.]+)[.]([^/]*)$', m.name)
+            if not match: continue
+            key, ext = match.groups()
+            if not samples or samples[-1]['__key__'] != key: samples.append({'__key__': key})
+            samples[-1][ext.lower()] = tf.extractfile(m).read()
+        for s in samples: print(name, s['__key__'], int(s['cls']))
+)PY";
+  write_bytes(dir.file("make.py"), text_bytes(script));
+  const std::string listing = dir.file("samples.txt");
+  REQUIRE(std::system(("PYTHONIOENCODING=utf-8 python3 " + dir.file("make.py") + " " + dir.path.string() + " " + dir.file("x.png") + " > " +
+                       listing)
+                          .c_str()) == 0);
+  std::map<std::string, std::vector<std::pair<std::string, int64_t>>> expected;  // format -> (key, class)
+  std::ifstream in(listing);
+  for (std::string format, key; in >> format >> key;) {
+    int64_t cls = 0;
+    in >> cls;
+    expected[format].emplace_back(key, cls);
+  }
+  REQUIRE(expected.size() == 3);
+  CHECK(expected["ustar"].size() == 3);
+  CHECK(expected["pax"].size() == 5);
+  for (const auto& [format, samples] : expected) {
+    INFO(format);
+    const std::string path = dir.file(format + ".tar");
+    const TarShards ds(path);
+    REQUIRE(ds.size() == static_cast<int64_t>(samples.size()));
+    for (int64_t i = 0; i < ds.size(); ++i) {
+      Generator gen = sample_generator(0, 0, i);
+      const Example e = ds.get(i, gen);
+      CHECK(ds.name(i) == path + ":" + samples[i].first);
+      CHECK(e.target == samples[i].second);
+      CHECK(bitwise_equal(e.data, full({3, 2, 3}, 200, TensorOptions(kUInt8))));
+    }
+  }
 }
