@@ -180,9 +180,10 @@ std::vector<Member> read_members(const File& file) {
     return members.empty() ? str_cat("the header at byte ", at, " (the first)")
                            : str_cat("the header at byte ", at, " (after member '", members.back().name, "')");
   };
+  ND_CHECK(file.size > 0, "TarShards: shard '", file.path, "' is empty (0 bytes): not a tar file");
   for (int64_t at = 0;;) {
     ND_CHECK(at < file.size, "TarShards: shard '", file.path, "': the file ends at byte ", file.size,
-             members.empty() ? std::string(" with no member")
+             members.empty() ? std::string(" before any member")
                              : str_cat(" after member '", members.back().name, "'"),
              " without tar's end-of-archive blocks: cut off?");
     ND_CHECK(at + kBlock <= file.size, "TarShards: shard '", file.path, "': the file ends at byte ", file.size,
@@ -400,7 +401,7 @@ std::vector<int64_t> TarShards::stream_order(uint64_t seed, int64_t epoch, int64
 }
 
 std::function<std::vector<int64_t>(int64_t)> TarShards::sampler(uint64_t seed, int64_t shuffle_buffer) const {
-  order(shards_, options_.rank(), seed, 0, shuffle_buffer);  // a bad buffer size is an error here
+  ND_CHECK(shuffle_buffer >= 0, "TarShards: shuffle_buffer must be >= 0, got ", shuffle_buffer);
   return [shards = shards_, rank = options_.rank(), seed, shuffle_buffer](int64_t epoch) {
     return order(shards, rank, seed, epoch, shuffle_buffer);
   };

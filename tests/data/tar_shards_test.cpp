@@ -197,6 +197,7 @@ TEST_CASE("TarShards: the stream order is a function of (seed, epoch, rank): sha
   const TarShards r1(shards.pattern, TarShardsOptions().rank(1).world_size(2));
   CHECK(r0.size() + r1.size() == n);
   CHECK(error_message([&] { ds.stream_order(1, 0, -1); }) == "TarShards: shuffle_buffer must be >= 0, got -1");
+  CHECK(error_message([&] { ds.sampler(1, -2); }) == "TarShards: shuffle_buffer must be >= 0, got -2");
 }
 
 TEST_CASE("TarShards: the same batches at 1, 2 and 4 workers, augmentations per sample whatever the world size") {
@@ -329,6 +330,10 @@ TEST_CASE("TarShards: a damaged tar is an error naming the shard, the member and
     for (char ch : std::string("not a tar ")) text.push_back(static_cast<uint8_t>(ch));
   CHECK(error_with(text) == prefix + "the header at byte 0 (the first) has a bad checksum (stored none, computed " +
                                 std::to_string(header_sum(text, 0)) + "): not a tar file, or damaged");
+  CHECK(error_with({}) == prefix.substr(0, prefix.size() - 2) + " is empty (0 bytes): not a tar file");
+  CHECK(error_with(Bytes(good.begin(), good.begin() + at["b.png"])) ==
+        prefix + "the file ends at byte " + std::to_string(at["b.png"]) +
+            " after member 'a.cls' without tar's end-of-archive blocks: cut off?");
   CHECK(error_with(Bytes(1024, 0)) ==
         "TarShards: the shards of rank 0 of 1 hold no sample (no member named <key>.<extension>)");
 }
