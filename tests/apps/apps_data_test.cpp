@@ -102,6 +102,22 @@ TEST_CASE("apps --data: train_gan on tar shards (a brace pattern, a folder of .t
   CHECK(contains(r.output, "WebDataset tar shards in " + pattern + " (2 shards, 10 images) at 16x16x3"));
 }
 
+// Mid-epoch: 10 samples are 2 batches of 4 an epoch, so step 3 stops inside epoch 1.
+TEST_CASE("apps --data: train_gan on tar shards resumed mid-epoch equals the uninterrupted run, bit for bit") {
+  const fs::path shards = make_tar_shards(temp_dir("resume_shards"));
+  const fs::path whole = temp_dir("shards_whole"), parts = temp_dir("shards_parts");
+  const std::string args = "--data " + shards.string() +
+                           " --image-size 16 --workers 2 --steps 5 --batch-size 4 --log-every 1 --sample-every 1000 "
+                           "--ckpt-every 2 --no-tensorboard";
+  const std::string env = "OMP_NUM_THREADS=1";
+  REQUIRE(run_app("train_gan", args + " --out " + whole.string(), env).status == 0);
+  REQUIRE(run_app("train_gan", args + " --exit-after 3 --out " + parts.string(), env).status == 0);
+  const Run r = run_app("train_gan", args + " --workers 1 --resume --out " + parts.string(), env);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  check_same_training(whole, parts, 5);
+}
+
 TEST_CASE("apps --data: what the data cannot do is one clear line") {
   const fs::path images = temp_dir("bad_images");
   make_image_folder(images, 4);
