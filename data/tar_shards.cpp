@@ -46,7 +46,8 @@ std::vector<std::string> numeric_range(const std::string& body, const std::strin
   const int64_t a = std::stoll(lo), b = std::stoll(hi);
   ND_CHECK(std::abs(b - a) < 10'000'000, "expand_braces: the range {", body, "} in '", pattern,
            "' names more than 10 million paths");
-  auto padded = [](const std::string& v) { return v.size() > 1 && v[v.size() > 1 && v[0] == '-' ? 1 : 0] == '0'; };
+  // braceexpand's rule: a bound written with a leading zero (other than "0" itself) pads.
+  auto padded = [](const std::string& v) { return v != "0" && v != "-0" && (v.starts_with('0') || v.starts_with("-0")); };
   const size_t width = padded(lo) || padded(hi) ? std::max(lo.size(), hi.size()) : 0;
   std::vector<std::string> out;
   for (int64_t v = a;; v += a <= b ? 1 : -1) {

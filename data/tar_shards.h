@@ -24,7 +24,8 @@ namespace nd::data {
 // Brace expansion as the shell (and Python's braceexpand, which WebDataset uses) does it:
 // "a-{000..002}.tar" -> a-000.tar a-001.tar a-002.tar (a bound with a leading zero pads to
 // the wider bound's width; descending ranges count down), "{x,y}" -> x y, nested and
-// several groups as a product, "{x}" stays literal. An nd::Error for an unmatched '{'.
+// several groups as a product, "{x}" stays literal (so do letter ranges and steps, which
+// braceexpand also knows: "{a..c}", "{0..9..2}"). An nd::Error for an unmatched '{'.
 std::vector<std::string> expand_braces(const std::string& pattern);
 
 struct TarShardsOptions {

@@ -80,6 +80,9 @@ TEST_CASE("expand_braces: ranges padded like braceexpand, lists, nesting, produc
   CHECK(expand_braces("{08..11}") == V{"08", "09", "10", "11"});
   CHECK(expand_braces("{3..1}") == V{"3", "2", "1"});
   CHECK(expand_braces("{-1..1}") == V{"-1", "0", "1"});
+  CHECK(expand_braces("{-02..1}") == V{"-02", "-01", "000", "001"});
+  CHECK(expand_braces("{0..2}") == V{"0", "1", "2"});
+  CHECK(expand_braces("{a..c}") == V{"{a..c}"});
   CHECK(expand_braces("{a,b}-{1..2}") == V{"a-1", "a-2", "b-1", "b-2"});
   CHECK(expand_braces("x{a,{b,c}d}y") == V{"xay", "xbdy", "xcdy"});
   CHECK(expand_braces("{a,}z") == V{"az", "z"});
