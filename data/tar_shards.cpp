@@ -368,8 +368,7 @@ Example TarShards::get(int64_t index, Generator& gen) const {
 }
 
 std::vector<int64_t> TarShards::order(const std::vector<Shard>& shards, int64_t rank, uint64_t seed, int64_t epoch,
-                                      int64_t shuffle_buffer) {
-  ND_CHECK(shuffle_buffer >= 0, "TarShards: shuffle_buffer must be >= 0, got ", shuffle_buffer);
+                                      int64_t shuffle_buffer, int64_t epoch_size) {
   ND_CHECK(epoch >= 0, "TarShards: expected epoch >= 0, got ", epoch);
   // Two streams of draws from (seed, epoch, rank): the shards' Fisher-Yates, the buffer's.
   const uint64_t key = random_bits(random_bits(seed, static_cast<uint64_t>(epoch)), static_cast<uint64_t>(rank));
@@ -394,17 +393,27 @@ std::vector<int64_t> TarShards::order(const std::vector<Shard>& shards, int64_t 
   for (size_t i = buffer.size(); shuffle_buffer > 1 && i > 1; --i)
     std::swap(buffer[i - 1], buffer[random_bits(buffer_key, draw++) % i]);
   out.insert(out.end(), buffer.begin(), buffer.end());
+  if (epoch_size > 0) out.resize(static_cast<size_t>(epoch_size));
   return out;
 }
 
-std::vector<int64_t> TarShards::stream_order(uint64_t seed, int64_t epoch, int64_t shuffle_buffer) const {
-  return order(shards_, options_.rank(), seed, epoch, shuffle_buffer);
+void TarShards::check_order_options(int64_t shuffle_buffer, int64_t epoch_size) const {
+  ND_CHECK(shuffle_buffer >= 0, "TarShards: shuffle_buffer must be >= 0, got ", shuffle_buffer);
+  ND_CHECK(epoch_size >= 0 && epoch_size <= size(), "TarShards: epoch_size ", epoch_size, " is outside 0 to the ",
+           size(), " samples of rank ", options_.rank(), "'s shards");
 }
 
-std::function<std::vector<int64_t>(int64_t)> TarShards::sampler(uint64_t seed, int64_t shuffle_buffer) const {
-  ND_CHECK(shuffle_buffer >= 0, "TarShards: shuffle_buffer must be >= 0, got ", shuffle_buffer);
-  return [shards = shards_, rank = options_.rank(), seed, shuffle_buffer](int64_t epoch) {
-    return order(shards, rank, seed, epoch, shuffle_buffer);
+std::vector<int64_t> TarShards::stream_order(uint64_t seed, int64_t epoch, int64_t shuffle_buffer,
+                                             int64_t epoch_size) const {
+  check_order_options(shuffle_buffer, epoch_size);
+  return order(shards_, options_.rank(), seed, epoch, shuffle_buffer, epoch_size);
+}
+
+std::function<std::vector<int64_t>(int64_t)> TarShards::sampler(uint64_t seed, int64_t shuffle_buffer,
+                                                                int64_t epoch_size) const {
+  check_order_options(shuffle_buffer, epoch_size);
+  return [shards = shards_, rank = options_.rank(), seed, shuffle_buffer, epoch_size](int64_t epoch) {
+    return order(shards, rank, seed, epoch, shuffle_buffer, epoch_size);
   };
 }
 

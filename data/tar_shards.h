@@ -70,10 +70,14 @@ class TarShards : public ImageDataset {
   // it is full, each new sample takes the place of one drawn uniformly from it, which is
   // emitted; at the end of the stream the rest leave in a random order. Every draw comes
   // from (seed, epoch, rank). shuffle_buffer 1 shuffles only the shards; 0 shuffles
-  // nothing (shards in list order, samples in tar order).
-  std::vector<int64_t> stream_order(uint64_t seed, int64_t epoch, int64_t shuffle_buffer) const;
+  // nothing (shards in list order, samples in tar order). epoch_size > 0 keeps the first
+  // epoch_size samples of the order (WebDataset's with_epoch): under DDP every rank must
+  // take the same number of batches, and shards rarely split evenly, so give every rank the
+  // smallest rank's size() (an all-reduce MIN); more than size() is an error.
+  std::vector<int64_t> stream_order(uint64_t seed, int64_t epoch, int64_t shuffle_buffer, int64_t epoch_size = 0) const;
   // stream_order as a DataLoaderOptions::sampler.
-  std::function<std::vector<int64_t>(int64_t epoch)> sampler(uint64_t seed, int64_t shuffle_buffer) const;
+  std::function<std::vector<int64_t>(int64_t epoch)> sampler(uint64_t seed, int64_t shuffle_buffer,
+                                                             int64_t epoch_size = 0) const;
 
  private:
   struct Sample {
@@ -91,7 +95,8 @@ class TarShards : public ImageDataset {
   };
   void index_shard(int64_t number);
   static std::vector<int64_t> order(const std::vector<Shard>& shards, int64_t rank, uint64_t seed, int64_t epoch,
-                                    int64_t shuffle_buffer);
+                                    int64_t shuffle_buffer, int64_t epoch_size);
+  void check_order_options(int64_t shuffle_buffer, int64_t epoch_size) const;
 
   TarShardsOptions options_;
   std::vector<std::string> all_shards_;

@@ -201,6 +201,18 @@ TEST_CASE("TarShards: the stream order is a function of (seed, epoch, rank): sha
   CHECK(r0.size() + r1.size() == n);
   CHECK(error_message([&] { ds.stream_order(1, 0, -1); }) == "TarShards: shuffle_buffer must be >= 0, got -1");
   CHECK(error_message([&] { ds.sampler(1, -2); }) == "TarShards: shuffle_buffer must be >= 0, got -2");
+
+  // epoch_size: the first samples of the order, the same count on ranks of unequal shards.
+  REQUIRE(r0.size() != r1.size());
+  const int64_t common = std::min(r0.size(), r1.size());
+  for (const TarShards* r : {&r0, &r1}) {
+    const std::vector<int64_t> full = r->stream_order(4, 1, 3), cut = r->stream_order(4, 1, 3, common);
+    CHECK(cut == std::vector<int64_t>(full.begin(), full.begin() + common));
+    CHECK(r->sampler(4, 3, common)(1) == cut);
+  }
+  CHECK(error_message([&] { r0.sampler(4, 3, r0.size() + 1); }) ==
+        "TarShards: epoch_size " + std::to_string(r0.size() + 1) + " is outside 0 to the " +
+            std::to_string(r0.size()) + " samples of rank 0's shards");
 }
 
 TEST_CASE("TarShards: the same batches at 1, 2 and 4 workers, augmentations per sample whatever the world size") {
