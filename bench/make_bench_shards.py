@@ -37,7 +37,8 @@ def main():
             for i in range(s, len(samples), args.shards):
                 path, label = samples[i]
                 ext = os.path.splitext(path)[1].lower().lstrip(".")
-                for member, data in ((f"{i:08d}.{ext}", open(path, "rb").read()), (f"{i:08d}.cls", str(label).encode())):
+                image = open(path, "rb").read()
+                for member, data in ((f"{i:08d}.{ext}", image), (f"{i:08d}.cls", str(label).encode())):
                     info = tarfile.TarInfo(member)
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))

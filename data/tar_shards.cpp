@@ -47,7 +47,9 @@ std::vector<std::string> numeric_range(const std::string& body, const std::strin
   ND_CHECK(std::abs(b - a) < 10'000'000, "expand_braces: the range {", body, "} in '", pattern,
            "' names more than 10 million paths");
   // braceexpand's rule: a bound written with a leading zero (other than "0" itself) pads.
-  auto padded = [](const std::string& v) { return v != "0" && v != "-0" && (v.starts_with('0') || v.starts_with("-0")); };
+  auto padded = [](const std::string& v) {
+    return v != "0" && v != "-0" && (v.starts_with('0') || v.starts_with("-0"));
+  };
   const size_t width = padded(lo) || padded(hi) ? std::max(lo.size(), hi.size()) : 0;
   std::vector<std::string> out;
   for (int64_t v = a;; v += a <= b ? 1 : -1) {
@@ -131,8 +133,8 @@ struct File {
     while (n > 0) {
       const ssize_t got = ::pread(fd, out, static_cast<size_t>(n), offset);
       if (got < 0 && errno == EINTR) continue;
-      ND_CHECK(got > 0, "TarShards: reading the shard '", path, "' at byte ", offset, " failed: ",
-               got < 0 ? std::strerror(errno) : "the file ended early (did it shrink while being read?)");
+      ND_CHECK(got > 0, "TarShards: reading the shard '", path, "' at byte ", offset,
+               " failed: ", got < 0 ? std::strerror(errno) : "the file ended early (did it shrink while being read?)");
       out += got, offset += got, n -= got;
     }
   }
@@ -184,8 +186,7 @@ std::vector<Member> read_members(const File& file) {
   ND_CHECK(file.size > 0, "TarShards: shard '", file.path, "' is empty (0 bytes): not a tar file");
   for (int64_t at = 0;;) {
     ND_CHECK(at < file.size, "TarShards: shard '", file.path, "': the file ends at byte ", file.size,
-             members.empty() ? std::string(" before any member")
-                             : str_cat(" after member '", members.back().name, "'"),
+             members.empty() ? std::string(" before any member") : str_cat(" after member '", members.back().name, "'"),
              " without tar's end-of-archive blocks: cut off?");
     ND_CHECK(at + kBlock <= file.size, "TarShards: shard '", file.path, "': the file ends at byte ", file.size,
              " inside ", where(at), ": cut off?");
@@ -208,9 +209,9 @@ std::vector<Member> read_members(const File& file) {
     const std::string prefix = header_string(h + 345, 155);
     if (std::memcmp(h + 257, "ustar\0", 6) == 0 && !prefix.empty()) name = prefix + "/" + name;
     const int64_t data = at + kBlock;
-    ND_CHECK(data + size <= file.size, "TarShards: shard '", file.path, "': member '", long_name.empty() ? name : long_name,
-             "' is cut off: its header says ", size, " bytes from byte ", data, ", but the file ends at byte ",
-             file.size);
+    ND_CHECK(data + size <= file.size, "TarShards: shard '", file.path, "': member '",
+             long_name.empty() ? name : long_name, "' is cut off: its header says ", size, " bytes from byte ", data,
+             ", but the file ends at byte ", file.size);
     if (type == 'x' || type == 'L') {  // a pax extended header or a GNU long name: the next member's name
       std::string text(static_cast<size_t>(size), '\0');
       file.read(data, size, reinterpret_cast<uint8_t*>(text.data()));
@@ -270,8 +271,8 @@ TarShards::TarShards(const std::string& pattern, TarShardsOptions options)
 TarShards::TarShards(std::vector<std::string> paths, TarShardsOptions options)
     : options_(std::move(options)), all_shards_(std::move(paths)) {
   const int64_t n = static_cast<int64_t>(all_shards_.size()), world = options_.world_size();
-  ND_CHECK(world >= 1 && options_.rank() >= 0 && options_.rank() < world, "TarShards: expected 0 <= rank < world_size, got rank ",
-           options_.rank(), " of ", world);
+  ND_CHECK(world >= 1 && options_.rank() >= 0 && options_.rank() < world,
+           "TarShards: expected 0 <= rank < world_size, got rank ", options_.rank(), " of ", world);
   ND_CHECK(n >= world, "TarShards: ", n, " shard", n == 1 ? "" : "s", " for ", world,
            " ranks: each rank reads its own shards (shard i goes to rank i % world_size), so there must be at least as "
            "many shards as ranks");
@@ -302,7 +303,6 @@ void TarShards::index_shard(int64_t number) {
       s.shard = shard_index;
       s.position = static_cast<int64_t>(samples_.size()) - shard.first;
       s.key = key;
-      s.cls_offset = -1;
       samples_.push_back(std::move(s));
     }
     Sample& s = samples_.back();
@@ -376,7 +376,8 @@ std::vector<int64_t> TarShards::order(const std::vector<Shard>& shards, int64_t 
   std::vector<size_t> shard_order(shards.size());
   for (size_t i = 0; i < shard_order.size(); ++i) shard_order[i] = i;
   if (shuffle_buffer > 0)
-    for (size_t i = shard_order.size(); i > 1; --i) std::swap(shard_order[i - 1], shard_order[random_bits(shard_key, i) % i]);
+    for (size_t i = shard_order.size(); i > 1; --i)
+      std::swap(shard_order[i - 1], shard_order[random_bits(shard_key, i) % i]);
   std::vector<int64_t> out, buffer;
   uint64_t draw = 0;
   for (size_t s : shard_order) {

@@ -81,16 +81,17 @@ class TarShards : public ImageDataset {
 
  private:
   struct Sample {
-    int32_t shard = 0;        // into shards_
-    int64_t position = 0;     // in its shard
+    int32_t shard = 0;     // into shards_
+    int64_t position = 0;  // in its shard
     std::string key;
-    std::string image;        // the image member's name
-    int64_t image_offset = 0, image_size = 0, cls_offset = 0, cls_size = 0;
-    std::string error;        // what get() raises instead, when the members are not a sample
+    std::string image;  // the image member's name
+    int64_t image_offset = 0, image_size = 0;
+    int64_t cls_offset = -1, cls_size = 0;  // -1: no .cls member (yet)
+    std::string error;  // what get() raises instead, when the members are not a sample
   };
   struct Shard {
     std::string path;
-    int64_t number = 0;       // in all_shards_
+    int64_t number = 0;            // in all_shards_
     int64_t first = 0, count = 0;  // its samples in samples_
   };
   void index_shard(int64_t number);

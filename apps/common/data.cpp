@@ -56,9 +56,9 @@ T::AnyTransform image_transform(int64_t size) {
 std::string TrainData::describe() const {
   const int64_t classes = images ? static_cast<int64_t>(images->classes().size()) : 10;
   const auto* shards = dynamic_cast<const nd::data::TarShards*>(images.get());
+  const size_t n_shards = shards ? shards->all_shards().size() : 0;
   return kind + " in " + dir + " (" +
-         (shards ? std::to_string(shards->all_shards().size()) + (shards->all_shards().size() == 1 ? " shard, " : " shards, ")
-                 : std::string()) +
+         (shards ? std::to_string(n_shards) + (n_shards == 1 ? " shard, " : " shards, ") : std::string()) +
          std::to_string(size()) + " images" +
          (classes ? ", " + std::to_string(classes) + " classes" : std::string()) + ") at " +
          std::to_string(image_size) + "x" + std::to_string(image_size) + "x" + std::to_string(channels);
@@ -88,7 +88,8 @@ TrainData load_train_data(const std::string& dir, const DataOptions& o) {
   const bool cifar100 = !cifar10 && exists_any(root, {"train.bin", "cifar-100-binary"});
   data.image_size = o.image_size ? o.image_size : cifar10 || cifar100 ? 32 : 64;
   const T::AnyTransform transform = image_transform(data.image_size);
-  const std::vector<std::string> tars = tar_pattern || cifar10 || cifar100 ? std::vector<std::string>{} : tar_files_in(root);
+  const std::vector<std::string> tars =
+      tar_pattern || cifar10 || cifar100 ? std::vector<std::string>{} : tar_files_in(root);
   if (tar_pattern || !tars.empty()) {
     data.kind = "WebDataset tar shards";
     const auto options = nd::data::TarShardsOptions().transform(transform);

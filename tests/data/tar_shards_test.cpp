@@ -128,8 +128,9 @@ TEST_CASE("TarShards: samples grouped by key, pixels and classes as written, key
   CHECK(keys.name(1) == dir.file("keys.tar") + ":v1.0/c");
   Generator gen = sample_generator(0, 0, 1);
   CHECK(keys.get(1, gen).target == 12);
-  CHECK(error_message([&] { keys.get(0, gen); }) == "TarShards: shard '" + dir.file("keys.tar") +
-                                                        "': sample 'v1.0/a': no image member (v1.0/a.jpg, .jpeg or .png)");
+  CHECK(error_message([&] { keys.get(0, gen); }) ==
+        "TarShards: shard '" + dir.file("keys.tar") +
+            "': sample 'v1.0/a': no image member (v1.0/a.jpg, .jpeg or .png)");
 }
 
 TEST_CASE("TarShards: every sample exactly once per epoch over 1, 2 and 4 ranks, each rank reading its own shards") {
@@ -211,8 +212,8 @@ TEST_CASE("TarShards: the stream order is a function of (seed, epoch, rank): sha
     CHECK(r->sampler(4, 3, common)(1) == cut);
   }
   CHECK(error_message([&] { r0.sampler(4, 3, r0.size() + 1); }) ==
-        "TarShards: epoch_size " + std::to_string(r0.size() + 1) + " is outside 0 to the " +
-            std::to_string(r0.size()) + " samples of rank 0's shards");
+        "TarShards: epoch_size " + std::to_string(r0.size() + 1) + " is outside 0 to the " + std::to_string(r0.size()) +
+            " samples of rank 0's shards");
 }
 
 TEST_CASE("TarShards: the same batches at 1, 2 and 4 workers, augmentations per sample whatever the world size") {
@@ -221,7 +222,8 @@ TEST_CASE("TarShards: the same batches at 1, 2 and 4 workers, augmentations per 
   const auto transform = T::Compose({T::RandomResizedCrop({4}), T::RandomHorizontalFlip()});
   auto ds = std::make_shared<const TarShards>(shards.pattern, TarShardsOptions().transform(transform));
   auto batches = [&](int64_t workers, int64_t prefetch) {
-    DataLoader loader(ds, DataLoaderOptions(4).seed(9).num_workers(workers).prefetch(prefetch).sampler(ds->sampler(9, 3)));
+    DataLoader loader(ds,
+                      DataLoaderOptions(4).seed(9).num_workers(workers).prefetch(prefetch).sampler(ds->sampler(9, 3)));
     std::vector<Batch> all = epoch_batches(loader);
     for (Batch& b : epoch_batches(loader)) all.push_back(std::move(b));
     return all;
@@ -417,8 +419,7 @@ TEST_CASE("TarShards: a bad sample is raised by next() naming shard and member a
   const Bytes png = members[2].data;
   members[2].data.resize(png.size() - 20);
   write_bytes(p, make_tar(members));
-  const std::string decoder_error =
-      error_message([&] { decode_image(members[2].data, p + ":b.png"); });
+  const std::string decoder_error = error_message([&] { decode_image(members[2].data, p + ":b.png"); });
   CHECK(decoder_error.starts_with("decode_image: '" + p + ":b.png': "));
   check_loader_error(p, 1, decoder_error);
 
@@ -476,8 +477,8 @@ for name, fmt in formats.items():
 )PY";
   write_bytes(dir.file("make.py"), text_bytes(script));
   const std::string listing = dir.file("samples.txt");
-  REQUIRE(std::system(("PYTHONIOENCODING=utf-8 python3 " + dir.file("make.py") + " " + dir.path.string() + " " + dir.file("x.png") + " > " +
-                       listing)
+  REQUIRE(std::system(("PYTHONIOENCODING=utf-8 python3 " + dir.file("make.py") + " " + dir.path.string() + " " +
+                       dir.file("x.png") + " > " + listing)
                           .c_str()) == 0);
   std::map<std::string, std::vector<std::pair<std::string, int64_t>>> expected;  // format -> (key, class)
   std::ifstream in(listing);
