@@ -18,7 +18,12 @@
 // --fast 1 adds the gan pipeline with Resize(64).fast(true) (impl "nanoddp-fast": JPEGs decoded
 // at a reduced DCT scale) and its PSNR against the exact mode over the folder ("psnr_db",
 // "psnr_db_min": the mean and the lowest per image, 64x64 u8 after CenterCrop).
+// --shards PATTERN adds rows reading the same images from tar shards (impl "nanoddp-shards";
+// bench/make_bench_shards.py writes them from the folder), each shard epoch run right after
+// a folder epoch, in the shards' stream order (a shuffle buffer of 1000); the shards'
+// indexing time (construction, reading every member header) is printed, not in the rows.
 // Usage: bench_data --root DIR [--pipeline crop|gan|all] [--workers 1,2] [--batch 64] [--repeats 3] [--fast 1]
+//                   [--shards PATTERN]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -41,6 +46,7 @@ namespace T = nd::data::transforms;
 
 struct Options {
   std::string root, pipeline = "all", workers = "1,2";
+  std::string shards;  // --shards PATTERN: the same images from tar shards too, alternated with the folder
   int64_t batch = 64, repeats = 3;
   int64_t fast = 0;  // --fast 1: the gan pipeline again with Resize(...).fast(true), and its PSNR
 };
@@ -76,16 +82,21 @@ std::pair<double, double> fast_psnr(const std::string& root) {
   return {sum / double(exact.size()), lowest};
 }
 
-// One epoch's wall time in seconds.
-double epoch_seconds(const std::shared_ptr<const nd::data::ImageFolder>& folder, int64_t workers, int64_t batch,
+// One epoch's wall time in seconds: the folder shuffled, or tar shards in their stream
+// order (shards shuffled, a shuffle buffer of 1000 samples).
+double epoch_seconds(const std::shared_ptr<const nd::data::ImageDataset>& data, int64_t workers, int64_t batch,
                      int64_t epoch) {
   const auto start = std::chrono::steady_clock::now();
-  nd::data::DataLoader loader(folder,
-                              nd::data::DataLoaderOptions(batch).shuffle(true).seed(1).num_workers(workers));
+  auto options = nd::data::DataLoaderOptions(batch).seed(1).num_workers(workers);
+  if (const auto* shards = dynamic_cast<const nd::data::TarShards*>(data.get()))
+    options.sampler(shards->sampler(1, 1000));
+  else
+    options.shuffle(true);
+  nd::data::DataLoader loader(data, options);
   loader.set_epoch(epoch);
   int64_t images = 0;
   while (auto b = loader.next()) images += b->images.size(0);
-  if (images != folder->size()) std::fprintf(stderr, "bench_data: an epoch gave %lld images\n", (long long)images);
+  if (images != data->size()) std::fprintf(stderr, "bench_data: an epoch gave %lld images\n", (long long)images);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
@@ -93,7 +104,7 @@ double epoch_seconds(const std::shared_ptr<const nd::data::ImageFolder>& folder,
 int usage(const std::string& why, int status = 2) {
   std::fprintf(status ? stderr : stdout,
                "bench_data: %s\nUsage: bench_data --root DIR [--pipeline crop|gan|all] [--workers 1,2] "
-               "[--batch 64] [--repeats 3] [--fast 1]\n",
+               "[--batch 64] [--repeats 3] [--fast 1] [--shards PATTERN]\n",
                why.c_str());
   return status;
 }
@@ -107,7 +118,7 @@ int main(int argc, char** argv) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") return usage("images per second of ImageFolder + DataLoader", 0);
     if (flag != "--root" && flag != "--pipeline" && flag != "--workers" && flag != "--batch" && flag != "--repeats" &&
-        flag != "--fast")
+        flag != "--fast" && flag != "--shards")
       return usage("unknown flag " + flag);
     if (i + 1 >= argc) return usage("expected a value after " + flag);
     given[flag] = argv[i + 1];
@@ -124,6 +135,7 @@ int main(int argc, char** argv) {
   read("--batch", o.batch);
   read("--repeats", o.repeats);
   read("--fast", o.fast);
+  read("--shards", o.shards);
   if (o.root.empty()) return usage("--root DIR is required (a folder made by bench/make_bench_images.py)");
   if (o.pipeline != "crop" && o.pipeline != "gan" && o.pipeline != "all")
     return usage("--pipeline expects crop, gan or all");
@@ -142,25 +154,41 @@ int main(int argc, char** argv) {
       if (pipeline == "gan-fast" && !o.fast) continue;
       const auto folder = std::make_shared<const nd::data::ImageFolder>(
           o.root, nd::data::ImageFolderOptions().transform(pipeline_transform(pipeline)));
+      std::shared_ptr<const nd::data::ImageDataset> shards;
+      if (!o.shards.empty()) {
+        const auto start = std::chrono::steady_clock::now();
+        shards = std::make_shared<const nd::data::TarShards>(
+            o.shards, nd::data::TarShardsOptions().transform(pipeline_transform(pipeline)));
+        std::printf("tar shards %s: %lld samples indexed in %.1f ms\n", o.shards.c_str(), (long long)shards->size(),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e3);
+      }
       for (int64_t w : workers) {
-        std::vector<double> seconds;
-        for (int64_t r = 0; r < o.repeats; ++r) seconds.push_back(epoch_seconds(folder, w, o.batch, r));
-        std::sort(seconds.begin(), seconds.end());
-        const double median = seconds[seconds.size() / 2], n = static_cast<double>(folder->size());
-        std::printf("%-8s %8lld %8lld %12.1f %12.1f %12.1f\n", pipeline.c_str(), (long long)w, (long long)folder->size(),
-                    n / median, n / seconds.back(), n / seconds.front());
-        auto line = nd::bench::JsonLine::row("data_loader", pipeline == "crop" ? "crop224" : "gan64", "f32",
-                                             pipeline == "gan-fast" ? "nanoddp-fast" : "nanoddp");
-        line.number("ms", median * 1e3, "%.1f").null("gflops").null("gbps").null("baseline").null("ratio");
-        line.integer("workers", w).integer("batch", o.batch).integer("images", folder->size());
-        line.integer("runs", o.repeats).number("images_per_s", n / median, "%.1f");
-        line.number("images_per_s_min", n / seconds.back(), "%.1f").number("images_per_s_max", n / seconds.front(), "%.1f");
-        if (pipeline == "gan-fast" && w == workers.front()) {
-          const auto [mean, lowest] = fast_psnr(o.root);
-          std::printf("gan-fast PSNR against the exact mode: mean %.2f dB, lowest %.2f dB\n", mean, lowest);
-          line.number("psnr_db", mean, "%.2f").number("psnr_db_min", lowest, "%.2f");
+        std::vector<double> seconds, shard_seconds;
+        for (int64_t r = 0; r < o.repeats; ++r) {
+          seconds.push_back(epoch_seconds(folder, w, o.batch, r));
+          if (shards) shard_seconds.push_back(epoch_seconds(shards, w, o.batch, r));
         }
-        lines.push_back(line);
+        for (const bool from_shards : {false, true}) {
+          if (from_shards && !shards) continue;
+          std::vector<double>& s = from_shards ? shard_seconds : seconds;
+          const std::string impl = from_shards ? "nanoddp-shards" : pipeline == "gan-fast" ? "nanoddp-fast" : "nanoddp";
+          std::sort(s.begin(), s.end());
+          const double median = s[s.size() / 2], n = static_cast<double>(folder->size());
+          std::printf("%-8s %8lld %8lld %12.1f %12.1f %12.1f%s\n", pipeline.c_str(), (long long)w,
+                      (long long)folder->size(), n / median, n / s.back(), n / s.front(),
+                      from_shards ? "  (tar shards)" : "");
+          auto line = nd::bench::JsonLine::row("data_loader", pipeline == "crop" ? "crop224" : "gan64", "f32", impl);
+          line.number("ms", median * 1e3, "%.1f").null("gflops").null("gbps").null("baseline").null("ratio");
+          line.integer("workers", w).integer("batch", o.batch).integer("images", folder->size());
+          line.integer("runs", o.repeats).number("images_per_s", n / median, "%.1f");
+          line.number("images_per_s_min", n / s.back(), "%.1f").number("images_per_s_max", n / s.front(), "%.1f");
+          if (pipeline == "gan-fast" && w == workers.front() && !from_shards) {
+            const auto [mean, lowest] = fast_psnr(o.root);
+            std::printf("gan-fast PSNR against the exact mode: mean %.2f dB, lowest %.2f dB\n", mean, lowest);
+            line.number("psnr_db", mean, "%.2f").number("psnr_db_min", lowest, "%.2f");
+          }
+          lines.push_back(line);
+        }
       }
     }
   } catch (const std::exception& e) {

@@ -108,7 +108,7 @@ Batch DataLoader::gather_images(const std::vector<int64_t>& indices, int64_t epo
   std::vector<int64_t> kept;
   std::string first_error;
   for (int64_t i : indices) {
-    Generator gen = sample_generator(options_.seed(), epoch, i);
+    Generator gen = sample_generator(options_.seed(), epoch, images_->sample_id(i));
     try {
       examples.push_back(images_->get(i, gen));
       kept.push_back(i);

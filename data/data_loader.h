@@ -3,14 +3,15 @@
 // (data/datasets.h), optionally restricted to an index list (a DistributedSampler's
 // shard), shuffled per epoch from a seed, built by worker threads while the caller trains.
 // Tests: tests/data/data_loader_test.cpp, tests/data/image_loader_test.cpp,
-// tests/dist/image_loader_dist_test.cpp.
+// tests/data/tar_shards_test.cpp, tests/dist/image_loader_dist_test.cpp.
 //
 // Why the batch sequence does not depend on the workers: each worker builds whole batches
 // (PyTorch's choice), the caller takes them in order from a reorder buffer, and sample i of
-// epoch e draws its augmentation from sample_generator(seed, e, i), whichever thread runs
-// it. So the batches are a pure function of (dataset, indices or sampler, seed, epoch):
-// bit-identical at any num_workers, and a run resumed at batch k of epoch e (seek) gets
-// exactly the batches the uninterrupted run got, without building the k before it.
+// epoch e draws its augmentation from sample_generator(seed, e, sample_id(i)) (i, or a
+// TarShards sample's shard and position), whichever thread runs it. So the batches are a
+// pure function of (dataset, indices or sampler, seed, epoch): bit-identical at any
+// num_workers, and a run resumed at batch k of epoch e (seek) gets exactly the batches the
+// uninterrupted run got, without building the k before it.
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -86,8 +87,8 @@ class DataLoader {
   // Tensors in memory: a batch is images.index_select(0, its indices) and the same of labels.
   // Throws nd::Error on a bad dataset or option, or an index out of range.
   DataLoader(Dataset dataset, DataLoaderOptions options);
-  // Image files: a batch stacks dataset->get(i, sample_generator(seed, epoch, i)) of its
-  // indices i into [B, C, H, W] (every sample must come out the same shape: an nd::Error
+  // Image files: a batch stacks dataset->get(i, sample_generator(seed, epoch,
+  // dataset->sample_id(i))) of its indices i into [B, C, H, W] (every sample must come out the same shape: an nd::Error
   // naming both samples otherwise) and their targets into [B].
   DataLoader(std::shared_ptr<const ImageDataset> dataset, DataLoaderOptions options);
   // Stops and joins the workers (also mid-epoch).

@@ -32,6 +32,10 @@ class ImageDataset {
   virtual Example get(int64_t index, Generator& gen) const = 0;
   // Class names, by class index.
   virtual const std::vector<std::string>& classes() const = 0;
+  // The number a DataLoader draws sample `index`'s augmentation stream from
+  // (sample_generator(seed, epoch, sample_id(index))): the index itself, unless the indices
+  // of a dataset depend on how it was split (TarShards: its shard and position).
+  virtual int64_t sample_id(int64_t index) const { return index; }
 
  protected:
   // The index check every get() runs: an nd::Error naming `who` when out of range.

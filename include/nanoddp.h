@@ -9,6 +9,7 @@
 #include "data/datasets.h"
 #include "data/image.h"
 #include "data/resize.h"
+#include "data/tar_shards.h"
 #include "data/transforms.h"
 #include "engine/device.h"
 #include "engine/dtype.h"

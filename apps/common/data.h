@@ -1,6 +1,7 @@
 #pragma once
 // The apps' training data: what --data holds, detected (Fashion-MNIST / MNIST IDX files, a
-// CIFAR-10 or CIFAR-100 binary folder, an ImageFolder root), at --image-size, decoded by
+// CIFAR-10 or CIFAR-100 binary folder, an ImageFolder root, WebDataset tar shards: a .tar
+// file, a brace pattern, a folder of .tar files), at --image-size, decoded by
 // --workers threads; the images the apps sample and evaluate on. Tests: tests/apps/apps_data_test.cpp, tests/dist/apps_dist_test.cpp.
 #include <cstdint>
 #include <memory>
@@ -14,7 +15,7 @@
 namespace app {
 
 struct DataOptions {
-  int64_t image_size = 0;        // --image-size: 0 = the data's own (28 IDX, 32 CIFAR, 64 a folder)
+  int64_t image_size = 0;        // --image-size: 0 = the data's own (28 IDX, 32 CIFAR, 64 a folder or shards)
   int64_t workers = 1;           // --workers: threads decoding and transforming
   bool skip_unreadable = false;  // --skip-unreadable
 };
@@ -26,14 +27,16 @@ void add_data_flags(Flags& flags, DataOptions& options);
 // Resize(S) + CenterCrop(S) + ToTensor + Normalize(0.5, 0.5): [3, S, S] in [-1, 1], the
 // range of the IDX images and of the generators' tanh.
 struct TrainData {
-  std::string dir, kind;  // kind: "Fashion-MNIST/MNIST IDX", "ImageFolder", "CIFAR-10", "CIFAR-100"
+  std::string dir, kind;  // kind: "Fashion-MNIST/MNIST IDX", "ImageFolder", "CIFAR-10", "CIFAR-100",
+                          // "WebDataset tar shards" (every shard indexed: the apps sample over all of them)
   int64_t channels = 1, image_size = 28;
   nd::data::Dataset tensors;                             // IDX: in memory
   std::shared_ptr<const nd::data::ImageDataset> images;  // the others
   bool is_idx() const { return images == nullptr; }
   int64_t size() const { return images ? images->size() : tensors.images.size(0); }
   ImageShape shape() const { return {channels, image_size}; }  // what the model configs take
-  // "CIFAR-10 in data/cifar (50000 images, 10 classes) at 32x32x3"
+  // "CIFAR-10 in data/cifar (50000 images, 10 classes) at 32x32x3",
+  // "WebDataset tar shards in data/train-{0..7}.tar (8 shards, 8000 images) at 64x64x3"
   std::string describe() const;
 };
 

@@ -29,6 +29,23 @@ fs::path make_cifar10(const fs::path& root) {
   return root;
 }
 
+// dir/train-0.tar, dir/train-1.tar: 5 samples each, a 20 x 24 PNG of seeded random pixels
+// and a .cls.
+fs::path make_tar_shards(const fs::path& dir) {
+  Generator gen{11, 0};
+  for (int s = 0; s < 2; ++s) {
+    std::vector<TarMember> members;
+    for (int i = 0; i < 5; ++i) {
+      const std::string key = "img" + std::to_string(s * 5 + i);
+      const std::string png = encode_png(randint(0, 256, {3, 20, 24}, TensorOptions(kInt64), &gen).to(kUInt8));
+      members.push_back({key + ".png", Bytes(png.begin(), png.end())});
+      members.push_back({key + ".cls", text_bytes(std::to_string(i % 3))});
+    }
+    write_bytes((dir / ("train-" + std::to_string(s) + ".tar")).string(), make_tar(members));
+  }
+  return dir;
+}
+
 const std::string kTiny = " --steps 2 --batch-size 4 --log-every 1 --sample-every 2 --ckpt-every 2 --no-tensorboard";
 
 }  // namespace
@@ -63,6 +80,44 @@ TEST_CASE("apps --data: train_joint on an image folder at --image-size 16: G, D 
   CHECK(png_size(out / "samples_000002.png") == std::make_pair(8 * 18 + 2, 6 * 18 + 2));
 }
 
+TEST_CASE("apps --data: train_gan on tar shards (a brace pattern, a folder of .tar files, 2 ranks) at 16x16") {
+  const fs::path shards = make_tar_shards(temp_dir("gan_shards"));
+  const std::string pattern = (shards / "train-{0..1}.tar").string();  // quoted below: the shell expands braces
+  const fs::path out = temp_dir("gan_shards_out");
+  Run r = run_app("train_gan", "--data '" + pattern + "' --image-size 16 --workers 2 --out " + out.string() + kTiny);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.output, "WebDataset tar shards in " + pattern + " (2 shards, 10 images) at 16x16x3"));
+  const TensorDict ckpt = load((out / "ckpt" / "latest.safetensors").string());
+  CHECK(ckpt.at("model.D.main.0.weight").size(1) == 3);
+
+  r = run_app("train_gan", "--data " + shards.string() + " --image-size 16 --overwrite --out " + out.string() + kTiny);
+  CHECK(r.status == 0);
+  CHECK(contains(r.output, "WebDataset tar shards in " + shards.string() + " (2 shards, 10 images) at 16x16x3"));
+  if (mpirun_missing()) return;
+  r = run_logged("OMP_NUM_THREADS=1 mpirun " + mpirun_test_options() + " -np 2 " + (apps_dir() / "train_gan").string() +
+                     " --data '" + pattern + "' --image-size 16 --overwrite --out " + out.string() + kTiny,
+                 temp_dir("logs") / "train_gan_shards_2.log");
+  CHECK(r.status == 0);
+  CHECK(contains(r.output, "WebDataset tar shards in " + pattern + " (2 shards, 10 images) at 16x16x3"));
+}
+
+// Mid-epoch: 10 samples are 2 batches of 4 an epoch, so step 3 stops inside epoch 1.
+TEST_CASE("apps --data: train_gan on tar shards resumed mid-epoch equals the uninterrupted run, bit for bit") {
+  const fs::path shards = make_tar_shards(temp_dir("resume_shards"));
+  const fs::path whole = temp_dir("shards_whole"), parts = temp_dir("shards_parts");
+  const std::string args = "--data " + shards.string() +
+                           " --image-size 16 --workers 2 --steps 5 --batch-size 4 --log-every 1 --sample-every 1000 "
+                           "--ckpt-every 2 --no-tensorboard";
+  const std::string env = "OMP_NUM_THREADS=1";
+  REQUIRE(run_app("train_gan", args + " --out " + whole.string(), env).status == 0);
+  REQUIRE(run_app("train_gan", args + " --exit-after 3 --out " + parts.string(), env).status == 0);
+  const Run r = run_app("train_gan", args + " --workers 1 --resume --out " + parts.string(), env);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  check_same_training(whole, parts, 5);
+}
+
 TEST_CASE("apps --data: what the data cannot do is one clear line") {
   const fs::path images = temp_dir("bad_images");
   make_image_folder(images, 4);
@@ -74,7 +129,7 @@ TEST_CASE("apps --data: what the data cannot do is one clear line") {
   };
   const fs::path flat = temp_dir("flat");
   write_bytes((flat / "x.png").string(), data::read_file(golden_image("rgb8.png")));
-  const std::vector<Case> cases = {
+  std::vector<Case> cases = {
       {"train_gan", "--data " + images.string() + " --image-size 30",
        "train_gan: --image-size 30: DCGANConfig: image_size must be 4 * 2^k or 7 * 2^k with k >= 1 (28, 32, 64, ...), "
        "got 30",
@@ -92,15 +147,30 @@ TEST_CASE("apps --data: what the data cannot do is one clear line") {
       {"train_joint", "--data " + flat.string(),
        "train_joint: error: --data: found nothing to train on in '" + flat.string() +
            "': expected Fashion-MNIST/MNIST IDX files (train-images-idx3-ubyte[.gz]), a CIFAR-10/100 binary folder "
-           "(data_batch_1.bin or train.bin) or an image folder with one subfolder per class",
+           "(data_batch_1.bin or train.bin), an image folder with one subfolder per class or .tar shards",
        1},
   };
+  const fs::path shards = temp_dir("bad_shards");
+  write_bytes((shards / "train-0.tar").string(), make_tar({{"a.png", data::read_file(golden_image("rgb8.png"))}}));
+  cases.push_back({"train_gan", "--data '" + (shards / "train-{0..2}.tar").string() + "'",
+                   "train_gan: error: TarShards: the shard '" + (shards / "train-1.tar").string() + "' does not exist",
+                   1});
+  cases.push_back({"train_gan", "--data " + (shards / "none.tar").string(),
+                   "train_gan: error: TarShards: '" + (shards / "none.tar").string() +
+                       "' names 1 file, which does not exist",
+                   1});
   for (const Case& c : cases) {
     CAPTURE(c.args);
     const Run r = run_app(c.app, c.args + out);
     CHECK(r.status == c.status);
     CHECK(contains(r.output, c.message));
   }
+  // A bad sample stops the run at its batch (after the run's folder was made).
+  const Run bad_sample = run_app("train_gan", "--data " + shards.string() + " --batch-size 1 --steps 1 --out " +
+                                                  temp_dir("bad_sample_out").string());
+  CHECK(bad_sample.status == 1);
+  CHECK(contains(bad_sample.output, "train_gan: error: TarShards: shard '" + (shards / "train-0.tar").string() +
+                                        "': sample 'a': no class member (a.cls)"));
   // IDX images are 28x28 (when Debian's Fashion-MNIST is installed: the apps' default --data).
   if (!fs::exists(std::string(data::kFashionMnistDir) + "/train-images-idx3-ubyte.gz")) {
     MESSAGE("SKIPPED: no Fashion-MNIST in " << data::kFashionMnistDir);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -57,6 +58,41 @@ inline void make_image_folder(const std::filesystem::path& root, int n) {
   write_bytes((root / "b/j444.jpg").string(), data::read_file(golden_image("j444.jpg")));
 }
 
+// A tar file as GNU tar and Python's tarfile write it for names under 100 bytes: per member
+// a ustar header block (mode 0644, mtime 0, type '0', octal fields, checksum), the data
+// padded to 512 bytes; then tar's end-of-archive, two zero blocks.
+struct TarMember {
+  std::string name;
+  Bytes data;
+};
+inline Bytes make_tar(const std::vector<TarMember>& members) {
+  Bytes out;
+  for (const TarMember& m : members) {
+    REQUIRE(m.name.size() < 100);
+    char h[512] = {};
+    std::memcpy(h, m.name.data(), m.name.size());
+    std::snprintf(h + 100, 8, "%07o", 0644);
+    std::snprintf(h + 108, 8, "%07o", 0);
+    std::snprintf(h + 116, 8, "%07o", 0);
+    std::snprintf(h + 124, 12, "%011llo", static_cast<unsigned long long>(m.data.size()));
+    std::snprintf(h + 136, 12, "%011o", 0);
+    h[156] = '0';
+    std::memcpy(h + 257, "ustar\0" "00", 8);
+    std::memset(h + 148, ' ', 8);
+    unsigned sum = 0;
+    for (char c : h) sum += static_cast<uint8_t>(c);
+    std::snprintf(h + 148, 8, "%06o", sum);  // six digits, NUL, space
+    h[155] = ' ';
+    out.insert(out.end(), h, h + 512);
+    out.insert(out.end(), m.data.begin(), m.data.end());
+    out.resize((out.size() + 511) / 512 * 512, 0);
+  }
+  out.resize(out.size() + 1024, 0);
+  return out;
+}
+
+inline Bytes text_bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
+
 // tests/golden/data_images.safetensors, loaded once.
 inline const TensorDict& image_goldens() {
   static const TensorDict goldens = load(std::string(NANODDP_SOURCE_DIR) + "/tests/golden/data_images.safetensors");
@@ -70,5 +106,8 @@ using nd::testing::Bytes;
 using nd::testing::error_message;
 using nd::testing::golden_image;
 using nd::testing::make_image_folder;
+using nd::testing::make_tar;
+using nd::testing::TarMember;
+using nd::testing::text_bytes;
 using nd::testing::TempDir;
 using nd::testing::write_bytes;
