@@ -39,11 +39,12 @@ void add_common_flags(Flags& flags, CommonOptions& o, bool has_batch_norm) {
   flags.add("--amp", &o.amp,
             "mixed precision: bf16 operands, f32 accumulation in the GEMMs, convolutions and attention; "
             "on the CPU a slower reference");
-  flags.add("--amp-dtype", &o.amp_dtype, "--amp's operands: bf16 (default) or f16 (with loss scaling, a GradScaler)",
-            "T");
+  flags.add_choice("--amp-dtype", &o.amp_dtype, kAmpDtypes,
+                   "--amp's operands: bf16 (default) or f16 (with loss scaling, a GradScaler)", "T");
   flags.add("--no-tensorboard", &o.no_tensorboard, "no TensorBoard event files in DIR (written by default)");
-  flags.add("--comm-hook", &o.comm_hook,
-            "DDP gradient communication: none (f32 all-reduce), bf16, fp16, or powersgd (low-rank compression)", "H");
+  flags.add_choice("--comm-hook", &o.comm_hook, kCommHooks,
+                   "DDP gradient communication: none (f32 all-reduce), bf16, fp16, or powersgd (low-rank compression)",
+                   "H");
   flags.add("--powersgd-rank", &o.powersgd_rank, "--comm-hook powersgd: rank of the gradient approximation", 1);
   flags.add("--zero", &o.zero,
             "ZeRO: shard each optimizer's state over the ranks (ZeroRedundancyOptimizer); the same training");
@@ -73,15 +74,12 @@ nd::Device setup(const std::string& program, CommonOptions& o, const World& worl
   if (o.batch_size % world.size != 0)
     throw UsageError{"--batch-size " + std::to_string(o.batch_size) + " does not divide by the world size " +
                      std::to_string(world.size) + " (each rank takes batch-size / world-size samples)"};
-  if (!o.amp_dtype.empty() && o.amp_dtype != "bf16" && o.amp_dtype != "f16")
-    throw UsageError{"--amp-dtype: expected bf16 or f16, found '" + o.amp_dtype + "'"};
-  if (!o.amp_dtype.empty() && !o.amp) throw UsageError{"--amp-dtype " + o.amp_dtype + " needs --amp"};
-  if (o.comm_hook != "none" && o.comm_hook != "bf16" && o.comm_hook != "fp16" && o.comm_hook != "powersgd")
-    throw UsageError{"--comm-hook: expected none, bf16, fp16 or powersgd, found '" + o.comm_hook + "'"};
-  if (o.flags && o.flags->given("--powersgd-rank") && o.comm_hook != "powersgd")
+  if (o.amp_dtype && !o.amp)
+    throw UsageError{"--amp-dtype " + kAmpDtypes[static_cast<size_t>(*o.amp_dtype)] + " needs --amp"};
+  if (o.flags && o.flags->given("--powersgd-rank") && o.comm_hook != CommHook::kPowerSGD)
     throw UsageError{"--powersgd-rank " + std::to_string(o.powersgd_rank) + " needs --comm-hook powersgd"};
-  if (o.zero && o.comm_hook != "none")
-    throw UsageError{"--zero and --comm-hook " + o.comm_hook +
+  if (o.zero && o.comm_hook != CommHook::kNone)
+    throw UsageError{"--zero and --comm-hook " + kCommHooks[static_cast<size_t>(o.comm_hook)] +
                      " cannot be combined: ZeRO reduce-scatters DDP's gradient buckets itself"};
   if (o.resume && o.overwrite)
     throw UsageError{"--resume and --overwrite cannot be combined: --resume continues the run in --out, "
@@ -115,7 +113,9 @@ bool holds_run(const std::string& dir) {
   return fs::exists(fs::path(dir) / "metrics.jsonl") || fs::exists(fs::path(dir) / "ckpt" / "latest.safetensors");
 }
 
-nd::ScalarType amp_dtype(const CommonOptions& o) { return o.amp_dtype == "f16" ? nd::kFloat16 : nd::kBFloat16; }
+nd::ScalarType amp_dtype(const CommonOptions& o) {
+  return o.amp_dtype == AmpDtype::kF16 ? nd::kFloat16 : nd::kBFloat16;
+}
 
 nd::optim::GradScalerOptions grad_scaler_options(const CommonOptions& o) {
   return nd::optim::GradScalerOptions().enabled(o.amp && amp_dtype(o) == nd::kFloat16);
@@ -127,11 +127,11 @@ nd::dist::DistributedDataParallelOptions ddp_options(nd::Device device) {
 
 void register_comm_hook(nd::dist::Reducer& reducer, const CommonOptions& o, nd::TrainState& state) {
   namespace dist = nd::dist;
-  if (o.comm_hook == "bf16" || o.comm_hook == "fp16") {
-    auto hook = o.comm_hook == "bf16" ? dist::bf16_compress_hook : dist::fp16_compress_hook;
+  if (o.comm_hook == CommHook::kBf16 || o.comm_hook == CommHook::kFp16) {
+    auto hook = o.comm_hook == CommHook::kBf16 ? dist::bf16_compress_hook : dist::fp16_compress_hook;
     reducer.register_comm_hook([hook](dist::GradBucket& bucket) { return hook(nullptr, bucket); },
                                dist::comm_hook_name(hook));
-  } else if (o.comm_hook == "powersgd") {
+  } else if (o.comm_hook == CommHook::kPowerSGD) {
     auto powersgd = std::make_shared<dist::PowerSGDState>(
         dist::PowerSGDOptions().matrix_approximation_rank(o.powersgd_rank).start_powerSGD_iter(o.steps / 10));
     reducer.register_comm_hook([powersgd](dist::GradBucket& bucket) { return dist::powerSGD_hook(powersgd.get(), bucket); },

@@ -23,6 +23,14 @@
 
 namespace app {
 
+// --amp-dtype's values, in the order of kAmpDtypes.
+enum class AmpDtype { kBf16, kF16 };
+inline const std::vector<std::string> kAmpDtypes{"bf16", "f16"};
+// --comm-hook's values, in the order of kCommHooks: f32 all-reduce, bf16 / fp16
+// compression, PowerSGD.
+enum class CommHook { kNone, kBf16, kFp16, kPowerSGD };
+inline const std::vector<std::string> kCommHooks{"none", "bf16", "fp16", "powersgd"};
+
 struct CommonOptions {
   std::string device = "cpu";
   int64_t steps = 1000;
@@ -38,11 +46,11 @@ struct CommonOptions {
   int64_t ckpt_every = 500;
   bool sync_bn = false;
   bool amp = false;
-  std::string amp_dtype;    // --amp-dtype: "bf16" (the default under --amp) or "f16"
+  std::optional<AmpDtype> amp_dtype;  // --amp-dtype (bf16 when not given)
   int64_t exit_after = 0;  // stop after this step, checkpoint written (as if killed); 0: off
   bool no_tensorboard = false;
   std::string run_flags;    // every flag's value (Flags::values_markdown), TensorBoard's "flags" text
-  std::string comm_hook = "none";  // --comm-hook: none, bf16, fp16 or powersgd (DDP communication hook)
+  CommHook comm_hook = CommHook::kNone;  // --comm-hook (DDP communication hook)
   int64_t powersgd_rank = 1;       // --powersgd-rank: PowerSGD's matrix_approximation_rank
   bool zero = false;               // --zero: ZeroRedundancyOptimizer (optimizer state sharded over the ranks)
   const Flags* flags = nullptr;    // set by add_common_flags: setup() asks which flags were given
