@@ -14,7 +14,7 @@
 
 #include "common/flags.h"
 #include "common/png.h"
-#include "common/train.h"
+#include "common/run.h"
 #include "json_line.h"
 #include "scale_model/predict.h"
 
