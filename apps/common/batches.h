@@ -33,7 +33,6 @@ class BatchStream {
   // Restarts so that the next batch is number `consumed` (counting from 0 at epoch 0).
   void seek(int64_t consumed);
   int64_t consumed() const { return consumed_; }
-  int64_t batches_per_epoch() const { return per_epoch_; }
   int64_t epoch() const { return consumed_ / per_epoch_; }
   // The files --skip-unreadable left out so far (this rank's).
   std::vector<nd::data::SkippedSample> skipped() const { return loader_->skipped(); }

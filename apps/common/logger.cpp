@@ -11,7 +11,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/run_folder.h"
 #include "io/json.h"
 
 namespace app {
@@ -21,6 +20,36 @@ namespace fs = std::filesystem;
 const char* signal_name(int signal) { return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "a signal"; }
 
 namespace {
+
+// The files a run writes into `dir` (metrics.jsonl, loss_curve.png, samples_*.png, the
+// event files, classifier.safetensors, ckpt/latest.safetensors and its temp files), removed
+// by --overwrite, and ckpt/ when that leaves it empty; nothing else. Returns how many.
+int remove_run(const std::string& folder) {
+  const fs::path dir(folder);
+  auto run_file = [](const std::string& name, bool in_ckpt) {
+    auto starts = [&](const char* prefix) { return name.rfind(prefix, 0) == 0; };
+    auto ends = [&](const std::string& suffix) {
+      return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (in_ckpt) return name == "latest.safetensors" || starts(".latest.safetensors.tmp.");
+    return name == "metrics.jsonl" || name == "loss_curve.png" || name == "classifier.safetensors" ||
+           (starts("samples_") && ends(".png")) || starts("events.out.tfevents.");
+  };
+  int removed = 0;
+  for (const auto& [path, in_ckpt] : {std::pair{dir, false}, std::pair{dir / "ckpt", true}}) {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(path, ec)) {
+      if (!entry.is_regular_file() || !run_file(entry.path().filename().string(), in_ckpt)) continue;
+      std::error_code rm;
+      fs::remove(entry.path(), rm);
+      ND_CHECK(!rm, "--overwrite: cannot delete ", entry.path().string(), ": ", rm.message());
+      ++removed;
+    }
+  }
+  std::error_code ec;
+  if (fs::is_empty(dir / "ckpt", ec) && !ec) fs::remove(dir / "ckpt", ec);
+  return removed;
+}
 
 std::string json_number(double v) {
   if (!std::isfinite(v)) return "null";
@@ -186,13 +215,7 @@ void Logger::step(int64_t step, const Values& losses, const Values& update_norms
     listening_ = true;
   }
   // Every rank, every step: all stop after the same step when any got a signal.
-  int64_t signal = g_stop_signal.load();
-  if (world_.size > 1) {
-    nd::Tensor flag = nd::full({1}, static_cast<double>(signal), nd::TensorOptions(nd::kInt64));
-    nd::dist::world()->allreduce(flag, {nd::dist::ReduceOp::MAX})->wait();
-    signal = flag.data_ptr<int64_t>()[0];
-  }
-  stop_signal_ = static_cast<int>(signal);
+  stop_signal_ = static_cast<int>(world_.max(g_stop_signal.load()));
   if (window_sums_.empty()) {
     window_sums_.assign(losses.size(), 0.0);
     for (const auto& [k, v] : losses) loss_names_.push_back(k);

@@ -65,7 +65,6 @@ class Logger {
   // Puts the signals' default action back (after the last step: nothing left to save); a
   // signal that arrived since the last step() takes its default effect now.
   void stop_listening();
-  const std::string& program() const { return program_; }
 
  private:
   void write_line(int64_t step, const Values& values, const std::map<std::string, std::string>& text);

@@ -35,6 +35,13 @@ void add_common_flags(Flags& flags, CommonOptions& o, bool has_batch_norm) {
             "ZeRO: shard each optimizer's state over the ranks (ZeroRedundancyOptimizer); the same training");
 }
 
+int64_t World::max(int64_t value) const {
+  if (size == 1) return value;
+  nd::Tensor flag = nd::full({1}, static_cast<double>(value), nd::TensorOptions(nd::kInt64));
+  nd::dist::world()->allreduce(flag, {nd::dist::ReduceOp::MAX})->wait();
+  return flag.data_ptr<int64_t>()[0];
+}
+
 World world() {
   const auto pg = nd::dist::world();
   return World{pg->rank(), pg->size()};

@@ -57,6 +57,8 @@ void add_common_flags(Flags& flags, CommonOptions& options, bool has_batch_norm)
 struct World {
   int rank = 0, size = 1;
   bool rank0() const { return rank == 0; }
+  // The largest of every rank's `value` (an all-reduce of one integer; every rank calls it).
+  int64_t max(int64_t value) const;
 };
 World world();
 

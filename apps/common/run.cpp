@@ -1,17 +1,88 @@
 #include "common/run.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-
-#include "common/run_folder.h"
 
 namespace app {
 
 namespace fs = std::filesystem;
 
 namespace {
+
+// Whether folder `dir` holds a run: it has DIR/metrics.jsonl or DIR/ckpt/latest.safetensors.
+bool holds_run(const std::string& dir) {
+  return fs::exists(fs::path(dir) / "metrics.jsonl") || fs::exists(fs::path(dir) / "ckpt" / "latest.safetensors");
+}
+
+// `word` as a POSIX shell reads it: as it is when it is plain, else in single quotes.
+std::string shell_word(const std::string& word) {
+  const bool plain = !word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                             "0123456789_./:=,+-@%") == std::string::npos;
+  if (plain) return word;
+  std::string out = "'";
+  for (char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// The command line that continues this run: this one without --overwrite, with --resume
+// (under mpirun prefixed with "mpirun -np W", the other mpirun options being unknown here).
+std::string resume_command(const CommonOptions& o, const World& world) {
+  std::string out = world.size > 1 ? "mpirun -np " + std::to_string(world.size) + " " : "";
+  bool resume = false;
+  const std::vector<std::string> words = o.flags ? o.flags->command_line() : std::vector<std::string>{};
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (words[i] == "--overwrite") continue;
+    resume = resume || words[i] == "--resume";
+    out += (i ? " " : "") + shell_word(words[i]);
+  }
+  return resume ? out : out + " --resume";
+}
+
+// The checkpoint, written atomically by rank 0 through save_train_state, with the batch
+// stream's position and the world size in its metadata.
+std::string checkpoint_path(const CommonOptions& o) { return o.out + "/ckpt/latest.safetensors"; }
+
+void save_checkpoint(const CommonOptions& o, const World& world, nd::TrainState& state, const BatchStream& batches) {
+  const nd::TensorDict collected = nd::train_state_dict(state);  // every rank: PowerSGD gathers its errors
+  if (!world.rank0()) return;
+  std::error_code ec;
+  fs::create_directories(fs::path(o.out) / "ckpt", ec);
+  ND_CHECK(!ec, "cannot create the checkpoint folder ", o.out, "/ckpt: ", ec.message());
+  nd::save_train_state(checkpoint_path(o), collected, state,
+                       {{"batches_consumed", std::to_string(batches.consumed())},
+                        {"epoch", std::to_string(batches.epoch())},
+                        {"global_batch_size", std::to_string(o.batch_size)},
+                        {"seed", std::to_string(o.seed)}},
+                       world.size);
+}
+
+// Loads the checkpoint into `state` (every rank), seeks the batch stream and returns
+// the step to continue from. Throws nd::Error when there is none, UsageError when --steps
+// is not 0 (only evaluate) and not above the checkpoint's step (nothing loaded then).
+int64_t load_checkpoint(const CommonOptions& o, nd::TrainState& state, BatchStream& batches) {
+  const std::string path = checkpoint_path(o);
+  ND_CHECK(fs::exists(path), "--resume: no checkpoint at ", path, " (train without --resume first)");
+  if (o.steps != 0) {
+    const auto header = nd::load_metadata(path);
+    const auto step = header.find("step");
+    if (step != header.end() && std::stoll(step->second) >= o.steps)
+      throw UsageError{"--resume: the checkpoint " + path + " is at step " + step->second + " and --steps is " +
+                       std::to_string(o.steps) + ": nothing to train (give --steps above " + step->second +
+                       ", or --steps 0 to only evaluate)"};
+  }
+  auto meta = nd::load_train_state(path, state);
+  ND_CHECK(meta.count("batches_consumed") && meta.count("global_batch_size"), path,
+           " was not written by a training app (no batches_consumed / global_batch_size metadata)");
+  ND_CHECK(meta["global_batch_size"] == std::to_string(o.batch_size), "--resume: ", path, " was trained with --batch-size ",
+           meta["global_batch_size"], ", this run has ", o.batch_size, "; use the same global batch");
+  ND_CHECK(meta["seed"] == std::to_string(o.seed), "--resume: ", path, " was trained with --seed ", meta["seed"],
+           ", this run has ", o.seed);
+  batches.seek(std::stoll(meta["batches_consumed"]));
+  return state.step;
+}
 
 // --device D on this rank: D, where "cuda" is this rank's GPU (cuda:<local rank>).
 nd::Device rank_device(const std::string& flag) {
@@ -44,13 +115,7 @@ nd::Device checked_device(const std::string& program, CommonOptions& o, const Wo
   if (o.out.empty()) o.out = "out/" + program;
   // One run, one folder. Rank 0 looks (it writes every file) and tells the others, so
   // that every rank refuses or none does.
-  int64_t taken = !o.resume && !o.overwrite && world.rank0() && holds_run(o.out);
-  if (world.size > 1) {
-    nd::Tensor flag = nd::full({1}, static_cast<double>(taken), nd::TensorOptions(nd::kInt64));
-    nd::dist::world()->allreduce(flag, {nd::dist::ReduceOp::MAX})->wait();
-    taken = flag.data_ptr<int64_t>()[0];
-  }
-  if (taken) {
+  if (world.max(!o.resume && !o.overwrite && world.rank0() && holds_run(o.out))) {
     std::string what = "metrics.jsonl";
     const std::string ckpt = checkpoint_path(o);
     if (world.rank0() && fs::exists(ckpt)) {
@@ -67,10 +132,10 @@ nd::Device checked_device(const std::string& program, CommonOptions& o, const Wo
 }
 
 // Every rank's files --skip-unreadable left out, one a line.
-void report_skipped(const BatchStream& batches, const World& world, Logger& log) {
+void report_skipped(const std::string& program, const BatchStream& batches, const World& world, Logger& log) {
   const auto skipped = batches.skipped();
   if (skipped.empty()) return;
-  std::string text = log.program() + ": --skip-unreadable: rank " + std::to_string(world.rank) + " left out " +
+  std::string text = program + ": --skip-unreadable: rank " + std::to_string(world.rank) + " left out " +
                      std::to_string(skipped.size()) + " unreadable file(s):";
   for (const auto& s : skipped) text += "\n  " + s.error;
   if (world.rank0()) log.say(text);
@@ -127,12 +192,12 @@ std::optional<int> Run::end_of_step(int64_t step) {
   state.step = step;
   const int signal = log.stop_signal();
   if (o.checkpoint_at(step) || signal != 0) save_checkpoint(o, world, state, batches);
-  if (signal != 0 || step == o.exit_after || step == o.steps) report_skipped(batches, world, log);
+  if (signal != 0 || step == o.exit_after || step == o.steps) report_skipped(program, batches, world, log);
   if (signal != 0) {
     log.finish();
-    log.say(log.program() + ": got " + signal_name(signal) + ": stopped after step " + std::to_string(step) + " of " +
+    log.say(program + ": got " + signal_name(signal) + ": stopped after step " + std::to_string(step) + " of " +
             std::to_string(o.steps) + ", checkpoint " + checkpoint_path(o));
-    log.say(log.program() + ": to continue: " + resume_command(o, world));
+    log.say(program + ": to continue: " + resume_command(o, world));
     return 128 + signal;
   }
   if (step == o.exit_after) return 0;

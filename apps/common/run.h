@@ -1,10 +1,12 @@
 #pragma once
 // One training run as every DDP app sets it up: Run holds the world, the device, --amp's
 // autocast, the GradScaler, the TrainState the checkpoint saves, the batch stream and the
-// Logger; Run::wrap puts a model under DDP with its optimizer (ZeRO under --zero) and its
-// --comm-hook; each app keeps its models and its step. Also run_main (exit statuses),
-// UpdateNorm and the small helpers the apps share.
-// Tests: tests/apps/apps_test.cpp, tests/dist/apps_dist_test.cpp.
+// Logger, keeps one run per --out folder and writes the checkpoint DIR/ckpt/latest.safetensors
+// (atomically, by rank 0, with the batch stream's position in its metadata); Run::wrap puts
+// a model under DDP with its optimizer (ZeRO under --zero) and its --comm-hook; each app
+// keeps its models and its step. Also run_main (exit statuses), UpdateNorm and the small
+// helpers the apps share. Tests: tests/apps/apps_test.cpp, tests/apps/apps_runs_test.cpp,
+// tests/dist/apps_dist_test.cpp.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -49,8 +51,8 @@ struct Optimized {
   double step(const nd::Tensor& loss);
 };
 
-// A model under DistributedDataParallel (Run::wrap): ddp(x) runs its forward with DDP's
-// bookkeeping, module() is the model itself.
+// A model under DistributedDataParallel (Run::wrap): model(x) is ddp(x), its forward with
+// DDP's bookkeeping.
 template <class Holder>
 struct DdpModel : Optimized {
   DdpModel(Optimized optimized, nd::dist::DistributedDataParallel<Holder> ddp)
@@ -59,7 +61,6 @@ struct DdpModel : Optimized {
   decltype(auto) operator()(Args&&... args) {
     return ddp(std::forward<Args>(args)...);
   }
-  Holder& module() { return ddp.module(); }
   nd::dist::DistributedDataParallel<Holder> ddp;
 };
 
@@ -73,8 +74,6 @@ struct DdpModel : Optimized {
 class Run {
  public:
   Run(std::string program, CommonOptions& options);
-  Run(const Run&) = delete;
-  Run& operator=(const Run&) = delete;
 
   const std::string program;
   CommonOptions& options;
