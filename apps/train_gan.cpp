@@ -13,7 +13,7 @@
 #include "common/flags.h"
 #include "common/model_select.h"
 #include "common/png.h"
-#include "common/train.h"
+#include "common/run.h"
 
 namespace {
 
@@ -56,10 +56,8 @@ double fid(models::DCGANGenerator& G, const std::string& path, const nd::data::D
 }
 
 int train(Options& o) {
-  const app::World world = app::world();
-  const nd::Device device = app::setup("train_gan", o, world);
-  const nd::AutocastGuard amp(device.type, o.amp, app::amp_dtype(o));  // --amp (engine/autocast.h)
-  nd::optim::GradScaler scaler(app::grad_scaler_options(o));  // on for --amp-dtype f16 only
+  app::Run run("train_gan", o);
+  const nd::Device device = run.device;
   if (o.eval && o.eval_samples > 10000) throw app::UsageError{"--eval-samples is at most 10000 (the test set)"};
   const app::TrainData train_set = app::load_train_data(o.data, o);
   if (o.eval && !train_set.is_idx())
@@ -90,69 +88,53 @@ int train(Options& o) {
   }
   G->to(device);
   D->to(device);
-  nd::dist::DistributedDataParallel g(G, "G", app::ddp_options(device));
-  nd::dist::DistributedDataParallel d(D, "D", app::ddp_options(device));
-  // --zero: each a ZeroRedundancyOptimizer over its DDP model (ZeRO stage 2: sharded state and gradients).
-  auto opt_g = app::make_optimizer<nd::optim::Adam>(o, g.reducer(), models::dcgan_adam_options().lr(o.lr));
-  auto opt_d = app::make_optimizer<nd::optim::Adam>(o, d.reducer(), models::dcgan_adam_options().lr(o.lr));
-
-  app::BatchStream batches(train_set, o, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
-  nd::TrainState state{{{"G", G.get()}, {"D", D.get()}}, {{"G", opt_g.get()}, {"D", opt_d.get()}}, {}, 0, {{"amp", &scaler}}, {}};
-  for (auto* reducer : {&g.reducer(), &d.reducer()}) app::register_comm_hook(*reducer, o, state);  // --comm-hook
-  const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
+  auto g = run.wrap<nd::optim::Adam>("G", G, models::dcgan_adam_options().lr(o.lr));
+  auto d = run.wrap<nd::optim::Adam>("D", D, models::dcgan_adam_options().lr(o.lr));
+  const int64_t start = run.start(train_set, o);
   nd::Generator sample_gen{static_cast<uint64_t>(o.seed) + 1, 0};
   const Tensor fixed_z = nd::randn({64, o.nz}, {}, &sample_gen).to(device);
 
-  app::Logger log("train_gan", o, world, start);
-  log.watch(&scaler);
-  log.say("train_gan: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", global batch " +
+  app::Logger& log = run.log();
+  log.say("train_gan: " + std::to_string(run.world.size) + " rank(s), device " + device.str() + ", global batch " +
           std::to_string(o.batch_size) + ", steps " + std::to_string(start + 1) + ".." + std::to_string(o.steps) +
           ", model " + o.model + ", nz " + std::to_string(o.nz) + ", ngf " + std::to_string(o.ngf) + ", ndf " +
           std::to_string(o.ndf) + ", " + train_set.describe() +
           ", output " + o.out);
-  app::UpdateNorm update_g(G->parameters()), update_d(D->parameters());
   auto bce = [](const Tensor& logits, double target) {
     return nd::binary_cross_entropy_with_logits(logits, target > 0.5 ? nd::ones_like(logits) : nd::zeros_like(logits));
   };
   auto write_samples = [&](int64_t step) {
-    if (!world.rank0()) return;
+    if (!run.world.rank0()) return;
     const Tensor images = sample(G, fixed_z);
-    app::save_samples(log, world, o, step, app::image_grid(images, 8));
+    run.save_samples(step, app::image_grid(images, 8));
   };
   auto evaluate = [&](int64_t step) {
-    if (!o.eval || !world.rank0()) return;
+    if (!o.eval || !run.world.rank0()) return;
     log.record(step, {{"fid", fid(G, o.classifier, test_set, o.eval_samples, o.nz, device)}},
                {{"fid_features", o.classifier}});
   };
 
   for (int64_t step = start + 1; step <= o.steps; ++step) {
-    const Tensor real = batches.next().images;
+    const Tensor real = run.batches().next().images;
     // z for the whole global batch, then this rank's rows: N ranks = one process.
-    const Tensor z = app::shard_rows(nd::randn({o.batch_size, o.nz}), world).to(device);
+    const Tensor z = app::shard_rows(nd::randn({o.batch_size, o.nz}), run.world).to(device);
     const Tensor fake = g(z);
 
-    opt_d->zero_grad();
+    d.optimizer->zero_grad();
     const Tensor loss_d = bce(d(real), 1.0) + bce(d(fake.detach()), 0.0);
-    scaler.scale(loss_d).backward();
-    update_d.before();
-    scaler.step(*opt_d);
-    const double norm_d = update_d.after();
+    const double norm_d = d.step(loss_d);
 
-    opt_g->zero_grad();
+    g.optimizer->zero_grad();
     const Tensor loss_g = bce(d(fake), 1.0);
-    scaler.scale(loss_g).backward();
-    update_g.before();
-    scaler.step(*opt_g);
-    const double norm_g = update_g.after();
-    scaler.update();  // one per iteration, after both steps (a skip in either backs off)
+    const double norm_g = g.step(loss_g);
+    run.scaler.update();  // one per iteration, after both steps (a skip in either backs off)
 
-    state.step = step;
     log.step(step, {{"loss_d", loss_d.item()}, {"loss_g", loss_g.item()}}, {{"G", norm_g}, {"D", norm_d}});
     if (step % o.sample_every == 0 || step == o.steps) {
       write_samples(step);
       if (step != o.steps) evaluate(step);
     }
-    if (const auto status = app::end_of_step(o, world, state, batches, log, step)) return *status;
+    if (const auto status = run.end_of_step(step)) return *status;
   }
   if (start >= o.steps) write_samples(start);  // --steps 0: the checkpoint's model
   evaluate(std::max(start, o.steps));
@@ -168,9 +150,6 @@ int main(int argc, char** argv) {
     o.steps = 2500;
     o.batch_size = 64;
     o.lr = 2e-4;
-    o.log_every = 50;
-    o.sample_every = 500;
-    o.ckpt_every = 500;
     app::Flags flags("train_gan",
                      "Trains a DCGAN (generator + discriminator) on Fashion-MNIST, an image folder or CIFAR;\n"
                      "alone or under mpirun.\n"
@@ -187,7 +166,6 @@ int main(int argc, char** argv) {
     flags.add("--classifier", &o.classifier, "classifier weights from train_classifier (FID features)", "PATH");
     flags.add("--eval-samples", &o.eval_samples, "generated and test images per FID", 2);
     flags.parse(argc, argv);
-    o.run_flags = flags.values_markdown();
     return train(o);
   });
 }

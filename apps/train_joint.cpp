@@ -16,7 +16,7 @@
 #include "common/flags.h"
 #include "common/model_select.h"
 #include "common/png.h"
-#include "common/train.h"
+#include "common/run.h"
 
 namespace nd::apps {
 
@@ -51,10 +51,8 @@ struct Options : app::CommonOptions, app::DataOptions {
 };
 
 int train(Options& o) {
-  const app::World world = app::world();
-  const nd::Device device = app::setup("train_joint", o, world);
-  const nd::AutocastGuard amp(device.type, o.amp, app::amp_dtype(o));  // --amp (engine/autocast.h)
-  nd::optim::GradScaler scaler(app::grad_scaler_options(o));  // on for --amp-dtype f16 only
+  app::Run run("train_joint", o);
+  const nd::Device device = run.device;
   const app::TrainData train_set = app::load_train_data(o.data, o);
   // The data decides the image size and channels of the three models (common/model_select.h).
   const models::MAEConfig config = app::mae_config(o.model, train_set.shape(), device, /*allow_vit=*/false);
@@ -71,43 +69,27 @@ int train(Options& o) {
   G->to(device);
   D->to(device);
   M->to(device);
-  nd::dist::DistributedDataParallel g(G, "G", app::ddp_options(device));
-  nd::dist::DistributedDataParallel d(D, "D", app::ddp_options(device));
-  nd::dist::DistributedDataParallel m(M, "MAE", app::ddp_options(device));
-  // --zero: each a ZeroRedundancyOptimizer over its DDP model (ZeRO stage 2: sharded state and gradients).
-  auto opt_g = app::make_optimizer<nd::optim::Adam>(o, g.reducer(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
-  auto opt_d = app::make_optimizer<nd::optim::Adam>(o, d.reducer(), nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
+  auto g = run.wrap<nd::optim::Adam>("G", G, nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
+  auto d = run.wrap<nd::optim::Adam>("D", D, nd::optim::AdamOptions(o.lr).betas({0.5, 0.999}));
   nd::optim::AdamWOptions adamw(o.lr_mae);
   adamw.betas({0.9, 0.95}).weight_decay(0.05);
-  auto opt_m = app::make_optimizer<nd::optim::AdamW>(o, m.reducer(), adamw);
-  const int64_t warmup = std::max<int64_t>(1, o.steps / 20);
-  auto warm = std::make_shared<nd::optim::LinearLR>(*opt_m, 0.01, 1.0, warmup);
-  auto cosine = std::make_shared<nd::optim::CosineAnnealingLR>(*opt_m, std::max<int64_t>(1, o.steps - warmup));
-  nd::optim::SequentialLR schedule(*opt_m, {warm, cosine}, {warmup});
+  auto m = run.wrap<nd::optim::AdamW>("MAE", M, adamw);
+  const auto schedule = app::warmup_cosine(*m.optimizer, std::max<int64_t>(1, o.steps / 20), o.steps);
+  run.state.schedulers.emplace_back("MAE", schedule.get());
+  const int64_t start = run.start(train_set, o);
 
-  app::BatchStream batches(train_set, o, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
-  nd::TrainState state{{{"G", G.get()}, {"D", D.get()}, {"MAE", M.get()}},
-                       {{"G", opt_g.get()}, {"D", opt_d.get()}, {"MAE", opt_m.get()}},
-                       {{"MAE", &schedule}},
-                       0, {{"amp", &scaler}}, {}};
-  for (auto* reducer : {&g.reducer(), &d.reducer(), &m.reducer()})
-    app::register_comm_hook(*reducer, o, state);  // --comm-hook
-  const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
-
-  app::Logger log("train_joint", o, world, start);
-  log.watch(&scaler);
+  app::Logger& log = run.log();
   log.watch("G", *G), log.watch("D", *D), log.watch("MAE", *M);
-  log.say("train_joint: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", MAE " + o.model +
+  log.say("train_joint: " + std::to_string(run.world.size) + " rank(s), device " + device.str() + ", MAE " + o.model +
           ", " + train_set.describe() + ", global batch " + std::to_string(o.batch_size) + ", steps " +
           std::to_string(start + 1) + ".." + std::to_string(o.steps) + ", output " + o.out);
-  app::UpdateNorm update_g(G->parameters()), update_d(D->parameters()), update_m(M->parameters());
   auto bce = [](const Tensor& logits, bool original) {
     return nd::binary_cross_entropy_with_logits(logits, original ? nd::ones_like(logits) : nd::zeros_like(logits));
   };
   // Rank 0 draws its samples from the test set's first 16 images (a folder: its own).
-  const Tensor sample_images = world.rank0() ? app::eval_images(train_set, 16) : Tensor();
+  const Tensor sample_images = run.world.rank0() ? app::eval_images(train_set, 16) : Tensor();
   auto write_samples = [&](int64_t step) {
-    if (!world.rank0()) return;
+    if (!run.world.rank0()) return;
     nd::NoGradGuard no_grad;
     const Tensor x = sample_images.to(device);
     const int64_t n = x.size(0), c = x.size(1);
@@ -125,49 +107,39 @@ int train(Options& o) {
                                              config.patch_size, c);
     // Per sample: original, perturbed, masked perturbed, reconstruction.
     const Tensor grid = nd::stack({x, perturbed, masked, recon}, 1).reshape({4 * n, c, x.size(2), x.size(3)});
-    app::save_samples(log, world, o, step, app::image_grid(grid, 8));
+    run.save_samples(step, app::image_grid(grid, 8));
   };
 
   for (int64_t step = start + 1; step <= o.steps; ++step) {
-    const Tensor x = batches.next().images;
+    const Tensor x = run.batches().next().images;
     // Masking noise for the whole global batch, then this rank's rows; on the host, where
     // the MAE computes the masking.
-    const Tensor noise = app::shard_rows(nd::rand({o.batch_size, config.num_patches()}), world);
+    const Tensor noise = app::shard_rows(nd::rand({o.batch_size, config.num_patches()}), run.world);
     const Tensor perturbed = g(x);
 
-    opt_d->zero_grad();
+    d.optimizer->zero_grad();
     const Tensor loss_d = bce(d(x), true) + bce(d(perturbed.detach()), false);
-    scaler.scale(loss_d).backward();
-    update_d.before();
-    scaler.step(*opt_d);
-    const double norm_d = update_d.after();
+    const double norm_d = d.step(loss_d);
 
-    opt_g->zero_grad();
+    g.optimizer->zero_grad();
     const Tensor loss_g = bce(d(perturbed), true);
-    scaler.scale(loss_g).backward();
-    update_g.before();
-    scaler.step(*opt_g);
-    const double norm_g = update_g.after();
+    const double norm_g = g.step(loss_g);
 
-    opt_m->zero_grad();
-    m.reducer().prepare_forward();  // the MAE is driven through its parts, not ddp(x)
+    m.optimizer->zero_grad();
+    m.ddp.reducer().prepare_forward();  // the MAE is driven through its parts, not ddp(x)
     const models::MAEEncoderOutput enc = M->forward_encoder(perturbed.detach(), config.mask_ratio, noise);
     const Tensor loss_m = M->forward_loss(x, M->forward_decoder(enc.latent, enc.ids_restore), enc.mask);
-    scaler.scale(loss_m).backward();
-    update_m.before();
-    scaler.step(*opt_m);
-    const double norm_m = update_m.after();
-    scaler.update();  // one per iteration, after the three steps
-    schedule.step();
+    const double norm_m = m.step(loss_m);
+    run.scaler.update();  // one per iteration, after the three steps
+    schedule->step();
 
-    state.step = step;
     log.step(step, {{"loss_d", loss_d.item()}, {"loss_g", loss_g.item()}, {"loss_mae", loss_m.item()}},
              {{"G", norm_g}, {"D", norm_d}, {"MAE", norm_m}},
-             {{"unchanged_params_G", static_cast<double>(update_g.unchanged())},
-              {"unchanged_params_D", static_cast<double>(update_d.unchanged())},
-              {"unchanged_params_MAE", static_cast<double>(update_m.unchanged())}});
+             {{"unchanged_params_G", static_cast<double>(g.update.unchanged())},
+              {"unchanged_params_D", static_cast<double>(d.update.unchanged())},
+              {"unchanged_params_MAE", static_cast<double>(m.update.unchanged())}});
     if (step % o.sample_every == 0 || step == o.steps) write_samples(step);
-    if (const auto status = app::end_of_step(o, world, state, batches, log, step)) return *status;
+    if (const auto status = run.end_of_step(step)) return *status;
   }
   if (start >= o.steps) write_samples(start);  // --steps 0: the checkpoint's model
   log.finish();
@@ -182,9 +154,6 @@ int main(int argc, char** argv) {
     o.steps = 2000;
     o.batch_size = 64;
     o.lr = 2e-4;
-    o.log_every = 50;
-    o.sample_every = 500;
-    o.ckpt_every = 500;
     app::Flags flags("train_joint",
                      "Trains a perturbing generator G, a discriminator D (SyncBatchNorm) and an MAE together,\n"
                      "three DDP models with three optimizers; alone or under mpirun. Writes samples_<step>.png\n"
@@ -196,7 +165,6 @@ int main(int argc, char** argv) {
     flags.add("--gwidth", &o.gwidth, "perturber width");
     flags.add("--ndf", &o.ndf, "discriminator width");
     flags.parse(argc, argv);
-    o.run_flags = flags.values_markdown();
     return train(o);
   });
 }

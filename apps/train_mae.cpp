@@ -13,7 +13,7 @@
 #include "common/flags.h"
 #include "common/model_select.h"
 #include "common/png.h"
-#include "common/train.h"
+#include "common/run.h"
 
 namespace {
 
@@ -99,10 +99,8 @@ double linear_probe(models::MAE& mae, const nd::data::Dataset& train, const nd::
 }
 
 int train(Options& o) {
-  const app::World world = app::world();
-  const nd::Device device = app::setup("train_mae", o, world);
-  const nd::AutocastGuard amp(device.type, o.amp, app::amp_dtype(o));  // --amp (engine/autocast.h)
-  nd::optim::GradScaler scaler(app::grad_scaler_options(o));  // on for --amp-dtype f16 only
+  app::Run run("train_mae", o);
+  const nd::Device device = run.device;
   if (o.probe && o.probe_train > 60000) throw app::UsageError{"--probe-train is at most 60000"};
   const app::TrainData train_set = app::load_train_data(o.data, o);
   if (o.probe && !train_set.is_idx())
@@ -118,58 +116,46 @@ int train(Options& o) {
   models::MAE M(config);
   const std::string init = o.init_from.empty() ? "" : app::init_mae_from(*M, o.init_from);
   M->to(device);
-  nd::dist::DistributedDataParallel m(M, "MAE", app::ddp_options(device));
   nd::optim::AdamWOptions adamw(o.lr);
   adamw.betas({0.9, 0.95}).weight_decay(0.05);
-  auto opt = app::make_optimizer<nd::optim::AdamW>(o, m.reducer(), adamw);  // --zero
+  auto m = run.wrap<nd::optim::AdamW>("MAE", M, adamw);
   const int64_t warmup = std::max<int64_t>(1, o.warmup ? o.warmup : o.steps / 20);
-  auto warm = std::make_shared<nd::optim::LinearLR>(*opt, 0.01, 1.0, warmup);
-  auto cosine = std::make_shared<nd::optim::CosineAnnealingLR>(*opt, std::max<int64_t>(1, o.steps - warmup));
-  nd::optim::SequentialLR schedule(*opt, {warm, cosine}, {warmup});
+  const auto schedule = app::warmup_cosine(*m.optimizer, warmup, o.steps);
+  run.state.schedulers.emplace_back("MAE", schedule.get());
+  const int64_t start = run.start(train_set, o);
 
-  app::BatchStream batches(train_set, o, o.batch_size, static_cast<uint64_t>(o.seed), world, device);
-  nd::TrainState state{{{"MAE", M.get()}}, {{"MAE", opt.get()}}, {{"MAE", &schedule}}, 0, {{"amp", &scaler}}, {}};
-  app::register_comm_hook(m.reducer(), o, state);  // --comm-hook
-  const int64_t start = o.resume ? app::load_checkpoint(o, state, batches) : 0;
-
-  app::Logger log("train_mae", o, world, start);
-  log.watch(&scaler);
-  log.say("train_mae: " + std::to_string(world.size) + " rank(s), device " + device.str() + ", model " + o.model +
+  app::Logger& log = run.log();
+  log.say("train_mae: " + std::to_string(run.world.size) + " rank(s), device " + device.str() + ", model " + o.model +
           ", " + train_set.describe() + ", global batch " + std::to_string(o.batch_size) + ", steps " +
           std::to_string(start + 1) + ".." + std::to_string(o.steps) + ", output " + o.out +
           (o.checkpoint_activations ? ", activation checkpointing" : ""));
   if (!init.empty()) log.say("train_mae: initialised the " + init);
-  app::UpdateNorm update(M->parameters());
   // Rank 0 samples and evaluates: the test set's first 1000 images (a folder: its own).
-  const Tensor eval_images = world.rank0() ? app::eval_images(train_set, 1000) : Tensor();
+  const Tensor eval_images = run.world.rank0() ? app::eval_images(train_set, 1000) : Tensor();
   auto evaluate = [&](int64_t step) {
-    if (!world.rank0()) return;
+    if (!run.world.rank0()) return;
     nd::cpu::empty_cache();  // the training step's cached blocks would only add to this pass's peak
     const Tensor grid = triplets(M, eval_images.narrow(0, 0, std::min<int64_t>(16, eval_images.size(0))).to(device));
-    app::save_samples(log, world, o, step, app::image_grid(grid, 6));
+    run.save_samples(step, app::image_grid(grid, 6));
     log.record(step, {{"test_loss", test_loss(M, eval_images, device)}});
   };
 
   for (int64_t step = start + 1; step <= o.steps; ++step) {
-    const Tensor images = batches.next().images;
+    const Tensor images = run.batches().next().images;
     // Masking noise for the whole global batch, then this rank's rows; on the host, where
     // the MAE computes the masking.
-    const Tensor noise = app::shard_rows(nd::rand({o.batch_size, config.num_patches()}), world);
-    opt->zero_grad();
+    const Tensor noise = app::shard_rows(nd::rand({o.batch_size, config.num_patches()}), run.world);
+    m.optimizer->zero_grad();
     const Tensor loss = m(images, noise).loss;
-    scaler.scale(loss).backward();
-    update.before();
-    scaler.step(*opt);
-    scaler.update();
-    const double norm = update.after();
-    schedule.step();
-    state.step = step;
+    const double norm = m.step(loss);
+    run.scaler.update();
+    schedule->step();
     log.step(step, {{"loss", loss.item()}}, {{"MAE", norm}});
     if (step % o.sample_every == 0 || step == o.steps) evaluate(step);
-    if (const auto status = app::end_of_step(o, world, state, batches, log, step)) return *status;
+    if (const auto status = run.end_of_step(step)) return *status;
   }
   if (start >= o.steps) evaluate(start);  // --steps 0: the checkpoint's model
-  if (o.probe && world.rank0())
+  if (o.probe && run.world.rank0())
     log.record(std::max(start, o.steps),
                {{"probe_accuracy", linear_probe(M, train_set.tensors, nd::data::load_fashion_mnist(o.data, false),
                                                 o.probe_train, device, log)}});
@@ -185,9 +171,6 @@ int main(int argc, char** argv) {
     o.steps = 3500;  // the linear probe reaches 80.8% here (79.3% at 2000): bench/RESULTS.md
     o.batch_size = 128;
     o.lr = 1e-3;
-    o.log_every = 50;
-    o.sample_every = 500;
-    o.ckpt_every = 500;
     app::Flags flags("train_mae",
                      "Trains a masked autoencoder on Fashion-MNIST, an image folder or CIFAR; alone or under mpirun.\n"
                      "Writes samples_<step>.png (original / masked / reconstruction), metrics.jsonl,\n"
@@ -210,7 +193,6 @@ int main(int argc, char** argv) {
     flags.add("--probe", &o.probe, "at the end, a linear probe on frozen encoder features (test accuracy)");
     flags.add("--probe-train", &o.probe_train, "training images for the linear probe");
     flags.parse(argc, argv);
-    o.run_flags = flags.values_markdown();
     return train(o);
   });
 }

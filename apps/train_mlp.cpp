@@ -7,7 +7,7 @@
 #include <nanoddp.h>
 
 #include "common/flags.h"
-#include "common/train.h"
+#include "common/run.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,5 +1,6 @@
 #include "common/flags.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -23,16 +24,24 @@ Flags::Flags(std::string program, std::string description)
     : program_(std::move(program)), description_(std::move(description)) {}
 
 void Flags::add(const std::string& name, int64_t* target, const std::string& help, int64_t min_value) {
-  flags_.push_back({name, help, Kind::Int, target, min_value, std::to_string(*target), ""});
+  flags_.push_back({name, help, Kind::Int, target, min_value, std::to_string(*target), "", {}, {}, {}});
 }
 void Flags::add(const std::string& name, double* target, const std::string& help) {
-  flags_.push_back({name, help, Kind::Double, target, 0, format_double(*target), ""});
+  flags_.push_back({name, help, Kind::Double, target, 0, format_double(*target), "", {}, {}, {}});
 }
 void Flags::add(const std::string& name, std::string* target, const std::string& help, const std::string& metavar) {
-  flags_.push_back({name, help, Kind::String, target, 0, *target, metavar});
+  flags_.push_back({name, help, Kind::String, target, 0, *target, metavar, {}, {}, {}});
 }
 void Flags::add(const std::string& name, bool* target, const std::string& help) {
-  flags_.push_back({name, help, Kind::Bool, target, 0, "", ""});
+  flags_.push_back({name, help, Kind::Bool, target, 0, "", "", {}, {}, {}});
+}
+void Flags::add_choice(const std::string& name, std::vector<std::string> names, const std::string& help,
+                       const std::string& metavar, std::function<void(size_t)> choose,
+                       std::function<std::optional<size_t>()> chosen) {
+  const std::optional<size_t> current = chosen();
+  const std::string default_text = current ? names.at(*current) : "";
+  flags_.push_back({name, help, Kind::Choice, nullptr, 0, default_text, metavar, std::move(names), std::move(choose),
+                    std::move(chosen)});
 }
 
 const Flags::Flag* Flags::find(const std::string& name) const {
@@ -48,7 +57,7 @@ std::string Flags::usage() const {
     std::string left = "  " + f.name;
     if (f.kind == Kind::Int) left += " N";
     if (f.kind == Kind::Double) left += " X";
-    if (f.kind == Kind::String) left += " " + f.metavar;
+    if (f.kind == Kind::String || f.kind == Kind::Choice) left += " " + f.metavar;
     if (left.size() < 22) left.resize(22, ' ');
     else left += "\n" + std::string(22, ' ');
     out << left << f.help;
@@ -59,17 +68,18 @@ std::string Flags::usage() const {
   return out.str();
 }
 
-std::string Flags::values_markdown() const {
-  std::string out = "| flag | value |\n|---|---|\n";
-  for (const Flag& f : flags_) {
-    std::string value;
-    if (f.kind == Kind::Int) value = std::to_string(*static_cast<const int64_t*>(f.target));
-    if (f.kind == Kind::Double) value = format_double(*static_cast<const double*>(f.target));
-    if (f.kind == Kind::String) value = *static_cast<const std::string*>(f.target);
-    if (f.kind == Kind::Bool) value = *static_cast<const bool*>(f.target) ? "yes" : "no";
-    out += "| " + f.name + " | " + value + " |\n";
+std::string Flags::value_text(const Flag& f) const {
+  switch (f.kind) {
+    case Kind::Int: return std::to_string(*static_cast<const int64_t*>(f.target));
+    case Kind::Double: return format_double(*static_cast<const double*>(f.target));
+    case Kind::String: return *static_cast<const std::string*>(f.target);
+    case Kind::Bool: return *static_cast<const bool*>(f.target) ? "yes" : "no";
+    case Kind::Choice: {
+      const std::optional<size_t> i = f.chosen();
+      return i ? f.names.at(*i) : "";
+    }
   }
-  return out;
+  return "";
 }
 
 void Flags::set(const Flag& flag, const std::string& value) {
@@ -98,6 +108,17 @@ void Flags::set(const Flag& flag, const std::string& value) {
     case Kind::Bool:
       *static_cast<bool*>(flag.target) = true;
       break;
+    case Kind::Choice: {
+      const auto it = std::find(flag.names.begin(), flag.names.end(), value);
+      if (it == flag.names.end()) {
+        std::string expected;
+        for (size_t i = 0; i < flag.names.size(); ++i)
+          expected += (i == 0 ? "" : i + 1 == flag.names.size() ? " or " : ", ") + flag.names[i];
+        throw UsageError{flag.name + ": expected " + expected + ", found '" + value + "'"};
+      }
+      flag.choose(static_cast<size_t>(it - flag.names.begin()));
+      break;
+    }
   }
 }
 
@@ -127,6 +148,8 @@ void Flags::parse(int argc, char** argv) {
     set(*flag, value);
     given_.insert(name);
   }
+  values_markdown_ = "| flag | value |\n|---|---|\n";
+  for (const Flag& f : flags_) values_markdown_ += "| " + f.name + " | " + value_text(f) + " |\n";
 }
 
 }  // namespace app

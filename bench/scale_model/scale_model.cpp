@@ -14,7 +14,7 @@
 
 #include "common/flags.h"
 #include "common/png.h"
-#include "common/train.h"
+#include "common/run.h"
 #include "json_line.h"
 #include "scale_model/predict.h"
 
@@ -22,6 +22,11 @@ using namespace nd;
 using namespace nd::scale;
 
 namespace {
+
+// --precision's and --ready's values, in the order of their names.
+enum class Precision { kF32, kBf16 };
+const std::vector<std::string> kPrecisions{"f32", "bf16"};
+enum class Ready { kProfile, kBytes };
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -134,9 +139,11 @@ std::vector<Options> option_sets(const std::string& caps, double first_cap, cons
 
 int main(int argc, char** argv) {
   return app::run_main("scale_model", [&] {
-    std::string model = "mae-tiny", caps = "25", hooks = "none", zeros = "0", precision = "f32", fabric_name = "ib400",
+    std::string model = "mae-tiny", caps = "25", hooks = "none", zeros = "0", fabric_name = "ib400",
                 algorithm_name_ = "best", gpus_list = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096", png, fit,
-                ready = "profile", buffers = "on";
+                buffers = "on";
+    Precision precision = Precision::kF32;
+    Ready ready = Ready::kProfile;
     int64_t batch = 0, profile_batch = 0, profile_steps = 5, gpus_per_node = 0;
     double step_ms = 0, backward_ms = 0, memory_gbs = 3350, fit_max_bytes = 1e18, first_cap = 1;
     app::Flags flags("scale_model",
@@ -150,15 +157,15 @@ int main(int argc, char** argv) {
     flags.add("--hook", &hooks, "comm hooks, comma-separated: none, bf16, fp16, powersgd:RANK", "LIST");
     flags.add("--zero", &zeros, "ZeRO stages, comma-separated: 0 (off), 1, 2", "LIST");
     flags.add("--broadcast-buffers", &buffers, "on, off or on,off: DDP's broadcast_buffers", "LIST");
-    flags.add("--precision", &precision, "gradient dtype: f32 or bf16", "DTYPE");
+    flags.add_choice("--precision", &precision, kPrecisions, "gradient dtype: f32 or bf16", "DTYPE");
     flags.add("--fabric", &fabric_name, "interconnect presets (above), comma-separated", "LIST");
     flags.add("--gpus-per-node", &gpus_per_node, "ranks per node (0: the preset's)", 0);
     flags.add("--algorithm", &algorithm_name_, "ring, tree, hierarchical or best (NCCL's tuner: the fastest)", "NAME");
     flags.add("--gpus", &gpus_list, "GPU counts, comma-separated", "LIST");
     flags.add("--step-ms", &step_ms, "one GPU's step time: the CPU profile is scaled to it");
     flags.add("--backward-ms", &backward_ms, "one GPU's backward time(s) in all: the profile is scaled to it");
-    flags.add("--ready", &ready, "profile: gradients ready when measured; bytes: spread over each backward by bytes",
-              "HOW");
+    flags.add_choice("--ready", &ready, {"profile", "bytes"},
+                     "profile: gradients ready when measured; bytes: spread over each backward by bytes", "HOW");
     flags.add("--memory-gbs", &memory_gbs, "device memory bandwidth for the hooks' element-wise work (GB/s)");
     flags.add("--profile-steps", &profile_steps, "CPU steps profiled (medians)");
     flags.add("--profile-batch", &profile_batch, "images per CPU profile step (0: --batch); for the ViT configs", 0);
@@ -169,10 +176,6 @@ int main(int argc, char** argv) {
     if (!fit.empty()) return fit_main(fit, fit_max_bytes);
     if (flags.given("--step-ms") && flags.given("--backward-ms"))
       throw app::UsageError{"give --step-ms or --backward-ms, not both"};
-    if (precision != "f32" && precision != "bf16")
-      throw app::UsageError{"--precision expects f32 or bf16, found '" + precision + "'"};
-    if (ready != "profile" && ready != "bytes")
-      throw app::UsageError{"--ready expects profile or bytes, found '" + ready + "'"};
     std::vector<Fabric> fabrics;
     for (const std::string& name : split(fabric_name)) {
       fabrics.push_back(fabric_preset(name));
@@ -180,7 +183,7 @@ int main(int argc, char** argv) {
     }
     const Algorithm algorithm = algorithm_by_name(algorithm_name_);
     const std::vector<Options> sets =
-        option_sets(caps, first_cap, hooks, zeros, buffers, precision == "bf16" ? kBFloat16 : kFloat32);
+        option_sets(caps, first_cap, hooks, zeros, buffers, precision == Precision::kBf16 ? kBFloat16 : kFloat32);
     std::vector<int> gpus;
     for (const std::string& g : split(gpus_list)) {
       const double v = number(g, "--gpus");
@@ -191,7 +194,7 @@ int main(int argc, char** argv) {
 
     Workload w = make_workload(model, batch, profile_batch);
     Profile profile = profile_workload(w, static_cast<int>(profile_steps));
-    if (ready == "bytes") spread_ready_by_bytes(profile, w);
+    if (ready == Ready::kBytes) spread_ready_by_bytes(profile, w);
     double cpu_backward = 0;
     for (const Profile::Backward& b : profile.backwards) cpu_backward += b.end - b.start;
     DeviceModel device;
@@ -199,7 +202,7 @@ int main(int argc, char** argv) {
     device.time_scale = step_ms > 0 ? step_ms * 1e-3 / profile.step : backward_ms > 0 ? backward_ms * 1e-3 / cpu_backward : 1;
     std::printf("scale_model: %s, batch %lld per GPU, %s gradients; CPU profile (batch %lld): step %.2f ms, backward "
                 "%.2f ms (%zu backward(s)); times x %.4g; all-reduce %s\n",
-                model.c_str(), static_cast<long long>(w.batch), precision.c_str(),
+                model.c_str(), static_cast<long long>(w.batch), kPrecisions[static_cast<size_t>(precision)].c_str(),
                 static_cast<long long>(profile_batch > 0 ? profile_batch : w.batch), profile.step * 1e3,
                 cpu_backward * 1e3, profile.backwards.size(), device.time_scale, algorithm_name(algorithm));
     for (size_t m = 0; m < w.models.size(); ++m) {
@@ -226,7 +229,7 @@ int main(int argc, char** argv) {
           char shape[256];
           std::snprintf(shape, sizeof shape, "%s b%lld %s, %s x%d GPUs", model.c_str(),
                         static_cast<long long>(w.batch), fabric.name.c_str(), o.label().c_str(), p);
-          json.push_back(bench::JsonLine::row("scale_model", shape, precision, "model")
+          json.push_back(bench::JsonLine::row("scale_model", shape, kPrecisions[static_cast<size_t>(precision)], "model")
                              .number("ms", r.step * 1e3, "%.4f")
                              .null("gflops")
                              .null("gbps")
