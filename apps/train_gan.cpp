@@ -59,7 +59,7 @@ int train(Options& o) {
   app::Run run("train_gan", o);
   const nd::Device device = run.device;
   if (o.eval && o.eval_samples > 10000) throw app::UsageError{"--eval-samples is at most 10000 (the test set)"};
-  const app::TrainData train_set = app::load_train_data(o.data, o);
+  const app::TrainData train_set = app::load_train_data(o.data, o, run.world);
   if (o.eval && !train_set.is_idx())
     throw app::UsageError{"--eval: FID uses the features of a Fashion-MNIST classifier; --data " + o.data + " holds " +
                           train_set.kind + " images"};

@@ -53,7 +53,7 @@ struct Options : app::CommonOptions, app::DataOptions {
 int train(Options& o) {
   app::Run run("train_joint", o);
   const nd::Device device = run.device;
-  const app::TrainData train_set = app::load_train_data(o.data, o);
+  const app::TrainData train_set = app::load_train_data(o.data, o, run.world);
   // The data decides the image size and channels of the three models (common/model_select.h).
   const models::MAEConfig config = app::mae_config(o.model, train_set.shape(), device, /*allow_vit=*/false);
   if (o.model.empty()) o.model = device.is_cpu() ? "tiny" : "small";

@@ -102,7 +102,7 @@ int train(Options& o) {
   app::Run run("train_mae", o);
   const nd::Device device = run.device;
   if (o.probe && o.probe_train > 60000) throw app::UsageError{"--probe-train is at most 60000"};
-  const app::TrainData train_set = app::load_train_data(o.data, o);
+  const app::TrainData train_set = app::load_train_data(o.data, o, run.world);
   if (o.probe && !train_set.is_idx())
     throw app::UsageError{"--probe: the linear probe uses Fashion-MNIST's labelled test set; --data " + o.data +
                           " holds " + train_set.kind + " images"};

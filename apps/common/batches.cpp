@@ -13,19 +13,25 @@ nd::Tensor shard_rows(const nd::Tensor& global, const World& world) {
   return global.index_select(0, idx.to(global.device()));
 }
 
+namespace {
+// Batches of global_batch / W, the last partial one dropped; on a GPU the loader's threads
+// pin each batch, and next() copies it without waiting.
+nd::data::DataLoaderOptions rank_options(int64_t global_batch, uint64_t seed, const World& world, nd::Device device) {
+  auto options = nd::data::DataLoaderOptions(global_batch / world.size).drop_last(true).seed(seed);
+  if (device.is_cuda()) options.pin_memory(true).pin_memory_device(device);
+  return options;
+}
+}  // namespace
+
 nd::data::DataLoaderOptions BatchStream::shard_options(int64_t n, int64_t global_batch, uint64_t seed,
                                                        const World& world, nd::Device device) {
   ND_CHECK(global_batch <= n, "--batch-size ", global_batch, " exceeds the ", n, " training images");
   nd::dist::DistributedSampler sampler(n, world.size, world.rank, /*shuffle=*/true, seed, /*drop_last=*/true);
-  auto options = nd::data::DataLoaderOptions(global_batch / world.size).drop_last(true).seed(seed).sampler(
-      [sampler](int64_t epoch) {
-        auto s = sampler;
-        s.set_epoch(static_cast<uint64_t>(epoch));
-        return s.indices();
-      });
-  // On a GPU the loader's threads pin each batch, and next() copies it without waiting.
-  if (device.is_cuda()) options.pin_memory(true).pin_memory_device(device);
-  return options;
+  return rank_options(global_batch, seed, world, device).sampler([sampler](int64_t epoch) {
+    auto s = sampler;
+    s.set_epoch(static_cast<uint64_t>(epoch));
+    return s.indices();
+  });
 }
 
 BatchStream::BatchStream(nd::data::Dataset dataset, int64_t global_batch, uint64_t seed, const World& world,
@@ -39,7 +45,18 @@ BatchStream::BatchStream(nd::data::Dataset dataset, int64_t global_batch, uint64
 BatchStream::BatchStream(const TrainData& data, const DataOptions& o, int64_t global_batch, uint64_t seed,
                          const World& world, nd::Device device)
     : device_(device) {
-  auto options = shard_options(data.size(), global_batch, seed, world, device).num_workers(o.workers);
+  nd::data::DataLoaderOptions options;
+  if (data.shards) {
+    // Each rank streams its own shards: per_rank samples an epoch in their stream order.
+    ND_CHECK(global_batch / world.size <= data.per_rank, "--batch-size ", global_batch, " takes ",
+             global_batch / world.size, " images a rank, and each of the ", world.size, " ranks' shards give ",
+             data.per_rank, " an epoch");
+    options = rank_options(global_batch, seed, world, device)
+                  .sampler(data.shards->sampler(seed, kShuffleBuffer, data.per_rank));
+  } else {
+    options = shard_options(data.size(), global_batch, seed, world, device);
+  }
+  options.num_workers(o.workers);
   if (data.is_idx()) {
     loader_ = std::make_unique<nd::data::DataLoader>(data.tensors, options);
   } else {

@@ -20,10 +20,13 @@ nd::Tensor shard_rows(const nd::Tensor& global, const World& world);
 
 // This rank's batches, forever: a DistributedSampler shard (shuffled per epoch from the
 // seed) cut into batches of global_batch / W, last partial batch dropped. The k-th
-// batches of N ranks together are the k-th batch of one process. Its position is the
-// number of batches consumed, so a checkpoint stores one integer.
+// batches of N ranks together are the k-th batch of one process. Tar shards instead
+// stream this rank's own shards (TarShards::sampler: shards shuffled, then a shuffle
+// buffer of kShuffleBuffer samples), so W ranks see other batches than one process.
+// Its position is the number of batches consumed, so a checkpoint stores one integer.
 class BatchStream {
  public:
+  static constexpr int64_t kShuffleBuffer = 1000;  // WebDataset's usual shuffle(1000)
   BatchStream(nd::data::Dataset dataset, int64_t global_batch, uint64_t seed, const World& world,
               nd::Device device);
   // --data's training set (load_train_data), image data read by --workers threads.

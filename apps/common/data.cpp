@@ -61,16 +61,19 @@ std::string TrainData::describe() const {
          (shards ? std::to_string(n_shards) + (n_shards == 1 ? " shard, " : " shards, ") : std::string()) +
          std::to_string(size()) + " images" +
          (classes ? ", " + std::to_string(classes) + " classes" : std::string()) + ") at " +
-         std::to_string(image_size) + "x" + std::to_string(image_size) + "x" + std::to_string(channels);
+         std::to_string(image_size) + "x" + std::to_string(image_size) + "x" + std::to_string(channels) +
+         (shards && world_size > 1 ? ", each of " + std::to_string(world_size) + " ranks streams its own shards: " +
+                                         std::to_string(per_rank) + " images an epoch"
+                                   : std::string());
 }
 
-TrainData load_train_data(const std::string& dir, const DataOptions& o) {
+TrainData load_train_data(const std::string& dir, const DataOptions& o, const World& world) {
   TrainData data;
   data.dir = dir;
   std::error_code ec;
   const fs::path root(dir);
   // Tar shards: a brace pattern or a .tar file, or (below) a folder holding .tar files and no
-  // subfolder. Every rank indexes every shard: the apps' DistributedSampler draws from all samples.
+  // subfolder. Each rank indexes only its own shards.
   const bool tar_pattern = dir.find('{') != std::string::npos || is_tar(root);
   ND_CHECK(tar_pattern || fs::is_directory(dir, ec), "--data: '", dir,
            "' is not a folder (expected Fashion-MNIST/MNIST IDX files, a CIFAR-10/100 binary folder, an image folder "
@@ -92,9 +95,15 @@ TrainData load_train_data(const std::string& dir, const DataOptions& o) {
       tar_pattern || cifar10 || cifar100 ? std::vector<std::string>{} : tar_files_in(root);
   if (tar_pattern || !tars.empty()) {
     data.kind = "WebDataset tar shards";
-    const auto options = nd::data::TarShardsOptions().transform(transform);
-    data.images = tar_pattern ? std::make_shared<const nd::data::TarShards>(dir, options)
-                              : std::make_shared<const nd::data::TarShards>(tars, options);
+    const auto options =
+        nd::data::TarShardsOptions().transform(transform).rank(world.rank).world_size(world.size);
+    const auto shards = tar_pattern ? std::make_shared<const nd::data::TarShards>(dir, options)
+                                    : std::make_shared<const nd::data::TarShards>(tars, options);
+    data.images = shards;
+    data.shards = shards.get();
+    data.shard_total = world.sum(shards->size());
+    data.per_rank = world.min(shards->size());
+    data.world_size = world.size;
   } else if (cifar10) {
     data.kind = "CIFAR-10";
     data.images = std::make_shared<const nd::data::CIFAR10>(dir, true, transform);

@@ -14,7 +14,8 @@ void add_common_flags(Flags& flags, CommonOptions& o, bool has_batch_norm) {
             "DIR holds a run (metrics.jsonl or ckpt/latest.safetensors): delete its files and start again");
   flags.add("--seed", &o.seed, "seed of the weights, the data order and the noise", 0);
   flags.add("--data", &o.data, "training data: a folder of Fashion-MNIST/MNIST IDX files (the default), and for the "
-            "image apps an image folder (one subfolder per class) or CIFAR-10/100 binaries", "DIR");
+            "image apps an image folder (one subfolder per class), CIFAR-10/100 binaries or tar shards (a .tar, a "
+            "brace pattern 'train-{000..127}.tar' or a folder of them)", "DIR");
   flags.add("--log-every", &o.log_every, "steps between log lines / metrics.jsonl entries");
   flags.add("--sample-every", &o.sample_every, "steps between sample PNGs");
   flags.add("--ckpt-every", &o.ckpt_every, "steps between checkpoints (one is also written at the end)");
@@ -35,10 +36,10 @@ void add_common_flags(Flags& flags, CommonOptions& o, bool has_batch_norm) {
             "ZeRO: shard each optimizer's state over the ranks (ZeroRedundancyOptimizer); the same training");
 }
 
-int64_t World::max(int64_t value) const {
+int64_t World::reduce(int64_t value, nd::dist::ReduceOp op) const {
   if (size == 1) return value;
   nd::Tensor flag = nd::full({1}, static_cast<double>(value), nd::TensorOptions(nd::kInt64));
-  nd::dist::world()->allreduce(flag, {nd::dist::ReduceOp::MAX})->wait();
+  nd::dist::world()->allreduce(flag, {op})->wait();
   return flag.data_ptr<int64_t>()[0];
 }
 

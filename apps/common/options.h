@@ -57,8 +57,12 @@ void add_common_flags(Flags& flags, CommonOptions& options, bool has_batch_norm)
 struct World {
   int rank = 0, size = 1;
   bool rank0() const { return rank == 0; }
-  // The largest of every rank's `value` (an all-reduce of one integer; every rank calls it).
-  int64_t max(int64_t value) const;
+  // The largest, smallest or sum of every rank's `value` (an all-reduce of one integer;
+  // every rank calls it).
+  int64_t max(int64_t value) const { return reduce(value, nd::dist::ReduceOp::MAX); }
+  int64_t min(int64_t value) const { return reduce(value, nd::dist::ReduceOp::MIN); }
+  int64_t sum(int64_t value) const { return reduce(value, nd::dist::ReduceOp::SUM); }
+  int64_t reduce(int64_t value, nd::dist::ReduceOp op) const;
 };
 World world();
 

@@ -98,8 +98,19 @@ TEST_CASE("apps --data: train_gan on tar shards (a brace pattern, a folder of .t
   r = run_logged("OMP_NUM_THREADS=1 mpirun " + mpirun_test_options() + " -np 2 " + (apps_dir() / "train_gan").string() +
                      " --data '" + pattern + "' --image-size 16 --overwrite --out " + out.string() + kTiny,
                  temp_dir("logs") / "train_gan_shards_2.log");
+  INFO(r.output);
   CHECK(r.status == 0);
-  CHECK(contains(r.output, "WebDataset tar shards in " + pattern + " (2 shards, 10 images) at 16x16x3"));
+  CHECK(contains(r.output, "WebDataset tar shards in " + pattern +
+                               " (2 shards, 10 images) at 16x16x3, each of 2 ranks streams its own shards: 5 images "
+                               "an epoch"));
+  // Each rank reads only its own shards: 3 ranks need 3 shards.
+  r = run_logged("OMP_NUM_THREADS=1 mpirun " + mpirun_test_options() + " -np 3 " + (apps_dir() / "train_gan").string() +
+                     " --data '" + pattern + "' --image-size 16 --overwrite --out " + out.string() + kTiny +
+                     " --batch-size 3",
+                 temp_dir("logs") / "train_gan_shards_3.log");
+  INFO(r.output);
+  CHECK(r.status != 0);
+  CHECK(contains(r.output, "train_gan: error: TarShards: 2 shards for 3 ranks"));
 }
 
 // Mid-epoch: 10 samples are 2 batches of 4 an epoch, so step 3 stops inside epoch 1.
