@@ -10,6 +10,7 @@
 
 #include <cmath>
 
+#include "kernels/common/twin_types.h"
 #include "kernels/cuda/channel_reduce.cuh"
 #include "kernels/cuda/row_reduce.cuh"
 
@@ -154,13 +155,11 @@ void layer_norm_backward(const T* dy, const T* x, const T* mean, const T* rstd, 
   check_launch("layer_norm_backward (dx)");
 }
 
-template void layer_norm_forward<float>(const float*, const float*, const float*, int64_t, int64_t, double, float*,
-                                        float*, float*, cudaStream_t);
-template void layer_norm_forward<double>(const double*, const double*, const double*, int64_t, int64_t, double,
-                                         double*, double*, double*, cudaStream_t);
-template void layer_norm_backward<float>(const float*, const float*, const float*, const float*, const float*,
-                                         int64_t, int64_t, float*, float*, float*, cudaStream_t);
-template void layer_norm_backward<double>(const double*, const double*, const double*, const double*,
-                                          const double*, int64_t, int64_t, double*, double*, double*, cudaStream_t);
+#define ND_INSTANTIATE(T)                                                                                        \
+  template void layer_norm_forward<T>(const T*, const T*, const T*, int64_t, int64_t, double, T*, T*, T*,          \
+                                      cudaStream_t);                                                               \
+  template void layer_norm_backward<T>(const T*, const T*, const T*, const T*, const T*, int64_t, int64_t, T*, T*, \
+                                       T*, cudaStream_t);
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
 
 }  // namespace nd::kernels::cuda

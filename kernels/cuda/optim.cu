@@ -33,6 +33,7 @@
 #include <string>
 
 #include "kernels/common/optim_math.h"
+#include "kernels/common/twin_types.h"
 #include "kernels/cuda/allocator.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/strided.cuh"
@@ -175,11 +176,10 @@ void unscale_grad(int device, const std::vector<UnscaleTensor<T>>& tensors, T in
   launch_multi_tensor(device, step, "unscale_grad", stream);
 }
 
-template void sgd_step<float>(int, const std::vector<SgdTensor<float>>&, const SgdParams&, cudaStream_t);
-template void sgd_step<double>(int, const std::vector<SgdTensor<double>>&, const SgdParams&, cudaStream_t);
-template void adam_step<float>(int, const std::vector<AdamTensor<float>>&, const AdamParams&, cudaStream_t);
-template void adam_step<double>(int, const std::vector<AdamTensor<double>>&, const AdamParams&, cudaStream_t);
-template void unscale_grad<float>(int, const std::vector<UnscaleTensor<float>>&, float, cudaStream_t);
-template void unscale_grad<double>(int, const std::vector<UnscaleTensor<double>>&, double, cudaStream_t);
+#define ND_INSTANTIATE(T)                                                                           \
+  template void sgd_step<T>(int, const std::vector<SgdTensor<T>>&, const SgdParams&, cudaStream_t);   \
+  template void adam_step<T>(int, const std::vector<AdamTensor<T>>&, const AdamParams&, cudaStream_t); \
+  template void unscale_grad<T>(int, const std::vector<UnscaleTensor<T>>&, T, cudaStream_t);
+ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
 
 }  // namespace nd::kernels::cuda
