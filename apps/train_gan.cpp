@@ -91,7 +91,8 @@ int train(Options& o) {
   }
   G->to(device);
   D->to(device);
-  const nd::optim::AdamOptions adam = o.paper_recipe ? models::dcgan_adam_options() : models::dcgan_adam_options().lr(o.lr);
+  const nd::optim::AdamOptions adam =
+      o.paper_recipe ? models::dcgan_adam_options() : models::dcgan_adam_options().lr(o.lr);
   auto g = run.wrap<nd::optim::Adam>("G", G, adam);
   auto d = run.wrap<nd::optim::Adam>("D", D, adam);
   const int64_t start = run.start(train_set, o);

@@ -175,8 +175,8 @@ int train(Options& o) {
           std::to_string(start + 1) + ".." + std::to_string(o.steps) + ", output " + o.out +
           (o.checkpoint_activations ? ", activation checkpointing" : ""));
   if (o.paper_recipe)
-    log.say(describe(recipe, *m.optimizer) + "; warmup " + std::to_string(warmup) + " steps from lr 0, then a cosine to 0; "
-            "norm_pix_loss " + (config.norm_pix_loss ? "on" : "off"));
+    log.say(describe(recipe, *m.optimizer) + "; warmup " + std::to_string(warmup) +
+            " steps from lr 0, then a cosine to 0; norm_pix_loss " + (config.norm_pix_loss ? "on" : "off"));
   if (!init.empty()) log.say("train_mae: initialised the " + init);
   // Rank 0 samples and evaluates: the test set's first 1000 images (a folder: its own).
   const Tensor eval_images = run.world.rank0() ? app::eval_images(train_set, 1000) : Tensor();

@@ -116,10 +116,6 @@ class Run {
     return model;
   }
 
-  // After the models, optimizers and schedulers: this rank's batches of the training set
-  // (--data's, read by --workers threads; or a data set in memory), the checkpoint loaded
-  // into `state` and the batches seeked to its position under --resume, the Logger opened
-  // (watching the scaler). Returns the step the run continues after: 0, or the checkpoint's.
   // A setting --resume must find unchanged (before start()): `value` goes into the
   // checkpoint's metadata under `flag`, and a checkpoint trained with another value is an
   // nd::Error naming both, before anything is loaded. A checkpoint without it (written
@@ -129,6 +125,10 @@ class Run {
   };
   void same_on_resume(const std::string& flag, const std::string& value, const std::string& before);
 
+  // After the models, optimizers and schedulers: this rank's batches of the training set
+  // (--data's, read by --workers threads; or a data set in memory), the checkpoint loaded
+  // into `state` and the batches seeked to its position under --resume, the Logger opened
+  // (watching the scaler). Returns the step the run continues after: 0, or the checkpoint's.
   int64_t start(const TrainData& data, const DataOptions& data_options);
   int64_t start(nd::data::Dataset dataset);
   BatchStream& batches() { return *batches_; }
