@@ -26,6 +26,7 @@ struct Options : app::CommonOptions, app::DataOptions {
   bool eval = false;
   std::string classifier = "out/train_classifier/classifier.safetensors";
   int64_t eval_samples = 10000;  // the whole test set
+  bool paper_recipe = false;     // the defaults' Adam, --lr refused
 };
 
 // G(z) in eval mode: BatchNorm uses its running statistics, so sampling neither
@@ -58,6 +59,8 @@ double fid(models::DCGANGenerator& G, const std::string& path, const nd::data::D
 int train(Options& o) {
   app::Run run("train_gan", o);
   const nd::Device device = run.device;
+  if (o.paper_recipe && o.flags && o.flags->given("--lr"))
+    throw app::UsageError{"--paper-recipe and --lr cannot be combined: the DCGAN paper's lr is 2e-4"};
   if (o.eval && o.eval_samples > 10000) throw app::UsageError{"--eval-samples is at most 10000 (the test set)"};
   const app::TrainData train_set = app::load_train_data(o.data, o, run.world);
   if (o.eval && !train_set.is_idx())
@@ -88,8 +91,10 @@ int train(Options& o) {
   }
   G->to(device);
   D->to(device);
-  auto g = run.wrap<nd::optim::Adam>("G", G, models::dcgan_adam_options().lr(o.lr));
-  auto d = run.wrap<nd::optim::Adam>("D", D, models::dcgan_adam_options().lr(o.lr));
+  const nd::optim::AdamOptions adam =
+      o.paper_recipe ? models::dcgan_adam_options() : models::dcgan_adam_options().lr(o.lr);
+  auto g = run.wrap<nd::optim::Adam>("G", G, adam);
+  auto d = run.wrap<nd::optim::Adam>("D", D, adam);
   const int64_t start = run.start(train_set, o);
   nd::Generator sample_gen{static_cast<uint64_t>(o.seed) + 1, 0};
   const Tensor fixed_z = nd::randn({64, o.nz}, {}, &sample_gen).to(device);
@@ -100,6 +105,11 @@ int train(Options& o) {
           ", model " + o.model + ", nz " + std::to_string(o.nz) + ", ngf " + std::to_string(o.ngf) + ", ndf " +
           std::to_string(o.ndf) + ", " + train_set.describe() +
           ", output " + o.out);
+  if (o.paper_recipe) {
+    const auto v = g.optimizer->param_groups()[0].options().to_map();
+    log.say("train_gan: the paper's recipe: Adam lr " + app::format_double(v.at("lr")) + ", betas (" +
+            app::format_double(v.at("beta1")) + ", " + app::format_double(v.at("beta2")) + ") for G and D");
+  }
   auto bce = [](const Tensor& logits, double target) {
     return nd::binary_cross_entropy_with_logits(logits, target > 0.5 ? nd::ones_like(logits) : nd::zeros_like(logits));
   };
@@ -162,6 +172,9 @@ int main(int argc, char** argv) {
     flags.add("--nz", &o.nz, "latent size (0: the config's, 64 for dcgan28, 100 for dcgan32/64)");
     flags.add("--ngf", &o.ngf, "generator width (0: the config's, 32 for dcgan28, 64 for dcgan32/64)");
     flags.add("--ndf", &o.ndf, "discriminator width (0: the config's, 32 for dcgan28, 64 for dcgan32/64)");
+    flags.add("--paper-recipe", &o.paper_recipe,
+              "the DCGAN paper's optimizer, Adam lr 2e-4, betas (0.5, 0.999), for G and D (the defaults; with it "
+              "--lr is refused)");
     flags.add("--eval", &o.eval, "FID vs the test set at each sample step and the end (needs --classifier)");
     flags.add("--classifier", &o.classifier, "classifier weights from train_classifier (FID features)", "PATH");
     flags.add("--eval-samples", &o.eval_samples, "generated and test images per FID", 2);

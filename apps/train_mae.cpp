@@ -1,12 +1,14 @@
 // train_mae: the masked autoencoder of models/mae.h (tiny on the CPU, small on CUDA, at
 // the image size and channels of --data: Fashion-MNIST, an image folder or CIFAR) with
-// AdamW (betas 0.9, 0.95, weight decay 0.05) and a linear warmup then cosine schedule,
+// AdamW (betas 0.9, 0.95, weight decay 0.05) and a linear warmup then cosine schedule
+// (--paper-recipe: facebookresearch/mae's, models/recipes.h),
 // under DistributedDataParallel with default options. Writes DIR/samples_<step>.png
 // (rows of original / masked / reconstruction triplets of test images), the
 // masked-patch test loss, metrics.jsonl, loss_curve.png and ckpt/.
 // --probe (Fashion-MNIST): a linear probe (logistic regression trained with Adam on
 // standardised, frozen, mean-pooled encoder features) reports the test accuracy.
 #include <algorithm>
+#include <memory>
 #include <random>
 #include <string>
 
@@ -25,6 +27,8 @@ struct Options : app::CommonOptions, app::DataOptions {
   bool checkpoint_activations = false;
   std::string init_from;  // an MAE's (or its encoder's) weights to start from
   int64_t warmup = 0;  // 0: 5% of --steps
+  bool paper_recipe = false;
+  double blr = 1.5e-4;  // --paper-recipe's base lr, unless --lr
   bool probe = false;
   int64_t probe_train = 60000;
 };
@@ -98,9 +102,47 @@ double linear_probe(models::MAE& mae, const nd::data::Dataset& train, const nd::
   return accuracy;
 }
 
+// The optimizer's lr and parameter groups (none: one group, weight decay 0.05 on all) and
+// where the lr comes from.
+struct Recipe {
+  double lr;
+  std::vector<nd::optim::OptimizerParamGroup> groups;
+  std::string lr_from;
+};
+
+// facebookresearch/mae's main_pretrain.py (models/recipes.h): lr = blr x global batch / 256
+// unless --lr gives it, AdamW (0.9, 0.95), weight decay 0.05 but none on 1-D parameters
+// and biases.
+Recipe paper_recipe(const Options& o, const nd::nn::Module& model) {
+  const bool absolute = o.flags && o.flags->given("--lr");
+  const double lr = absolute ? o.lr : models::mae_lr(o.batch_size, o.blr);
+  return {lr, models::mae_param_groups(model, lr, 0.05),
+          absolute ? "--lr"
+                   : "blr " + app::format_double(o.blr) + " x global batch " + std::to_string(o.batch_size) + " / 256"};
+}
+
+// The recipe as the optimizer holds it: the lr after warmup, betas and each group's weight
+// decay and size.
+std::string describe(const Recipe& recipe, const nd::optim::Optimizer& optimizer) {
+  const auto first = optimizer.param_groups()[0].options().to_map();
+  std::string text = "train_mae: the paper's recipe: AdamW lr " + app::format_double(recipe.lr) + " (" +
+                     recipe.lr_from + "), betas (" + app::format_double(first.at("beta1")) + ", " +
+                     app::format_double(first.at("beta2")) + "), weight decay";
+  for (const auto& group : optimizer.param_groups())
+    text += (&group == &optimizer.param_groups()[0] ? " " : " and ") +
+            app::format_double(group.options().to_map().at("weight_decay")) + " on " +
+            std::to_string(group.params().size()) + " tensors";
+  return text + " (none on 1-D parameters and biases)";
+}
+
 int train(Options& o) {
   app::Run run("train_mae", o);
   const nd::Device device = run.device;
+  if (o.flags && o.flags->given("--blr") && !o.paper_recipe)
+    throw app::UsageError{"--blr needs --paper-recipe (without it, --lr is the learning rate)"};
+  if (o.flags && o.flags->given("--blr") && o.flags->given("--lr"))
+    throw app::UsageError{"--lr and --blr cannot be combined: --lr is the learning rate, --blr the base one "
+                          "(lr = blr x global batch / 256)"};
   if (o.probe && o.probe_train > 60000) throw app::UsageError{"--probe-train is at most 60000"};
   const app::TrainData train_set = app::load_train_data(o.data, o, run.world);
   if (o.probe && !train_set.is_idx())
@@ -116,12 +158,15 @@ int train(Options& o) {
   models::MAE M(config);
   const std::string init = o.init_from.empty() ? "" : app::init_mae_from(*M, o.init_from);
   M->to(device);
-  nd::optim::AdamWOptions adamw(o.lr);
-  adamw.betas({0.9, 0.95}).weight_decay(0.05);
-  auto m = run.wrap<nd::optim::AdamW>("MAE", M, adamw);
-  const int64_t warmup = std::max<int64_t>(1, o.warmup ? o.warmup : o.steps / 20);
-  const auto schedule = app::warmup_cosine(*m.optimizer, warmup, o.steps);
+  const Recipe recipe = o.paper_recipe ? paper_recipe(o, *M) : Recipe{o.lr, {}, "--lr"};
+  auto m = run.wrap<nd::optim::AdamW>("MAE", M, models::mae_adamw_options(recipe.lr), recipe.groups);
+  const int64_t warmup = o.paper_recipe ? (o.warmup ? o.warmup : o.steps / 20)
+                                        : std::max<int64_t>(1, o.warmup ? o.warmup : o.steps / 20);
+  const std::unique_ptr<nd::optim::LRScheduler> schedule =
+      o.paper_recipe ? std::make_unique<models::MAEWarmupCosineLR>(*m.optimizer, warmup, std::max(o.steps, warmup + 1))
+                     : app::warmup_cosine(*m.optimizer, warmup, o.steps);
   run.state.schedulers.emplace_back("MAE", schedule.get());
+  run.same_on_resume("--paper-recipe", o.paper_recipe ? "on" : "off", "off");
   const int64_t start = run.start(train_set, o);
 
   app::Logger& log = run.log();
@@ -129,6 +174,9 @@ int train(Options& o) {
           ", " + train_set.describe() + ", global batch " + std::to_string(o.batch_size) + ", steps " +
           std::to_string(start + 1) + ".." + std::to_string(o.steps) + ", output " + o.out +
           (o.checkpoint_activations ? ", activation checkpointing" : ""));
+  if (o.paper_recipe)
+    log.say(describe(recipe, *m.optimizer) + "; warmup " + std::to_string(warmup) +
+            " steps from lr 0, then a cosine to 0; norm_pix_loss " + (config.norm_pix_loss ? "on" : "off"));
   if (!init.empty()) log.say("train_mae: initialised the " + init);
   // Rank 0 samples and evaluates: the test set's first 1000 images (a folder: its own).
   const Tensor eval_images = run.world.rank0() ? app::eval_images(train_set, 1000) : Tensor();
@@ -147,10 +195,11 @@ int train(Options& o) {
     const Tensor noise = app::shard_rows(nd::rand({o.batch_size, config.num_patches()}), run.world);
     m.optimizer->zero_grad();
     const Tensor loss = m(images, noise).loss;
+    const double lr = m.optimizer->param_groups()[0].options().get_lr();  // this step's
     const double norm = m.step(loss);
     run.scaler.update();
     schedule->step();
-    log.step(step, {{"loss", loss.item()}}, {{"MAE", norm}});
+    log.step(step, {{"loss", loss.item()}}, {{"MAE", norm}}, {{"lr", lr}});
     if (step % o.sample_every == 0 || step == o.steps) evaluate(step);
     if (const auto status = run.end_of_step(step)) return *status;
   }
@@ -190,6 +239,10 @@ int main(int argc, char** argv) {
               ".pth): a whole MAE, or an encoder alone (the decoder keeps its init)",
               "FILE");
     flags.add("--warmup", &o.warmup, "linear warmup steps (0: 5% of --steps)", 0);
+    flags.add("--paper-recipe", &o.paper_recipe,
+              "facebookresearch/mae's pretraining recipe: AdamW betas (0.9, 0.95), weight decay 0.05 except on 1-D "
+              "parameters and biases, lr = --blr x global batch / 256 (or --lr), warmup from 0 then cosine");
+    flags.add("--blr", &o.blr, "--paper-recipe's base learning rate (lr = blr x global batch / 256)");
     flags.add("--probe", &o.probe, "at the end, a linear probe on frozen encoder features (test accuracy)");
     flags.add("--probe-train", &o.probe_train, "training images for the linear probe");
     flags.parse(argc, argv);

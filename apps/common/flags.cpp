@@ -10,13 +10,13 @@
 
 namespace app {
 
-namespace {
-
 std::string format_double(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", v);
   return buf;
 }
+
+namespace {
 
 }  // namespace
 

@@ -13,6 +13,9 @@
 
 namespace app {
 
+// `v` as printf's %g writes it (0.00015, 2e-05): flag defaults, the apps' log lines.
+std::string format_double(double v);
+
 // A bad command line: run_main prints "<program>: <message>" and exits with status 2.
 struct UsageError {
   std::string message;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
 
 namespace app {
 
@@ -45,33 +46,41 @@ std::string resume_command(const CommonOptions& o, const World& world) {
 // stream's position and the world size in its metadata.
 std::string checkpoint_path(const CommonOptions& o) { return o.out + "/ckpt/latest.safetensors"; }
 
-void save_checkpoint(const CommonOptions& o, const World& world, nd::TrainState& state, const BatchStream& batches) {
+void save_checkpoint(const CommonOptions& o, const World& world, nd::TrainState& state, const BatchStream& batches,
+                     std::map<std::string, std::string> metadata) {
   const nd::TensorDict collected = nd::train_state_dict(state);  // every rank: PowerSGD gathers its errors
   if (!world.rank0()) return;
   std::error_code ec;
   fs::create_directories(fs::path(o.out) / "ckpt", ec);
   ND_CHECK(!ec, "cannot create the checkpoint folder ", o.out, "/ckpt: ", ec.message());
-  nd::save_train_state(checkpoint_path(o), collected, state,
-                       {{"batches_consumed", std::to_string(batches.consumed())},
-                        {"epoch", std::to_string(batches.epoch())},
-                        {"global_batch_size", std::to_string(o.batch_size)},
-                        {"seed", std::to_string(o.seed)}},
-                       world.size);
+  metadata.insert({{"batches_consumed", std::to_string(batches.consumed())},
+                   {"epoch", std::to_string(batches.epoch())},
+                   {"global_batch_size", std::to_string(o.batch_size)},
+                   {"seed", std::to_string(o.seed)}});
+  nd::save_train_state(checkpoint_path(o), collected, state, metadata, world.size);
 }
 
 // Loads the checkpoint into `state` (every rank), seeks the batch stream and returns
-// the step to continue from. Throws nd::Error when there is none, UsageError when --steps
-// is not 0 (only evaluate) and not above the checkpoint's step (nothing loaded then).
-int64_t load_checkpoint(const CommonOptions& o, nd::TrainState& state, BatchStream& batches) {
+// the step to continue from. Throws nd::Error when there is none or it was trained with
+// another of the `same` settings (Run::same_on_resume), UsageError when --steps is not 0
+// (only evaluate) and not above the checkpoint's step (nothing loaded then).
+int64_t load_checkpoint(const CommonOptions& o, const std::vector<Run::Setting>& same, nd::TrainState& state,
+                        BatchStream& batches) {
   const std::string path = checkpoint_path(o);
   ND_CHECK(fs::exists(path), "--resume: no checkpoint at ", path, " (train without --resume first)");
+  const auto header = nd::load_metadata(path);
   if (o.steps != 0) {
-    const auto header = nd::load_metadata(path);
     const auto step = header.find("step");
     if (step != header.end() && std::stoll(step->second) >= o.steps)
       throw UsageError{"--resume: the checkpoint " + path + " is at step " + step->second + " and --steps is " +
                        std::to_string(o.steps) + ": nothing to train (give --steps above " + step->second +
                        ", or --steps 0 to only evaluate)"};
+  }
+  for (const Run::Setting& s : same) {
+    const auto it = header.find(s.flag);
+    const std::string trained = it == header.end() ? s.before : it->second;
+    ND_CHECK(trained == s.value, "--resume: ", path, " was trained with ", s.flag, " ", trained, ", this run has ",
+             s.flag, " ", s.value, "; use the same setting");
   }
   auto meta = nd::load_train_state(path, state);
   ND_CHECK(meta.count("batches_consumed") && meta.count("global_batch_size"), path,
@@ -169,6 +178,10 @@ void Run::add(const std::string& name, nd::nn::Module& module, nd::optim::Optimi
   }
 }
 
+void Run::same_on_resume(const std::string& flag, const std::string& value, const std::string& before) {
+  same_on_resume_.push_back({flag, value, before});
+}
+
 int64_t Run::start(const TrainData& data, const DataOptions& data_options) {
   return start(BatchStream(data, data_options, options.batch_size, static_cast<uint64_t>(options.seed), world, device));
 }
@@ -179,7 +192,7 @@ int64_t Run::start(nd::data::Dataset dataset) {
 
 int64_t Run::start(BatchStream batches) {
   batches_.emplace(std::move(batches));
-  const int64_t start = options.resume ? load_checkpoint(options, state, *batches_) : 0;
+  const int64_t start = options.resume ? load_checkpoint(options, same_on_resume_, state, *batches_) : 0;
   log_.emplace(program, options, world, device, start);
   log_->watch(&scaler);
   return start;
@@ -191,7 +204,11 @@ std::optional<int> Run::end_of_step(int64_t step) {
   Logger& log = *log_;
   state.step = step;
   const int signal = log.stop_signal();
-  if (o.checkpoint_at(step) || signal != 0) save_checkpoint(o, world, state, batches);
+  if (o.checkpoint_at(step) || signal != 0) {
+    std::map<std::string, std::string> settings;
+    for (const Setting& s : same_on_resume_) settings[s.flag] = s.value;
+    save_checkpoint(o, world, state, batches, settings);
+  }
   if (signal != 0 || step == o.exit_after || step == o.steps) report_skipped(program, batches, world, log);
   if (signal != 0) {
     log.finish();

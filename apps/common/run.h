@@ -95,21 +95,35 @@ class Run {
   // size, with or without --zero). --comm-hook bf16 / fp16 compresses its gradients,
   // powersgd runs PowerSGD at --powersgd-rank from a tenth of --steps on (PyTorch's
   // advice), its state in the checkpoint as "powersgd.<name>". Model and optimizer join
-  // `state` as `name`. The module is on `device` already.
+  // `state` as `name`. The module is on `device` already. `groups`: the optimizer's
+  // parameter groups, each with its own options (models::mae_param_groups), holding every
+  // parameter DDP reduces once; empty: one group of them all with optimizer_options.
   template <class O, class Holder, class OptimizerOptions>
-  DdpModel<Holder> wrap(const std::string& name, Holder module, const OptimizerOptions& optimizer_options) {
+  DdpModel<Holder> wrap(const std::string& name, Holder module, const OptimizerOptions& optimizer_options,
+                        std::vector<nd::optim::OptimizerParamGroup> groups = {}) {
     nd::dist::DistributedDataParallel<Holder> ddp(module, name, nd::dist::DistributedDataParallelOptions().process_group(
                                                                     nd::dist::default_group(device)));
     nd::dist::Reducer& reducer = ddp.reducer();
+    if (groups.empty()) groups.emplace_back(reducer.parameters());
+    namespace dist = nd::dist;
     std::unique_ptr<nd::optim::Optimizer> optimizer =
-        options.zero ? std::unique_ptr<nd::optim::Optimizer>(nd::dist::ZeroRedundancyOptimizer::make<O>(
-                           reducer.parameters(), optimizer_options,
-                           nd::dist::ZeroRedundancyOptimizerOptions().ddp(&reducer)))
-                     : std::make_unique<O>(reducer.parameters(), optimizer_options);
+        options.zero ? std::unique_ptr<nd::optim::Optimizer>(std::make_unique<dist::ZeroRedundancyOptimizer>(
+                           std::move(groups), dist::ZeroRedundancyOptimizer::optimizer_class<O, OptimizerOptions>(),
+                           optimizer_options, dist::ZeroRedundancyOptimizerOptions().ddp(&reducer)))
+                     : std::make_unique<O>(std::move(groups), optimizer_options);
     DdpModel<Holder> model(Optimized{std::move(optimizer), UpdateNorm(module->parameters()), &scaler}, std::move(ddp));
     add(name, *module, *model.optimizer, reducer);
     return model;
   }
+
+  // A setting --resume must find unchanged (before start()): `value` goes into the
+  // checkpoint's metadata under `flag`, and a checkpoint trained with another value is an
+  // nd::Error naming both, before anything is loaded. A checkpoint without it (written
+  // before the app recorded the flag) counts as trained with `before`.
+  struct Setting {
+    std::string flag, value, before;
+  };
+  void same_on_resume(const std::string& flag, const std::string& value, const std::string& before);
 
   // After the models, optimizers and schedulers: this rank's batches of the training set
   // (--data's, read by --workers threads; or a data set in memory), the checkpoint loaded
@@ -137,6 +151,7 @@ class Run {
            nd::dist::Reducer& reducer);
   int64_t start(BatchStream batches);
 
+  std::vector<Setting> same_on_resume_;
   std::optional<BatchStream> batches_;
   std::optional<Logger> log_;
 };

@@ -5,7 +5,12 @@
 // whole MAE or its encoder (the seed then no longer matters) and names a bad file's keys,
 // and loads a reference MAE's .pth converted by models/mae_pth_to_safetensors.py (python3
 // with torch; SKIPPED without); metrics.jsonl carries the allocator's peak; a ViT-B MAE
-// trains end to end on a folder of images at 224x224, alone and on 2 ranks.
+// trains end to end on a folder of images at 224x224, alone and on 2 ranks. --paper-recipe:
+// train_mae's parameter groups against the reference's rule applied to the checkpoint's
+// names, each group's betas and weight decay in the checkpoint, the lr each step used
+// (blr x batch / 256 at the end of warmup, --blr, --lr), --zero on 2 ranks equal to 1 rank
+// and resumed at 1 rank; train_gan's equal to its defaults; the bad combinations and a
+// resume with the other setting as one line each.
 #include <string>
 
 #include "apps/app_runner.h"
@@ -204,4 +209,138 @@ TEST_CASE("apps: train_mae trains the paper's ViT-B MAE on a folder at 224x224, 
     CHECK(loss(a[i]) == doctest::Approx(loss(b[i])).epsilon(1e-5));
   }
   check_same_models(single / "ckpt" / "latest.safetensors", multi / "ckpt" / "latest.safetensors", 1e-4);
+}
+
+namespace {
+// The number after "key": in metrics.jsonl's line of training step `step`.
+double metric_at(const fs::path& out, int64_t step, const std::string& key) {
+  for (const std::string& line : read_lines(out / "metrics.jsonl"))
+    if (contains(line, "{\"step\":" + std::to_string(step) + ",\"loss\"")) {
+      const size_t at = line.find("\"" + key + "\":");
+      REQUIRE(at != std::string::npos);
+      return std::stod(line.substr(at + key.size() + 3));
+    }
+  FAIL("no training line of step " << step << " in " << (out / "metrics.jsonl").string());
+  return 0;
+}
+
+// train_mae --paper-recipe, 4 steps of global batch 8, 2 of warmup, a metrics line a step.
+std::string recipe_args(const fs::path& out) {
+  return "--paper-recipe --steps 4 --warmup 2 --batch-size 8 --log-every 1 --sample-every 1000 --ckpt-every 2 "
+         "--no-tensorboard --out " +
+         out.string();
+}
+}  // namespace
+
+TEST_CASE("apps --paper-recipe: train_mae's groups, betas and weight decay in the checkpoint, the lr it steps with") {
+  const fs::path out = temp_dir("recipe");
+  const Run r = run_app("train_mae", recipe_args(out), "OMP_NUM_THREADS=1");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  const TensorDict ckpt = load((out / "ckpt" / "latest.safetensors").string());
+
+  // The reference's rule (timm's add_weight_decay over main_pretrain.py's model) applied
+  // to the checkpoint's parameters by name: the fixed position embeddings are not trained,
+  // a 1-D tensor or a ".bias" is not decayed, every other one (cls_token and mask_token
+  // included) is. The optimizer numbers its state group 0 (no decay) first.
+  std::vector<std::string> no_decay, decay;
+  for (const auto& [key, value] : ckpt) {
+    if (key.rfind("model.MAE.", 0) != 0 || contains(key, "pos_embed")) continue;
+    (value.dim() == 1 || key.ends_with(".bias") ? no_decay : decay).push_back(key);
+  }
+  CHECK(no_decay.size() == 31);
+  CHECK(decay.size() == 17);
+  CHECK(std::count(decay.begin(), decay.end(), "model.MAE.cls_token") == 1);
+  CHECK(std::count(decay.begin(), decay.end(), "model.MAE.mask_token") == 1);
+  CHECK(contains(r.output, "train_mae: the paper's recipe: AdamW lr 4.6875e-06 (blr 0.00015 x global batch 8 / 256), "
+                           "betas (0.9, 0.95), weight decay 0 on 31 tensors and 0.05 on 17 tensors (none on 1-D "
+                           "parameters and biases); warmup 2 steps from lr 0, then a cosine to 0; norm_pix_loss on"));
+  for (size_t k = 0; k < no_decay.size() + decay.size(); ++k)
+    CHECK((ckpt.at("optim.MAE.state." + std::to_string(k) + ".exp_avg").dim() == 1) == (k < no_decay.size()));
+  CHECK(!ckpt.count("optim.MAE.state." + std::to_string(no_decay.size() + decay.size()) + ".exp_avg"));
+  for (int g = 0; g < 2; ++g) {
+    const std::string group = "optim.MAE.param_groups." + std::to_string(g) + ".";
+    CHECK(ckpt.at(group + "beta1").item() == 0.9);
+    CHECK(ckpt.at(group + "beta2").item() == 0.95);
+    CHECK(ckpt.at(group + "weight_decay").item() == (g == 0 ? 0.0 : 0.05));
+  }
+  CHECK(!ckpt.count("optim.MAE.param_groups.2.lr"));
+
+  // util/lr_sched.py per step: 0, half, blr x 8 / 256 at the end of warmup, then the cosine.
+  const double lr = 1.5e-4 * 8 / 256;
+  CHECK(metric_at(out, 1, "lr") == 0);
+  CHECK(metric_at(out, 2, "lr") == doctest::Approx(lr / 2).epsilon(1e-8));
+  CHECK(metric_at(out, 3, "lr") == doctest::Approx(lr).epsilon(1e-8));
+  CHECK(metric_at(out, 4, "lr") == doctest::Approx(lr / 2).epsilon(1e-8));
+
+  // --blr scales with the global batch; --lr is the lr itself.
+  const fs::path blr = temp_dir("recipe_blr"), abs = temp_dir("recipe_lr");
+  const Run b = run_app("train_mae", recipe_args(blr) + " --blr 3e-4 --batch-size 16", "OMP_NUM_THREADS=1");
+  INFO(b.output);
+  REQUIRE(b.status == 0);
+  CHECK(contains(b.output, "AdamW lr 1.875e-05 (blr 0.0003 x global batch 16 / 256)"));
+  CHECK(metric_at(blr, 3, "lr") == doctest::Approx(3e-4 * 16 / 256).epsilon(1e-8));
+  const Run a = run_app("train_mae", recipe_args(abs) + " --lr 1e-3", "OMP_NUM_THREADS=1");
+  INFO(a.output);
+  REQUIRE(a.status == 0);
+  CHECK(contains(a.output, "AdamW lr 0.001 (--lr)"));
+  CHECK(metric_at(abs, 3, "lr") == doctest::Approx(1e-3).epsilon(1e-8));
+}
+
+TEST_CASE("apps --paper-recipe: train_mae under --zero on 2 ranks equals 1 rank, and resumes at 1 rank without it") {
+  if (mpirun_missing()) return;
+  const fs::path single = temp_dir("recipe_single"), zero = temp_dir("recipe_zero");
+  const Run s = run_app("train_mae", recipe_args(single), "OMP_NUM_THREADS=1");
+  INFO(s.output);
+  REQUIRE(s.status == 0);
+  const Run z = run_logged("env OMP_NUM_THREADS=1 mpirun " + mpirun_test_options() + " -np 2 " +
+                               (apps_dir() / "train_mae").string() + " " + recipe_args(zero) + " --zero",
+                           temp_dir("logs") / "recipe_zero.log");
+  INFO(z.output);
+  REQUIRE(z.status == 0);
+  for (int64_t step = 1; step <= 4; ++step) {
+    CHECK(metric_at(zero, step, "loss") == doctest::Approx(metric_at(single, step, "loss")).epsilon(1e-5));
+    CHECK(metric_at(zero, step, "lr") == metric_at(single, step, "lr"));
+  }
+  check_same_models(single / "ckpt" / "latest.safetensors", zero / "ckpt" / "latest.safetensors", 1e-5);
+  // ZeRO's checkpoint holds the whole state in the plain optimizer's layout, groups included.
+  const TensorDict a = load((single / "ckpt" / "latest.safetensors").string());
+  const TensorDict b = load((zero / "ckpt" / "latest.safetensors").string());
+  for (const auto& [key, value] : a)
+    if (key.rfind("optim.MAE.", 0) == 0) {
+      REQUIRE(b.count(key));
+      check_close(b.at(key), value, 1e-5, 1e-5, key);
+    }
+  const Run resumed = run_app("train_mae", recipe_args(zero) + " --steps 6 --resume", "OMP_NUM_THREADS=1");
+  INFO(resumed.output);
+  CHECK(resumed.status == 0);
+  CHECK(metric_at(zero, 6, "lr") == doctest::Approx(1.5e-4 * 8 / 256 * 0.5 * (1 + std::cos(M_PI * 3 / 4))));
+}
+
+TEST_CASE("apps --paper-recipe: train_gan's is its defaults, bad combinations are one line") {
+  const TwoRuns gan = without_and_with("train_gan", "--paper-recipe");
+  CHECK(contains(gan.output, "train_gan: the paper's recipe: Adam lr 0.0002, betas (0.5, 0.999) for G and D"));
+
+  check_fails(run_app("train_gan", tiny(temp_dir("gan_lr")) + " --paper-recipe --lr 1e-3"), 2,
+              "train_gan: --paper-recipe and --lr cannot be combined: the DCGAN paper's lr is 2e-4");
+  check_fails(run_app("train_mae", tiny(temp_dir("blr")) + " --blr 3e-4"), 2,
+              "train_mae: --blr needs --paper-recipe (without it, --lr is the learning rate)");
+  check_fails(run_app("train_mae", tiny(temp_dir("blr_lr")) + " --paper-recipe --blr 3e-4 --lr 1e-3"), 2,
+              "train_mae: --lr and --blr cannot be combined: --lr is the learning rate, --blr the base one (lr = blr "
+              "x global batch / 256)");
+  check_fails(run_app("train_mae", tiny(temp_dir("blr0")) + " --paper-recipe --blr 0"), 2,
+              "train_mae: --blr expects");
+
+  // A resume with the other setting: the optimizer's groups and schedule would differ.
+  const fs::path out = temp_dir("recipe_resume");
+  REQUIRE(run_app("train_mae", recipe_args(out), "OMP_NUM_THREADS=1").status == 0);
+  const std::string ckpt = (out / "ckpt" / "latest.safetensors").string();
+  check_fails(run_app("train_mae", tiny(out) + " --steps 6 --resume"), 1,
+              "train_mae: error: --resume: " + ckpt +
+                  " was trained with --paper-recipe on, this run has --paper-recipe off; use the same setting");
+  const fs::path plain = temp_dir("plain_resume");
+  REQUIRE(run_app("train_mae", tiny(plain), "OMP_NUM_THREADS=1").status == 0);
+  check_fails(run_app("train_mae", tiny(plain) + " --steps 4 --paper-recipe --resume"), 1,
+              "train_mae: error: --resume: " + (plain / "ckpt" / "latest.safetensors").string() +
+                  " was trained with --paper-recipe off, this run has --paper-recipe on; use the same setting");
 }

@@ -216,7 +216,7 @@ TEST_CASE("apps: each app trains a few steps and writes metrics.jsonl, PNGs and 
   // 8x8 tiles of 28 pixels with 2-pixel gaps; MAE: 6 columns (2 triplets) x 8 rows.
   const Case cases[] = {
       {"train_gan", {"loss_d", "loss_g", "update_norm_G", "update_norm_D", "steps_per_s"}, {8 * 30 + 2, 8 * 30 + 2}},
-      {"train_mae", {"loss", "update_norm_MAE"}, {6 * 30 + 2, 8 * 30 + 2}},
+      {"train_mae", {"loss", "update_norm_MAE", "lr"}, {6 * 30 + 2, 8 * 30 + 2}},
       {"train_joint", {"loss_d", "loss_g", "loss_mae", "update_norm_G", "update_norm_D", "update_norm_MAE"},
        {8 * 30 + 2, 8 * 30 + 2}},
       {"train_classifier", {"loss", "batch_accuracy", "update_norm_classifier"}, {0, 0}},

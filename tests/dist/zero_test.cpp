@@ -1,5 +1,6 @@
 // ZeroRedundancyOptimizer, run at 1, 2 and 4 ranks (f64): DCGAN G, D and the MAE under DDP
-// with ZeRO Adam / AdamW end equal to DDP with plain Adam / AdamW; each rank's optimizer
+// with ZeRO Adam / AdamW (the MAE's over the paper's two param groups, each with its own
+// weight decay) end equal to DDP with plain Adam / AdamW; each rank's optimizer
 // state is its ~1/W share; the consolidated state_dict is the plain optimizer's, so a run
 // saved at W ranks resumes at 1 (with or without ZeRO) and a plain checkpoint loads into a
 // ZeRO run; bad input is an nd::Error.
@@ -16,6 +17,7 @@
 #include "harness.h"
 #include "models/dcgan.h"
 #include "models/mae.h"
+#include "models/recipes.h"
 
 using namespace nd;
 using dist::DistributedDataParallel;
@@ -56,7 +58,7 @@ models::MAEConfig small_mae() {
 
 
 // DCGAN G, D and the MAE, each under DDP, trained like train_joint for 4 steps with Adam,
-// Adam and AdamW + cosine: plain, and wrapped in ZeroRedundancyOptimizer (stage 2: given the
+// Adam and AdamW (models::mae_param_groups) + cosine: plain, and wrapped in ZeroRedundancyOptimizer (stage 2: given the
 // DDP model, whose buckets are then reduce-scattered).
 void check_gan_and_mae(bool stage2) {
   auto build = [](uint64_t seed) {
@@ -79,14 +81,17 @@ void check_gan_and_mae(bool stage2) {
   const auto adam = optim::AdamOptions(1e-2).betas({0.5, 0.999});
   const auto adamw = optim::AdamWOptions(1e-2).betas({0.9, 0.95}).weight_decay(0.05);
   optim::Adam og0(G0->parameters(), adam), od0(D0->parameters(), adam);
-  optim::AdamW om0(M0->parameters(), adamw);
+  // The MAE's AdamW over the paper's two groups (weight decay 0 and 0.05: per-group options).
+  optim::AdamW om0(models::mae_param_groups(*M0, 1e-2), adamw);
   optim::CosineAnnealingLR s0(om0, 4);
   auto with = [&](auto& ddp) {
     return dist::ZeroRedundancyOptimizerOptions().ddp(stage2 ? &ddp.reducer() : nullptr);
   };
   auto og = ZeroRedundancyOptimizer::make<optim::Adam>(G->parameters(), adam, with(g));
   auto od = ZeroRedundancyOptimizer::make<optim::Adam>(D->parameters(), adam, with(d));
-  auto om = ZeroRedundancyOptimizer::make<optim::AdamW>(M->parameters(), adamw, with(m));
+  auto om = std::make_unique<ZeroRedundancyOptimizer>(
+      models::mae_param_groups(*M, 1e-2), ZeroRedundancyOptimizer::optimizer_class<optim::AdamW, optim::AdamWOptions>(),
+      adamw, with(m));
   optim::CosineAnnealingLR s(*om, 4);
 
   // One step of train_joint's loop: D on real vs detached fake, G through D, MAE on real.
