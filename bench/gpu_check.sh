@@ -31,8 +31,8 @@ PHASES=(
   "attention|55|bf16 flash attention fwd, fwd+bwd (D 64, 128; S 512-4096): ours vs PyTorch's flash SDPA"
   "norms|30|batch norm, layer norm, AdamW 10M against the measured copy bandwidth"
   "conv|50|DCGAN's conv layers at batch 64 in bf16 against cuDNN bf16"
-  "train|110|bench_train f32 and bf16 steps (DCGAN, MAE): ours vs PyTorch eager"
-  "tests|80|the remaining CUDA test cases"
+  "train|140|bench_train f32 and bf16 steps (DCGAN, MAE), then bf16 at the papers' sizes (DCGAN-64, ViT-B MAE at batch 64, peak memory): ours vs PyTorch eager"
+  "tests|50|the remaining CUDA test cases"
   "sanitizer|60|compute-sanitizer memcheck and racecheck on a small attention, conv and batch-norm test"
   "ncu|40|ncu on the attention forward at S=4096 D=128: shared-memory bound or issue bound?"
   "model|20|measured vs the cost model at this GPU's rates, then 100-step train_gan/train_mae GPU vs CPU"
@@ -227,6 +227,11 @@ run_built "bench_train f32" 25 train_steps "$BUILD/bench/bench_train" --device c
 run_torch "bench_train_torch f32" 30 train_steps bench/bench_train_torch.py --device cuda --steps 20
 run_built "bench_train bf16" 25 train_steps "$BUILD/bench/bench_train" --device cuda --steps 20 --amp bf16
 run_torch "bench_train_torch bf16" 30 train_steps bench/bench_train_torch.py --device cuda --steps 20 --amp bf16
+# The papers' sizes, bf16: DCGAN at 64x64 RGB and the ViT-B MAE at 224 (the rows carry peak_bytes).
+for model in dcgan64 mae_vit_base_patch16_dec512d8b; do
+  run_built "bench_train bf16 $model" 6 train_steps "$BUILD/bench/bench_train" --device cuda --steps 10 --amp bf16 --model "$model" --batch 64
+  run_torch "bench_train_torch bf16 $model" 9 train_steps bench/bench_train_torch.py --device cuda --steps 10 --amp bf16 --model "$model" --batch 64
+done
 
 phase 6
 # every CUDA test binary but collectives_test, whose one GPU case (nccl*) ran in phase 1
