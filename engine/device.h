@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/cuda/allocator.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/stream.h"  // cudaStream_t
 
 namespace nd {
@@ -60,6 +61,11 @@ cudaStream_t comm_stream(const Device& device);
 // Makes `device` current for the calling thread (torch.cuda.set_device): a worker thread
 // that copies to or pins for a device calls it first. requires: device is cuda:N.
 void set_device(const Device& device);
+
+// A whole step captured once and replayed with one launch (torch.cuda.CUDAGraph):
+// Graph(device index), capture_begin / capture_end / replay; kernels/cuda/graph.h says how,
+// docs/cuda_graphs.md what can be captured and what is refused.
+using Graph = kernels::cuda::Graph;
 }  // namespace cuda
 
 }  // namespace nd

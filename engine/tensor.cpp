@@ -6,6 +6,7 @@
 
 #include "engine/autograd.h"
 #include "engine/error.h"
+#include "kernels/cuda/graph.h"
 
 namespace nd {
 
@@ -82,6 +83,10 @@ T* Tensor::data_ptr() const {
 template <class T>
 T Tensor::item() const {
   ND_CHECK(numel() == 1, "item(): expected a tensor with one element, found ", describe());
+  if (is_cuda() && kernels::cuda::capture_active())
+    kernels::cuda::refuse_during_capture(device().index, "read " + describe() + " with item()",
+                                         "the host would wait for a value the capture only records; read it after a "
+                                         "replay");
   Tensor c = is_cpu() ? *this : cpu();
   return dispatch_all(c.dtype(), [&]<class S>() { return static_cast<T>(*static_cast<const S*>(c.data_ptr())); });
 }

@@ -8,6 +8,7 @@
 #include "engine/error.h"
 #include "engine/factories.h"
 #include "engine/tensor.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/stream.h"
 
 namespace nd::ops {
@@ -30,9 +31,16 @@ decltype(auto) dispatch_floating(const char* op, const Tensor& t, Fn&& fn) {
 // instantiates it (no CUDA tensor can exist there), so it links without kernels/cuda.
 // A CUDA error names the call and the kernel (kernels/cuda check(), require()); this adds
 // the tensor the kernel ran on: "... (running on [cuda:0 f32 [64, 1, 4, 4]] 'D.main.0.weight')".
+// While a CUDA graph is being captured, a CPU op is refused: the replay would not run it.
 template <class Cpu, class Cuda>
 void on_device(const Tensor& t, Cpu&& cpu, Cuda&& cuda) {
-  if (!t.is_cuda()) return cpu();
+  if (!t.is_cuda()) {
+    if (kernels::cuda::capture_active())
+      kernels::cuda::refuse_during_capture(-1, "run a CPU op on " + t.describe(),
+                                           "a replay runs only the CUDA work; move the tensor to the GPU or out of "
+                                           "the captured step");
+    return cpu();
+  }
 #ifdef NANODDP_WITH_CUDA
   try {
     cuda(kernels::cuda::use_device(t.device().index));

@@ -6,6 +6,7 @@
 #include "engine/ops/common.h"
 #include "kernels/cpu/copy.h"
 #include "kernels/cuda/copy.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/runtime.h"
 
 namespace nd {
@@ -63,6 +64,14 @@ bool same_dense_layout(const Tensor& dst, const Tensor& src) {
 // be pageable memory again.
 void copy_across_devices(const Tensor& dst, const Tensor& src, bool non_blocking) {
   NoGradGuard no_grad;  // layout copies only; the caller records the op
+  if (dst.is_cpu() && kernels::cuda::capture_active())
+    kernels::cuda::refuse_during_capture(src.device().index, "copy " + src.describe() + " to the CPU",
+                                         "the host would wait for values the capture only records; copy them after a "
+                                         "replay");
+  if (src.is_cpu() && kernels::cuda::capture_active())
+    kernels::cuda::refuse_during_capture(dst.device().index, "copy " + src.describe() + " to " + dst.device().str(),
+                                         "a replay would not copy it again; fill a static CUDA tensor with copy_ "
+                                         "before replay()");
   const Tensor dense = src.contiguous();
   const size_t nbytes = dense.numel() * element_size(dense.dtype());
   const bool direct = same_dense_layout(dst, dense);

@@ -5,6 +5,7 @@
 #include <bit>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -44,6 +45,7 @@ struct Allocator {
   std::map<std::pair<cudaStream_t, size_t>, std::vector<void*>> cached;  // free, per (stream, class)
   std::unordered_map<void*, Block> cached_blocks;                          // free, for empty_cache
   std::vector<AllocatorStats> stats;
+  std::set<cudaStream_t> private_pools;  // held graph pools: never freed by free_cached
   bool fill_on_allocate = false;
 
   AllocatorStats& stats_of(int device) {
@@ -51,10 +53,12 @@ struct Allocator {
     return stats[device];
   }
 
-  // Frees every cached block of `device`. Caller holds the mutex.
-  void free_cached(int device) {
+  // Frees every cached block of `device` outside the held private pools (or only those of
+  // `pool` when given). Caller holds the mutex.
+  void free_cached(int device, cudaStream_t pool = nullptr) {
     for (auto it = cached_blocks.begin(); it != cached_blocks.end();) {
-      if (it->second.device != device) {
+      const bool in_pool = private_pools.count(it->second.stream) > 0;
+      if (it->second.device != device || (pool == nullptr ? in_pool : it->second.stream != pool)) {
         ++it;
         continue;
       }
@@ -100,8 +104,20 @@ void* allocate(int device, size_t nbytes, cudaStream_t stream) {
   } else {
     const std::string what = "allocate(" + std::to_string(nbytes) + " bytes on cuda:" + std::to_string(device) + ")";
     check(cudaSetDevice(device), "cudaSetDevice", what);
-    cudaError_t err = cudaMalloc(&ptr, size);
-    if (err == cudaErrorMemoryAllocation) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (a.private_pools.count(stream)) check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing", what);
+    cudaError_t err = cudaSuccess;
+    if (capture != cudaStreamCaptureStatusNone) {
+      // A graph's pool grows during its capture: cudaMalloc is not recorded, and the block
+      // stays the graph's (hold_private_pool); the capture's global mode would refuse it.
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      check(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode", what);
+      err = cudaMalloc(&ptr, size);
+      check(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode", what);
+    } else {
+      err = cudaMalloc(&ptr, size);
+    }
+    if (err == cudaErrorMemoryAllocation && capture == cudaStreamCaptureStatusNone) {
       cudaGetLastError();  // clear it, give the cache back, try once more
       a.free_cached(device);
       err = cudaMalloc(&ptr, size);
@@ -144,6 +160,21 @@ void empty_cache(int device) {
   a.free_cached(device);
 }
 
+void hold_private_pool(int, cudaStream_t stream) {
+  Allocator& a = allocator();
+  std::lock_guard lock(a.mutex);
+  a.private_pools.insert(stream);
+}
+
+void release_private_pool(int device, cudaStream_t stream, cudaStream_t successor) {
+  Allocator& a = allocator();
+  std::lock_guard lock(a.mutex);
+  a.free_cached(device, stream);
+  a.private_pools.erase(stream);
+  for (auto& [ptr, block] : a.live)
+    if (block.stream == stream) block.stream = successor;
+}
+
 AllocatorStats memory_stats(int device) {
   Allocator& a = allocator();
   std::lock_guard lock(a.mutex);
@@ -170,6 +201,8 @@ void* allocate(int, size_t, cudaStream_t) {
 }
 void release(void*) {}
 void empty_cache(int) {}
+void hold_private_pool(int, cudaStream_t) {}
+void release_private_pool(int, cudaStream_t, cudaStream_t) {}
 AllocatorStats memory_stats(int) { return {}; }
 void set_fill_on_allocate(bool) {}
 void reset_peak_memory_stats(int) {}

@@ -37,8 +37,20 @@ size_t round_size(size_t nbytes);
 void* allocate(int device, size_t nbytes, cudaStream_t stream);
 // Returns ptr (from allocate, or nullptr) to its stream's cache. Never throws.
 void release(void* ptr);
-// Returns every cached (free) block of `device` to the driver with cudaFree.
+// Returns every cached (free) block of `device` to the driver with cudaFree, except those of
+// a held private pool.
 void empty_cache(int device);
+// A CUDA graph's private pool (graph.h, PyTorch's graph pool): the blocks allocated on
+// `stream` (the graph's capture stream, which nothing else allocates on) are the graph's.
+// While held, empty_cache and the out-of-memory retry keep them, so the addresses a replay
+// writes are never handed to anyone else; during the capture, a block freed is reused only
+// by the capture, and a cudaMalloc runs in the relaxed capture mode (cudaMalloc is not
+// recorded: the memory is the graph's for its life).
+void hold_private_pool(int device, cudaStream_t stream);
+// Ends the hold: the pool's free blocks go back to the driver, its live ones (tensors made
+// during the capture that are still referenced) become blocks of `successor` (the compute
+// stream the replays ran on), freed into its cache as usual.
+void release_private_pool(int device, cudaStream_t stream, cudaStream_t successor);
 AllocatorStats memory_stats(int device);
 // Testing aid, off by default: every allocation is filled with 0xFF bytes (NaN in f32
 // and f64) on its stream before it is handed out, so an output element that a kernel

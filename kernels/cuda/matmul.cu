@@ -4,8 +4,8 @@
 // is column-major
 //   C^T = op(B)^T op(A)^T    ([N, M] = [N, K] [K, M])
 // which is one cuBLAS call with the operands swapped and each keeping its own
-// transpose flag. One handle per device, bound to that device's compute stream once
-// (cublasSetStream resets the workspace, so it is not called per GEMM).
+// transpose flag. One handle per device, bound to that device's compute stream (cublasSetStream
+// resets the workspace, so it is called only when that stream changes: a graph's capture).
 #include "kernels/cuda/matmul.h"
 
 #include <cublas_v2.h>
@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/strided.cuh"
@@ -32,18 +33,20 @@ void check_cublas(cublasStatus_t status, const char* call, const std::string& op
 // The device's handle, created on first use and never destroyed (see allocator.cpp).
 cublasHandle_t handle_for(cudaStream_t stream) {
   static std::mutex mutex;
-  static auto* handles = new std::vector<cublasHandle_t>();
+  static auto* handles = new std::vector<std::pair<cublasHandle_t, cudaStream_t>>();  // handle, its stream
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice", "gemm");
   std::lock_guard lock(mutex);
-  if (device >= static_cast<int>(handles->size())) handles->resize(device + 1, nullptr);
-  cublasHandle_t& h = (*handles)[device];
-  if (!h) {
-    check_cublas(cublasCreate(&h), "cublasCreate", "gemm on cuda:" + std::to_string(device));
-    check_cublas(cublasSetStream(h, compute_stream(device)), "cublasSetStream", "gemm");
-  }
+  if (device >= static_cast<int>(handles->size())) handles->resize(device + 1, {nullptr, nullptr});
+  auto& [h, bound] = (*handles)[device];
+  if (!h) check_cublas(cublasCreate(&h), "cublasCreate", "gemm on cuda:" + std::to_string(device));
   require(stream == compute_stream(device), "gemm",
           "cuBLAS runs on the compute stream of cuda:" + std::to_string(device) + " only");
+  // Rebound only when the compute stream changes: a CUDA graph's capture (graph.h) and back.
+  if (bound != stream) {
+    check_cublas(cublasSetStream(h, stream), "cublasSetStream", "gemm");
+    bound = stream;
+  }
   return h;
 }
 

@@ -26,6 +26,7 @@
 // aligned and misaligned tensors, partial groups, a step split over launches),
 // tests/emu/emulib_runtime_test.cpp (one launch and no upload in a steady step).
 #include "kernels/cuda/optim.h"
+#include "kernels/cuda/graph.h"
 
 #include <algorithm>
 #include <list>
@@ -93,7 +94,9 @@ class TableCache {
     std::string key(reinterpret_cast<const char*>(chunks.data()), bytes);
     const std::lock_guard<std::mutex> lock(mutex_);
     for (auto it = tables_.begin(); it != tables_.end(); ++it) {
-      if (it->device != device || it->stream != stream || it->chunks != key) continue;
+      // A capture (graph.h) starts after the compute stream's work: its tables serve it.
+      const bool ordered = it->stream == stream || (stream == capture_stream(device) && it->stream == capture_origin(device));
+      if (it->device != device || !ordered || it->chunks != key) continue;
       tables_.splice(tables_.begin(), tables_, it);
       return it->table;
     }

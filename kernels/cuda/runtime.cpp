@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "kernels/common/error.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/host_allocator.h"
 #include "kernels/cuda/stream.h"
 
@@ -103,6 +104,10 @@ void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes) 
 
 void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes, cudaStream_t stream) {
   if (nbytes == 0) return;
+  if (capture_active())
+    refuse_during_capture(device, "copy " + std::to_string(nbytes) + " bytes from the host to cuda:" + std::to_string(device),
+                        "a replay would copy whatever the host's staging memory holds then; fill a static CUDA tensor "
+                        "with copy_ before replay()");
   check(cudaSetDevice(device), "cudaSetDevice", "copy to cuda:" + std::to_string(device));
   if (nbytes > kStagingBytes) return staged_copy(device, true, dst, src, nbytes, stream);
   void* block = allocate_pinned(nbytes);
@@ -119,11 +124,17 @@ void copy_host_to_device(int device, void* dst, const void* src, size_t nbytes, 
 }
 
 void copy_device_to_host(int device, void* dst, const void* src, size_t nbytes) {
+  if (capture_active())
+    refuse_during_capture(device, "copy " + std::to_string(nbytes) + " bytes from cuda:" + std::to_string(device) + " to the host",
+                        "the host would wait for a value the capture only records; read it after a replay");
   staged_copy(device, false, dst, src, nbytes, use_device(device));
 }
 
 void copy_pinned_to_device_async(int device, void* dst, void* src_block, const void* src, size_t nbytes) {
   if (nbytes == 0) return;
+  if (capture_active())
+    refuse_during_capture(device, "copy " + std::to_string(nbytes) + " bytes from pinned memory to cuda:" + std::to_string(device),
+                        "fill a static CUDA tensor with copy_ before replay()");
   cudaStream_t stream = use_device(device);
   check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync(HostToDevice)",
         "non-blocking copy to cuda:" + std::to_string(device));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/common/error.h"
+#include "kernels/cuda/graph.h"
 
 #ifdef NANODDP_WITH_CUDA
 #include <cuda_runtime.h>
@@ -82,15 +83,21 @@ DeviceStreams& streams(int device) {
 
 }  // namespace
 
+// While a graph captures the device's work (graph.h), its stream stands in for the compute stream.
 cudaStream_t use_device(int device) {
   check(cudaSetDevice(device), "cudaSetDevice", "cuda:" + std::to_string(device));
-  return streams(device).compute;
+  return compute_stream(device);
 }
 
-cudaStream_t compute_stream(int device) { return streams(device).compute; }
+cudaStream_t compute_stream(int device) {
+  if (cudaStream_t captured = capture_stream(device)) return captured;
+  return streams(device).compute;
+}
 cudaStream_t comm_stream(int device) { return streams(device).comm; }
 
 void synchronize(int device) {
+  refuse_during_capture(device, "synchronize cuda:" + std::to_string(device),
+                        "the host cannot wait for work that is only being recorded");
   check(cudaStreamSynchronize(compute_stream(device)), "cudaStreamSynchronize",
         "synchronize(cuda:" + std::to_string(device) + ")");
 }

@@ -20,7 +20,8 @@ typedef CUevent_st* cudaEvent_t;
 namespace nd::kernels::cuda {
 
 // Makes `device` current for this thread and returns its compute stream (created on
-// first use). Every kernel launch in the engine goes through this.
+// first use). Every kernel launch in the engine goes through this. While a CUDA graph
+// captures the device's work (graph.h), both return the graph's capture stream.
 cudaStream_t use_device(int device);
 cudaStream_t compute_stream(int device);
 cudaStream_t comm_stream(int device);

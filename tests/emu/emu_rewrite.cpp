@@ -2,9 +2,12 @@
 // (tests/emu/include) compiles with g++. Three rewrites, nothing else changes:
 //   kern<T, D><<<grid, block, smem, stream>>>(a, b);
 //     -> emu_launch(grid, block, smem, stream, emu_cost::kernel<&kern<T, D>>("kern<T, D>"),
-//                   [&] { kern<T, D>(a, b); });
+//                   [emu_k = &kern<T, D>, emu_a = emu_kernel_args(&kern<T, D>, a, b)] {
+//                     std::apply(emu_k, emu_a); });
 //      (the sanitizer's reports name the kernel as written; emu_cost.h, the cost model, learns
-//      the instantiation from the function's address as a template argument)
+//      the instantiation from the function's address as a template argument; the arguments
+//      are converted to the kernel's parameter types and copied at the launch, as CUDA does,
+//      so that a launch captured into a graph (cuda_runtime.h) replays with them)
 //   extern __shared__ __align__(16) unsigned char smem[];
 //     -> unsigned char* smem = reinterpret_cast<unsigned char*>(emu_dynamic_shared(16));
 //   __shared__ __align__(32) float tile[16][17];   (at the start of a line)
@@ -80,9 +83,11 @@ std::string rewrite_launches(const std::string& in, const std::string& src) {
     std::string name = src.substr(start, open - start);
     name = std::regex_replace(name, std::regex(R"(\s+)"), " ");
     while (!name.empty() && name.back() == ' ') name.pop_back();
+    const std::string args = src.substr(p + 1, q - p - 1);
+    const bool no_args = args.find_first_not_of(" \t\n") == std::string::npos;
     out += "emu_launch(" + src.substr(open + 3, close - open - 3) + ", emu_cost::kernel<&" + name + ">(\"" + name +
-           "\"), [&] { " + src.substr(start, open - start) +
-           src.substr(p, q + 1 - p) + "; })";
+           "\"), [emu_k = &" + src.substr(start, open - start) + ", emu_a = emu_kernel_args(&" + name + (no_args ? "" : ", ") +
+           args + ")] { std::apply(emu_k, emu_a); })";
     pos = q + 1;
   }
   out.append(src, pos, std::string::npos);

@@ -13,6 +13,7 @@
 #include "emu_core.h"
 #include "engine/error.h"
 #include "kernels/cuda/allocator.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/cuda/stream.h"
 
@@ -25,6 +26,8 @@ void require(bool ok, const char* kernel, const std::string& message) {
   if (!ok) throw Error(std::string(kernel) + ": " + message);
 }
 void check_launch(const char*) {}
+cudaStream_t capture_stream(int) { return nullptr; }  // graph.cpp's: no capture in the per-kernel tests
+cudaStream_t capture_origin(int) { return nullptr; }
 constexpr size_t kScratchRedZone = 256;  // cudaMalloc aligns to 256 bytes: the red zones keep that
 void* allocate(int, size_t nbytes, cudaStream_t) {
   if (nbytes == 0) return nullptr;

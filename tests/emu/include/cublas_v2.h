@@ -116,6 +116,10 @@ inline cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cubl
   const bool f64 = compute == CUBLAS_COMPUTE_64F;
   const double a = f64 ? *static_cast<const double*>(alpha) : *static_cast<const float*>(alpha);
   const double b = f64 ? *static_cast<const double*>(beta) : *static_cast<const float*>(beta);
+  // cuBLAS queues kernels on the handle's stream: on a stream being captured the product
+  // becomes a node of the graph (alpha and beta read now, as from host pointers), run by each
+  // replay; otherwise it runs now.
+  auto product = [=] {
   for (int64_t i = 0; i < batch; ++i)
     for (int64_t col = 0; col < n; ++col)
       for (int64_t row = 0; row < m; ++row) {
@@ -130,6 +134,8 @@ inline cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cubl
         const double prior = b == 0 ? 0.0 : b * load(C, Ctype, ic);  // beta == 0: C is not read
         store(C, Ctype, ic, a * sum + prior);
       }
+  };
+  if (!emu_launch_captured(handle->stream, dim3(1), dim3(1), 0, "cublasGemm", product)) product();
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -48,8 +48,13 @@ enum cudaError {
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
+  cudaErrorIllegalState = 401,
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorCapturedEvent = 907,
+  cudaErrorStreamCaptureWrongThread = 908,
 };
 typedef cudaError cudaError_t;
 
@@ -59,7 +64,8 @@ struct CUstream_st {
 typedef CUstream_st* cudaStream_t;
 struct CUevent_st {
   int device;
-  bool pending = false;  // recorded while emu_rt::set_hold_events(true), not yet completed
+  bool pending = false;   // recorded while emu_rt::set_hold_events(true), not yet completed
+  bool captured = false;  // last recorded on a stream being captured (emu_graph.h)
 };
 typedef CUevent_st* cudaEvent_t;
 
@@ -78,6 +84,16 @@ enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMaxSharedM
 constexpr unsigned cudaStreamDefault = 0, cudaStreamNonBlocking = 1;
 constexpr unsigned cudaEventDefault = 0, cudaEventBlockingSync = 1, cudaEventDisableTiming = 2;
 constexpr unsigned cudaHostAllocDefault = 0, cudaHostAllocPortable = 1;
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2
+};
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2
+};
 
 namespace emu_rt {
 
@@ -88,6 +104,7 @@ struct Stats {
   long memcpys = 0, memsets = 0, event_records = 0, event_waits = 0, stream_waits = 0;
   long host_waits = 0;  // the host blocked on the device: stream, device or event synchronize
   long func_attributes = 0;  // cudaFuncSetAttribute calls
+  long graph_launches = 0;   // cudaGraphLaunch calls
 };
 
 // One operation on a stream, as record_trace keeps them: a copy or memset (kernel empty, dst
@@ -106,6 +123,28 @@ struct Block {
   int device = -1;  // -1: pinned host memory
 };
 
+// Stream capture (emu_graph.h): an operation queued on a stream being captured becomes a node
+// of the capture's graph, its arguments copied, instead of running; cudaGraphLaunch runs the
+// nodes in order.
+struct GraphNode {
+  enum Kind { kKernel, kCopy, kMemset, kEventRecord } kind = kKernel;
+  std::string name;  // the kernel, as written at its launch
+  dim3 grid, block;
+  size_t smem = 0;
+  std::function<void()> kernel;  // the kernel with its arguments copied at the launch
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+  int value = 0;
+  CUevent_st* event = nullptr;
+};
+struct Capture {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id thread;
+  bool invalidated = false;
+  std::vector<GraphNode> nodes;
+};
+
 struct State {
   std::mutex mutex;
   std::map<const char*, Block> blocks;  // by base address
@@ -119,6 +158,7 @@ struct State {
   cudaError_t pending_fault = cudaSuccess;   // a fault not yet reported
   bool trace = false;                        // record_trace: the stream of each copy and launch
   std::vector<TraceEntry> traced;
+  std::map<const CUstream_st*, Capture> captures;  // streams being captured
 };
 inline State& state() {
   static State* s = new State();  // never destroyed: freed from static destructors too
@@ -129,6 +169,7 @@ inline bool check_pointers = true;
 inline constexpr size_t kRedZone = 256;  // around each cudaMalloc block
 inline thread_local int current_device = 0;
 inline thread_local cudaError_t last_error = cudaSuccess;
+inline thread_local cudaStreamCaptureMode thread_capture_mode = cudaStreamCaptureModeGlobal;
 
 inline int device_count() {
   static const int n = [] {
@@ -269,9 +310,65 @@ inline void traced(TraceEntry e) {
   if (state().trace) state().traced.push_back(std::move(e));
 }
 
+// The capture of `stream`, or null. Caller holds the mutex.
+inline Capture* capture_of(const CUstream_st* stream) {
+  if (stream == nullptr) return nullptr;
+  auto it = state().captures.find(stream);
+  return it == state().captures.end() ? nullptr : &it->second;
+}
+// A "potentially unsafe" call (cudaMalloc, cudaFree, cudaDeviceSynchronize) on this thread
+// while a capture forbids it (CUDA's rule: this thread's mode is not relaxed, and a capture
+// begun not relaxed by this thread, or begun global by any thread when this thread's mode is
+// global): every such capture is invalidated and the call fails with
+// cudaErrorStreamCaptureUnsupported. Caller holds the mutex.
+inline bool unsafe_call_refused() {
+  if (thread_capture_mode == cudaStreamCaptureModeRelaxed) return false;
+  bool refused = false;
+  for (auto& [stream, c] : state().captures) {
+    if (c.mode == cudaStreamCaptureModeRelaxed) continue;
+    if (c.thread == std::this_thread::get_id() ||
+        (thread_capture_mode == cudaStreamCaptureModeGlobal && c.mode == cudaStreamCaptureModeGlobal)) {
+      c.invalidated = true;
+      refused = true;
+    }
+  }
+  if (refused) last_error = cudaErrorStreamCaptureUnsupported;
+  return refused;
+}
+// An operation on `stream`: when it is being captured, `node` joins the graph (or, the capture
+// being invalidated, the call fails) and the caller returns *status without running it.
+// Caller holds the mutex.
+inline bool captured(const CUstream_st* stream, GraphNode node, cudaError_t* status) {
+  Capture* c = capture_of(stream);
+  if (c == nullptr) return false;
+  if (c->invalidated) {
+    *status = last_error = cudaErrorStreamCaptureInvalidated;
+    return true;
+  }
+  c->nodes.push_back(std::move(node));
+  *status = cudaSuccess;
+  return true;
+}
+
 }  // namespace emu_rt
 
-// emu_launch's hook (emu_core.h, found by argument-dependent lookup): a kernel runs only on
+// emu_launch's first hook (emu_core.h, found by argument-dependent lookup): on a stream being
+// captured, the launch (its arguments copied) becomes a node of the graph and does not run.
+template <class F>
+bool emu_launch_captured(cudaStream_t stream, dim3 grid, dim3 block, size_t smem, const char* name, const F& kernel) {
+  using namespace emu_rt;
+  std::lock_guard lock(state().mutex);
+  if (state().captures.empty() || capture_of(stream) == nullptr) return false;
+  if (stream->device != current_device) {
+    last_error = cudaErrorInvalidResourceHandle;
+    return true;
+  }
+  GraphNode node{GraphNode::kKernel, name, grid, block, smem, std::function<void()>(kernel), nullptr, nullptr, 0, 0, nullptr};
+  cudaError_t status = cudaSuccess;
+  return captured(stream, std::move(node), &status);
+}
+
+// emu_launch's second hook: a kernel runs only on
 // a stream of the current device, as on CUDA; otherwise the launch records the error. A fault
 // pending from an earlier launch (emu_rt::fault_launch) becomes the last error here; a
 // launch that fault_launch names does not run and leaves its fault pending.
@@ -310,6 +407,11 @@ inline const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
   }
@@ -323,6 +425,11 @@ inline const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
   }
@@ -354,6 +461,7 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d
 }
 inline cudaError_t cudaDeviceSynchronize() {
   std::lock_guard lock(emu_rt::state().mutex);
+  if (emu_rt::unsafe_call_refused()) return cudaErrorStreamCaptureUnsupported;
   ++emu_rt::state().stats.host_waits;
   if (cudaError_t e = emu_rt::take_fault(); e != cudaSuccess) return emu_rt::fail(e);
   return cudaSuccess;
@@ -377,6 +485,7 @@ inline cudaError_t cudaMalloc(void** ptr, size_t size) {
   const int device = current_device;
   std::lock_guard lock(state().mutex);
   State& s = state();
+  if (unsafe_call_refused()) return cudaErrorStreamCaptureUnsupported;
   if (s.used.size() <= size_t(device)) s.used.resize(device + 1, 0);
   if (s.limit.size() <= size_t(device)) s.limit.resize(device + 1, SIZE_MAX);
   if (size > s.limit[device] - std::min(s.limit[device], s.used[device])) return fail(cudaErrorMemoryAllocation);
@@ -401,6 +510,7 @@ inline cudaError_t cudaFree(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
   std::lock_guard lock(state().mutex);
   State& s = state();
+  if (unsafe_call_refused()) return cudaErrorStreamCaptureUnsupported;
   auto it = s.blocks.find(static_cast<const char*>(ptr));
   if (it == s.blocks.end() || it->second.device < 0) return fail(cudaErrorInvalidValue);
   s.used[it->second.device] -= it->second.size;
@@ -451,9 +561,20 @@ inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMem
                      : check_host_range("cudaMemcpyAsync (src)", src, n);
     if (e != cudaSuccess) return e;
   }
+  std::lock_guard lock(state().mutex);
+  if (Capture* c = capture_of(stream); c != nullptr && !c->invalidated && (dst_device != src_device || kind == cudaMemcpyDefault)) {
+    // A graph's copy between host and device reads or writes pinned memory: pageable memory
+    // would need the copy to synchronise, which a graph cannot.
+    const void* host = kind == cudaMemcpyDeviceToHost ? dst : src;
+    const Block* b = find_block(host, n);
+    if (kind == cudaMemcpyDefault || b == nullptr || b->device >= 0) {
+      c->invalidated = true;
+      return fail(cudaErrorStreamCaptureUnsupported);
+    }
+  }
+  if (cudaError_t status = cudaSuccess; captured(stream, {GraphNode::kCopy, "", {}, {}, 0, {}, dst, src, n, 0, nullptr}, &status)) return status;
   std::memmove(dst, src, n);
   emu_san::host_wrote(dst, n);
-  std::lock_guard lock(state().mutex);
   ++state().stats.memcpys;
   traced({stream, "", dst});
   return cudaSuccess;
@@ -469,8 +590,9 @@ inline cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* sr
   if (dst == nullptr || src == nullptr) return fail(cudaErrorInvalidValue);
   if (cudaError_t e = check_device_range("cudaMemcpyPeerAsync (dst)", dst, n, dst_device); e != cudaSuccess) return e;
   if (cudaError_t e = check_device_range("cudaMemcpyPeerAsync (src)", src, n, src_device); e != cudaSuccess) return e;
-  std::memmove(dst, src, n);
   std::lock_guard lock(state().mutex);
+  if (cudaError_t status = cudaSuccess; captured(stream, {GraphNode::kCopy, "", {}, {}, 0, {}, dst, src, n, 0, nullptr}, &status)) return status;
+  std::memmove(dst, src, n);
   ++state().stats.memcpys;
   return cudaSuccess;
 }
@@ -481,9 +603,11 @@ inline cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t st
   if (n == 0) return cudaSuccess;
   if (p == nullptr) return fail(cudaErrorInvalidValue);
   if (cudaError_t e = check_device_range("cudaMemsetAsync", p, n); e != cudaSuccess) return e;
+  std::lock_guard lock(state().mutex);
+  if (cudaError_t status = cudaSuccess; captured(stream, {GraphNode::kMemset, "", {}, {}, 0, {}, p, nullptr, n, value, nullptr}, &status))
+    return status;
   std::memset(p, value, n);
   emu_san::host_wrote(p, n);
-  std::lock_guard lock(state().mutex);
   ++state().stats.memsets;
   traced({stream, "", p});
   return cudaSuccess;
@@ -521,6 +645,11 @@ inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   int device = 0;
   if (cudaError_t e = emu_rt::stream_device(stream, &device); e != cudaSuccess) return e;
   std::lock_guard lock(emu_rt::state().mutex);
+  if (emu_rt::Capture* c = emu_rt::capture_of(stream); c != nullptr) {  // the host cannot wait for a graph being made
+    if (c->invalidated) return emu_rt::fail(cudaErrorStreamCaptureInvalidated);
+    c->invalidated = true;
+    return emu_rt::fail(cudaErrorStreamCaptureUnsupported);
+  }
   ++emu_rt::state().stats.host_waits;
   if (cudaError_t e = emu_rt::take_fault(); e != cudaSuccess) return emu_rt::fail(e);
   return cudaSuccess;
@@ -537,6 +666,11 @@ inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = null
   if (cudaError_t e = stream_device(stream, &device); e != cudaSuccess) return e;
   if (device != event->device) return fail(cudaErrorInvalidResourceHandle);  // CUDA: same device only
   std::lock_guard lock(state().mutex);
+  event->captured = false;
+  if (cudaError_t status = cudaSuccess; captured(stream, {GraphNode::kEventRecord, "", {}, {}, 0, {}, nullptr, nullptr, 0, 0, event}, &status)) {
+    event->captured = status == cudaSuccess;
+    return status;
+  }
   ++state().stats.event_records;
   event->pending = state().hold_events;
   traced({stream, "", nullptr, event});
@@ -548,17 +682,20 @@ inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = null
 inline cudaError_t cudaEventQuery(cudaEvent_t event) {
   using namespace emu_rt;
   if (cudaError_t e = check_event(event); e != cudaSuccess) return e;
-  bool pending = false;
+  bool pending = false, in_capture = false;
   {
     std::lock_guard lock(state().mutex);
     pending = event->pending;
+    in_capture = event->captured;
   }
+  if (in_capture) return fail(cudaErrorCapturedEvent);
   return pending ? fail(cudaErrorNotReady) : cudaSuccess;
 }
 inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   using namespace emu_rt;
   if (cudaError_t e = check_event(event); e != cudaSuccess) return e;
   std::lock_guard lock(state().mutex);
+  if (event->captured) return fail(cudaErrorCapturedEvent);
   ++state().stats.event_waits;
   ++state().stats.host_waits;
   event->pending = false;
@@ -572,7 +709,13 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, u
   if (cudaError_t e = stream_device(stream, &device); e != cudaSuccess) return e;
   if (cudaError_t e = check_event(event); e != cudaSuccess) return e;
   std::lock_guard lock(state().mutex);
+  // A stream outside the capture waiting for an event of it would join the capture (a fork):
+  // not emulated, refused.
+  if (event->captured && capture_of(stream) == nullptr) return fail(cudaErrorStreamCaptureUnsupported);
+  if (Capture* c = capture_of(stream); c != nullptr && c->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
   ++state().stats.stream_waits;
   traced({stream, "", nullptr, event, true});
   return cudaSuccess;
 }
+
+#include "emu_graph.h"

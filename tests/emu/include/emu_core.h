@@ -52,6 +52,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -451,6 +452,12 @@ void emu_launch_impl(dim3 grid, dim3 block, size_t smem, const char* name, F&& k
       }
   emu_san::end_launch();
 }
+// A launch's arguments converted to the kernel's parameter types and copied, once, at the
+// launch (emu_rewrite.cpp): what CUDA does, and what a launch captured into a graph replays.
+template <class... P>
+std::tuple<std::decay_t<P>...> emu_kernel_args(void (*)(P...), std::type_identity_t<P>... args) {
+  return {args...};
+}
 template <class F>
 void emu_launch(dim3 g, dim3 b, const char* name, F&& kernel) {
   emu_launch_impl(g, b, 0, name, kernel);
@@ -462,10 +469,12 @@ void emu_launch(dim3 g, dim3 b, size_t smem, const char* name, F&& kernel) {
 // With a stream: cuda_runtime.h's emu_launch_allowed(stream, name) (found by argument-dependent
 // lookup) refuses a stream that is unknown or belongs to another device than the current
 // one, recording the error for cudaGetLastError as CUDA does, and a launch a test made fault;
-// the kernel then does not run.
+// the kernel then does not run. On a stream being captured, emu_launch_captured records the
+// launch (its arguments already copied) as a node of the graph instead of running it.
 template <class S, class F>
 void emu_launch(dim3 g, dim3 b, size_t smem, S stream, const char* name, F&& kernel) {
   if constexpr (std::is_pointer_v<S>) {
+    if (emu_launch_captured(stream, g, b, smem, name, kernel)) return;
     if (!emu_launch_allowed(stream, name)) return;
   }
   emu_launch_impl(g, b, smem, name, kernel);
