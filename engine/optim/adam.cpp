@@ -6,6 +6,7 @@
 #include "engine/factories.h"
 #include "engine/ops/common.h"
 #include "kernels/cpu/optim.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/optim.h"
 
 namespace nd::optim {
@@ -61,6 +62,13 @@ void Adam::update(const OptimizerOptions& options, std::vector<ParamUpdate>& par
                                     o.amsgrad_};
   for (const std::vector<ParamUpdate*>& group : by_device(params)) {
     const Tensor& first = group.front()->param;
+    // Before any state changes: the bias corrections are computed here from the host's step
+    // count and passed by value.
+    if (first.is_cuda())
+      kernels::cuda::refuse_during_capture(first.device().index, "capture " + name() + ".step()",
+                                           "its bias corrections come from a step count on the host, so every replay "
+                                           "would repeat the captured step's; capture SGD, or call step() outside "
+                                           "the graph");
     ops::dispatch_floating("Adam.step", first, [&]<class T>() {
       std::vector<kernels::cpu::AdamTensor<T>> tensors;
       for (ParamUpdate* u : group) {

@@ -116,9 +116,21 @@ TEST_CASE("cuda graphs: what a capture cannot hold is refused by name") {
   Tensor g = full({2}, 1.0, TensorOptions().device(kGpu));
   Tensor c = full({2}, 1.0);
   Tensor s = full({}, 5.0, TensorOptions().device(kGpu));
+  auto mlp = build();
+  optim::AdamW adamw(mlp->parameters(), optim::AdamWOptions(1e-3));
+  mse_loss(mlp->forward(full({2, 8}, 1.0, TensorOptions().device(kGpu))), full({2, 4}, 0.0, TensorOptions().device(kGpu)))
+      .backward();
+  adamw.step();  // warm-up: the state exists
+  const std::vector<double> before = values(mlp->fc1->weight);
   {
     cuda::Graph graph(0);
     graph.capture_begin();
+    CHECK_THROWS_WITH_AS(adamw.step(),
+                         ("cannot capture AdamW.step()" + std::string(during) +
+                          "its bias corrections come from a step count on the host, so every replay would repeat "
+                          "the captured step's; capture SGD, or call step() outside the graph)")
+                             .c_str(),
+                         Error);
     CHECK_THROWS_WITH_AS(s.item(), ("cannot read " + s.describe() + " with item()" + during +
                                     "the host would wait for a value the capture only records; read it after a replay)")
                                        .c_str(),
@@ -160,6 +172,9 @@ TEST_CASE("cuda graphs: what a capture cannot hold is refused by name") {
   }
   CHECK_FALSE(kernels::cuda::capture_active());
   CHECK(s.item() == 5.0);  // eager again
+  CHECK(values(mlp->fc1->weight) == before);  // the refused step changed nothing
+  adamw.step();
+  CHECK(values(mlp->fc1->weight) != before);
   CHECK(values(c + c) == std::vector<double>{2.0, 2.0});
   cuda::Graph graph(0);
   CHECK_THROWS_WITH_AS(graph.capture_end(), "Graph::capture_end: no capture_begin before it", Error);
