@@ -49,8 +49,7 @@ BatchStream::BatchStream(const TrainData& data, const DataOptions& o, int64_t gl
   if (data.shards) {
     // Each rank streams its own shards: per_rank samples an epoch in their stream order.
     ND_CHECK(global_batch / world.size <= data.per_rank, "--batch-size ", global_batch, " takes ",
-             global_batch / world.size, " images a rank, and each of the ", world.size, " ranks' shards give ",
-             data.per_rank, " an epoch");
+             global_batch / world.size, " images a rank an epoch; each rank's shards give ", data.per_rank);
     options = rank_options(global_batch, seed, world, device)
                   .sampler(data.shards->sampler(seed, kShuffleBuffer, data.per_rank));
   } else {

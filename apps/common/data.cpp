@@ -55,7 +55,6 @@ T::AnyTransform image_transform(int64_t size) {
 
 std::string TrainData::describe() const {
   const int64_t classes = images ? static_cast<int64_t>(images->classes().size()) : 10;
-  const auto* shards = dynamic_cast<const nd::data::TarShards*>(images.get());
   const size_t n_shards = shards ? shards->all_shards().size() : 0;
   return kind + " in " + dir + " (" +
          (shards ? std::to_string(n_shards) + (n_shards == 1 ? " shard, " : " shards, ") : std::string()) +

@@ -64,7 +64,7 @@ void Adam::update(const OptimizerOptions& options, std::vector<ParamUpdate>& par
     const Tensor& first = group.front()->param;
     // Before any state changes: the bias corrections are computed here from the host's step
     // count and passed by value.
-    if (first.is_cuda())
+    if (first.is_cuda() && kernels::cuda::capture_active())
       kernels::cuda::refuse_during_capture(first.device().index, "capture " + name() + ".step()",
                                            "its bias corrections come from a step count on the host, so every replay "
                                            "would repeat the captured step's; capture SGD, or call step() outside "

@@ -170,6 +170,8 @@ TEST_CASE("apps --data: what the data cannot do is one clear line") {
                    "train_gan: error: TarShards: '" + (shards / "none.tar").string() +
                        "' names 1 file, which does not exist",
                    1});
+  cases.push_back({"train_gan", "--data " + (shards / "train-0.tar").string() + " --batch-size 4",
+                   "train_gan: error: --batch-size 4 takes 4 images a rank an epoch; each rank's shards give 1", 1});
   for (const Case& c : cases) {
     CAPTURE(c.args);
     const Run r = run_app(c.app, c.args + out);
