@@ -236,8 +236,9 @@ class Function:
     def iteration(self, header, trips=None, copies=None):
         """One iteration of loop `header` (see the module comment): (counts, path) where
         counts is a Counter of 'instructions', 'mma', 'lds', 'ldsm', 'copy', 'exp2',
-        'softmax_instructions', 'softmax_exp2' (of the stretches between two HMMA of the path,
-        the one with the most MUFU.EX2, then the longest: its length and MUFU.EX2) and
+        'softmax_instructions', 'softmax_exp2' (the path's MUFU.EX2, and the instructions from
+        the HMMA before the first of them to the HMMA after the last, HMMA and LDSM left out:
+        where ptxas interleaves P V's mma with the exponentials, only theirs are left out) and
         'nested' (the nested loops' headers the path passes, in order), and path the
         instructions in order, a nested loop's repeated as many times as it is counted.
         trips: {kind: n}, the trips of nested loops by loop_kind(); a nested loop of another
@@ -340,11 +341,12 @@ class Function:
         counts["instructions"] = len(path)
         counts["nested"] = passed
         mmas = [k for k, i in enumerate(path) if i.kind == "mma"]
-        gaps = [(mmas[k + 1] - mmas[k] - 1, mmas[k]) for k in range(len(mmas) - 1)]
-        if gaps:  # the stretch with the most MUFU.EX2, then the longest
-            exp2, length = max((sum(1 for i in path[at + 1:at + 1 + n] if i.kind == "exp2"), n) for n, at in gaps)
-            counts["softmax_instructions"] = length
-            counts["softmax_exp2"] = exp2
+        exps = [k for k, i in enumerate(path) if i.kind == "exp2"]
+        if exps and len(mmas) > 1:  # from the HMMA before the first MUFU.EX2 to the HMMA after the last
+            start = max((k for k in mmas if k < exps[0]), default=-1)
+            end = min((k for k in mmas if k > exps[-1]), default=len(path))
+            counts["softmax_instructions"] = sum(1 for i in path[start + 1:end] if i.kind not in ("mma", "ldsm"))
+            counts["softmax_exp2"] = len(exps)
         return counts, path
 
 

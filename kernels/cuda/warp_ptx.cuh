@@ -57,6 +57,15 @@ __device__ __forceinline__ void ldmatrix_trans(uint32_t (&r)[Num], const void* r
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s) : "memory");
 }
 
+// 2^x in one MUFU.EX2 (ex2.approx.ftz.f32: relative error below 2^-22, subnormal inputs and
+// results flushed to 0), where exp2f adds three instructions to handle subnormal results: the
+// attention forward's weights, which a bf16 rounding follows.
+__device__ __forceinline__ float ex2_approx_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // 16 bytes global -> shared, cached in L2 only (.cg): streamed tiles.
 __device__ __forceinline__ void cp_async_cg_16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));

@@ -11,7 +11,10 @@ nvdisasm excerpts, kernel_sass_fixture.sass, with counts worked out by hand:
 - softmax: the loop's diverged-warp fallback (BRA.DIV's target) sits after its backward
   branch, so the loop is found by dominators, not by addresses (static 14 = 10 + the 4 out
   of line), and the path (10) takes the converged side; between its two HMMA, 6
-  instructions with 2 MUFU.EX2: 3 per exp2.
+  instructions with 2 MUFU.EX2: 3 per exp2;
+- interleaved: P V's LDSM and HMMA scheduled between the exponentials (as ptxas does in a
+  full tile): the softmax runs from the HMMA before the first MUFU.EX2 to the HMMA after the
+  last, without the LDSM and HMMA inside: FMUL, MUFU.EX2, MUFU.EX2, F2FP: 4, 2 per exp2.
 Also bench/kernel_sass.py's name shortening and its budget and expected-count checks."""
 import os
 import sys
@@ -33,7 +36,7 @@ def function(name):
 
 class Reader(unittest.TestCase):
     def test_parse(self):
-        self.assertEqual(list(PARSED), ["two_mma_loop", "nested", "no_loop", "softmax"])
+        self.assertEqual(list(PARSED), ["two_mma_loop", "nested", "no_loop", "softmax", "interleaved"])
         instructions, labels = PARSED["two_mma_loop"]
         self.assertEqual(len(instructions), 9)
         self.assertEqual(labels, {".L_x_0": 1, ".L_x_100": 8})
@@ -84,6 +87,12 @@ class Reader(unittest.TestCase):
         self.assertEqual((counts["mma"], counts["exp2"], counts["copy"]), (2, 2, 1))
         self.assertEqual((counts["softmax_instructions"], counts["softmax_exp2"]), (6, 2))
         self.assertNotIn(0xc0, [i.address for i in path])
+
+    def test_softmax_with_mma_interleaved(self):
+        f = function("interleaved")
+        counts, _ = f.iteration(f.main_loop())
+        self.assertEqual((counts["mma"], counts["exp2"], counts["ldsm"], counts["instructions"]), (3, 2, 1, 10))
+        self.assertEqual((counts["softmax_instructions"], counts["softmax_exp2"]), (4, 2))
 
     def test_bad_input(self):
         with self.assertRaisesRegex(sass.SassError, r"^line 2: expected an instruction .*found '/\*0000\*/ \?\?\?'"):

@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "emu_cost.h"
 #include "emu_test.h"
 #include "engine/error.h"
 #include "kernels/cpu/attention.h"
@@ -52,6 +53,7 @@ struct Case {
   bool causal;
   int mask;  // 0 none, 1 random additive with -inf entries (broadcast over heads), 2 query row 5 fully masked
   double dropout = 0;  // dropout_p on the attention weights
+  double scale_sign = 1;  // -1: scale = -1 / sqrt(E) (the forward's general copy)
 };
 
 // The case's dropout, one fixed generator state: both twins must drop the same weights.
@@ -134,7 +136,7 @@ void check_half(const Case& c, bool twice = false) {
              dout = r16(uniform(BH * c.Sq * c.Ev, 4, -2, 2));
   const auto maskf = make_mask(c);
   const auto maskb = to16(maskf);
-  const double scale = 1.0 / std::sqrt(double(c.E));
+  const double scale = c.scale_sign / std::sqrt(double(c.E));
   // The reference: the f32 CPU kernel on the rounded operands, outputs rounded to S.
   std::vector<float> o1(BH * c.Sq * c.Ev), l1(BH * c.Sq), dq1(q.size()), dk1(k.size()), dv1(v.size());
   cpu::scaled_dot_product_attention_forward<float>(q.data(), k.data(), v.data(), mask_of(c, maskf), c.B, c.H, c.Sq,
@@ -186,6 +188,8 @@ const Case kMaskedRow{"fully masked query row", 1, 2, 19, 23, 32, 32, false, 2};
 const Case kDropout{"dropout 0.3, mask, two heads", 2, 2, 45, 70, 32, 32, false, 1, 0.3};
 const Case kDropoutCausal{"dropout 0.5, causal, tails", 1, 1, 70, 45, 64, 40, true, 0, 0.5};
 const Case kMaskCausal128{"additive mask, causal, E=128 Ev=100, Sq=70 Sk=80", 1, 2, 70, 80, 128, 100, true, 1};
+const Case kFull128{"E=128 Sq=40 Sk=100: a full 64-key tile, then a partial one", 1, 1, 40, 100, 128, 128, false, 0};
+const Case kNegativeScale{"scale -1/sqrt(E), E=64 Sq=45 Sk=70", 1, 2, 45, 70, 64, 64, false, 0, 0, -1};
 
 TEST_CASE("attention f32 SIMT kernels: head dims 32/64/128 and padded, tails, causal, masks") {
   for (const Case& c : {kE32, kE64, kE128Causal, kPadded, kPadded128, kCausalWide, kMask, kMaskedRow})
@@ -200,6 +204,43 @@ TEST_CASE("attention bf16 tensor-core kernels: head dims 32/64/128 and padded, t
   for (const Case& c : {kE32, kE64, kE128Causal, kPadded, kPadded128, kUnaligned, kTwoQueryTiles})
     check_half<BFloat16>(c);
   check_half<BFloat16>(kCausalWide, true);  // the copy without mask and dropout, bit-reproducible
+}
+
+// The forward's full-tile copy of its loop body (every row of a warp seeing all 64 keys, E = Ev
+// = D) runs in kE32, kE64, kTwoQueryTiles, kMask, kDropout and here at D = 128; a scale <= 0
+// takes the general copy (the maximum of the raw dot products is the scores' only for scale > 0).
+TEST_CASE("attention bf16 tensor-core kernels: a full tile at head dim 128, a negative scale") {
+  check_half<BFloat16>(kFull128, true);
+  check_half<BFloat16>(kNegativeScale, true);
+  check_half<nd::Half>(kNegativeScale);
+}
+
+// The forward writes out through its shared memory in 16-byte stores where Ev % 8 == 0 and out
+// is 16-byte aligned: every 32-byte sector of out and lse is written by one warp instruction,
+// once (2-byte stores of a lane's columns wrote each sector of out 4 times, 8 rows a warp
+// instruction). Counted by the cost model, which sees each store.
+TEST_CASE("attention bf16 forward: out in 16-byte stores, each sector written once") {
+  const int64_t Sq = 128, Sk = 64, D = 64;
+  const auto q = uniform(Sq * D, 1, -2, 2), k = uniform(Sk * D, 2, -2, 2), v = uniform(Sk * D, 3, -2, 2);
+  const std::vector<BFloat16> qb(q.begin(), q.end()), kb(k.begin(), k.end()), vb(v.begin(), v.end());
+  // out and lse start on a sector, as cudaMalloc's blocks do (a vector's 16 bytes would add one).
+  std::vector<BFloat16> out_buffer(static_cast<size_t>(Sq * D + 16));
+  std::vector<float> lse_buffer(static_cast<size_t>(Sq + 8));
+  const auto on_sector = [](auto* p) {
+    return reinterpret_cast<decltype(p)>((reinterpret_cast<uintptr_t>(p) + 31) / 32 * 32);
+  };
+  BFloat16* out = on_sector(out_buffer.data());
+  float* lse = on_sector(lse_buffer.data());
+  emu_cost::clear();
+  emu_cost::set_enabled(true);
+  cuda::scaled_dot_product_attention_forward(qb.data(), kb.data(), vb.data(), {}, 1, 1, Sq, Sk, D, D, false, 0.125, {},
+                                             out, lse, nullptr);
+  emu_cost::set_enabled(false);
+  REQUIRE(emu_cost::launches().size() == 1);
+  const auto& c = emu_cost::launches()[0];
+  CHECK(c.kernel == "tc_forward_kernel<BFloat16, 64, false>");
+  CHECK(c.unique_write_sectors == (Sq * D * 2 + Sq * 4) / 32);
+  CHECK(c.write_sectors == c.unique_write_sectors);
 }
 
 TEST_CASE("attention bf16 tensor-core kernels: additive mask, a fully masked row, bit-reproducible") {

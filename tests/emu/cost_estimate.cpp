@@ -18,48 +18,71 @@ std::string trim(const std::string& s) {
 
 int64_t round_up(int64_t v, int64_t unit) { return (v + unit - 1) / unit * unit; }
 
-}  // namespace
-
-std::map<std::string, Resources> read_resources(const std::string& path) {
+// The cells of each kernel row ("| `name` | ..." lines) of a markdown table in `path`; with
+// `section`, only the rows under that "## " heading. `what` names the file in errors; a row
+// of fewer than `min_cells` cells is one.
+std::vector<std::vector<std::string>> kernel_rows(const std::string& path, const std::string& what,
+                                                  const std::string& section, size_t min_cells) {
   std::ifstream in(path);
-  if (!in) throw nd::Error("cost model: cannot read " + path + " (bench/kernel_resources.md: the ptxas table)");
-  std::map<std::string, Resources> table;
-  std::string line;
-  bool in_kernels = false;
-  int row = 0;
-  while (std::getline(in, line)) {
-    if (line.rfind("## ", 0) == 0) in_kernels = line == "## Kernels";
-    if (!in_kernels || line.rfind("| `", 0) != 0) continue;
-    ++row;
+  if (!in) throw nd::Error("cost model: cannot read " + path + " (" + what + ")");
+  std::vector<std::vector<std::string>> rows;
+  bool in_section = section.empty();
+  for (std::string line; std::getline(in, line);) {
+    if (!section.empty() && line.rfind("## ", 0) == 0) in_section = line == section;
+    if (!in_section || line.rfind("| `", 0) != 0) continue;
     std::vector<std::string> cells;
     std::stringstream ss(line.substr(1));
     for (std::string cell; std::getline(ss, cell, '|');) cells.push_back(trim(cell));
-    // kernel | file | registers | spills | stack | static shared | ...
-    if (cells.size() < 6)
-      throw nd::Error("cost model: " + path + ": kernels row " + std::to_string(row) + " has " +
-                      std::to_string(cells.size()) + " cells, expected at least 6: " + line);
+    if (cells.size() < min_cells)
+      throw nd::Error("cost model: " + path + ": kernel row " + std::to_string(rows.size() + 1) + " has " +
+                      std::to_string(cells.size()) + " cells, expected at least " + std::to_string(min_cells));
+    rows.push_back(std::move(cells));
+  }
+  if (rows.empty())
+    throw nd::Error("cost model: " + path + " has no " + (section.empty() ? "" : "'" + section.substr(3) + "' ") +
+                    "table rows");
+  return rows;
+}
+
+// "cost model: PATH: kernel row N: expected ..., found 'a' and 'b'".
+nd::Error bad_row(const std::string& path, size_t row, const std::string& expected, const std::string& a,
+                  const std::string& b) {
+  return nd::Error("cost model: " + path + ": kernel row " + std::to_string(row) + ": expected " + expected +
+                   ", found '" + a + "' and '" + b + "'");
+}
+
+}  // namespace
+
+std::map<std::string, Resources> read_resources(const std::string& path) {
+  std::map<std::string, Resources> table;
+  const auto rows = kernel_rows(path, "bench/kernel_resources.md: the ptxas table", "## Kernels", 6);
+  for (size_t row = 0; row < rows.size(); ++row) {
+    const auto& cells = rows[row];  // kernel | file | registers | spills | stack | static shared | ...
     try {
       table.emplace(cells[0], Resources{std::stoi(cells[2]), std::stoi(cells[5])});
     } catch (const std::exception&) {
-      throw nd::Error("cost model: " + path + ": kernels row " + std::to_string(row) +
-                      ": expected numbers for registers and static shared memory, found '" + cells[2] + "' and '" +
-                      cells[5] + "'");
+      throw bad_row(path, row + 1, "numbers for registers and static shared memory", cells[2], cells[5]);
     }
   }
-  if (table.empty()) throw nd::Error("cost model: " + path + " has no '## Kernels' table rows");
   return table;
 }
 
-const Resources* find_resources(const std::map<std::string, Resources>& table, const std::string& kernel) {
-  if (const auto it = table.find(kernel); it != table.end()) return &it->second;
-  if (kernel.empty() || kernel.back() != '>') return nullptr;
-  const std::string prefix = kernel.substr(0, kernel.size() - 1) + ", ";
-  const Resources* found = nullptr;
-  for (auto it = table.lower_bound(prefix); it != table.end() && it->first.rfind(prefix, 0) == 0; ++it) {
-    if (found != nullptr) return nullptr;  // ambiguous
-    found = &it->second;
+std::map<std::string, Issue> read_issue(const std::string& path) {
+  std::map<std::string, Issue> table;
+  const auto rows = kernel_rows(path, "bench/kernel_sass.md: the main loops' SASS", "", 5);
+  for (size_t row = 0; row < rows.size(); ++row) {
+    const auto& cells = rows[row];  // kernel | file | main loop | mma / iteration | instructions / iteration | ...
+    double mma = 0, instructions = 0;
+    try {
+      mma = std::stod(cells[3]), instructions = std::stod(cells[4]);
+    } catch (const std::exception&) {
+      mma = 0;
+    }
+    if (!(mma > 0) || !(instructions > 0))
+      throw bad_row(path, row + 1, "positive numbers for mma and instructions per iteration", cells[3], cells[4]);
+    table.emplace(cells[0], Issue{instructions / mma});
   }
-  return found;
+  return table;
 }
 
 int blocks_per_sm(int registers, int64_t shared_bytes, int64_t threads) {
@@ -73,7 +96,7 @@ int blocks_per_sm(int registers, int64_t shared_bytes, int64_t threads) {
   return int(std::min({int64_t(32), by_regs, by_smem, by_warps}));
 }
 
-Estimate estimate(const LaunchCounts& c, const Resources* resources, const Device& d) {
+Estimate estimate(const LaunchCounts& c, const Resources* resources, const Issue* issue, const Device& d) {
   Estimate e;
   const int64_t busiest = (c.blocks + d.sms - 1) / d.sms;  // blocks on the busiest SM
   const double share = c.blocks > 0 ? double(busiest) / double(c.blocks) : 0;  // its part of the launch
@@ -81,6 +104,8 @@ Estimate estimate(const LaunchCounts& c, const Resources* resources, const Devic
   e.l2_s = double(c.read_sectors + c.write_sectors) * 32 * share / (d.l2_bytes_per_s / d.sms);
   e.shared_s = double(c.shared_wavefronts) * share / (d.shared_wavefronts_per_sm_cycle * d.clock_hz);
   e.mma_s = double(c.mma_flops) * share / (d.mma_sync_flops_per_s / d.sms);
+  if (issue != nullptr)
+    e.issue_s = double(c.mma_flops / kMmaFlops) * issue->instructions_per_mma * share / (d.schedulers * d.clock_hz);
   if (resources != nullptr)
     e.blocks_per_sm = blocks_per_sm(resources->registers, resources->static_shared + int64_t(c.dynamic_shared),
                                     c.threads_per_block);
@@ -89,7 +114,8 @@ Estimate estimate(const LaunchCounts& c, const Resources* resources, const Devic
   const double barriers_per_block = c.blocks > 0 ? double(c.barriers) / double(c.blocks) : 0;
   e.barrier_s = double(e.waves) * barriers_per_block * d.barrier_cycles / d.clock_hz;
   const std::pair<double, const char*> terms[] = {
-      {e.dram_s, "dram"}, {e.l2_s, "l2"}, {e.shared_s, "shared"}, {e.mma_s, "mma"}, {e.barrier_s, "barrier"}};
+      {e.dram_s, "dram"}, {e.l2_s, "l2"}, {e.shared_s, "shared"}, {e.mma_s, "mma"}, {e.issue_s, "issue"},
+      {e.barrier_s, "barrier"}};
   const auto* top = std::max_element(std::begin(terms), std::end(terms),
                                      [](const auto& a, const auto& b) { return a.first < b.first; });
   e.bound = top->first > d.launch_s ? top->second : "launch";

@@ -6,7 +6,10 @@
 // launch and per row, and JSON lines (bench/json_line.h's fields; "ms" is the ESTIMATE, impl
 // "model", "device" the GPU's rates: all the H200's rows, then the H100's).
 //
-//   build/tests/emu/nanoddp_emu_cost_model [--only SUBSTRING] [--resources PATH] [--fill-sms]
+//   build/tests/emu/nanoddp_emu_cost_model [--only SUBSTRING] [--resources PATH] [--sass PATH] [--fill-sms]
+//
+// --resources: bench/kernel_resources.md (registers and static shared memory: occupancy);
+// --sass: bench/kernel_sass.md (the main loops' instructions per mma: the issue term).
 //
 // --fill-sms: conv's tile kernels under ConvSplit::kFillSms (kernels/cuda/conv.h), the
 // model's side of bench_kernels' "fill-sms" rows (bench/cost_model_rows.h); the committed
@@ -236,22 +239,26 @@ std::string grid_text(const emu_cost::LaunchCounts& c) {
 
 int main(int argc, char** argv) {
   emu_rt::check_pointers = false;  // host memory stands in for device memory, as in the per-kernel tests
-  std::string only, resources_path = NANODDP_SOURCE_DIR "/bench/kernel_resources.md";
+  std::string only, resources_path = NANODDP_SOURCE_DIR "/bench/kernel_resources.md",
+                    sass_path = NANODDP_SOURCE_DIR "/bench/kernel_sass.md";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if ((a == "--only" || a == "--resources") && i + 1 < argc) (a == "--only" ? only : resources_path) = argv[++i];
+    if ((a == "--only" || a == "--resources" || a == "--sass") && i + 1 < argc)
+      (a == "--only" ? only : a == "--resources" ? resources_path : sass_path) = argv[++i];
     else if (a == "--fill-sms") nd::kernels::cuda::set_conv_split(nd::kernels::cuda::ConvSplit::kFillSms);
     else {
-      std::fprintf(stderr, "usage: nanoddp_emu_cost_model [--only SUBSTRING] [--resources PATH] [--fill-sms]\n");
+      std::fprintf(stderr,
+                   "usage: nanoddp_emu_cost_model [--only SUBSTRING] [--resources PATH] [--sass PATH] [--fill-sms]\n");
       return 2;
     }
   }
   try {
     const auto resources = emu_cost::read_resources(resources_path);
+    const auto issue = emu_cost::read_issue(sass_path);
     constexpr size_t kNumDevices = std::size(emu_cost::kDevices);
     std::vector<std::string> summary[kNumDevices], json[kNumDevices];
-    std::printf("%-36s %-11s %4s %9s %9s %9s %8s %8s %8s %8s", "kernel", "grid", "occ", "L2 MB", "DRAM MB", "wavefr.",
-                "conflict", "MFLOP", "barriers", "waves");
+    std::printf("%-36s %-11s %4s %9s %9s %9s %8s %8s %8s %8s %8s", "kernel", "grid", "occ", "L2 MB", "DRAM MB",
+                "wavefr.", "conflict", "MFLOP", "inst/mma", "barriers", "waves");
     for (const emu_cost::Device& d : emu_cost::kDevices) std::printf(" %5s us %-7s", d.name, "bound");
     std::printf("\n");
     for (const rows::Row& spec : rows::rows()) {
@@ -270,19 +277,23 @@ int main(int argc, char** argv) {
                   row.replicate > 1 ? (" (emulated 1/" + std::to_string(row.replicate) + " of it)").c_str() : "");
       for (const auto& emulated : emu_cost::launches()) {
         const auto c = replicated(emulated, row.replicate);
-        const emu_cost::Resources* res = emu_cost::find_resources(resources, c.kernel);
+        const emu_cost::Resources* res = emu_cost::find_row(resources, c.kernel);
+        const emu_cost::Issue* iss = emu_cost::find_row(issue, c.kernel);
         l2_bytes += double(c.read_sectors + c.write_sectors) * 32;
         dram_bytes += double(c.unique_read_sectors + c.unique_write_sectors) * 32;
-        const auto first = emu_cost::estimate(c, res, emu_cost::kDevices[0]);  // occupancy and waves: the same SMs
-        std::printf("%-36.36s %-11s %4s %9.3f %9.3f %9lld %8.2f %8.1f %8lld %8lld", c.kernel.c_str(),
+        // occupancy and waves: the same SMs on every device
+        const auto first = emu_cost::estimate(c, res, iss, emu_cost::kDevices[0]);
+        std::printf("%-36.36s %-11s %4s %9.3f %9.3f %9lld %8.2f %8.1f %8s %8lld %8lld", c.kernel.c_str(),
                     grid_text(c).c_str(), first.blocks_per_sm ? std::to_string(first.blocks_per_sm).c_str() : "?",
                     double(c.read_sectors + c.write_sectors) * 32 / 1e6,
                     double(c.unique_read_sectors + c.unique_write_sectors) * 32 / 1e6,
                     static_cast<long long>(c.shared_wavefronts),
                     c.shared_requests ? double(c.shared_wavefronts) / double(c.shared_requests) : 0.0,
-                    double(c.mma_flops) / 1e6, static_cast<long long>(c.barriers), static_cast<long long>(first.waves));
+                    double(c.mma_flops) / 1e6,
+                    iss ? std::to_string(iss->instructions_per_mma).substr(0, 5).c_str() : "-",
+                    static_cast<long long>(c.barriers), static_cast<long long>(first.waves));
         for (size_t d = 0; d < kNumDevices; ++d) {
-          const auto e = emu_cost::estimate(c, res, emu_cost::kDevices[d]);
+          const auto e = emu_cost::estimate(c, res, iss, emu_cost::kDevices[d]);
           total_s[d] += e.total_s;
           if (bounds[d].find(e.bound) == std::string::npos) bounds[d] += (bounds[d].empty() ? "" : "+") + e.bound;
           std::printf(" %8.2f %-7s", e.total_s * 1e6, e.bound.c_str());

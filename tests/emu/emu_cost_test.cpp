@@ -157,7 +157,7 @@ TEST_CASE("estimate: each term is its count over its rate, the largest wins, plu
   c.read_sectors = c.unique_read_sectors = int64_t(1) << 25;  // 1 GiB
   c.barriers = 264 * 10;
   const emu_cost::Resources r{32, 0};
-  const auto e = emu_cost::estimate(c, &r, R);
+  const auto e = emu_cost::estimate(c, &r, nullptr, R);
   CHECK(e.bound == "dram");
   CHECK(e.dram_s == doctest::Approx(double(int64_t(1) << 30) / R.dram_bytes_per_s));
   CHECK(e.l2_s == doctest::Approx(double(int64_t(1) << 30) / R.l2_bytes_per_s));
@@ -169,7 +169,7 @@ TEST_CASE("estimate: each term is its count over its rate, the largest wins, plu
   c = {};
   c.blocks = 133;
   c.mma_flops = 133 * int64_t(1) << 30;
-  const auto q = emu_cost::estimate(c, nullptr, R);
+  const auto q = emu_cost::estimate(c, nullptr, nullptr, R);
   CHECK(q.bound == "mma");
   CHECK(q.mma_s == doctest::Approx(2.0 * double(int64_t(1) << 30) / (R.mma_sync_flops_per_s / R.sms)));
   CHECK(q.blocks_per_sm == 0);
@@ -182,8 +182,8 @@ TEST_CASE("estimate per device: the H100's 3.0 TB/s copy against the H200's 4.3,
   dram.threads_per_block = 256;
   dram.read_sectors = dram.unique_read_sectors = int64_t(1) << 25;
   const double gib = double(int64_t(1) << 30);
-  const auto h100 = emu_cost::estimate(dram, nullptr, emu_cost::kH100);
-  const auto h200 = emu_cost::estimate(dram, nullptr, emu_cost::kH200);
+  const auto h100 = emu_cost::estimate(dram, nullptr, nullptr, emu_cost::kH100);
+  const auto h200 = emu_cost::estimate(dram, nullptr, nullptr, emu_cost::kH200);
   CHECK(h100.bound == "dram");
   CHECK(h100.dram_s == doctest::Approx(gib / 3.0e12));
   CHECK(h200.dram_s == doctest::Approx(gib / 4.3e12));
@@ -193,12 +193,84 @@ TEST_CASE("estimate per device: the H100's 3.0 TB/s copy against the H200's 4.3,
   mma.mma_flops = 132 * int64_t(1) << 30;
   for (const emu_cost::Device& d : emu_cost::kDevices) {
     CAPTURE(d.name);
-    const auto e = emu_cost::estimate(mma, nullptr, d);
+    const auto e = emu_cost::estimate(mma, nullptr, nullptr, d);
     CHECK(e.bound == "mma");
     CHECK(e.mma_s == doctest::Approx(132 * gib / 593.4e12));
   }
   CHECK(std::string(emu_cost::kDevices[0].name) == "H200");
   CHECK(std::string(emu_cost::kDevices[1].name) == "H100");
+}
+
+TEST_CASE("estimate: the issue term, a kernel's instructions per mma x the mma it ran, 4 schedulers an SM") {
+  // 133 blocks of 4000 mma.sync m16n8k16 each at 20 issue slots per mma: the busiest SM runs 2
+  // blocks, 2 x 4000 x 20 = 160000 warp instructions over 4 schedulers at 1.98 GHz = 20.2 us,
+  // above the tensor cores' 2 x 4000 x 4096 flops / (593.4 / 132 TFLOP/s) = 7.29 us.
+  emu_cost::LaunchCounts c;
+  c.blocks = 133;
+  c.mma_flops = 133 * 4000 * emu_cost::kMmaFlops;
+  const emu_cost::Issue slow{20.0}, fast{4.0};
+  for (const emu_cost::Device& d : emu_cost::kDevices) {
+    CAPTURE(std::string(d.name));
+    const auto e = emu_cost::estimate(c, nullptr, &slow, d);
+    CHECK(e.issue_s == doctest::Approx(160000 / (4 * 1.98e9)));
+    CHECK(e.mma_s == doctest::Approx(2 * 4000 * 4096 / (593.4e12 / 132)));
+    CHECK(e.bound == "issue");
+    CHECK(e.total_s == doctest::Approx(160000 / (4 * 1.98e9) + 2.5e-6));
+    // 4 slots per mma: 32000 instructions, 4.04 us, below the tensor cores' time.
+    const auto f = emu_cost::estimate(c, nullptr, &fast, d);
+    CHECK(f.issue_s == doctest::Approx(32000 / (4 * 1.98e9)));
+    CHECK(f.bound == "mma");
+    // A kernel without a SASS row has no issue term.
+    const auto none = emu_cost::estimate(c, nullptr, nullptr, d);
+    CHECK(none.issue_s == 0);
+    CHECK(none.bound == "mma");
+  }
+}
+
+namespace {
+// The cells of `kernel`'s row in a markdown table, split here by hand: what the readers must
+// agree with, whatever the regenerated table says today.
+std::vector<std::string> row_cells(const std::string& path, const std::string& kernel) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> cells;
+    for (size_t at = 1, bar; (bar = line.find('|', at)) != std::string::npos; at = bar + 1)
+      cells.push_back(line.substr(at + 1, bar - at - 2));
+    if (!cells.empty() && cells[0] == "`" + kernel + "`") return cells;
+  }
+  return {};
+}
+}  // namespace
+
+TEST_CASE("the SASS table: instructions per mma from bench/kernel_sass.md, a bad file is an nd::Error naming it") {
+  const std::string file = NANODDP_SOURCE_DIR "/bench/kernel_sass.md";
+  const auto table = emu_cost::read_issue(file);
+  for (const std::string kernel : {"tc_forward_kernel<BFloat16, 64, false>", "tc_dk_dv_kernel<BFloat16, 128, false>",
+                                   "tensor_core_gemm_kernel<__nv_bfloat16, int, conv_index::ForwardGemm<float>>"}) {
+    CAPTURE(kernel);
+    const auto cells = row_cells(file, kernel);
+    REQUIRE(cells.size() > 4);  // kernel | file | main loop | mma / iteration | instructions / iteration
+    const auto* row = emu_cost::find_row(table, kernel);
+    REQUIRE(row != nullptr);
+    CHECK(row->instructions_per_mma == doctest::Approx(std::stod(cells[4]) / std::stod(cells[3])));
+    CHECK(row->instructions_per_mma > 1);
+  }
+  CHECK(emu_cost::find_row(table, "tc_forward_kernel<Half, 64, false>") == nullptr);  // no row: no issue term
+  CHECK_THROWS_WITH_AS(emu_cost::read_issue("/nonexistent/kernel_sass.md"),
+                       doctest::Contains("cannot read /nonexistent/kernel_sass.md"), nd::Error);
+  const std::string path = "emu_cost_test_bad_sass.md";
+  std::ofstream(path) << "| `k<float>` | x.cu | at 0x10 | 0 | 12 |\n";
+  CHECK_THROWS_WITH_AS(emu_cost::read_issue(path),
+                       doctest::Contains("kernel row 1: expected positive numbers for mma and instructions per "
+                                         "iteration, found '0' and '12'"),
+                       nd::Error);
+  std::ofstream(path) << "| `k<float>` | x.cu | at 0x10 |\n";
+  CHECK_THROWS_WITH_AS(emu_cost::read_issue(path), doctest::Contains("kernel row 1 has 3 cells, expected at least 5"),
+                       nd::Error);
+  std::ofstream(path) << "# nothing here\n";
+  CHECK_THROWS_WITH_AS(emu_cost::read_issue(path), doctest::Contains("emu_cost_test_bad_sass.md has no table rows"),
+                       nd::Error);
+  std::remove(path.c_str());
 }
 
 namespace {
@@ -229,17 +301,17 @@ TEST_CASE("the resources table: read from bench/kernel_resources.md, a bad file 
   CHECK(table.at("forward_kernel<float, 64>").static_shared == table_cell(file, "forward_kernel<float, 64>", 5));
   CHECK(table.at("forward_kernel<float, 64>").static_shared > 0);
   // GCC leaves out defaulted template arguments; the one row that adds them is the kernel's.
-  const auto* delta = emu_cost::find_resources(table, "delta_kernel<BFloat16>");
+  const auto* delta = emu_cost::find_row(table, "delta_kernel<BFloat16>");
   REQUIRE(delta != nullptr);
   CHECK(delta->registers == table.at("delta_kernel<BFloat16, float>").registers);
-  CHECK(emu_cost::find_resources(table, "tc_forward_kernel<BFloat16>") == nullptr);  // six rows: ambiguous
-  CHECK(emu_cost::find_resources(table, "no_such_kernel<float>") == nullptr);
+  CHECK(emu_cost::find_row(table, "tc_forward_kernel<BFloat16>") == nullptr);  // six rows: ambiguous
+  CHECK(emu_cost::find_row(table, "no_such_kernel<float>") == nullptr);
   CHECK_THROWS_WITH_AS(emu_cost::read_resources("/nonexistent/kernel_resources.md"),
                        doctest::Contains("cannot read /nonexistent/kernel_resources.md"), nd::Error);
   const std::string path = "emu_cost_test_bad_table.md";
   std::ofstream(path) << "## Kernels\n\n| `k<float>` | x.cu | many | 0/0 | 0 | 0 |\n";
   CHECK_THROWS_WITH_AS(emu_cost::read_resources(path), doctest::Contains("expected numbers for registers"), nd::Error);
   std::ofstream(path) << "# nothing here\n";
-  CHECK_THROWS_WITH_AS(emu_cost::read_resources(path), doctest::Contains("has no '## Kernels' table rows"), nd::Error);
+  CHECK_THROWS_WITH_AS(emu_cost::read_resources(path), doctest::Contains("has no 'Kernels' table rows"), nd::Error);
   std::remove(path.c_str());
 }

@@ -32,6 +32,7 @@
 // file, the source read at any time before the wait (it is read at the wait), whether an
 // address is in shared memory (ldmatrix and cp.async destinations are not checked to be),
 // .ca versus .cg caching, the hardware's order of additions inside an mma.
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -52,6 +53,14 @@ namespace emu_ptx {
 // One warp executed one mma.sync m16n8k16 (called once per warp, by lane 0): the cost model
 // counts its tensor-core work.
 inline void mma_executed(int64_t flops) { emu_cost::count_mma(flops); }
+
+// ex2.approx.ftz.f32: 2^x with subnormal inputs and results flushed to 0. Emulated as the
+// correctly rounded 2^x: the device's approximation (relative error below 2^-22) is not.
+inline float ex2_approx_ftz(float x) {
+  if (std::fpclassify(x) == FP_SUBNORMAL) x = 0.0f;
+  const float y = std::exp2(x);
+  return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
+}
 
 template <class T>
 float from_bits(uint32_t bits) {

@@ -12,6 +12,7 @@ using emu_ptx::cp_async_cg_16_zfill;
 using emu_ptx::cp_async_commit_group;
 using emu_ptx::cp_async_wait_all;
 using emu_ptx::cp_async_wait_group;
+using emu_ptx::ex2_approx_ftz;
 using emu_ptx::ldmatrix;
 using emu_ptx::ldmatrix_trans;
 using emu_ptx::mma_m16n8k16;
