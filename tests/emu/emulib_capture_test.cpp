@@ -411,7 +411,7 @@ TEST_CASE("ending a capture on a forked stream fails with cudaErrorStreamCapture
   CHECK(f.side_status() == cudaStreamCaptureStatusNone);
 }
 
-TEST_CASE("waiting in a capture for an event recorded outside it needs cudaEventWaitExternal; another capture's is a merge") {
+TEST_CASE("waiting in a capture for an event recorded outside it needs cudaEventWaitExternal, for another capture's it is a merge") {
   Fork f;
   SUBCASE("recorded before the capture: cudaErrorStreamCaptureIsolation, the capture invalidated") {
     REQUIRE(cudaEventRecord(f.done, f.side) == cudaSuccess);
