@@ -1,7 +1,8 @@
-// DDP under a CUDA graph (docs/cuda_graphs.md, "DDP and NCCL"): an MLP's DDP + SGD step over
-// the NCCL process group, captured after two eager warm-up steps and replayed 5 times, equals
-// the eager steps bit for bit (losses, parameters, gradients) at world size 1 and at 2 ranks,
-// and the 2 ranks train as one rank on the whole batch does. The ranks are threads of this
+// DDP under a CUDA graph (docs/cuda_graphs.md, "DDP and NCCL"): an MLP's (with a SyncBatchNorm)
+// DDP + SGD step over the NCCL process group, captured after two eager warm-up steps and
+// replayed 5 times, equals the eager steps bit for bit (losses, parameters, gradients, the
+// SyncBatchNorm's statistics) at world size 1 and at 2 ranks, and the 2 ranks train as one rank
+// on the whole batch does. The ranks are threads of this
 // process, rank r on cuda:r (the emulator's: NANODDP_EMU_DEVICES=2, the entry "(emu, 2
 // devices)"). And what a captured DDP backward cannot hold is refused by name.
 #include <barrier>
@@ -70,15 +71,18 @@ Tensor batch(const Shape& shape, uint64_t seed) {
 std::vector<double> values(const Tensor& t) { return testing::to_vector(t.cpu()); }
 
 struct Run {
-  std::vector<std::vector<double>> losses, params, grads;
+  std::vector<std::vector<double>> losses, params, grads, buffers;
 };
 
-// A rank's model: the same on every rank (built under a lock: the seed is process-wide).
-nn::Sequential mlp(const Device& device) {
+// A rank's model: the same on every rank (built under a lock: the seed is process-wide), its
+// SyncBatchNorm over `group`.
+nn::Sequential mlp(const Device& device, const std::shared_ptr<dist::ProcessGroup>& group) {
   static std::mutex mutex;
   std::lock_guard lock(mutex);
   manual_seed(31);
-  nn::Sequential m(nn::Linear(nn::LinearOptions(8, 16)), nn::ReLU(), nn::Linear(nn::LinearOptions(16, 4)));
+  nn::Sequential m(nn::Linear(nn::LinearOptions(8, 16)),
+                   nn::SyncBatchNorm(std::make_shared<nn::SyncBatchNormImpl>(nn::BatchNormOptions(16), group)),
+                   nn::ReLU(), nn::Linear(nn::LinearOptions(16, 4)));
   m->to(device);
   return m;
 }
@@ -89,7 +93,7 @@ Run train(int rank, int world, Threads& threads, bool graphed) {
   const Device device(kCUDA, rank);
   cuda::set_device(device);
   auto pg = dist::NcclProcessGroup::create(std::make_shared<ThreadBootstrap>(rank, world, threads), rank);
-  nn::Sequential model = mlp(device);
+  nn::Sequential model = mlp(device, pg);
   dist::DistributedDataParallel ddp(model, "mlp", dist::DistributedDataParallelOptions().process_group(pg));
   optim::SGD opt(model->parameters(), optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-2));
   const int64_t rows = kBatch / world;
@@ -126,6 +130,7 @@ Run train(int rank, int world, Threads& threads, bool graphed) {
     run.params.push_back(values(p));
     run.grads.push_back(values(p.grad()));
   }
+  for (const Tensor& b : model->buffers()) run.buffers.push_back(values(b));  // SyncBatchNorm's statistics
   return run;
 }
 
@@ -143,6 +148,7 @@ void check_equal(const Run& graphed, const Run& eager) {
   CHECK(graphed.losses == eager.losses);
   CHECK(graphed.params == eager.params);
   CHECK(graphed.grads == eager.grads);
+  CHECK(graphed.buffers == eager.buffers);
 }
 
 }  // namespace
@@ -166,10 +172,16 @@ TEST_CASE("cuda graphs with DDP: two emulated devices: 2 ranks captured and repl
   }
   CHECK(graphed[1].params == graphed[0].params);  // every rank holds the same model
   CHECK(graphed[1].grads == graphed[0].grads);
-  for (size_t i = 0; i < one.params.size(); ++i) {  // averaged over 2 shards: the whole batch's, up to rounding
+  CHECK(graphed[1].buffers == graphed[0].buffers);
+  // Averaged over 2 shards, normalised over both: the whole batch's, up to rounding.
+  for (size_t i = 0; i < one.params.size(); ++i) {
     CAPTURE(i);
     testing::check_close(tensor(graphed[0].params[i]), one.params[i], 1e-6, 1e-5, "parameter");
     testing::check_close(tensor(graphed[0].grads[i]), one.grads[i], 1e-6, 1e-5, "gradient");
+  }
+  for (size_t i = 0; i < one.buffers.size(); ++i) {
+    CAPTURE(i);
+    testing::check_close(tensor(graphed[0].buffers[i]), one.buffers[i], 1e-6, 1e-5, "buffer");
   }
 }
 
@@ -233,6 +245,8 @@ TEST_CASE("cuda graphs with DDP: what a captured backward cannot hold is refused
             "used)");
   CHECK(capture_error(1, options, [](auto& ddp, Heads&) { ddp.register_comm_hook(nullptr, dist::allreduce_hook); }) ==
         during + "its communication hook, allreduce_hook, runs on the host when each bucket is waited for; capture without a hook)");
+  CHECK(capture_error(1, options, [](auto& ddp, Heads&) { ddp.reducer().shard_gradients(); }) ==
+        during + "ZeRO stage 2 (a ZeroRedundancyOptimizer given this model) reads and re-slices its buckets on the host)");
   CHECK(capture_error(1, dist::DistributedDataParallelOptions().skip_nonfinite_steps(true)) ==
         during + "skip_nonfinite_steps reads the non-finite vote on the host at the end of backward; capture without it)");
 }
