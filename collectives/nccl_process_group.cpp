@@ -157,10 +157,10 @@ struct NcclProcessGroup::State {
   // Orders the collective after the work queued so far on the engine's compute stream
   // (kernels/cuda/stream.h), runs `launch` on the communication stream, and returns a
   // Work completed by an event after it. During a CUDA graph capture of the device the
-  // compute stream is the capture's, so the event fork the communication stream into the
+  // compute stream is the capture's, so the event forks the communication stream into the
   // capture (wait_on_device joins it back); such a Work is not watched, but every replay of
-  // the graph is: a Work completed by an event recorded after the replay, named after this
-  // collective "in a CUDA graph replay".
+  // the graph is: one Work completed by an event recorded after the replay, named after the
+  // first collective the graph holds for this group.
   std::shared_ptr<Work> issue(CollectiveInfo info, std::vector<Tensor> tensors, std::chrono::milliseconds timeout,
                               const std::function<ncclResult_t()>& launch) {
     std::shared_ptr<Work> work;
@@ -185,20 +185,37 @@ struct NcclProcessGroup::State {
     return work;
   }
 
-  void watch_replays(CollectiveInfo info, std::chrono::milliseconds timeout) {
-    const std::string what = !info.purpose.empty() ? info.purpose + ", "
-                             : info.bucket >= 0  ? "bucket " + std::to_string(info.bucket) + ", "
-                                                 : std::string();
-    info.purpose = what + "in a CUDA graph replay";
+  // The collectives this group issued into the graph being captured, which each of its
+  // replays watches as one: alive while the graph holds its on_replay callback.
+  struct Replayed {
+    cudaStream_t capture = nullptr;
+    CollectiveInfo first;
+    size_t count = 0;
+  };
+  std::weak_ptr<Replayed> replayed;
+
+  void watch_replays(const CollectiveInfo& info, std::chrono::milliseconds timeout) {
+    const cudaStream_t capture = kernels::cuda::capture_stream(device);
+    if (auto r = replayed.lock(); r && r->capture == capture) {
+      ++r->count;
+      return;
+    }
+    auto r = std::make_shared<Replayed>(Replayed{capture, info, 1});
+    replayed = r;
     std::weak_ptr<Watchdog> weak = watchdog;
-    kernels::cuda::on_replay(device, [weak, info, timeout, device = device, comm = comm](cudaStream_t stream) {
+    kernels::cuda::on_replay(device, [weak, r, timeout, device = device, comm = comm](cudaStream_t stream) {
       const std::shared_ptr<Watchdog> w = weak.lock();
       if (!w) return;
-      const std::string what = info.describe();
+      CollectiveInfo named = r->first;
+      const std::string what = !named.purpose.empty() ? named.purpose + ", "
+                               : named.bucket >= 0    ? "bucket " + std::to_string(named.bucket) + ", "
+                                                      : std::string();
+      named.purpose = what + "the first of " + std::to_string(r->count) + " collective(s) in a CUDA graph replay";
+      const std::string description = named.describe();
       cudaEvent_t done = nullptr;
-      check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what);
-      check_cuda(cudaEventRecord(done, stream), what);
-      w->watch(std::make_shared<NcclWork>(info, device, comm, done, std::vector<Tensor>{}), timeout);
+      check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), description);
+      check_cuda(cudaEventRecord(done, stream), description);
+      w->watch(std::make_shared<NcclWork>(std::move(named), device, comm, done, std::vector<Tensor>{}), timeout);
     });
   }
 };

@@ -292,6 +292,7 @@ TEST_CASE("emulib: a CUDA graph replay that does not finish is reported by the N
     dist::CollectivePurpose purpose("bucket 0 of DDP model 'mlp'");
     g->allreduce(t)->wait_on_device();
   }
+  g->allreduce(t)->wait_on_device();
   graph.capture_end();
   emu_rt::set_hold_events(true);  // the "GPU" never finishes the replay
   graph.replay();
