@@ -88,11 +88,13 @@ nn::Sequential mlp(const Device& device, const std::shared_ptr<dist::ProcessGrou
 }
 
 // Rank `rank` of `world` trains kSteps DDP + SGD steps on its rows of each batch over an NCCL
-// group of the threads, eagerly or captured after kWarmup eager steps and replayed.
-Run train(int rank, int world, Threads& threads, bool graphed) {
+// group of the threads (or, `nccl` false at world size 1, the default group: none, nothing
+// reduced), eagerly or captured after kWarmup eager steps and replayed.
+Run train(int rank, int world, Threads& threads, bool graphed, bool nccl = true) {
   const Device device(kCUDA, rank);
   cuda::set_device(device);
-  auto pg = dist::NcclProcessGroup::create(std::make_shared<ThreadBootstrap>(rank, world, threads), rank);
+  std::shared_ptr<dist::ProcessGroup> pg;
+  if (nccl) pg = dist::NcclProcessGroup::create(std::make_shared<ThreadBootstrap>(rank, world, threads), rank);
   nn::Sequential model = mlp(device, pg);
   dist::DistributedDataParallel ddp(model, "mlp", dist::DistributedDataParallelOptions().process_group(pg));
   optim::SGD opt(model->parameters(), optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-2));
@@ -135,11 +137,11 @@ Run train(int rank, int world, Threads& threads, bool graphed) {
 }
 
 // Every rank's run, each on its own thread.
-std::vector<Run> train_ranks(int world, bool graphed) {
+std::vector<Run> train_ranks(int world, bool graphed, bool nccl = true) {
   Threads threads(world);
   std::vector<Run> runs(world);
   std::vector<std::thread> ranks;
-  for (int r = 0; r < world; ++r) ranks.emplace_back([&, r] { runs[r] = train(r, world, threads, graphed); });
+  for (int r = 0; r < world; ++r) ranks.emplace_back([&, r] { runs[r] = train(r, world, threads, graphed, nccl); });
   for (std::thread& t : ranks) t.join();
   return runs;
 }
@@ -156,6 +158,11 @@ void check_equal(const Run& graphed, const Run& eager) {
 TEST_CASE("cuda graphs with DDP: a step over NCCL at world size 1 captured and replayed 5 times equals the eager steps") {
   if (skip_without_gpu()) return;
   check_equal(train_ranks(1, true)[0], train_ranks(1, false)[0]);
+}
+
+TEST_CASE("cuda graphs with DDP: a GPU alone with the default group (nothing to reduce) captured and replayed equals eager") {
+  if (skip_without_gpu()) return;
+  check_equal(train_ranks(1, true, false)[0], train_ranks(1, false, false)[0]);
 }
 
 TEST_CASE("cuda graphs with DDP: two emulated devices: 2 ranks captured and replayed equal their eager steps and 1 rank") {
