@@ -261,6 +261,8 @@ void Reducer::on_grad_ready(size_t i) {
 }
 
 void Reducer::begin_iteration() {
+  capturing_ = capturing();
+  if (capturing_) check_capturable();
   active_ = true;
   std::fill(ready_.begin(), ready_.end(), false);
   ready_order_.clear();
@@ -289,7 +291,7 @@ void Reducer::begin_iteration() {
   fingerprint_ = empty({4}, kInt64);
   int64_t* f = fingerprint_.data_ptr<int64_t>();
   f[0] = a62, f[1] = b62, f[2] = -a62, f[3] = -b62;
-  if (control_->size() > 1) {
+  if (control_->size() > 1 && !capturing_) {  // a captured backward is checked by none (ddp_capture.cpp)
     CollectivePurpose purpose("the per-iteration check of DDP model '" + name_ + "'");
     fingerprint_work_ = control_->allreduce(fingerprint_, {ReduceOp::MAX});
   }
@@ -333,7 +335,7 @@ void Reducer::finish_iteration() {
   {
     std::vector<double> flags(P + 1, 0.0);  // slot P: the non-finite check, written after the reduce
     for (size_t i = 0; i < P; ++i) flags[i] = ready_[i] ? 1.0 : 0.0;
-    copy_data(status, tensor(flags, status.dtype()));
+    set_status_flags(status, flags);
   }
   // A parameter this backward did not reach contributes its current gradient (an
   // earlier backward's, already equal on every rank, so the average keeps it) or zeros.
@@ -347,7 +349,7 @@ void Reducer::finish_iteration() {
   try {
     while (next_bucket_ < buckets_.size()) launch(next_bucket_++);
     const auto t0 = std::chrono::steady_clock::now();
-    for (Bucket& b : buckets_) b.work->wait();
+    for (Bucket& b : buckets_) capturing_ ? b.work->wait_on_device() : b.work->wait();  // captured: a join
     if (status_work_) status_work_->wait();
     exposed_wait_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   } catch (...) {
@@ -378,8 +380,13 @@ void Reducer::finish_iteration() {
   // answer travels in slot P to the one read of the status below: no collective or wait of
   // its own.
   if (grad_sum.defined()) copy_data(status.narrow(0, static_cast<int64_t>(P), 1), grad_sum);
-  Tensor status64 = status.to(kFloat64).cpu().contiguous();
-  const double* used = status64.data_ptr<double>();
+  // A captured backward reduces what the last eager one did (set_status_flags checked it), so
+  // it takes that one's verdict: the host cannot read the device while capturing.
+  if (!capturing_) {
+    Tensor status64 = status.to(kFloat64).cpu().contiguous();
+    used_.assign(status64.data_ptr<double>(), status64.data_ptr<double>() + P + 1);
+  }
+  const double* used = used_.data();
   active_ = false;
   ++iteration_;
   buffers_stale_ = true;

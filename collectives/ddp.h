@@ -41,6 +41,10 @@
 //   that differs from it, instead of a hang or garbage. The control group is
 //   dist::control_world(), a communicator of its own, so an extra collective on the
 //   data group cannot derail the check itself.
+// - A synchronised backward can be captured into a CUDA graph (kernels/cuda/graph.h) once the
+//   buckets were rebuilt (after the first synchronised backward): its bucket all-reduces are
+//   captured on NCCL's stream, forked from and joined back to the capture by events, and each
+//   replay reduces the buckets again (ddp_capture.cpp says what is refused, by name).
 #include <memory>
 #include <string>
 #include <vector>
@@ -169,6 +173,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void launch_sharded(size_t bucket_index);  // ddp_zero.cpp
   void take_sharded_result(size_t bucket_index, bool nonfinite);
   void check_fingerprint();
+  bool capturing() const;         // ddp_capture.cpp: this thread captures the parameters' device
+  void check_capturable() const;  // ddp_capture.cpp: what a captured backward cannot hold, by name
+  void set_status_flags(const Tensor& status, const std::vector<double>& flags);  // ddp_capture.cpp
   void finish_iteration();
   void rebuild_buckets_in_ready_order();
 
@@ -197,6 +204,12 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool rebuilt_ = false;
   bool skip_step_ = false;
   bool shard_gradients_ = false;  // ZeRO stage 2 requested
+  bool capturing_ = false;        // this backward is being captured into a CUDA graph
+  // The status flags (which parameters this rank reduced) as last set, here and on the device,
+  // and the last eager backward's all-reduced status (ranks per gradient): what a captured
+  // backward, which cannot read the device, must repeat.
+  std::vector<double> flags_, used_;
+  Tensor flags_device_;
   bool sharded_iteration_ = false;  // this backward reduce-scatters (stage 2, buckets rebuilt, W > 1)
   std::shared_ptr<Work> status_work_;  // sharded: the last bucket's status slots, all-reduced
   Tensor local_sum_;                   // sharded: the sum of this rank's gradients so far (f64)

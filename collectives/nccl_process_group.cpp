@@ -50,7 +50,15 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-// Completed when the event recorded after the collective on the communication stream is.
+// The collective (issued while a CUDA graph captures its device) is only being recorded.
+bool recording(int device) {
+  return kernels::cuda::capture_active() && kernels::cuda::capture_stream(device) != nullptr;
+}
+
+// Completed when the event recorded after the collective on the communication stream is. One
+// issued during a CUDA graph capture is part of the graph: wait_on_device() joins the capture
+// to it, a host wait is refused, and once the capture ended it counts as completed (each
+// replay runs it, and the watchdog watches the replays: State::issue).
 class NcclWork : public Work {
  public:
   NcclWork(CollectiveInfo info, int device, ncclComm_t comm, cudaEvent_t done, std::vector<Tensor> tensors)
@@ -60,7 +68,7 @@ class NcclWork : public Work {
   // A Work dropped before it finished must not hand its tensors back to the caching
   // allocator while NCCL still reads or writes them.
   ~NcclWork() override {
-    if (!finished_) cudaEventSynchronize(done_);
+    if (!finished_ && cudaEventSynchronize(done_) != cudaSuccess) cudaGetLastError();
     cudaEventDestroy(done_);
   }
   bool is_completed() override {
@@ -73,6 +81,13 @@ class NcclWork : public Work {
     return error_;
   }
   void wait() override {
+    {
+      std::lock_guard lock(mutex_);
+      if (!poll() && in_capture_)
+        kernels::cuda::refuse_during_capture(
+            device_, "wait on the host for " + info_.describe(),
+            "the collective is only being recorded; wait_on_device() makes the captured work wait for it");
+    }
     for (;;) {
       {
         std::lock_guard lock(mutex_);
@@ -100,7 +115,10 @@ class NcclWork : public Work {
     if (finished_) return true;
     const cudaError_t rc = cudaEventQuery(done_);
     if (rc != cudaSuccess) cudaGetLastError();  // not this thread's next launch's error (kernels/cuda check())
-    if (rc == cudaErrorNotReady) {
+    if (rc == cudaErrorCapturedEvent) {
+      in_capture_ = true;
+      if (recording(device_)) return false;
+    } else if (rc == cudaErrorNotReady) {
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
       if (async == ncclSuccess || async == ncclInProgress) return false;
@@ -120,6 +138,7 @@ class NcclWork : public Work {
   cudaEvent_t done_;
   std::vector<Tensor> tensors_;  // alive until the collective finished
   bool finished_ = false;
+  bool in_capture_ = false;  // recorded in a CUDA graph capture
   std::exception_ptr error_;
 };
 
@@ -132,12 +151,16 @@ struct NcclProcessGroup::State {
   Tensor barrier_scratch;  // one f32 on the device, all-reduced by barrier()
   std::mutex mutex;        // issue order = sequence order
   uint64_t sequence = 0;
-  std::unique_ptr<Watchdog> watchdog;
+  std::shared_ptr<Watchdog> watchdog;
   NcclProcessGroup* owner = nullptr;  // keeps the record of issued collectives (DDP's check)
 
   // Orders the collective after the work queued so far on the engine's compute stream
   // (kernels/cuda/stream.h), runs `launch` on the communication stream, and returns a
-  // Work completed by an event after it.
+  // Work completed by an event after it. During a CUDA graph capture of the device the
+  // compute stream is the capture's, so the event forks the communication stream into the
+  // capture (wait_on_device joins it back); such a Work is not watched, but every replay of
+  // the graph is: one Work completed by an event recorded after the replay, named after the
+  // first collective the graph holds for this group.
   std::shared_ptr<Work> issue(CollectiveInfo info, std::vector<Tensor> tensors, std::chrono::milliseconds timeout,
                               const std::function<ncclResult_t()>& launch) {
     std::shared_ptr<Work> work;
@@ -155,10 +178,45 @@ struct NcclProcessGroup::State {
       check_nccl(launch(), what);
       check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what);
       check_cuda(cudaEventRecord(done, stream), what);
+      if (recording(device)) watch_replays(info, timeout);
       work = std::make_shared<NcclWork>(std::move(info), device, comm, done, std::move(tensors));
     }
-    watchdog->watch(work, timeout);
+    if (!recording(device)) watchdog->watch(work, timeout);
     return work;
+  }
+
+  // The collectives this group issued into the graph being captured, which each of its
+  // replays watches as one: alive while the graph holds its on_replay callback.
+  struct Replayed {
+    cudaStream_t capture = nullptr;
+    CollectiveInfo first;
+    size_t count = 0;
+  };
+  std::weak_ptr<Replayed> replayed;
+
+  void watch_replays(const CollectiveInfo& info, std::chrono::milliseconds timeout) {
+    const cudaStream_t capture = kernels::cuda::capture_stream(device);
+    if (auto r = replayed.lock(); r && r->capture == capture) {
+      ++r->count;
+      return;
+    }
+    auto r = std::make_shared<Replayed>(Replayed{capture, info, 1});
+    replayed = r;
+    std::weak_ptr<Watchdog> weak = watchdog;
+    kernels::cuda::on_replay(device, [weak, r, timeout, device = device, comm = comm](cudaStream_t stream) {
+      const std::shared_ptr<Watchdog> w = weak.lock();
+      if (!w) return;
+      CollectiveInfo named = r->first;
+      const std::string what = !named.purpose.empty() ? named.purpose + ", "
+                               : named.bucket >= 0    ? "bucket " + std::to_string(named.bucket) + ", "
+                                                      : std::string();
+      named.purpose = what + "the first of " + std::to_string(r->count) + " collective(s) in a CUDA graph replay";
+      const std::string description = named.describe();
+      cudaEvent_t done = nullptr;
+      check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), description);
+      check_cuda(cudaEventRecord(done, stream), description);
+      w->watch(std::make_shared<NcclWork>(std::move(named), device, comm, done, std::vector<Tensor>{}), timeout);
+    });
   }
 };
 
@@ -184,7 +242,7 @@ std::shared_ptr<NcclProcessGroup> NcclProcessGroup::create(const std::shared_ptr
   state->barrier_scratch = empty({1}, TensorOptions(kFloat32).device(Device(kCUDA, state->device)));
   check_cuda(cudaMemset(state->barrier_scratch.data_ptr(), 0, sizeof(float)), "nccl_world: barrier scratch");
   ncclComm_t comm = state->comm;
-  state->watchdog = std::make_unique<Watchdog>(state->rank, [comm](const std::string& message) {
+  state->watchdog = std::make_shared<Watchdog>(state->rank, [comm](const std::string& message) {
     std::fprintf(stderr, "%s\n", message.c_str());
     std::fflush(stderr);
     ncclCommAbort(comm);  // unblocks the GPU before the job goes down

@@ -18,19 +18,22 @@ namespace {
 // The capture stream of each device (null: none). Process-wide, as the compute streams are.
 std::mutex g_mutex;
 std::vector<cudaStream_t> g_capturing, g_origin;
+std::vector<Graph*> g_graph;  // the graph capturing each device
 // Captures this thread began and has not ended: the one check every CPU op makes. Other
 // threads (a DataLoader's workers) keep running CPU ops while a step is captured.
 thread_local int t_captures = 0;
 
-void set_capture_stream(int device, cudaStream_t stream, cudaStream_t origin) {
+void set_capture_stream(int device, cudaStream_t stream, cudaStream_t origin, Graph* graph) {
   std::lock_guard lock(g_mutex);
   if (device >= static_cast<int>(g_capturing.size())) {
     g_capturing.resize(device + 1, nullptr);
     g_origin.resize(device + 1, nullptr);
+    g_graph.resize(device + 1, nullptr);
   }
   t_captures += (stream != nullptr) - (g_capturing[device] != nullptr);
   g_capturing[device] = stream;
   g_origin[device] = origin;
+  g_graph[device] = graph;
 }
 }  // namespace
 
@@ -45,6 +48,13 @@ cudaStream_t capture_origin(int device) {
 }
 
 bool capture_active() { return t_captures > 0; }
+
+void on_replay(int device, std::function<void(cudaStream_t)> fn) {
+  if (!capture_active()) return;
+  std::lock_guard lock(g_mutex);
+  if (device >= 0 && device < static_cast<int>(g_graph.size()) && g_graph[device] != nullptr)
+    g_graph[device]->on_replay_.push_back(std::move(fn));
+}
 
 void refuse_during_capture(int device, const std::string& what, const std::string& why) {
   if (!capture_active()) return;
@@ -73,7 +83,7 @@ Graph::~Graph() {
     cudaGraph_t graph = nullptr;
     cudaStreamEndCapture(stream_, &graph);
     if (graph != nullptr) cudaGraphDestroy(graph);
-    set_capture_stream(device_, nullptr, nullptr);
+    set_capture_stream(device_, nullptr, nullptr, nullptr);
   }
   cudaSetDevice(device_);
   cudaStreamSynchronize(compute_stream(device_));  // no replay still writes the pool
@@ -93,13 +103,13 @@ void Graph::capture_begin() {
   ready.wait(stream_);
   check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture", "Graph::capture_begin");
   capturing_ = true;
-  set_capture_stream(device_, stream_, compute);
+  set_capture_stream(device_, stream_, compute, this);
 }
 
 void Graph::capture_end() {
   require(capturing_, "Graph::capture_end", "no capture_begin before it");
   capturing_ = false;
-  set_capture_stream(device_, nullptr, nullptr);
+  set_capture_stream(device_, nullptr, nullptr, nullptr);
   cudaGraph_t graph = nullptr;
   check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture", "Graph::capture_end");
   size_t nodes = 0;
@@ -112,7 +122,9 @@ void Graph::capture_end() {
 
 void Graph::replay() {
   require(exec_ != nullptr, "Graph::replay", "nothing captured (capture_begin and capture_end first)");
-  check(cudaGraphLaunch(exec_, use_device(device_)), "cudaGraphLaunch", "Graph::replay");
+  const cudaStream_t stream = use_device(device_);
+  check(cudaGraphLaunch(exec_, stream), "cudaGraphLaunch", "Graph::replay");
+  for (const auto& fn : on_replay_) fn(stream);
 }
 
 #else  // CPU-only build

@@ -14,7 +14,9 @@
 // graph's life, so the addresses a replay writes stay the tensors made during the capture.
 // Compiled in every build; without NANODDP_WITH_CUDA the constructor throws.
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/stream.h"
 
@@ -41,12 +43,19 @@ class Graph {
   int64_t num_nodes() const { return nodes_; }  // kernels, copies, memsets captured
 
  private:
+  friend void on_replay(int device, std::function<void(cudaStream_t)> fn);
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   CUgraphExec_st* exec_ = nullptr;
   bool capturing_ = false;
   int64_t nodes_ = 0;
+  std::vector<std::function<void(cudaStream_t)>> on_replay_;  // on_replay's, in order
 };
+
+// While this thread captures `device`: `fn(stream)` runs after each replay of that graph has
+// been launched, with the stream it was launched on (the NCCL process group watches its
+// captured collectives with an event recorded there). Otherwise nothing.
+void on_replay(int device, std::function<void(cudaStream_t)> fn);
 
 // The stream `device`'s work is being captured on, or null: compute_stream(device) returns it.
 cudaStream_t capture_stream(int device);

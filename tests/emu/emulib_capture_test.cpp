@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -34,9 +35,11 @@ struct Fixture {
   }
   // a += s over 64 values: the shape and strides live on this call's stack only, so a replay
   // that did not copy the launch's arguments would read them dangling.
-  void add(float s) const {
+  void add(float s) const { add_on(stream, a, s); }
+  // p += s over 64 values, queued on `on`.
+  static void add_on(cudaStream_t on, float* p, float s) {
     const int64_t shape[1] = {64}, strides[1] = {1};
-    kc::binary_scalar<float>(kc::BinaryOp::add, 1, shape, a, strides, s, false, a, strides, stream);
+    kc::binary_scalar<float>(kc::BinaryOp::add, 1, shape, p, strides, s, false, p, strides, on);
   }
   cudaStreamCaptureStatus status() const {
     cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
@@ -255,5 +258,200 @@ TEST_CASE("an event recorded in a capture cannot be queried or waited for by the
   CHECK(cudaGraphExecDestroy(exec) == cudaSuccess);
   CHECK(cudaGraphDestroy(g) == cudaSuccess);
   cudaEventDestroy(e);
+  cudaGetLastError();
+}
+
+namespace {
+// A second stream and buffer, and two events, beside the fixture's.
+struct Fork : Fixture {
+  cudaStream_t side = nullptr, third = nullptr;
+  float* b = nullptr;
+  cudaEvent_t forked = nullptr, done = nullptr;
+  Fork() {
+    REQUIRE(cudaStreamCreate(&side) == cudaSuccess);
+    REQUIRE(cudaStreamCreate(&third) == cudaSuccess);
+    REQUIRE(cudaMalloc(&b, 64 * sizeof(float)) == cudaSuccess);
+    REQUIRE(cudaEventCreate(&forked) == cudaSuccess);
+    REQUIRE(cudaEventCreate(&done) == cudaSuccess);
+    REQUIRE(cudaMemset(a, 0, 64 * sizeof(float)) == cudaSuccess);
+    REQUIRE(cudaMemset(b, 0, 64 * sizeof(float)) == cudaSuccess);
+  }
+  ~Fork() {
+    cudaEventDestroy(forked);
+    cudaEventDestroy(done);
+    cudaFree(b);
+    cudaStreamDestroy(side);
+    cudaStreamDestroy(third);
+    cudaGetLastError();
+  }
+  cudaStreamCaptureStatus side_status() const {
+    cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
+    REQUIRE(cudaStreamIsCapturing(side, &s) == cudaSuccess);
+    return s;
+  }
+  // Begins a capture on `stream` with a = 1, and forks `side` into it.
+  void begin_and_fork() {
+    REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    add(1.0f);
+    REQUIRE(cudaEventRecord(forked, stream) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(side, forked, 0) == cudaSuccess);
+  }
+  // After begin_and_fork: `third` forked too, b += 2 on `side`, joined into `third` only.
+  void join_side_into_third() {
+    REQUIRE(cudaStreamWaitEvent(third, forked, 0) == cudaSuccess);
+    add_on(side, b, 2.0f);
+    REQUIRE(cudaEventRecord(done, side) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(third, done, 0) == cudaSuccess);
+  }
+};
+}  // namespace
+
+TEST_CASE("a stream waiting for an event recorded in a capture is forked into it, and joined back its work replays in order") {
+  Fork f;
+  const auto launches = emu_launches;
+  f.begin_and_fork();
+  CHECK(f.side_status() == cudaStreamCaptureStatusActive);
+  Fixture::add_on(f.side, f.b, 2.0f);  // b += 2 on the forked stream, after a = 1
+  const int64_t shape[1] = {64}, strides[1] = {1};
+  kc::binary<float>(kc::BinaryOp::add, 1.0f, 1, shape, f.b, strides, f.a, strides, f.b, strides, f.side);  // b += a
+  REQUIRE(cudaEventRecord(f.done, f.side) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(f.stream, f.done, 0) == cudaSuccess);  // the join
+  kc::binary<float>(kc::BinaryOp::mul, 1.0f, 1, shape, f.a, strides, f.b, strides, f.a, strides, f.stream);  // a *= b
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamEndCapture(f.stream, &graph) == cudaSuccess);
+  CHECK(f.side_status() == cudaStreamCaptureStatusNone);
+  CHECK(emu_launches == launches);  // nothing ran, on either stream
+  CHECK(read(f.a, 64) == std::vector<float>(64, 0.0f));
+  CHECK(read(f.b, 64) == std::vector<float>(64, 0.0f));
+  size_t nodes = 0;
+  REQUIRE(cudaGraphGetNodes(graph, nullptr, &nodes) == cudaSuccess);
+  CHECK(nodes == 6);  // 4 kernels, 2 event records
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  // Replay 1: a = 1, b = 2 + 1 = 3, a = 3. Replay 2: a = 4, b = 3 + 2 + 4 = 9, a = 36.
+  REQUIRE(cudaGraphLaunch(exec, f.stream) == cudaSuccess);
+  CHECK(read(f.a, 64) == std::vector<float>(64, 3.0f));
+  CHECK(read(f.b, 64) == std::vector<float>(64, 3.0f));
+  REQUIRE(cudaGraphLaunch(exec, f.stream) == cudaSuccess);
+  CHECK(read(f.a, 64) == std::vector<float>(64, 36.0f));
+  CHECK(read(f.b, 64) == std::vector<float>(64, 9.0f));
+  CHECK(emu_launches == launches + 8);
+  // The side stream is an ordinary stream again.
+  Fixture::add_on(f.side, f.b, 1.0f);
+  CHECK(read(f.b, 64) == std::vector<float>(64, 10.0f));
+  CHECK(cudaGraphExecDestroy(exec) == cudaSuccess);
+  CHECK(cudaGraphDestroy(graph) == cudaSuccess);
+}
+
+TEST_CASE("a capture with a fork not joined back fails at its end with cudaErrorStreamCaptureUnjoined") {
+  Fork f;
+  cudaGraph_t graph = nullptr;
+  bool ended = false;
+  SUBCASE("the forked stream's work never joined") {
+    f.begin_and_fork();
+    Fixture::add_on(f.side, f.b, 2.0f);
+  }
+  SUBCASE("work queued on the forked stream after its join") {
+    f.begin_and_fork();
+    Fixture::add_on(f.side, f.b, 2.0f);
+    REQUIRE(cudaEventRecord(f.done, f.side) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(f.stream, f.done, 0) == cudaSuccess);
+    Fixture::add_on(f.side, f.b, 3.0f);
+  }
+  SUBCASE("joined into another forked stream only") {
+    f.begin_and_fork();
+    f.join_side_into_third();
+    Fixture::add_on(f.third, f.b, 2.0f);
+    static CUgraph_st sentinel;
+    graph = &sentinel;  // must come back null
+    CHECK(cudaStreamEndCapture(f.stream, &graph) == cudaErrorStreamCaptureUnjoined);
+    CHECK(graph == nullptr);
+    cudaStreamCaptureStatus s = cudaStreamCaptureStatusActive;
+    REQUIRE(cudaStreamIsCapturing(f.third, &s) == cudaSuccess);
+    CHECK(s == cudaStreamCaptureStatusNone);
+    ended = true;
+  }
+  if (!ended) CHECK(cudaStreamEndCapture(f.stream, &graph) == cudaErrorStreamCaptureUnjoined);
+  CHECK(cudaGetLastError() == cudaErrorStreamCaptureUnjoined);
+  CHECK(std::string(cudaGetErrorString(cudaErrorStreamCaptureUnjoined)) == "capturing stream has unjoined work");
+  CHECK(f.status() == cudaStreamCaptureStatusNone);  // the capture ended, on every stream
+  CHECK(f.side_status() == cudaStreamCaptureStatusNone);
+  CHECK(read(f.b, 64) == std::vector<float>(64, 0.0f));
+}
+
+TEST_CASE("a fork joined through a second forked stream into the origin is joined") {
+  Fork f;
+  f.begin_and_fork();
+  cudaEvent_t last = nullptr;
+  REQUIRE(cudaEventCreate(&last) == cudaSuccess);
+  f.join_side_into_third();
+  Fixture::add_on(f.third, f.b, 5.0f);
+  REQUIRE(cudaEventRecord(last, f.third) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(f.stream, last, 0) == cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamEndCapture(f.stream, &graph) == cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  REQUIRE(cudaGraphLaunch(exec, f.stream) == cudaSuccess);
+  CHECK(read(f.b, 64) == std::vector<float>(64, 7.0f));
+  CHECK(cudaGraphExecDestroy(exec) == cudaSuccess);
+  CHECK(cudaGraphDestroy(graph) == cudaSuccess);
+  cudaEventDestroy(last);
+}
+
+TEST_CASE("ending a capture on a forked stream fails with cudaErrorStreamCaptureUnmatched and invalidates it") {
+  Fork f;
+  f.begin_and_fork();
+  cudaGraph_t graph = nullptr;
+  CHECK(cudaStreamEndCapture(f.side, &graph) == cudaErrorStreamCaptureUnmatched);
+  CHECK(graph == nullptr);
+  CHECK(f.side_status() == cudaStreamCaptureStatusInvalidated);
+  CHECK(f.status() == cudaStreamCaptureStatusInvalidated);
+  f.end_invalidated();
+  CHECK(f.side_status() == cudaStreamCaptureStatusNone);
+}
+
+TEST_CASE("waiting in a capture for an event recorded outside it needs cudaEventWaitExternal, for another capture's it is a merge") {
+  Fork f;
+  SUBCASE("recorded before the capture: cudaErrorStreamCaptureIsolation, the capture invalidated") {
+    REQUIRE(cudaEventRecord(f.done, f.side) == cudaSuccess);
+    REQUIRE(cudaStreamBeginCapture(f.stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    CHECK(cudaStreamWaitEvent(f.stream, f.done, 0) == cudaErrorStreamCaptureIsolation);
+    CHECK(std::string(cudaGetErrorString(cudaErrorStreamCaptureIsolation)) ==
+          "dependency created on uncaptured work in another stream");
+    CHECK(f.status() == cudaStreamCaptureStatusInvalidated);
+    f.end_invalidated();
+  }
+  SUBCASE("with cudaEventWaitExternal, or never recorded: accepted") {
+    REQUIRE(cudaEventRecord(f.done, f.side) == cudaSuccess);
+    REQUIRE(cudaStreamBeginCapture(f.stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    CHECK(cudaStreamWaitEvent(f.stream, f.done, cudaEventWaitExternal) == cudaSuccess);
+    CHECK(cudaStreamWaitEvent(f.stream, f.forked, 0) == cudaSuccess);  // never recorded: no work
+    CHECK(cudaStreamWaitEvent(f.stream, f.done, 2) == cudaErrorInvalidValue);
+    CHECK(f.status() == cudaStreamCaptureStatusActive);
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(f.stream, &graph) == cudaSuccess);
+    CHECK(cudaGraphDestroy(graph) == cudaSuccess);
+  }
+  SUBCASE("an event of another capture: cudaErrorStreamCaptureMerge, both invalidated") {
+    REQUIRE(cudaStreamBeginCapture(f.stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    REQUIRE(cudaStreamBeginCapture(f.side, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    REQUIRE(cudaEventRecord(f.forked, f.side) == cudaSuccess);
+    CHECK(cudaStreamWaitEvent(f.stream, f.forked, 0) == cudaErrorStreamCaptureMerge);
+    CHECK(f.status() == cudaStreamCaptureStatusInvalidated);
+    CHECK(f.side_status() == cudaStreamCaptureStatusInvalidated);
+    cudaGraph_t graph = nullptr;
+    CHECK(cudaStreamEndCapture(f.side, &graph) == cudaErrorStreamCaptureInvalidated);
+    f.end_invalidated();
+  }
+  SUBCASE("a stream outside any capture waiting for an event of an ended capture: cudaErrorCapturedEvent") {
+    REQUIRE(cudaStreamBeginCapture(f.stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    REQUIRE(cudaEventRecord(f.forked, f.stream) == cudaSuccess);
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(f.stream, &graph) == cudaSuccess);
+    CHECK(cudaStreamWaitEvent(f.side, f.forked, 0) == cudaErrorCapturedEvent);
+    CHECK(f.side_status() == cudaStreamCaptureStatusNone);
+    CHECK(cudaGraphDestroy(graph) == cudaSuccess);
+  }
   cudaGetLastError();
 }

@@ -11,9 +11,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <future>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/ddp.h"
@@ -166,4 +168,134 @@ TEST_CASE("emulib: the NCCL process group at world size 1 runs every collective 
   // Argument errors of the process group itself, before NCCL.
   CHECK(testing::error_message([&] { (void)g->broadcast(b, 1); }).find("root 1") != std::string::npos);
   CHECK(testing::error_message([&] { (void)g->allreduce(x); }).find("cuda:0") != std::string::npos);
+}
+
+namespace {
+// The NCCL stand-in's raw calls on one rank's device: a buffer of n floats.
+struct RankBuffer {
+  float* d = nullptr;
+  size_t n;
+  explicit RankBuffer(size_t count) : n(count) { REQUIRE(cudaMalloc(&d, n * sizeof(float)) == cudaSuccess); }
+  ~RankBuffer() { cudaFree(d); }
+  void set(const std::vector<float>& v) const {
+    REQUIRE(cudaMemcpyAsync(d, v.data(), n * sizeof(float), cudaMemcpyHostToDevice, nullptr) == cudaSuccess);
+  }
+  std::vector<float> get() const {
+    std::vector<float> v(n);
+    REQUIRE(cudaMemcpyAsync(v.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, nullptr) == cudaSuccess);
+    return v;
+  }
+};
+// An all-reduce (SUM) of `b` queued on `stream`, captured into a graph; the executable graph.
+cudaGraphExec_t capture_allreduce(const RankBuffer& b, ncclComm_t comm, cudaStream_t stream) {
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  CHECK(ncclAllReduce(b.d, b.d, b.n, ncclFloat32, ncclSum, comm, stream) == ncclSuccess);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  CHECK(cudaGraphDestroy(graph) == cudaSuccess);
+  return exec;
+}
+}  // namespace
+
+TEST_CASE("emulib: an NCCL collective queued on a captured stream is a graph node each replay runs again") {
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  ncclComm_t comm = nullptr;
+  REQUIRE(ncclCommInitRank(&comm, 1, id, 0) == ncclSuccess);
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  RankBuffer b(5);
+  b.set({1, 2, 3, 4, 5});
+  const long before = emu_nccl::collectives();
+  cudaGraphExec_t exec = capture_allreduce(b, comm, stream);
+  CHECK(emu_nccl::collectives() == before);  // recorded, not run
+  for (int replay = 1; replay <= 3; ++replay) {
+    REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+    CHECK(emu_nccl::collectives() == before + replay);
+  }
+  CHECK(b.get() == std::vector<float>{1, 2, 3, 4, 5});
+  CHECK(cudaGraphExecDestroy(exec) == cudaSuccess);
+  cudaStreamDestroy(stream);
+  CHECK(ncclCommDestroy(comm) == ncclSuccess);
+}
+
+TEST_CASE("emulib: two emulated devices: NCCL ranks as threads pair their collectives, eager and in each rank's graph") {
+  if (emu_rt::device_count() < 2) {
+    MESSAGE("SKIPPED: one emulated device; the entry '(emu, 2 devices)' runs this with NANODDP_EMU_DEVICES=2");
+    return;
+  }
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  std::vector<std::vector<float>> got(2);
+  std::vector<ncclResult_t> mismatch(2);
+  auto rank = [&](int r) {
+    REQUIRE(cudaSetDevice(r) == cudaSuccess);
+    ncclComm_t comm = nullptr;
+    REQUIRE(ncclCommInitRank(&comm, 2, id, r) == ncclSuccess);
+    cudaStream_t stream = nullptr;
+    REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+    RankBuffer b(3), out(3);
+    auto mine = [&](float base) { return std::vector<float>{base + r, base - r, base * (r + 1)}; };
+    b.set(mine(1));
+    REQUIRE(ncclAllReduce(b.d, b.d, 3, ncclFloat32, ncclSum, comm, stream) == ncclSuccess);
+    std::vector<float> all = b.get();
+    b.set(mine(1));
+    REQUIRE(ncclAllReduce(b.d, out.d, 3, ncclFloat32, ncclMax, comm, stream) == ncclSuccess);
+    for (float v : out.get()) all.push_back(v);
+    b.set(mine(4));
+    REQUIRE(ncclBroadcast(b.d, out.d, 3, ncclFloat32, 1, comm, stream) == ncclSuccess);
+    for (float v : out.get()) all.push_back(v);
+    // Calls of one number that differ: every rank is told.
+    mismatch[r] = ncclAllReduce(b.d, b.d, r == 0 ? 2 : 3, ncclFloat32, ncclSum, comm, stream);
+    // Each rank captures its own graph; the replays pair up as eager calls do.
+    cudaGraphExec_t exec = capture_allreduce(b, comm, stream);
+    for (int replay = 0; replay < 2; ++replay) {
+      b.set(mine(10.0f * (replay + 1)));
+      REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+      for (float v : b.get()) all.push_back(v);
+    }
+    got[r] = all;
+    CHECK(cudaGraphExecDestroy(exec) == cudaSuccess);
+    cudaStreamDestroy(stream);
+    CHECK(ncclCommDestroy(comm) == ncclSuccess);
+  };
+  std::thread other(rank, 1);
+  rank(0);
+  other.join();
+  // Rank r's values: {b + r, b - r, b (r + 1)}.
+  const std::vector<float> expected{2 + 1, 0 + 1, 1 + 2,       // sum
+                                    2, 1, 2,                   // max
+                                    5, 3, 8,                   // broadcast from rank 1
+                                    21, 19, 30, 41, 39, 60};   // the two replays' sums
+  CHECK(got[0] == expected);
+  CHECK(got[1] == expected);
+  CHECK(mismatch[0] == ncclInvalidUsage);
+  CHECK(mismatch[1] == ncclInvalidUsage);
+}
+
+TEST_CASE("emulib: a CUDA graph replay that does not finish is reported by the NCCL group's watchdog") {
+  // Acts only in its own entry (tests/emu/CMakeLists.txt), which expects the watchdog's line:
+  // the watchdog ends the process.
+  const char* fault = std::getenv("NANODDP_FAULT_TEST");
+  if (fault == nullptr || std::string(fault) != "replay") {
+    MESSAGE("SKIPPED: runs in the entry '(emu): a replay that hangs' with NANODDP_FAULT_TEST=replay");
+    return;
+  }
+  auto g = dist::nccl_world();
+  g->set_timeout(std::chrono::milliseconds(300));
+  Tensor t = full({4}, 1.0, TensorOptions().device(kGpu));
+  cuda::Graph graph(0);
+  graph.capture_begin();
+  {
+    dist::CollectivePurpose purpose("bucket 0 of DDP model 'mlp'");
+    g->allreduce(t)->wait_on_device();
+  }
+  g->allreduce(t)->wait_on_device();
+  graph.capture_end();
+  emu_rt::set_hold_events(true);  // the "GPU" never finishes the replay
+  graph.replay();
+  std::this_thread::sleep_for(std::chrono::seconds(10));
+  FAIL("the watchdog did not report the replay");
 }

@@ -53,6 +53,10 @@ enum cudaError {
   cudaErrorIllegalAddress = 700,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureMerge = 902,
+  cudaErrorStreamCaptureUnmatched = 903,
+  cudaErrorStreamCaptureUnjoined = 904,
+  cudaErrorStreamCaptureIsolation = 905,
   cudaErrorCapturedEvent = 907,
   cudaErrorStreamCaptureWrongThread = 908,
 };
@@ -65,7 +69,10 @@ typedef CUstream_st* cudaStream_t;
 struct CUevent_st {
   int device;
   bool pending = false;   // recorded while emu_rt::set_hold_events(true), not yet completed
+  bool recorded = false;  // ever recorded (before that it stands for no work at all)
   bool captured = false;  // last recorded on a stream being captured (emu_graph.h)
+  uint64_t capture = 0;   // captured: the capture's id; frontier: the nodes it stands for
+  std::vector<size_t> frontier;
 };
 typedef CUevent_st* cudaEvent_t;
 
@@ -83,6 +90,7 @@ enum cudaFuncAttribute {
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
 constexpr unsigned cudaStreamDefault = 0, cudaStreamNonBlocking = 1;
 constexpr unsigned cudaEventDefault = 0, cudaEventBlockingSync = 1, cudaEventDisableTiming = 2;
+constexpr unsigned cudaEventWaitDefault = 0, cudaEventWaitExternal = 1;
 constexpr unsigned cudaHostAllocDefault = 0, cudaHostAllocPortable = 1;
 enum cudaStreamCaptureMode {
   cudaStreamCaptureModeGlobal = 0,
@@ -125,24 +133,31 @@ struct Block {
 
 // Stream capture (emu_graph.h): an operation queued on a stream being captured becomes a node
 // of the capture's graph, its arguments copied, instead of running; cudaGraphLaunch runs the
-// nodes in order.
+// nodes in order (the order they were queued in, which every dependency respects).
 struct GraphNode {
-  enum Kind { kKernel, kCopy, kMemset, kEventRecord } kind = kKernel;
-  std::string name;  // the kernel, as written at its launch
+  // kHost: a library call that runs on the host in the emulator (an NCCL collective, nccl.h)
+  enum Kind { kKernel, kCopy, kMemset, kEventRecord, kHost } kind = kKernel;
+  std::string name;  // the kernel, as written at its launch (kHost: the call)
   dim3 grid, block;
   size_t smem = 0;
-  std::function<void()> kernel;  // the kernel with its arguments copied at the launch
+  std::function<void()> kernel;  // the kernel with its arguments copied at the launch (kHost: the call)
   void* dst = nullptr;
   const void* src = nullptr;
   size_t bytes = 0;
   int value = 0;
   CUevent_st* event = nullptr;
+  std::vector<size_t> deps;  // the nodes it waits for: its stream's previous one, joined events'
 };
+// One capture sequence: its origin stream (where it began and must end) and every stream
+// forked into it through an event, each with its frontier (the nodes its next node depends on).
 struct Capture {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
   std::thread::id thread;
   bool invalidated = false;
   std::vector<GraphNode> nodes;
+  uint64_t id = 0;
+  const CUstream_st* origin = nullptr;
+  std::map<const CUstream_st*, std::vector<size_t>> frontier;
 };
 
 struct State {
@@ -158,7 +173,9 @@ struct State {
   cudaError_t pending_fault = cudaSuccess;   // a fault not yet reported
   bool trace = false;                        // record_trace: the stream of each copy and launch
   std::vector<TraceEntry> traced;
-  std::map<const CUstream_st*, Capture> captures;  // streams being captured
+  // Streams being captured, each to its capture (a fork shares its origin's).
+  std::map<const CUstream_st*, std::shared_ptr<Capture>> captures;
+  uint64_t next_capture = 1;
 };
 inline State& state() {
   static State* s = new State();  // never destroyed: freed from static destructors too
@@ -314,7 +331,7 @@ inline void traced(TraceEntry e) {
 inline Capture* capture_of(const CUstream_st* stream) {
   if (stream == nullptr) return nullptr;
   auto it = state().captures.find(stream);
-  return it == state().captures.end() ? nullptr : &it->second;
+  return it == state().captures.end() ? nullptr : it->second.get();
 }
 // A "potentially unsafe" call (cudaMalloc, cudaFree, cudaDeviceSynchronize) on this thread
 // while a capture forbids it (CUDA's rule: this thread's mode is not relaxed, and a capture
@@ -325,10 +342,10 @@ inline bool unsafe_call_refused() {
   if (thread_capture_mode == cudaStreamCaptureModeRelaxed) return false;
   bool refused = false;
   for (auto& [stream, c] : state().captures) {
-    if (c.mode == cudaStreamCaptureModeRelaxed) continue;
-    if (c.thread == std::this_thread::get_id() ||
-        (thread_capture_mode == cudaStreamCaptureModeGlobal && c.mode == cudaStreamCaptureModeGlobal)) {
-      c.invalidated = true;
+    if (c->mode == cudaStreamCaptureModeRelaxed) continue;
+    if (c->thread == std::this_thread::get_id() ||
+        (thread_capture_mode == cudaStreamCaptureModeGlobal && c->mode == cudaStreamCaptureModeGlobal)) {
+      c->invalidated = true;
       refused = true;
     }
   }
@@ -345,9 +362,22 @@ inline bool captured(const CUstream_st* stream, GraphNode node, cudaError_t* sta
     *status = last_error = cudaErrorStreamCaptureInvalidated;
     return true;
   }
+  std::vector<size_t>& frontier = c->frontier[stream];
+  node.deps = frontier;
+  frontier.assign(1, c->nodes.size());
   c->nodes.push_back(std::move(node));
   *status = cudaSuccess;
   return true;
+}
+// A host-side library call (nccl.h's collectives) queued on `stream`: when the stream is being
+// captured, `call` becomes a node that each replay runs, and the caller returns *status.
+inline bool captured_call(const CUstream_st* stream, const char* name, std::function<void()> call, cudaError_t* status) {
+  std::lock_guard lock(state().mutex);
+  GraphNode node;
+  node.kind = GraphNode::kHost;
+  node.name = name;
+  node.kernel = std::move(call);
+  return captured(stream, std::move(node), status);
 }
 
 }  // namespace emu_rt
@@ -363,7 +393,7 @@ bool emu_launch_captured(cudaStream_t stream, dim3 grid, dim3 block, size_t smem
     last_error = cudaErrorInvalidResourceHandle;
     return true;
   }
-  GraphNode node{GraphNode::kKernel, name, grid, block, smem, std::function<void()>(kernel), nullptr, nullptr, 0, 0, nullptr};
+  GraphNode node{GraphNode::kKernel, name, grid, block, smem, std::function<void()>(kernel), nullptr, nullptr, 0, 0, nullptr, {}};
   cudaError_t status = cudaSuccess;
   return captured(stream, std::move(node), &status);
 }
@@ -410,6 +440,10 @@ inline const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorIllegalState: return "cudaErrorIllegalState";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureMerge: return "cudaErrorStreamCaptureMerge";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
     case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
     case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
     case cudaErrorNotReady: return "cudaErrorNotReady";
@@ -428,6 +462,10 @@ inline const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureMerge: return "operation would result in a merge of separate capture sequences";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not ended in the same stream as it began";
+    case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
+    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
     case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
     case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
     case cudaErrorNotReady: return "device not ready";
@@ -572,7 +610,7 @@ inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMem
       return fail(cudaErrorStreamCaptureUnsupported);
     }
   }
-  if (cudaError_t status = cudaSuccess; captured(stream, {GraphNode::kCopy, "", {}, {}, 0, {}, dst, src, n, 0, nullptr}, &status)) return status;
+  if (cudaError_t status = cudaSuccess; captured(stream, {GraphNode::kCopy, "", {}, {}, 0, {}, dst, src, n, 0, nullptr, {}}, &status)) return status;
   std::memmove(dst, src, n);
   emu_san::host_wrote(dst, n);
   ++state().stats.memcpys;
@@ -591,7 +629,7 @@ inline cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* sr
   if (cudaError_t e = check_device_range("cudaMemcpyPeerAsync (dst)", dst, n, dst_device); e != cudaSuccess) return e;
   if (cudaError_t e = check_device_range("cudaMemcpyPeerAsync (src)", src, n, src_device); e != cudaSuccess) return e;
   std::lock_guard lock(state().mutex);
-  if (cudaError_t status = cudaSuccess; captured(stream, {GraphNode::kCopy, "", {}, {}, 0, {}, dst, src, n, 0, nullptr}, &status)) return status;
+  if (cudaError_t status = cudaSuccess; captured(stream, {GraphNode::kCopy, "", {}, {}, 0, {}, dst, src, n, 0, nullptr, {}}, &status)) return status;
   std::memmove(dst, src, n);
   ++state().stats.memcpys;
   return cudaSuccess;
@@ -604,7 +642,7 @@ inline cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t st
   if (p == nullptr) return fail(cudaErrorInvalidValue);
   if (cudaError_t e = check_device_range("cudaMemsetAsync", p, n); e != cudaSuccess) return e;
   std::lock_guard lock(state().mutex);
-  if (cudaError_t status = cudaSuccess; captured(stream, {GraphNode::kMemset, "", {}, {}, 0, {}, p, nullptr, n, value, nullptr}, &status))
+  if (cudaError_t status = cudaSuccess; captured(stream, {GraphNode::kMemset, "", {}, {}, 0, {}, p, nullptr, n, value, nullptr, {}}, &status))
     return status;
   std::memset(p, value, n);
   emu_san::host_wrote(p, n);
@@ -621,7 +659,8 @@ template <class H>
 cudaError_t create_handle(H** out, bool valid_flags, std::set<const H*>& registry) {
   if (out == nullptr || !valid_flags) return fail(cudaErrorInvalidValue);
   if (device_count() == 0) return fail(cudaErrorNoDevice);
-  auto* h = new H{current_device};
+  auto* h = new H();
+  h->device = current_device;
   std::lock_guard lock(state().mutex);
   registry.insert(h);
   *out = h;
@@ -667,8 +706,14 @@ inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = null
   if (device != event->device) return fail(cudaErrorInvalidResourceHandle);  // CUDA: same device only
   std::lock_guard lock(state().mutex);
   event->captured = false;
-  if (cudaError_t status = cudaSuccess; captured(stream, {GraphNode::kEventRecord, "", {}, {}, 0, {}, nullptr, nullptr, 0, 0, event}, &status)) {
+  event->recorded = true;
+  if (cudaError_t status = cudaSuccess; captured(stream, {GraphNode::kEventRecord, "", {}, {}, 0, {}, nullptr, nullptr, 0, 0, event, {}}, &status)) {
     event->captured = status == cudaSuccess;
+    if (event->captured) {  // it stands for the stream's work so far: a wait on it forks or joins
+      Capture* c = capture_of(stream);
+      event->capture = c->id;
+      event->frontier = c->frontier[stream];
+    }
     return status;
   }
   ++state().stats.event_records;
@@ -702,18 +747,49 @@ inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (cudaError_t e = take_fault(); e != cudaSuccess) return fail(e);
   return cudaSuccess;
 }
+// During a capture (CUDA's rules, the programming guide's "Cross-stream Dependencies and
+// Events" and "Prohibited and Unhandled Operations"): a stream outside any capture waiting for
+// an event recorded in one joins that capture (a fork: its later work becomes nodes after the
+// event's); a captured stream waiting for an event of its own capture adds the event's nodes to
+// its dependencies (a join); an event of another capture would merge two captures
+// (cudaErrorStreamCaptureMerge, both invalidated); an event recorded outside any capture may
+// only be waited for with cudaEventWaitExternal (otherwise cudaErrorStreamCaptureIsolation,
+// the capture invalidated), and one never recorded stands for no work. A stream outside any
+// capture waiting for an event whose capture has ended: cudaErrorCapturedEvent here (CUDA's
+// behaviour is not documented).
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0) {
   using namespace emu_rt;
-  if (flags != 0) return fail(cudaErrorInvalidValue);
+  if (flags > cudaEventWaitExternal) return fail(cudaErrorInvalidValue);
   int device = 0;
   if (cudaError_t e = stream_device(stream, &device); e != cudaSuccess) return e;
   if (cudaError_t e = check_event(event); e != cudaSuccess) return e;
   std::lock_guard lock(state().mutex);
-  // A stream outside the capture waiting for an event of it would join the capture (a fork):
-  // not emulated, refused.
-  if (event->captured && capture_of(stream) == nullptr) return fail(cudaErrorStreamCaptureUnsupported);
-  if (Capture* c = capture_of(stream); c != nullptr && c->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
-  ++state().stats.stream_waits;
+  State& s = state();
+  std::shared_ptr<Capture> owner;  // the live capture the event was recorded in, if any
+  if (event->captured)
+    for (auto& [member, c] : s.captures)
+      if (c->id == event->capture) owner = c;
+  Capture* waiter = capture_of(stream);
+  if (waiter == nullptr && event->captured) {
+    if (owner == nullptr) return fail(cudaErrorCapturedEvent);
+    if (owner->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
+    s.captures[stream] = owner;  // the fork
+    owner->frontier[stream] = event->frontier;
+  } else if (waiter != nullptr) {
+    if (waiter->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
+    if (owner.get() == waiter) {
+      std::vector<size_t>& f = waiter->frontier[stream];
+      for (size_t n : event->frontier)
+        if (std::find(f.begin(), f.end(), n) == f.end()) f.push_back(n);
+    } else if (owner != nullptr) {
+      waiter->invalidated = owner->invalidated = true;
+      return fail(cudaErrorStreamCaptureMerge);
+    } else if (event->recorded && flags != cudaEventWaitExternal) {
+      waiter->invalidated = true;
+      return fail(cudaErrorStreamCaptureIsolation);
+    }
+  }
+  ++s.stats.stream_waits;
   traced({stream, "", nullptr, event, true});
   return cudaSuccess;
 }

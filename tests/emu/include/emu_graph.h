@@ -14,13 +14,23 @@
 //   host and the device on the capturing stream must use pinned memory (otherwise the same);
 //   an operation on an invalidated capture fails with cudaErrorStreamCaptureInvalidated and
 //   cudaStreamEndCapture then returns that error and no graph. cudaEventQuery/Synchronize of
-//   an event last recorded in a capture: cudaErrorCapturedEvent. A stream outside the capture
-//   waiting for such an event (a fork into the capture) is not emulated: refused with
-//   cudaErrorStreamCaptureUnsupported.
+//   an event last recorded in a capture: cudaErrorCapturedEvent.
+// - Other streams (cuda_runtime.h's cudaStreamWaitEvent): a stream waiting for an event
+//   recorded in the capture is forked into it (its work becomes nodes after the event's) and
+//   joins back when a stream of the capture waits for an event recorded on it;
+//   cudaStreamEndCapture on a forked stream fails with cudaErrorStreamCaptureUnmatched (the
+//   capture stays open, invalidated), and on the origin with cudaErrorStreamCaptureUnjoined
+//   (no graph) when some node is not an ancestor of the origin's last ones (a fork not joined).
+//   Waiting in a capture for an event of another capture: cudaErrorStreamCaptureMerge; for one
+//   recorded outside any capture without cudaEventWaitExternal: cudaErrorStreamCaptureIsolation
+//   (each invalidates).
 // - cudaGraphInstantiate copies the graph's nodes; cudaGraphLaunch(exec, stream) runs them in
-//   order on `stream` (kernels through emu_launch_allowed: traced, faults as any launch).
+//   the order they were queued (every dependency points backwards in it) on `stream` (kernels
+//   through emu_launch_allowed: traced, faults as any launch; host nodes, nccl.h's collectives,
+//   call the library again).
 // Not emulated: graphs built by hand (cudaGraphAdd*Node), child graphs (a graph launched into
-// a capturing stream), graph updates, conditional nodes, memory nodes (cudaMallocAsync).
+// a capturing stream), graph updates, conditional nodes, memory nodes (cudaMallocAsync),
+// concurrency between a graph's branches.
 
 namespace emu_rt {
 struct Graph {
@@ -57,11 +67,32 @@ inline cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCapture
   if (cudaError_t e = stream_device(stream, &device); e != cudaSuccess) return e;
   std::lock_guard lock(state().mutex);
   if (capture_of(stream) != nullptr) return fail(cudaErrorIllegalState);
-  state().captures[stream] = Capture{mode, std::this_thread::get_id(), false, {}};
+  auto c = std::make_shared<Capture>();
+  c->mode = mode;
+  c->thread = std::this_thread::get_id();
+  c->id = state().next_capture++;
+  c->origin = stream;
+  c->frontier[stream] = {};
+  state().captures[stream] = std::move(c);
   return cudaSuccess;
 }
 
 namespace emu_rt {
+// Every node of the capture is the origin stream's frontier or one of its ancestors: each fork
+// was joined back (an event recorded on the forked stream after its last node, waited for by
+// the origin stream, directly or through other streams of the capture).
+inline bool joined(const Capture& c) {
+  std::vector<bool> reached(c.nodes.size(), false);
+  std::vector<size_t> todo = c.frontier.at(c.origin);
+  while (!todo.empty()) {
+    const size_t n = todo.back();
+    todo.pop_back();
+    if (reached[n]) continue;
+    reached[n] = true;
+    todo.insert(todo.end(), c.nodes[n].deps.begin(), c.nodes[n].deps.end());
+  }
+  return std::find(reached.begin(), reached.end(), false) == reached.end();
+}
 // A capture query's output pointer is given and its stream exists.
 inline cudaError_t check_capture_query(cudaStream_t stream, const void* out) {
   if (out == nullptr) return fail(cudaErrorInvalidValue);
@@ -76,14 +107,19 @@ inline cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph)
   std::lock_guard lock(state().mutex);
   Capture* c = capture_of(stream);
   if (c == nullptr) return fail(cudaErrorIllegalState);
+  if (c->origin != stream) {  // a forked stream: the capture stays open, invalidated
+    c->invalidated = true;
+    return fail(cudaErrorStreamCaptureUnmatched);
+  }
   if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id())
     return fail(cudaErrorStreamCaptureWrongThread);
   *graph = nullptr;
-  Capture ended = std::move(*c);
-  state().captures.erase(stream);
-  if (ended.invalidated) return fail(cudaErrorStreamCaptureInvalidated);
+  const std::shared_ptr<Capture> ended = state().captures[stream];
+  std::erase_if(state().captures, [&](const auto& member) { return member.second == ended; });
+  if (ended->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
+  if (!joined(*ended)) return fail(cudaErrorStreamCaptureUnjoined);
   auto* g = new CUgraph_st();
-  g->nodes = std::move(ended.nodes);
+  g->nodes = std::move(ended->nodes);
   graphs().insert(g);
   *graph = g;
   return cudaSuccess;
@@ -148,6 +184,10 @@ inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
     nodes = &exec->nodes;
   }
   for (GraphNode& n : *nodes) {
+    if (n.kind == GraphNode::kHost) {
+      n.kernel();
+      continue;
+    }
     if (n.kind == GraphNode::kKernel) {
       if (emu_launch_allowed(stream, n.name.c_str())) emu_launch_impl(n.grid, n.block, n.smem, n.name.c_str(), n.kernel);
       continue;
