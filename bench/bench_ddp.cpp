@@ -11,7 +11,8 @@
 // A second table runs the default buckets with each communication hook (none, bf16, fp16,
 // PowerSGD rank 4 from the first step) and reports the bytes every rank all-reduced per
 // step (ProcessGroup::record().bytes: payload; a ring all-reduce puts about 2 (W - 1) / W
-// times that on each rank's wire), next to the step time and the exposed wait.
+// times that on each rank's wire), next to the step time, the same step without DDP (timed
+// interleaved with it: baseline_ms) and the exposed wait.
 // A third table runs the default buckets with AdamW plain and wrapped in a
 // ZeroRedundancyOptimizer, stage 1 (DDP all-reduces) and stage 2 (DDP reduce-scatters):
 // step time, optimizer state bytes per rank (the largest rank's share with ZeRO) and
@@ -65,6 +66,20 @@ double slowest_median(const std::vector<double>& ms) {
   dist::world()->allreduce(t, {dist::ReduceOp::MAX})->wait();
   return t.item();
 }
+
+// The same MAE step without DDP: the baseline each DDP row is timed against, interleaved.
+struct LocalMae {
+  explicit LocalMae(const std::string& config)
+      : model((manual_seed(7), models::MAE(models::MAEConfig::by_name(config)))),
+        opt(model->parameters(), optim::AdamWOptions(1e-3)) {}
+  void step(const Tensor& images) {
+    opt.zero_grad();
+    model(images).loss.backward();
+    opt.step();
+  }
+  models::MAE model;
+  optim::AdamW opt;
+};
 
 // The ZeRO table: MAE under DDP with AdamW, plain and as ZeroRedundancyOptimizer (stage 1, 2).
 void zero_table(const Tensor& images, int steps, int per_rank, std::vector<std::string>& json) {
@@ -256,14 +271,8 @@ int main(int argc, char** argv) {
   for (const std::string config : {"tiny", "small"})
   for (double cap : {0.25, 1.0, 25.0}) {
     if (!runs("buckets")) break;
-    manual_seed(7);
-    models::MAE local(models::MAEConfig::by_name(config));
-    optim::AdamW opt_local(local->parameters(), optim::AdamWOptions(1e-3));
-    auto local_step = [&] {
-      opt_local.zero_grad();
-      local(images).loss.backward();
-      opt_local.step();
-    };
+    LocalMae local(config);
+    auto local_step = [&] { local.step(images); };
     manual_seed(7);
     models::MAE model(models::MAEConfig::by_name(config));
     dist::DistributedDataParallel ddp(model, "mae", dist::DistributedDataParallelOptions().bucket_cap_mb(cap).first_bucket_cap_mb(std::min(cap, 1.0)));
@@ -331,7 +340,8 @@ int main(int argc, char** argv) {
     }
   }
   if (root && runs("hooks"))
-    std::printf("\n%-6s %-9s %10s %9s %14s %8s\n", "model", "hook", "ddp_ms", "wait_ms", "bytes/step", "ratio");
+    std::printf("\n%-6s %-9s %10s %10s %9s %14s %8s\n", "model", "hook", "local_ms", "ddp_ms", "wait_ms", "bytes/step",
+                "ratio");
   for (const std::string config : {"tiny", "small"}) {
     if (!runs("hooks")) break;
     double bytes_none = 0;
@@ -351,19 +361,22 @@ int main(int argc, char** argv) {
         ddp(images).loss.backward();
         opt.step();
       };
-      for (int i = 0; i < 3; ++i) ddp_step();
+      LocalMae local(config);
+      for (int i = 0; i < 3; ++i) ddp_step(), local.step(images);
       const uint64_t bytes_before = ddp.reducer().process_group().record().bytes;
-      std::vector<double> ms, wait;
-      for (int i = 0; i < steps; ++i) {
+      std::vector<double> ms, wait, ms_local;
+      for (int i = 0; i < steps; ++i) {  // interleaved, as in the buckets table
+        ms_local.push_back(time_once([&] { local.step(images); }));
         ms.push_back(time_once(ddp_step));
         wait.push_back(ddp.reducer().last_exposed_wait_ms());
       }
       const double bytes = static_cast<double>(ddp.reducer().process_group().record().bytes - bytes_before) / steps;
       if (hook == "none") bytes_none = bytes;
-      const double t_ddp = slowest_median(ms), t_wait = slowest_median(wait);
+      const double t_ddp = slowest_median(ms), t_wait = slowest_median(wait), t_local = slowest_median(ms_local);
       if (!root) continue;
       const double ratio = bytes_none > 0 ? bytes / bytes_none : 1.0;
-      std::printf("%-6s %-9s %10.2f %9.2f %14.0f %7.3f\n", config.c_str(), hook.c_str(), t_ddp, t_wait, bytes, ratio);
+      std::printf("%-6s %-9s %10.2f %10.2f %9.2f %14.0f %7.3f\n", config.c_str(), hook.c_str(), t_local, t_ddp, t_wait,
+                  bytes, ratio);
       char shape[128];
       std::snprintf(shape, sizeof shape, "mae_%s b%d x%d ranks, hook %s", config.c_str(), per_rank, W, hook.c_str());
       json.push_back(bench::JsonLine::row("ddp_comm_hook", shape, "f32", "nanoddp")
@@ -373,6 +386,7 @@ int main(int argc, char** argv) {
                          .text("baseline", "bytes of the same step without a hook")
                          .number("ratio", ratio, "%.4f")
                          .number("bytes_per_step", bytes, "%.0f")
+                         .number("baseline_ms", t_local, "%.3f")
                          .number("exposed_wait_ms", t_wait, "%.3f")
                          .str());
     }

@@ -16,7 +16,7 @@
 #include "common/png.h"
 #include "common/run.h"
 #include "json_line.h"
-#include "scale_model/predict.h"
+#include "scale_model/hook_cost.h"
 
 using namespace nd;
 using namespace nd::scale;
@@ -27,6 +27,7 @@ namespace {
 enum class Precision { kF32, kBf16 };
 const std::vector<std::string> kPrecisions{"f32", "bf16"};
 enum class Ready { kProfile, kBytes };
+enum class HookCostFrom { kMemory, kMeasured };
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -144,6 +145,7 @@ int main(int argc, char** argv) {
                 buffers = "on";
     Precision precision = Precision::kF32;
     Ready ready = Ready::kProfile;
+    HookCostFrom hook_cost = HookCostFrom::kMemory;
     int64_t batch = 0, profile_batch = 0, profile_steps = 5, gpus_per_node = 0;
     double step_ms = 0, backward_ms = 0, memory_gbs = 3350, fit_max_bytes = 1e18, first_cap = 1;
     app::Flags flags("scale_model",
@@ -167,6 +169,9 @@ int main(int argc, char** argv) {
     flags.add_choice("--ready", &ready, {"profile", "bytes"},
                      "profile: gradients ready when measured; bytes: spread over each backward by bytes", "HOW");
     flags.add("--memory-gbs", &memory_gbs, "device memory bandwidth for the hooks' element-wise work (GB/s)");
+    flags.add_choice("--hook-cost", &hook_cost, {"memory", "measured"},
+                     "the hooks' compute: memory traffic over --memory-gbs, or the library's hooks timed on this CPU "
+                     "per bucket (scaled by --step-ms as the profile is)", "HOW");
     flags.add("--profile-steps", &profile_steps, "CPU steps profiled (medians)");
     flags.add("--profile-batch", &profile_batch, "images per CPU profile step (0: --batch); for the ViT configs", 0);
     flags.add("--png", &png, "write the efficiency plot here", "PATH");
@@ -199,6 +204,7 @@ int main(int argc, char** argv) {
     for (const Profile::Backward& b : profile.backwards) cpu_backward += b.end - b.start;
     DeviceModel device;
     device.memory_bandwidth = memory_gbs * 1e9;
+    if (hook_cost == HookCostFrom::kMeasured) device.hook_cost = MeasuredHookCosts();
     device.time_scale = step_ms > 0 ? step_ms * 1e-3 / profile.step : backward_ms > 0 ? backward_ms * 1e-3 / cpu_backward : 1;
     std::printf("scale_model: %s, batch %lld per GPU, %s gradients; CPU profile (batch %lld): step %.2f ms, backward "
                 "%.2f ms (%zu backward(s)); times x %.4g; all-reduce %s\n",
@@ -210,8 +216,8 @@ int main(int argc, char** argv) {
       for (const Tensor& p : w.models[m].params) numel += p.numel();
       std::printf("  %s: %lld parameters\n", w.models[m].name.c_str(), static_cast<long long>(numel));
     }
-    std::printf("%-44s %6s %6s %10s %10s %10s %10s %7s %6s\n", "fabric: options", "gpus", "nodes", "step_ms", "compute_ms",
-                "comm_ms", "exposed_ms", "hidden", "eff");
+    std::printf("%-44s %6s %6s %10s %10s %10s %10s %10s %7s %6s\n", "fabric: options", "gpus", "nodes", "step_ms",
+                "compute_ms", "comm_ms", "hook_ms", "exposed_ms", "hidden", "eff");
     std::vector<app::Series> curves;
     std::vector<std::string> json;
     for (const Fabric& fabric : fabrics)
@@ -223,8 +229,9 @@ int main(int argc, char** argv) {
           const StepResult r = predict(w, profile, o, device, fabric, p, algorithm);
           const double eff = t1 / r.step, hidden = r.comm > 0 ? r.hidden / r.comm : 1.0;
           const int nodes = (p + fabric.gpus_per_node - 1) / fabric.gpus_per_node;
-          std::printf("%-44s %6d %6d %10.3f %10.3f %10.3f %10.3f %6.0f%% %6.3f\n", label.c_str(), p, nodes,
-                      r.step * 1e3, (r.step - r.exposed) * 1e3, r.comm * 1e3, r.exposed * 1e3, 100 * hidden, eff);
+          std::printf("%-44s %6d %6d %10.3f %10.3f %10.3f %10.3f %10.3f %6.0f%% %6.3f\n", label.c_str(), p, nodes,
+                      r.step * 1e3, (r.step - r.exposed) * 1e3, r.comm * 1e3, r.hook * 1e3, r.exposed * 1e3,
+                      100 * hidden, eff);
           curves.back().points.emplace_back(p, eff);
           char shape[256];
           std::snprintf(shape, sizeof shape, "%s b%lld %s, %s x%d GPUs", model.c_str(),
@@ -237,6 +244,7 @@ int main(int argc, char** argv) {
                              .number("ratio", eff, "%.4f")
                              .integer("gpus", p)
                              .number("comm_ms", r.comm * 1e3, "%.4f")
+                             .number("hook_ms", r.hook * 1e3, "%.4f")
                              .number("exposed_ms", r.exposed * 1e3, "%.4f")
                              .number("hidden", hidden, "%.4f")
                              .str());

@@ -11,7 +11,7 @@
 #include <nanoddp.h>
 
 #include "scale_model/collective_cost.h"
-#include "scale_model/predict.h"
+#include "scale_model/hook_cost.h"
 
 using namespace nd::scale;
 
@@ -205,6 +205,28 @@ TEST_CASE("step timeline: second rounds run after the end of backward, in index 
   CHECK(r.hidden == doctest::Approx(1));
 }
 
+TEST_CASE("step timeline: a hook's compute delays backward at the launch and runs at the wait") {
+  // Backward [2, 10] of a 12 s step; each bucket's hook computes 0.5 s at its launch, 0.25 s at
+  // its wait. Bucket 0 (ready 4): hook 4-4.5, collective 4.5-5.5. The backward, 0.5 s late, ends
+  // at 10.5; the last bucket's hook 10.5-11, collective 11-13. The waits: bucket 0's 11-11.25,
+  // the last's 13-13.25, its second round 13.25-14.25: the step ends 12 + 4.25.
+  StepInput in;
+  in.compute = 12;
+  in.backwards = {Backward{2, 10, {{{4, 1, 0, 0.5, 0.25}, {10, 2, 1, 0.5, 0.25}}}}};
+  StepResult r = simulate_step(in);
+  CHECK(r.step == doctest::Approx(16.25));
+  CHECK(r.comm == doctest::Approx(4));
+  CHECK(r.hook == doctest::Approx(1.5));
+  CHECK(r.exposed == doctest::Approx(4.25));
+  CHECK(r.hidden == doctest::Approx(1.25));  // bucket 0's collective, its wait's compute
+  // No overlap: everything adds.
+  in.overlap = false;
+  CHECK(simulate_step(in).step == doctest::Approx(12 + 4 + 1.5));
+  in.backwards[0].models[0][0].wait_compute = -1;
+  CHECK(error_of([&] { simulate_step(in); }) ==
+        "simulate_step: negative cost (communication 1, 0; hook compute 0.5, -1)");
+}
+
 TEST_CASE("step timeline: two models in one backward share the channel, and backwards add up") {
   // D and G in one backward [0, 10]: D0 2-4, G0 (ready 3) 4-5, D's last 10-11, G's last 11-12.
   StepInput in;
@@ -345,6 +367,49 @@ TEST_CASE("predict: PowerSGD sends P with the uncompressed rest, Q after the end
   for (const char* bad : {"powersgd", "powersgd:0", "powersgd:x", "int8"})
     CHECK(error_of([&] { parse_hook(bad, psgd); }) == std::string("unknown comm hook '") + bad +
                                                          "': expected none, bf16, fp16 or powersgd:RANK (RANK >= 1)");
+}
+
+TEST_CASE("predict: the hooks' compute from DeviceModel::hook_cost, scaled as the profile, and timed") {
+  nd::NoGradGuard no_grad;
+  const Workload w = make_workload("mae-tiny", 2);
+  const Profile profile = one_backward(w);
+  const Fabric f = bandwidth_only(1e9);
+  const double ring = 2 * 3.0 / 4 / 1e9, P = static_cast<double>(w.models[0].params.size());
+  double numel = 0, buffers = 0;
+  for (const nd::Tensor& t : w.models[0].params) numel += static_cast<double>(t.numel());
+  for (const int64_t b : w.models[0].buffer_bytes) buffers += static_cast<double>(b);
+  Options bf16;
+  parse_hook("bf16", bf16);
+  DeviceModel device;
+  size_t calls = 0, members = 0;
+  device.hook_cost = [&](const DdpModel&, const std::vector<size_t>& bucket, const Options& o) {
+    ++calls;
+    members += bucket.size();
+    CHECK(o.hook == "bf16");
+    return HookCost{0.001, 0.002};
+  };
+  // The one bucket (launched at the end of backward, 20 ms): its hook's 1 ms delays the bf16
+  // all-reduce, its 2 ms follow it; x2 (a profile twice as fast as the step): all of it doubles.
+  const double comm = 32 * ring + buffers / 1e9 + (numel * 2 + (P + 1) * 4) * ring;
+  CHECK(predict(w, profile, bf16, device, f, 4, Algorithm::kRing).step ==
+        doctest::Approx(0.030 + comm + 0.003).epsilon(1e-12));
+  CHECK(calls == 1);
+  CHECK(members == w.models[0].params.size());
+  device.time_scale = 2;
+  CHECK(predict(w, profile, bf16, device, f, 4, Algorithm::kRing).step ==
+        doctest::Approx(0.060 + comm + 0.006).epsilon(1e-12));
+  // The library's own hooks on the bucket's real shapes: something is timed at both ends.
+  std::vector<size_t> all(w.models[0].params.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  Options psgd;
+  parse_hook("powersgd:4", psgd);
+  for (const Options& o : {bf16, psgd}) {
+    const HookCost c = time_hook(w.models[0], all, o, 1);
+    CHECK(c.launch > 0);
+    CHECK(c.wait > 0);
+  }
+  CHECK(error_of([&] { time_hook(w.models[0], all, Options{}); }) ==
+        "time_hook: expected a hook (bf16, fp16 or powersgd), found 'none'");
 }
 
 TEST_CASE("workloads: the Reducer's buckets in gradient-ready order, and unknown names") {
