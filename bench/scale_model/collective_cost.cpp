@@ -129,12 +129,11 @@ constexpr double kNvlinkAlpha = 3.4e-6, kNetAlpha = 9.6e-6, kBaseLatency = 8.4e-
 constexpr Link kMpiShm{10.8e-6, 0.94e9}, kMpiTcp{20.2e-6, 0.65e9};
 
 Fabric nvlink_node(const std::string& name, const Link& inter) {
-  return Fabric{name, Link{kNvlinkAlpha, kNvlinkBandwidth}, inter, 8, kBaseLatency, true, true};
+  return Fabric{name, Link{kNvlinkAlpha, kNvlinkBandwidth}, inter, 8, kBaseLatency, true};
 }
-// All ranks on one node over MPI on the CPU: 16-bit floats travel widened to f32 and the
-// collectives take the cores compute runs on (bench/RESULTS.md, "Scaling model vs measured MPI runs").
+// All ranks on one node over MPI on the CPU: the collectives take the cores compute runs on (bench/RESULTS.md, "Scaling model vs measured MPI runs").
 Fabric mpi_node(const std::string& name, double alpha, double bandwidth) {
-  return Fabric{name, Link{alpha, bandwidth}, Link{alpha, bandwidth}, 1 << 20, 0, false, false};
+  return Fabric{name, Link{alpha, bandwidth}, Link{alpha, bandwidth}, 1 << 20, 0, false};
 }
 }  // namespace
 
@@ -168,7 +167,7 @@ std::string fabric_presets_text() {
          "roce100: 8 x 100 Gb/s RoCE NICs per node (100 GB/s per node), 9.6 us per network step\n"
          "eth25: one 25 Gb/s Ethernet NIC per node (3.125 GB/s per node), 9.6 us per network step\n"
          "mpi-shm, mpi-tcp: this machine's MPI over shared memory and over TCP, fitted (scale_model --fit); "
-         "mpi:ALPHA_US:GB_PER_S: your own fit. One node, 16-bit floats sent as f32, no overlap with compute\n";
+         "mpi:ALPHA_US:GB_PER_S: your own fit. One node, no overlap with compute\n";
 }
 
 Fit fit_link(const std::vector<Sample>& samples) {

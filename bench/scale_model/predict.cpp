@@ -89,7 +89,6 @@ StepResult predict(const Workload& w, const Profile& profile, const Options& o, 
   if (gpus == 1) return simulate_step(in);  // one process: DDP communicates nothing
 
   const double e = static_cast<double>(element_size(o.grad_dtype));
-  const double wire16 = fabric.reduces_16bit_natively ? 2 : 4;
   auto ar = [&](double bytes) { return allreduce(bytes, gpus, fabric, algorithm); };
   auto memory = [&](double bytes) { return bytes / device.memory_bandwidth; };
   std::map<size_t, std::vector<std::vector<size_t>>> plans;
@@ -133,7 +132,7 @@ StepResult predict(const Workload& w, const Profile& profile, const Options& o, 
         }
         if (o.hook == "bf16" || o.hook == "fp16") {
           if (!device.hook_cost) hook = {memory(14 * s.elements), memory(6 * s.elements)};
-          c.first = ar(s.elements * std::min(e, wire16)) + (last ? ar(status) : 0);
+          c.first = ar(s.elements * std::min(e, 2.0)) + (last ? ar(status) : 0);
         } else if (o.hook == "powersgd") {
           const double r = o.powersgd_rank;
           if (!device.hook_cost) hook = {memory(16 * s.compressed), memory(28 * s.compressed + 12 * r * (s.p + s.q))};

@@ -5,7 +5,7 @@
 // What each option sends per bucket of n gradient elements (e bytes each):
 //   none      all-reduce of n e bytes, then the sum divided by p (2 n e bytes of memory traffic,
 //             counted with the communication at the end of the step)
-//   bf16/fp16 all-reduce of 2n bytes (4n where the fabric widens 16-bit floats: our MPI group);
+//   bf16/fp16 all-reduce of 2n bytes;
 //             the hook's compute: 14 bytes of memory traffic per element at the launch (divide,
 //             cast), 6 at the wait (cast back)
 //   powersgd:r for each matrix gradient [a, b] (b = numel / a) with (a + b) r' 2 < a b,

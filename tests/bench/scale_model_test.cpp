@@ -106,12 +106,11 @@ TEST_CASE("collective costs: presets and their figures") {
   for (const std::string& name : fabric_preset_names()) CHECK(fabric_preset(name).name == name);
   CHECK(error_of([] { fabric_preset("infiniband"); }) ==
         "unknown interconnect 'infiniband': expected one of nvlink, ib400, roce100, eth25, mpi-shm, mpi-tcp");
-  // Our MPI on one node: no overlap, 16-bit floats widened, every rank in one node.
+  // Our MPI on one node: no overlap, every rank in one node.
   const Fabric mpi = fabric_preset("mpi:20:2.5");
   CHECK(mpi.intra.alpha == doctest::Approx(20e-6));
   CHECK(mpi.intra.bandwidth == doctest::Approx(2.5e9));
   CHECK(!mpi.overlaps_compute);
-  CHECK(!mpi.reduces_16bit_natively);
   // 4 ranks: 6 steps of 20 us + 1.5 * 1e6 / 2.5e9.
   CHECK(ring_allreduce(1e6, 4, mpi) == doctest::Approx(6 * 20e-6 + 1.5e6 / 2.5e9).epsilon(1e-12));
   CHECK(error_of([] { fabric_preset("mpi:20"); }) ==
@@ -319,11 +318,6 @@ TEST_CASE("predict: MAE tiny's one bucket, its hooks and ZeRO, priced on a bandw
   parse_hook("bf16", bf16);
   CHECK(predict(w, profile, bf16, device, f, 4, Algorithm::kRing).step ==
         doctest::Approx(0.030 + before + (numel * 2 + (P + 1) * 4) * ring).epsilon(1e-12));
-  // Where 16-bit floats travel widened (our MPI group), bf16 saves nothing.
-  Fabric widening = f;
-  widening.reduces_16bit_natively = false;
-  CHECK(predict(w, profile, bf16, device, widening, 4, Algorithm::kRing).step ==
-        doctest::Approx(0.030 + before + (numel + P + 1) * 4 * ring).epsilon(1e-12));
   // ZeRO stage 2: a reduce-scatter ((3/4) n / B) and the status all-reduce; the optimizer's 10 ms
   // becomes 2.5 ms, then all-gathers the parameters.
   Options zero2;
