@@ -23,7 +23,7 @@
 // per rank, Adam; D's backward, D's step, G's backward through D, G's step) with both models
 // under DDP, without a hook and with bf16, against the same step without DDP, interleaved.
 // A fifth table times the collectives alone (all-reduce, reduce-scatter, all-gather of f32
-// buffers from 1 KiB to 16 MiB per rank), the input of bench/scale_model's fit of the
+// buffers, and all-reduce of bf16 ones, from 1 KiB to 16 MiB per rank), the input of bench/scale_model's fit of the
 // transport's alpha and bandwidth; "gbps" is NCCL's bus bandwidth (busBw = n / t times
 // 2(W-1)/W for all-reduce, (W-1)/W for the others, n the whole buffer).
 // Output (rank 0): tables, then JSON lines {"op","shape","dtype","impl","ms",...} (json_line.h).
@@ -205,15 +205,17 @@ void collectives_table(int steps, std::vector<std::string>& json) {
   if (W == 1) return;  // nothing to time
   const bool root = pg.rank() == 0;
   if (root) std::printf("\n%-15s %10s %10s %10s\n", "collective", "bytes", "ms", "busbw_GB/s");
-  for (const std::string op : {"allreduce", "reduce_scatter", "allgather"})
+  for (const std::string op : {"allreduce", "allreduce_bf16", "reduce_scatter", "allgather"})
     for (int64_t size = 1024; size <= 16 * 1024 * 1024; size *= 4) {
-      const int64_t chunk = size / 4 / W, n = chunk * W, bytes = 4 * n;
-      Tensor buffer = zeros({n});
+      const ScalarType dtype = op == "allreduce_bf16" ? kBFloat16 : kFloat32;
+      const int64_t esize = static_cast<int64_t>(element_size(dtype));
+      const int64_t chunk = size / esize / W, n = chunk * W, bytes = esize * n;
+      Tensor buffer = zeros({n}, dtype);
       std::vector<Tensor> parts;
       for (int r = 0; r < W; ++r) parts.push_back(buffer.narrow(0, r * chunk, chunk));
       Tensor mine = zeros({chunk});
       auto run = [&] {
-        if (op == "allreduce")
+        if (op == "allreduce" || op == "allreduce_bf16")
           pg.allreduce(buffer)->wait();
         else if (op == "reduce_scatter")
           pg.reduce_scatter(mine, parts)->wait();
@@ -224,19 +226,19 @@ void collectives_table(int steps, std::vector<std::string>& json) {
       std::vector<double> ms;
       for (int i = 0; i < std::max(steps, 5); ++i) ms.push_back(time_once(run));
       const double t = slowest_median(ms);
-      const double factor = (op == "allreduce" ? 2.0 : 1.0) * (W - 1) / W;
+      const double factor = (op == "reduce_scatter" || op == "allgather" ? 1.0 : 2.0) * (W - 1) / W;
       const double busbw = static_cast<double>(bytes) / (t * 1e-3) * factor / 1e9;
       if (!root) continue;
       std::printf("%-15s %10lld %10.4f %10.3f\n", op.c_str(), static_cast<long long>(bytes), t, busbw);
       char shape[128];
       std::snprintf(shape, sizeof shape, "%s %lld bytes x%d ranks", op.c_str(), static_cast<long long>(bytes), W);
-      json.push_back(bench::JsonLine::row("collective", shape, "f32", "nanoddp")
+      json.push_back(bench::JsonLine::row("collective", shape, dtype_name(dtype), "nanoddp")
                          .number("ms", t, "%.5f")
                          .null("gflops")
                          .number("gbps", busbw, "%.4f")
                          .null("baseline")
                          .null("ratio")
-                         .text("collective", op)
+                         .text("collective", op == "allreduce_bf16" ? "allreduce" : op)
                          .integer("bytes", bytes)
                          .integer("ranks", W)
                          .str());

@@ -59,7 +59,7 @@ std::string field(const std::string& line, const std::string& key) {
   return line.substr(b, line.find_first_of(",}", b) - b);
 }
 
-// Fits the ring model to bench_ddp's collective rows in `path` of at most max_bytes (the
+// Fits the ring model to bench_ddp's f32 collective rows in `path` of at most max_bytes (the
 // median of repeated rows): the
 // all-reduces alone (what DDP's buckets are) and all three collectives; prints both and each
 // sample against the all-reduce fit.
@@ -70,7 +70,7 @@ int fit_main(const std::string& path, double max_bytes) {
   // other load does not pull the fit.
   std::map<std::tuple<std::string, int, double>, std::vector<double>> runs;
   for (std::string line; std::getline(in, line);) {
-    if (field(line, "op") != "collective") continue;
+    if (field(line, "op") != "collective" || field(line, "dtype") != "f32") continue;
     const double bytes = std::stod(field(line, "bytes"));
     if (bytes <= max_bytes)
       runs[{field(line, "collective"), std::stoi(field(line, "ranks")), bytes}].push_back(std::stod(field(line, "ms")));
