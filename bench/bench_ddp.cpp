@@ -26,6 +26,8 @@
 // buffers, and all-reduce of bf16 ones, from 1 KiB to 16 MiB per rank), the input of bench/scale_model's fit of the
 // transport's alpha and bandwidth; "gbps" is NCCL's bus bandwidth (busBw = n / t times
 // 2(W-1)/W for all-reduce, (W-1)/W for the others, n the whole buffer).
+// Every row with a step without DDP also gives baseline_slowest_ms, the median over steps of
+// the slowest rank's step without DDP: what a DDP step, which synchronises the ranks, waits for.
 // Output (rank 0): tables, then JSON lines {"op","shape","dtype","impl","ms",...} (json_line.h).
 // Usage: OMP_NUM_THREADS=1 mpirun -np N bench_ddp [steps] [buckets|hooks|zero|gan|collectives: one table only]
 #include <algorithm>
@@ -65,6 +67,15 @@ double slowest_median(const std::vector<double>& ms) {
   Tensor t = tensor({median(ms)}, kFloat64);
   dist::world()->allreduce(t, {dist::ReduceOp::MAX})->wait();
   return t.item();
+}
+
+// The median over steps of each step's slowest rank: what a step synchronised across the ranks
+// waits for (above slowest_median by the ranks' skew: at each step another rank may be slowest).
+double median_of_slowest(const std::vector<double>& ms) {
+  Tensor t = tensor(ms, kFloat64);
+  dist::world()->allreduce(t, {dist::ReduceOp::MAX})->wait();
+  const double* slowest = t.data_ptr<double>();
+  return median(std::vector<double>(slowest, slowest + ms.size()));
 }
 
 // The same MAE step without DDP: the baseline each DDP row is timed against, interleaved.
@@ -182,6 +193,7 @@ void gan_table(int steps, std::vector<std::string>& json) {
       ms_wait.push_back(g.reducer().last_exposed_wait_ms() + d.reducer().last_exposed_wait_ms());
     }
     const double t_local = slowest_median(ms_local), t_ddp = slowest_median(ms_ddp), t_wait = slowest_median(ms_wait);
+    const double t_local_max = median_of_slowest(ms_local);
     if (!root) continue;
     std::printf("%-6s %-6s %10.2f %10.2f %9.2f\n", "dcgan", hook.c_str(), t_local, t_ddp, t_wait);
     char shape[128];
@@ -193,6 +205,7 @@ void gan_table(int steps, std::vector<std::string>& json) {
                        .text("baseline", "same step, no DDP")
                        .number("ratio", t_local / t_ddp, "%.3f")
                        .number("baseline_ms", t_local, "%.3f")
+                       .number("baseline_slowest_ms", t_local_max, "%.3f")
                        .number("exposed_wait_ms", t_wait, "%.3f")
                        .str());
   }
@@ -318,7 +331,7 @@ int main(int argc, char** argv) {
       ms_comm.push_back(time_once(comm_step));
     }
     const double t_local = slowest_median(ms_local), t_ddp = slowest_median(ms_ddp), t_comm = slowest_median(ms_comm);
-    const double t_wait = slowest_median(ms_wait);
+    const double t_wait = slowest_median(ms_wait), t_local_max = median_of_slowest(ms_local);
     const double hidden_by_wait = W == 1 ? 1.0 : std::clamp(1.0 - t_wait / t_comm, 0.0, 1.0);
     const double hidden = W == 1 ? 1.0 : std::clamp(1.0 - (t_ddp - t_local) / t_comm, 0.0, 1.0);
     if (root) {
@@ -334,6 +347,7 @@ int main(int argc, char** argv) {
                          .text("baseline", "same model, no communication")
                          .number("ratio", t_local / t_ddp, "%.3f")
                          .number("baseline_ms", t_local, "%.3f")
+                         .number("baseline_slowest_ms", t_local_max, "%.3f")
                          .number("comm_ms", t_comm, "%.3f")
                          .number("hidden", hidden, "%.3f")
                          .number("exposed_wait_ms", t_wait, "%.3f")
@@ -375,6 +389,7 @@ int main(int argc, char** argv) {
       const double bytes = static_cast<double>(ddp.reducer().process_group().record().bytes - bytes_before) / steps;
       if (hook == "none") bytes_none = bytes;
       const double t_ddp = slowest_median(ms), t_wait = slowest_median(wait), t_local = slowest_median(ms_local);
+      const double t_local_max = median_of_slowest(ms_local);
       if (!root) continue;
       const double ratio = bytes_none > 0 ? bytes / bytes_none : 1.0;
       std::printf("%-6s %-9s %10.2f %10.2f %9.2f %14.0f %7.3f\n", config.c_str(), hook.c_str(), t_local, t_ddp, t_wait,
@@ -389,6 +404,7 @@ int main(int argc, char** argv) {
                          .number("ratio", ratio, "%.4f")
                          .number("bytes_per_step", bytes, "%.0f")
                          .number("baseline_ms", t_local, "%.3f")
+                         .number("baseline_slowest_ms", t_local_max, "%.3f")
                          .number("exposed_wait_ms", t_wait, "%.3f")
                          .str());
     }

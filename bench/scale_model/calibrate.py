@@ -6,7 +6,9 @@ default buckets; ddp_zero: ZeRO stage 1 or 2; ddp_gan: the DCGAN step, no hook o
 size and options, with the step time without communication measured in the same run (the
 ddp_step, ddp_gan and ddp_comm_hook row's local step, timed interleaved with it; for ZeRO, and
 hook rows of older outputs, the default-bucket row's, measured minutes apart) as the compute to
-scale to, and bench_ddp's first bucket cap (min(cap, 1 MB)), and prints predicted against measured: the step and what DDP added to it.
+scale to (with --baseline slowest, the default, the median of each step's slowest rank where the row
+has it: the ranks' skew, which a DDP step waits for), and bench_ddp's first bucket cap (min(cap, 1 MB)),
+and prints predicted against measured: the step and what DDP added to it.
 
 Usage: calibrate.py --tool build/bench/scale_model --fabric mpi-shm BENCH_DDP_OUTPUT...
 """
@@ -45,6 +47,9 @@ def main():
     ap.add_argument('--memory-gbs', type=float, default=10.0, help="the CPU's memory bandwidth for the default path's divide")
     ap.add_argument('--hook-cost', default='measured', choices=['measured', 'memory'],
                     help="the hooks' compute: timed on this CPU (default) or memory traffic over --memory-gbs")
+    ap.add_argument('--baseline', default='slowest', choices=['slowest', 'median'],
+                    help="the compute: the median of each step's slowest rank (baseline_slowest_ms, where the row "
+                         "has it: the ranks' skew included) or the slowest rank's median (baseline_ms)")
     ap.add_argument('outputs', nargs='+')
     args = ap.parse_args()
     print('| ranks | model | options | local ms | measured ms | predicted ms | error | measured added | predicted added |')
@@ -79,6 +84,8 @@ def main():
                 continue
             if base is None:
                 continue
+            if args.baseline == 'slowest' and 'baseline_slowest_ms' in r:
+                base = r['baseline_slowest_ms']
             p = predict(args.tool, args.fabric, model, batch, ranks, cap, hook, zero, base, args.memory_gbs, args.hook_cost)
             options = 'bucket %gMB' % cap if r['op'] == 'ddp_step' else (hook if zero == 0 else 'zero %d' % zero)
             if r['op'] == 'ddp_zero' or (r['op'] == 'ddp_comm_hook' and 'baseline_ms' not in r):
