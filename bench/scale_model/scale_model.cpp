@@ -147,7 +147,8 @@ int main(int argc, char** argv) {
     Ready ready = Ready::kProfile;
     HookCostFrom hook_cost = HookCostFrom::kMemory;
     int64_t batch = 0, profile_batch = 0, profile_steps = 5, gpus_per_node = 0;
-    double step_ms = 0, backward_ms = 0, memory_gbs = 3350, fit_max_bytes = 1e18, first_cap = 1;
+    double step_ms = 0, backward_ms = 0, memory_gbs = 3350, fit_max_bytes = 1e18, first_cap = 1,
+           backward_fraction = 2.0 / 3;
     app::Flags flags("scale_model",
                      "Predicts DDP step time, hidden communication and scaling efficiency at 1 to 4096 GPUs from the "
                      "Reducer's bucket plan, a CPU profile of the step and NCCL's collective costs.\nInterconnects:\n" +
@@ -166,6 +167,8 @@ int main(int argc, char** argv) {
     flags.add("--gpus", &gpus_list, "GPU counts, comma-separated", "LIST");
     flags.add("--step-ms", &step_ms, "one GPU's step time: the CPU profile is scaled to it");
     flags.add("--backward-ms", &backward_ms, "one GPU's backward time(s) in all: the profile is scaled to it");
+    flags.add("--backward-fraction", &backward_fraction,
+              "shapes: models (no step to profile): the backward's share of the step");
     flags.add_choice("--ready", &ready, {"profile", "bytes"},
                      "profile: gradients ready when measured; bytes: spread over each backward by bytes", "HOW");
     flags.add("--memory-gbs", &memory_gbs, "device memory bandwidth for the hooks' element-wise work (GB/s)");
@@ -198,7 +201,10 @@ int main(int argc, char** argv) {
     if (sets.empty() || gpus.empty() || fabrics.empty()) throw app::UsageError{"nothing to predict: empty option list"};
 
     Workload w = make_workload(model, batch, profile_batch);
-    Profile profile = profile_workload(w, static_cast<int>(profile_steps));
+    if (!w.step && step_ms <= 0 && backward_ms <= 0)
+      throw app::UsageError{"--model " + model + " has no step to profile: give --step-ms or --backward-ms"};
+    Profile profile =
+        w.step ? profile_workload(w, static_cast<int>(profile_steps)) : synthetic_profile(w, backward_fraction);
     if (ready == Ready::kBytes) spread_ready_by_bytes(profile, w);
     double cpu_backward = 0;
     for (const Profile::Backward& b : profile.backwards) cpu_backward += b.end - b.start;

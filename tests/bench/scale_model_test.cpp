@@ -4,6 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -100,12 +103,14 @@ TEST_CASE("collective costs: presets and their figures") {
   CHECK(ib.inter.bandwidth == 400e9);  // 8 NICs x 400 Gb/s
   CHECK(fabric_preset("roce100").inter.bandwidth == 100e9);
   CHECK(fabric_preset("eth25").inter.bandwidth == 3.125e9);
+  CHECK(fabric_preset("dgx1").intra.bandwidth == 150e9);  // 6 NVLink 2 links x 25 GB/s
+  CHECK(fabric_preset("dgx1").inter.bandwidth == 50e9);   // 4 x 100 Gb/s
   // 8 H100 on NVLink, 25 MiB: 8.4 + 14*3.4 us + 2 (7/8) 26214400 / 450e9.
   CHECK(ring_allreduce(26214400, 8, fabric_preset("nvlink")) ==
         doctest::Approx(8.4e-6 + 14 * 3.4e-6 + 1.75 * 26214400 / 450e9).epsilon(1e-12));
   for (const std::string& name : fabric_preset_names()) CHECK(fabric_preset(name).name == name);
   CHECK(error_of([] { fabric_preset("infiniband"); }) ==
-        "unknown interconnect 'infiniband': expected one of nvlink, ib400, roce100, eth25, mpi-shm, mpi-tcp");
+        "unknown interconnect 'infiniband': expected one of nvlink, ib400, roce100, eth25, dgx1, mpi-shm, mpi-tcp");
   // Our MPI on one node: no overlap, every rank in one node.
   const Fabric mpi = fabric_preset("mpi:20:2.5");
   CHECK(mpi.intra.alpha == doctest::Approx(20e-6));
@@ -428,7 +433,8 @@ TEST_CASE("workloads: the Reducer's buckets in gradient-ready order, and unknown
   CHECK(g.front().front() == w.models[0].params.size() - 1);
   CHECK(error_of([] { make_workload("vit-h", 0); }) ==
         "unknown model 'vit-h': expected dcgan28, dcgan32, dcgan64 (models::DCGANConfig), mae-tiny, mae-small, "
-        "mae-mae_vit_{base,large}_patch16_dec512d8b, mae-mae_vit_huge_patch14_dec512d8b (models::MAEConfig)");
+        "mae-mae_vit_{base,large}_patch16_dec512d8b, mae-mae_vit_huge_patch14_dec512d8b (models::MAEConfig), "
+        "shapes:PATH");
   CHECK(error_of([] { make_workload("mae-huge", 0); }).rfind("MAEConfig: unknown configuration 'huge'", 0) == 0);
   CHECK(error_of([] { make_workload("dcgan16", 0); }).rfind("DCGANConfig", 0) == 0);
 }
@@ -453,4 +459,40 @@ TEST_CASE("workloads: --ready bytes spreads each backward's gradients by the ele
     CHECK(r.at == doctest::Approx(1 + 2 * so_far / total));
   }
   CHECK(p.backwards[0].ready.back().at == doctest::Approx(3));
+}
+
+TEST_CASE("workloads: shapes:PATH, a model by its sizes, with a synthetic step") {
+  const std::string path = (std::filesystem::temp_directory_path() / "nanoddp_scale_model_test_shapes.txt").string();
+  auto write = [&](const std::string& text) { std::ofstream(path) << text; };
+  // 3 parameters (1000 x 2048 = 2,048,000, 1000 and 64 x 3 x 7 x 7 = 9,408 elements) and a buffer.
+  write("# a comment\nparam 64 3 7 7\nbuffer 8  # num_batches_tracked\n\nparam 1000 2048\nparam 1000\n");
+  const Workload w = make_workload("shapes:" + path, 32);
+  REQUIRE(w.models.size() == 1);
+  REQUIRE(w.models[0].params.size() == 3);
+  CHECK(w.models[0].params[1].numel() == 2048000);
+  CHECK(w.models[0].buffer_bytes == std::vector<int64_t>{8});
+  CHECK(!w.step);
+  // Backward: the last 3/4 of the 1 s step; gradients ready last-registered first, by elements.
+  const Profile p = synthetic_profile(w, 0.75);
+  REQUIRE(p.backwards.size() == 1);
+  CHECK(p.backwards[0].start == doctest::Approx(0.25));
+  const double total = 2048000 + 1000 + 9408;
+  CHECK(p.backwards[0].ready[0].param == 2);
+  CHECK(p.backwards[0].ready[0].at == doctest::Approx(0.25 + 0.75 * 1000 / total));
+  CHECK(p.backwards[0].ready[1].at == doctest::Approx(0.25 + 0.75 * 2049000 / total));
+  CHECK(p.backwards[0].ready[2].at == doctest::Approx(1));
+  CHECK(error_of([&] { synthetic_profile(w, 0); }) == "synthetic_profile: expected a backward fraction in (0, 1], found 0");
+  Workload copy = make_workload("shapes:" + path, 32);
+  CHECK(error_of([&] { profile_workload(copy, 1); }) ==
+        "profile_workload: shapes:" + path + " has no step to run (synthetic_profile gives one)");
+  write("param 3 x\n");
+  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) == path + ":1: expected sizes >= 1, found 'x'");
+  write("param 3\nweight 3\n");
+  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) ==
+        path + ":2: expected 'param D0 D1 ...' or 'buffer BYTES', found 'weight 3'");
+  write("buffer 8\n");
+  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) ==
+        "shapes: " + path + " names no parameter ('param D0 D1 ...')");
+  std::remove(path.c_str());
+  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) == "shapes: cannot read " + path);
 }
