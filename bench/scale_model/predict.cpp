@@ -87,6 +87,7 @@ StepResult predict(const Workload& w, const Profile& profile, const Options& o, 
   in.compute = at(profile.step);
   in.overlap = fabric.overlaps_compute;
   if (gpus == 1) return simulate_step(in);  // one process: DDP communicates nothing
+  in.skew = device.rank_skew;
 
   const double e = static_cast<double>(element_size(o.grad_dtype));
   auto ar = [&](double bytes) { return allreduce(bytes, gpus, fabric, algorithm); };

@@ -61,6 +61,9 @@ struct DeviceModel {
   // on the CPU the profile ran on, scaled by time_scale as the profile is, instead of memory
   // traffic over memory_bandwidth.
   std::function<HookCost(const DdpModel&, const std::vector<size_t>&, const Options&)> hook_cost;
+  // Seconds per step a DDP step waits for the slowest rank beyond the typical step (ranks
+  // that are not equally fast; 0: all equal), at 2 GPUs or more; not scaled.
+  double rank_skew = 0;
 };
 
 // One option set's buckets, priced at `gpus` ranks of `fabric`.

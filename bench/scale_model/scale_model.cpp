@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
     Ready ready = Ready::kProfile;
     HookCostFrom hook_cost = HookCostFrom::kMemory;
     int64_t batch = 0, profile_batch = 0, profile_steps = 5, gpus_per_node = 0;
-    double step_ms = 0, backward_ms = 0, memory_gbs = 3350, fit_max_bytes = 1e18, first_cap = 1,
+    double step_ms = 0, backward_ms = 0, skew_ms = 0, memory_gbs = 3350, fit_max_bytes = 1e18, first_cap = 1,
            backward_fraction = 2.0 / 3;
     app::Flags flags("scale_model",
                      "Predicts DDP step time, hidden communication and scaling efficiency at 1 to 4096 GPUs from the "
@@ -175,6 +175,8 @@ int main(int argc, char** argv) {
     flags.add_choice("--hook-cost", &hook_cost, {"memory", "measured"},
                      "the hooks' compute: memory traffic over --memory-gbs, or the library's hooks timed on this CPU "
                      "per bucket (scaled by --step-ms as the profile is)", "HOW");
+    flags.add("--skew-ms", &skew_ms, "how long a DDP step waits for the slowest rank beyond the typical step "
+              "(bench_ddp: baseline_slowest_ms - baseline_ms)");
     flags.add("--profile-steps", &profile_steps, "CPU steps profiled (medians)");
     flags.add("--profile-batch", &profile_batch, "images per CPU profile step (0: --batch); for the ViT configs", 0);
     flags.add("--png", &png, "write the efficiency plot here", "PATH");
@@ -210,6 +212,7 @@ int main(int argc, char** argv) {
     for (const Profile::Backward& b : profile.backwards) cpu_backward += b.end - b.start;
     DeviceModel device;
     device.memory_bandwidth = memory_gbs * 1e9;
+    device.rank_skew = skew_ms * 1e-3;
     if (hook_cost == HookCostFrom::kMeasured) device.hook_cost = MeasuredHookCosts();
     device.time_scale = step_ms > 0 ? step_ms * 1e-3 / profile.step : backward_ms > 0 ? backward_ms * 1e-3 / cpu_backward : 1;
     std::printf("scale_model: %s, batch %lld per GPU, %s gradients; CPU profile (batch %lld): step %.2f ms, backward "

@@ -48,8 +48,8 @@ double run_backward(const Backward& b, double shift) {
 }  // namespace
 
 StepResult simulate_step(const StepInput& in) {
-  ND_CHECK(in.compute >= 0 && in.before >= 0 && in.after >= 0, "simulate_step: negative time (compute ", in.compute,
-           ", before ", in.before, ", after ", in.after, ")");
+  ND_CHECK(in.compute >= 0 && in.before >= 0 && in.after >= 0 && in.skew >= 0, "simulate_step: negative time (compute ",
+           in.compute, ", before ", in.before, ", after ", in.after, ", skew ", in.skew, ")");
   StepResult r;
   r.comm = in.before + in.after;
   double shift = in.before;  // what communication has delayed compute so far
@@ -73,9 +73,9 @@ StepResult simulate_step(const StepInput& in) {
     }
     shift = run_backward(b, shift) - b.end;
   }
-  r.step = in.compute + shift + in.after;
+  r.step = in.compute + shift + in.after + in.skew;
   r.exposed = r.step - in.compute;
-  r.hidden = std::max(0.0, r.comm + r.hook - r.exposed);
+  r.hidden = std::max(0.0, r.comm + r.hook + in.skew - r.exposed);
   return r;
 }
 

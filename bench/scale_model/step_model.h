@@ -34,6 +34,7 @@ struct StepInput {
   std::vector<Backward> backwards;  // in order, within [0, compute]
   double before = 0;               // blocking communication at the start (buffer broadcasts)
   double after = 0;                // blocking communication at the end (ZeRO's all-gather)
+  double skew = 0;                 // waiting for the slowest rank, once per step (never hidden)
   bool overlap = true;             // false: no communication overlaps compute (CPU MPI)
 };
 
@@ -41,7 +42,7 @@ struct StepResult {
   double step = 0;     // predicted step time
   double comm = 0;     // every collective's cost, summed
   double hook = 0;     // every hook's compute, summed (never hidden)
-  double exposed = 0;  // step - compute: what communication and the hooks' compute added
+  double exposed = 0;  // step - compute: what communication, the hooks' compute and the skew added
   double hidden = 0;   // comm + hook - exposed: what of both ran behind other work
 };
 

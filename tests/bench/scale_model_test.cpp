@@ -223,9 +223,13 @@ TEST_CASE("step timeline: a hook's compute delays backward at the launch and run
   CHECK(r.hook == doctest::Approx(1.5));
   CHECK(r.exposed == doctest::Approx(4.25));
   CHECK(r.hidden == doctest::Approx(1.25));  // bucket 0's collective, its wait's compute
-  // No overlap: everything adds.
+  // No overlap: everything adds; a rank 0.5 s slower is waited for once, never hidden.
   in.overlap = false;
   CHECK(simulate_step(in).step == doctest::Approx(12 + 4 + 1.5));
+  in.skew = 0.5;
+  r = simulate_step(in);
+  CHECK(r.step == doctest::Approx(12 + 4 + 1.5 + 0.5));
+  CHECK(r.hidden == doctest::Approx(0).scale(1e-12));
   in.backwards[0].models[0][0].wait_compute = -1;
   CHECK(error_of([&] { simulate_step(in); }) ==
         "simulate_step: negative cost (communication 1, 0; hook compute 0.5, -1)");
@@ -394,6 +398,12 @@ TEST_CASE("predict: the hooks' compute from DeviceModel::hook_cost, scaled as th
         doctest::Approx(0.030 + comm + 0.003).epsilon(1e-12));
   CHECK(calls == 1);
   CHECK(members == w.models[0].params.size());
+  // A 4 ms skew between the ranks adds to every multi-rank step, unscaled, not to one GPU's.
+  device.rank_skew = 0.004;
+  CHECK(predict(w, profile, bf16, device, f, 4, Algorithm::kRing).step ==
+        doctest::Approx(0.030 + comm + 0.003 + 0.004).epsilon(1e-12));
+  CHECK(predict(w, profile, bf16, device, f, 1, Algorithm::kRing).step == doctest::Approx(0.030));
+  device.rank_skew = 0;
   device.time_scale = 2;
   CHECK(predict(w, profile, bf16, device, f, 4, Algorithm::kRing).step ==
         doctest::Approx(0.060 + comm + 0.006).epsilon(1e-12));
