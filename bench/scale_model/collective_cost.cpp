@@ -131,7 +131,8 @@ constexpr Link kMpiShm{10.8e-6, 0.94e9}, kMpiTcp{20.2e-6, 0.65e9};
 Fabric nvlink_node(const std::string& name, const Link& inter) {
   return Fabric{name, Link{kNvlinkAlpha, kNvlinkBandwidth}, inter, 8, kBaseLatency, true};
 }
-// All ranks on one node over MPI on the CPU: the collectives take the cores compute runs on (bench/RESULTS.md, "Scaling model vs measured MPI runs").
+// All ranks on one node over MPI on the CPU: the collectives take the cores compute runs on
+// (bench/RESULTS.md, "Scaling model vs measured MPI runs").
 Fabric mpi_node(const std::string& name, double alpha, double bandwidth) {
   return Fabric{name, Link{alpha, bandwidth}, Link{alpha, bandwidth}, 1 << 20, 0, false};
 }

@@ -414,8 +414,7 @@ TEST_CASE("predict: the hooks' compute from DeviceModel::hook_cost, scaled as th
   parse_hook("powersgd:4", psgd);
   for (const Options& o : {bf16, psgd}) {
     const HookCost c = time_hook(w.models[0], all, o, 1);
-    CHECK(c.launch > 0);
-    CHECK(c.wait > 0);
+    CHECK((c.launch > 0 && c.wait > 0));
   }
   CHECK(error_of([&] { time_hook(w.models[0], all, Options{}); }) ==
         "time_hook: expected a hook (bf16, fp16 or powersgd), found 'none'");
@@ -491,7 +490,8 @@ TEST_CASE("workloads: shapes:PATH, a model by its sizes, with a synthetic step")
   CHECK(p.backwards[0].ready[0].at == doctest::Approx(0.25 + 0.75 * 1000 / total));
   CHECK(p.backwards[0].ready[1].at == doctest::Approx(0.25 + 0.75 * 2049000 / total));
   CHECK(p.backwards[0].ready[2].at == doctest::Approx(1));
-  CHECK(error_of([&] { synthetic_profile(w, 0); }) == "synthetic_profile: expected a backward fraction in (0, 1], found 0");
+  CHECK(error_of([&] { synthetic_profile(w, 0); }) ==
+        "synthetic_profile: expected a backward fraction in (0, 1], found 0");
   Workload copy = make_workload("shapes:" + path, 32);
   CHECK(error_of([&] { profile_workload(copy, 1); }) ==
         "profile_workload: shapes:" + path + " has no step to run (synthetic_profile gives one)");
