@@ -11,7 +11,8 @@
 // A second table runs the default buckets with each communication hook (none, bf16, fp16,
 // PowerSGD rank 4 from the first step) and reports the bytes every rank all-reduced per
 // step (ProcessGroup::record().bytes: payload; a ring all-reduce puts about 2 (W - 1) / W
-// times that on each rank's wire), next to the step time and the exposed wait.
+// times that on each rank's wire), next to the step time, the same step without DDP (timed
+// interleaved with it: baseline_ms) and the exposed wait.
 // A third table runs the default buckets with AdamW plain and wrapped in a
 // ZeroRedundancyOptimizer, stage 1 (DDP all-reduces) and stage 2 (DDP reduce-scatters):
 // step time, optimizer state bytes per rank (the largest rank's share with ZeRO) and
@@ -22,9 +23,11 @@
 // per rank, Adam; D's backward, D's step, G's backward through D, G's step) with both models
 // under DDP, without a hook and with bf16, against the same step without DDP, interleaved.
 // A fifth table times the collectives alone (all-reduce, reduce-scatter, all-gather of f32
-// buffers from 1 KiB to 16 MiB per rank), the input of bench/scale_model's fit of the
+// buffers, and all-reduce of bf16 ones, from 1 KiB to 16 MiB per rank), the input of bench/scale_model's fit of the
 // transport's alpha and bandwidth; "gbps" is NCCL's bus bandwidth (busBw = n / t times
 // 2(W-1)/W for all-reduce, (W-1)/W for the others, n the whole buffer).
+// Every row with a step without DDP also gives baseline_slowest_ms, the median over steps of
+// the slowest rank's step without DDP: what a DDP step, which synchronises the ranks, waits for.
 // Output (rank 0): tables, then JSON lines {"op","shape","dtype","impl","ms",...} (json_line.h).
 // Usage: OMP_NUM_THREADS=1 mpirun -np N bench_ddp [steps] [buckets|hooks|zero|gan|collectives: one table only]
 #include <algorithm>
@@ -65,6 +68,29 @@ double slowest_median(const std::vector<double>& ms) {
   dist::world()->allreduce(t, {dist::ReduceOp::MAX})->wait();
   return t.item();
 }
+
+// The median over steps of each step's slowest rank: what a step synchronised across the ranks
+// waits for (above slowest_median by the ranks' skew: at each step another rank may be slowest).
+double median_of_slowest(const std::vector<double>& ms) {
+  Tensor t = tensor(ms, kFloat64);
+  dist::world()->allreduce(t, {dist::ReduceOp::MAX})->wait();
+  const double* slowest = t.data_ptr<double>();
+  return median(std::vector<double>(slowest, slowest + ms.size()));
+}
+
+// The same MAE step without DDP: the baseline each DDP row is timed against, interleaved.
+struct LocalMae {
+  explicit LocalMae(const std::string& config)
+      : model((manual_seed(7), models::MAE(models::MAEConfig::by_name(config)))),
+        opt(model->parameters(), optim::AdamWOptions(1e-3)) {}
+  void step(const Tensor& images) {
+    opt.zero_grad();
+    model(images).loss.backward();
+    opt.step();
+  }
+  models::MAE model;
+  optim::AdamW opt;
+};
 
 // The ZeRO table: MAE under DDP with AdamW, plain and as ZeroRedundancyOptimizer (stage 1, 2).
 void zero_table(const Tensor& images, int steps, int per_rank, std::vector<std::string>& json) {
@@ -167,6 +193,7 @@ void gan_table(int steps, std::vector<std::string>& json) {
       ms_wait.push_back(g.reducer().last_exposed_wait_ms() + d.reducer().last_exposed_wait_ms());
     }
     const double t_local = slowest_median(ms_local), t_ddp = slowest_median(ms_ddp), t_wait = slowest_median(ms_wait);
+    const double t_local_max = median_of_slowest(ms_local);
     if (!root) continue;
     std::printf("%-6s %-6s %10.2f %10.2f %9.2f\n", "dcgan", hook.c_str(), t_local, t_ddp, t_wait);
     char shape[128];
@@ -178,6 +205,7 @@ void gan_table(int steps, std::vector<std::string>& json) {
                        .text("baseline", "same step, no DDP")
                        .number("ratio", t_local / t_ddp, "%.3f")
                        .number("baseline_ms", t_local, "%.3f")
+                       .number("baseline_slowest_ms", t_local_max, "%.3f")
                        .number("exposed_wait_ms", t_wait, "%.3f")
                        .str());
   }
@@ -190,15 +218,17 @@ void collectives_table(int steps, std::vector<std::string>& json) {
   if (W == 1) return;  // nothing to time
   const bool root = pg.rank() == 0;
   if (root) std::printf("\n%-15s %10s %10s %10s\n", "collective", "bytes", "ms", "busbw_GB/s");
-  for (const std::string op : {"allreduce", "reduce_scatter", "allgather"})
+  for (const std::string op : {"allreduce", "allreduce_bf16", "reduce_scatter", "allgather"})
     for (int64_t size = 1024; size <= 16 * 1024 * 1024; size *= 4) {
-      const int64_t chunk = size / 4 / W, n = chunk * W, bytes = 4 * n;
-      Tensor buffer = zeros({n});
+      const ScalarType dtype = op == "allreduce_bf16" ? kBFloat16 : kFloat32;
+      const int64_t esize = static_cast<int64_t>(element_size(dtype));
+      const int64_t chunk = size / esize / W, n = chunk * W, bytes = esize * n;
+      Tensor buffer = zeros({n}, dtype);
       std::vector<Tensor> parts;
       for (int r = 0; r < W; ++r) parts.push_back(buffer.narrow(0, r * chunk, chunk));
       Tensor mine = zeros({chunk});
       auto run = [&] {
-        if (op == "allreduce")
+        if (op == "allreduce" || op == "allreduce_bf16")
           pg.allreduce(buffer)->wait();
         else if (op == "reduce_scatter")
           pg.reduce_scatter(mine, parts)->wait();
@@ -209,19 +239,19 @@ void collectives_table(int steps, std::vector<std::string>& json) {
       std::vector<double> ms;
       for (int i = 0; i < std::max(steps, 5); ++i) ms.push_back(time_once(run));
       const double t = slowest_median(ms);
-      const double factor = (op == "allreduce" ? 2.0 : 1.0) * (W - 1) / W;
+      const double factor = (op == "reduce_scatter" || op == "allgather" ? 1.0 : 2.0) * (W - 1) / W;
       const double busbw = static_cast<double>(bytes) / (t * 1e-3) * factor / 1e9;
       if (!root) continue;
       std::printf("%-15s %10lld %10.4f %10.3f\n", op.c_str(), static_cast<long long>(bytes), t, busbw);
       char shape[128];
       std::snprintf(shape, sizeof shape, "%s %lld bytes x%d ranks", op.c_str(), static_cast<long long>(bytes), W);
-      json.push_back(bench::JsonLine::row("collective", shape, "f32", "nanoddp")
+      json.push_back(bench::JsonLine::row("collective", shape, dtype_name(dtype), "nanoddp")
                          .number("ms", t, "%.5f")
                          .null("gflops")
                          .number("gbps", busbw, "%.4f")
                          .null("baseline")
                          .null("ratio")
-                         .text("collective", op)
+                         .text("collective", op == "allreduce_bf16" ? "allreduce" : op)
                          .integer("bytes", bytes)
                          .integer("ranks", W)
                          .str());
@@ -256,14 +286,8 @@ int main(int argc, char** argv) {
   for (const std::string config : {"tiny", "small"})
   for (double cap : {0.25, 1.0, 25.0}) {
     if (!runs("buckets")) break;
-    manual_seed(7);
-    models::MAE local(models::MAEConfig::by_name(config));
-    optim::AdamW opt_local(local->parameters(), optim::AdamWOptions(1e-3));
-    auto local_step = [&] {
-      opt_local.zero_grad();
-      local(images).loss.backward();
-      opt_local.step();
-    };
+    LocalMae local(config);
+    auto local_step = [&] { local.step(images); };
     manual_seed(7);
     models::MAE model(models::MAEConfig::by_name(config));
     dist::DistributedDataParallel ddp(model, "mae", dist::DistributedDataParallelOptions().bucket_cap_mb(cap).first_bucket_cap_mb(std::min(cap, 1.0)));
@@ -307,7 +331,7 @@ int main(int argc, char** argv) {
       ms_comm.push_back(time_once(comm_step));
     }
     const double t_local = slowest_median(ms_local), t_ddp = slowest_median(ms_ddp), t_comm = slowest_median(ms_comm);
-    const double t_wait = slowest_median(ms_wait);
+    const double t_wait = slowest_median(ms_wait), t_local_max = median_of_slowest(ms_local);
     const double hidden_by_wait = W == 1 ? 1.0 : std::clamp(1.0 - t_wait / t_comm, 0.0, 1.0);
     const double hidden = W == 1 ? 1.0 : std::clamp(1.0 - (t_ddp - t_local) / t_comm, 0.0, 1.0);
     if (root) {
@@ -323,6 +347,7 @@ int main(int argc, char** argv) {
                          .text("baseline", "same model, no communication")
                          .number("ratio", t_local / t_ddp, "%.3f")
                          .number("baseline_ms", t_local, "%.3f")
+                         .number("baseline_slowest_ms", t_local_max, "%.3f")
                          .number("comm_ms", t_comm, "%.3f")
                          .number("hidden", hidden, "%.3f")
                          .number("exposed_wait_ms", t_wait, "%.3f")
@@ -331,7 +356,8 @@ int main(int argc, char** argv) {
     }
   }
   if (root && runs("hooks"))
-    std::printf("\n%-6s %-9s %10s %9s %14s %8s\n", "model", "hook", "ddp_ms", "wait_ms", "bytes/step", "ratio");
+    std::printf("\n%-6s %-9s %10s %10s %9s %14s %8s\n", "model", "hook", "local_ms", "ddp_ms", "wait_ms", "bytes/step",
+                "ratio");
   for (const std::string config : {"tiny", "small"}) {
     if (!runs("hooks")) break;
     double bytes_none = 0;
@@ -351,19 +377,23 @@ int main(int argc, char** argv) {
         ddp(images).loss.backward();
         opt.step();
       };
-      for (int i = 0; i < 3; ++i) ddp_step();
+      LocalMae local(config);
+      for (int i = 0; i < 3; ++i) ddp_step(), local.step(images);
       const uint64_t bytes_before = ddp.reducer().process_group().record().bytes;
-      std::vector<double> ms, wait;
-      for (int i = 0; i < steps; ++i) {
+      std::vector<double> ms, wait, ms_local;
+      for (int i = 0; i < steps; ++i) {  // interleaved, as in the buckets table
+        ms_local.push_back(time_once([&] { local.step(images); }));
         ms.push_back(time_once(ddp_step));
         wait.push_back(ddp.reducer().last_exposed_wait_ms());
       }
       const double bytes = static_cast<double>(ddp.reducer().process_group().record().bytes - bytes_before) / steps;
       if (hook == "none") bytes_none = bytes;
-      const double t_ddp = slowest_median(ms), t_wait = slowest_median(wait);
+      const double t_ddp = slowest_median(ms), t_wait = slowest_median(wait), t_local = slowest_median(ms_local);
+      const double t_local_max = median_of_slowest(ms_local);
       if (!root) continue;
       const double ratio = bytes_none > 0 ? bytes / bytes_none : 1.0;
-      std::printf("%-6s %-9s %10.2f %9.2f %14.0f %7.3f\n", config.c_str(), hook.c_str(), t_ddp, t_wait, bytes, ratio);
+      std::printf("%-6s %-9s %10.2f %10.2f %9.2f %14.0f %7.3f\n", config.c_str(), hook.c_str(), t_local, t_ddp, t_wait,
+                  bytes, ratio);
       char shape[128];
       std::snprintf(shape, sizeof shape, "mae_%s b%d x%d ranks, hook %s", config.c_str(), per_rank, W, hook.c_str());
       json.push_back(bench::JsonLine::row("ddp_comm_hook", shape, "f32", "nanoddp")
@@ -373,6 +403,8 @@ int main(int argc, char** argv) {
                          .text("baseline", "bytes of the same step without a hook")
                          .number("ratio", ratio, "%.4f")
                          .number("bytes_per_step", bytes, "%.0f")
+                         .number("baseline_ms", t_local, "%.3f")
+                         .number("baseline_slowest_ms", t_local_max, "%.3f")
                          .number("exposed_wait_ms", t_wait, "%.3f")
                          .str());
     }

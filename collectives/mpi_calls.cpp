@@ -136,4 +136,27 @@ void divide(void* p, ScalarType t, int64_t n, int world_size) {
   });
 }
 
+void reduce_16bit(const void* runs, int ranks, int64_t n, ScalarType t, ReduceOp op, void* out) {
+  dispatch_all(t, [&]<class T>() {
+    if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>) {
+      const T* in = static_cast<const T*>(runs);
+      T* o = static_cast<T*>(out);
+      for (int64_t i = 0; i < n; ++i) {
+        float acc = static_cast<float>(in[i]);
+        for (int r = 1; r < ranks; ++r) {
+          const float x = static_cast<float>(in[r * n + i]);
+          if (op == ReduceOp::MAX)
+            acc = acc > x ? acc : x;
+          else if (op == ReduceOp::MIN)
+            acc = acc < x ? acc : x;
+          else
+            acc += x;
+        }
+        if (op == ReduceOp::AVG) acc /= static_cast<float>(ranks);
+        o[i] = T(acc);
+      }
+    }
+  });
+}
+
 }  // namespace nd::dist

@@ -20,7 +20,7 @@
 namespace nd::dist {
 
 // MPI's element type for raw transfers and for the reductions MPI does natively;
-// 16-bit floats travel as raw 16-bit words (reduce them on f32 copies: widen()).
+// 16-bit floats travel as raw 16-bit words (reduce them on f32 copies: widen(), reduce_16bit()).
 MPI_Datatype mpi_datatype(ScalarType t);
 MPI_Op mpi_op(ReduceOp op);
 bool is_16bit_float(ScalarType t);
@@ -45,5 +45,9 @@ std::vector<float> widen(const void* p, ScalarType t, int64_t n);
 void narrow_into(const std::vector<float>& src, void* p, ScalarType t);
 // AVG = SUM / world size, in the reduced type (f32 for 16-bit floats).
 void divide(void* p, ScalarType t, int64_t n, int world_size);
+// Reduces `ranks` runs of n 16-bit floats (t) at `runs`, rank 0's first, element by element on
+// f32 copies in rank order (MAX / MIN keep the earlier value unless a later one is larger /
+// smaller, as MPI's do), AVG divided by `ranks` in f32, and rounds each result once into `out`.
+void reduce_16bit(const void* runs, int ranks, int64_t n, ScalarType t, ReduceOp op, void* out);
 
 }  // namespace nd::dist

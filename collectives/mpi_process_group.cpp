@@ -199,13 +199,28 @@ std::shared_ptr<Work> MpiProcessGroup::allreduce(const Tensor& tensor, const All
                          [tensor, count, world_size, reduce = options.op, this](const CollectiveInfo& info) {
     const ScalarType t = tensor.dtype();
     if (is_16bit_float(t)) {
-      std::vector<float> buf = widen(tensor.data_ptr(), t, count);
+      // The bytes of a 16-bit all-reduce, the rounding of reducing f32 copies (once, at the
+      // end): each rank sends every rank its share of the 16-bit words, reduces its own share in
+      // f32 in rank order (reduce_16bit), and the rounded shares are gathered.
+      const int me = state_->rank;
+      std::vector<int> share(world_size), at(world_size), mine(world_size), from(world_size);
+      for (int r = 0; r < world_size; ++r) {
+        share[r] = count / world_size + (r < count % world_size ? 1 : 0);
+        at[r] = r == 0 ? 0 : at[r - 1] + share[r - 1];
+      }
+      for (int r = 0; r < world_size; ++r) mine[r] = share[me], from[r] = r * share[me];
+      std::vector<uint16_t> runs(static_cast<size_t>(share[me]) * world_size);
+      const MPI_Datatype word = mpi_datatype(t);
       MPI_Request request;
-      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf.data(), count, MPI_FLOAT, mpi_op(reduce), state_->comm, &request),
-                info, "MPI_Iallreduce");
-      complete(request, info, "MPI_Iallreduce");
-      if (reduce == ReduceOp::AVG) divide(buf.data(), kFloat32, count, world_size);
-      narrow_into(buf, tensor.data_ptr(), t);
+      check_mpi(MPI_Ialltoallv(tensor.data_ptr(), share.data(), at.data(), word, runs.data(), mine.data(), from.data(),
+                               word, state_->comm, &request),
+                info, "MPI_Ialltoallv");
+      complete(request, info, "MPI_Ialltoallv");
+      reduce_16bit(runs.data(), world_size, share[me], t, reduce, static_cast<uint16_t*>(tensor.data_ptr()) + at[me]);
+      check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, tensor.data_ptr(), share.data(), at.data(), word,
+                                state_->comm, &request),
+                info, "MPI_Iallgatherv");
+      complete(request, info, "MPI_Iallgatherv");
       return;
     }
     MPI_Request request;

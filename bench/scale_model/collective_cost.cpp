@@ -129,12 +129,12 @@ constexpr double kNvlinkAlpha = 3.4e-6, kNetAlpha = 9.6e-6, kBaseLatency = 8.4e-
 constexpr Link kMpiShm{10.8e-6, 0.94e9}, kMpiTcp{20.2e-6, 0.65e9};
 
 Fabric nvlink_node(const std::string& name, const Link& inter) {
-  return Fabric{name, Link{kNvlinkAlpha, kNvlinkBandwidth}, inter, 8, kBaseLatency, true, true};
+  return Fabric{name, Link{kNvlinkAlpha, kNvlinkBandwidth}, inter, 8, kBaseLatency, true};
 }
-// All ranks on one node over MPI on the CPU: 16-bit floats travel widened to f32 and the
-// collectives take the cores compute runs on (bench/RESULTS.md, "Scaling model vs measured MPI runs").
+// All ranks on one node over MPI on the CPU: the collectives take the cores compute runs on
+// (bench/RESULTS.md, "Scaling model vs measured MPI runs").
 Fabric mpi_node(const std::string& name, double alpha, double bandwidth) {
-  return Fabric{name, Link{alpha, bandwidth}, Link{alpha, bandwidth}, 1 << 20, 0, false, false};
+  return Fabric{name, Link{alpha, bandwidth}, Link{alpha, bandwidth}, 1 << 20, 0, false};
 }
 }  // namespace
 
@@ -153,12 +153,19 @@ Fabric fabric_preset(const std::string& name) {
   if (name == "ib400") return nvlink_node(name, Link{kNetAlpha, 8 * 50e9});
   if (name == "roce100") return nvlink_node(name, Link{kNetAlpha, 8 * 12.5e9});
   if (name == "eth25") return nvlink_node(name, Link{kNetAlpha, 3.125e9});
+  if (name == "dgx1") {  // V100 SXM2: 6 NVLink 2 links of 25 GB/s per direction per GPU; 4 x 100 Gb/s IB
+    Fabric f = nvlink_node(name, Link{kNetAlpha, 4 * 12.5e9});
+    f.intra.bandwidth = 150e9;
+    return f;
+  }
   std::string names;
   for (const std::string& n : fabric_preset_names()) names += (names.empty() ? "" : ", ") + n;
   throw Error("unknown interconnect '" + name + "': expected one of " + names);
 }
 
-std::vector<std::string> fabric_preset_names() { return {"nvlink", "ib400", "roce100", "eth25", "mpi-shm", "mpi-tcp"}; }
+std::vector<std::string> fabric_preset_names() {
+  return {"nvlink", "ib400", "roce100", "eth25", "dgx1", "mpi-shm", "mpi-tcp"};
+}
 
 std::string fabric_presets_text() {
   return "nvlink: one node of 8 H100 SXM, NVLink 4 at 450 GB/s per direction per GPU, 3.4 us per ring step, 8.4 us "
@@ -167,8 +174,10 @@ std::string fabric_presets_text() {
          "ib400: those nodes, 8 x 400 Gb/s InfiniBand NICs each (400 GB/s per node), 9.6 us per network step\n"
          "roce100: 8 x 100 Gb/s RoCE NICs per node (100 GB/s per node), 9.6 us per network step\n"
          "eth25: one 25 Gb/s Ethernet NIC per node (3.125 GB/s per node), 9.6 us per network step\n"
+         "dgx1: DGX-1 nodes of 8 V100 SXM2, NVLink 2 at 150 GB/s per direction per GPU, 4 x 100 Gb/s InfiniBand "
+         "(50 GB/s per node): the machines of PyTorch's published DDP benchmark\n"
          "mpi-shm, mpi-tcp: this machine's MPI over shared memory and over TCP, fitted (scale_model --fit); "
-         "mpi:ALPHA_US:GB_PER_S: your own fit. One node, 16-bit floats sent as f32, no overlap with compute\n";
+         "mpi:ALPHA_US:GB_PER_S: your own fit. One node, no overlap with compute\n";
 }
 
 Fit fit_link(const std::vector<Sample>& samples) {

@@ -39,7 +39,6 @@ struct Fabric {
   Link intra, inter;
   int gpus_per_node = 8;
   double base_latency = 0;           // L: per collective launch (s)
-  bool reduces_16bit_natively = true;  // false: 16-bit gradients travel as f32 (our MPI group)
   bool overlaps_compute = true;      // false: communication takes the cores compute runs on
 };
 
@@ -65,10 +64,12 @@ double broadcast(double bytes, int ranks, const Fabric& fabric);
 //   "ib400"      8-GPU NVLink nodes, 8 x 400 Gb/s InfiniBand NICs per node (400 GB/s)
 //   "roce100"    8-GPU NVLink nodes, 8 x 100 Gb/s RoCE NICs per node (100 GB/s)
 //   "eth25"      8-GPU NVLink nodes, one 25 Gb/s Ethernet NIC per node (3.125 GB/s)
+//   "dgx1"       DGX-1: 8 V100 SXM2 per node, NVLink 2 (6 links x 25 GB/s per direction per
+//                GPU, nominal), 4 x 100 Gb/s InfiniBand per node (50 GB/s): the machines of
+//                PyTorch's benchmarks/distributed/ddp README (ResNet-50 at 1 to 64 GPUs)
 //   "mpi-shm", "mpi-tcp": this machine's MPI transports, all ranks on one node, with alpha
 //                and bandwidth fitted to bench_ddp's collective rows (bench/RESULTS.md,
-//                "Scaling model vs measured MPI runs");
-//                16-bit floats travel as f32 (our MPI group widens them), no overlap with compute
+//                "Scaling model vs measured MPI runs"); no overlap with compute
 //   "mpi:A:B"    the same with alpha A microseconds and bandwidth B GB/s
 Fabric fabric_preset(const std::string& name);
 std::vector<std::string> fabric_preset_names();

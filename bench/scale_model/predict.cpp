@@ -87,9 +87,9 @@ StepResult predict(const Workload& w, const Profile& profile, const Options& o, 
   in.compute = at(profile.step);
   in.overlap = fabric.overlaps_compute;
   if (gpus == 1) return simulate_step(in);  // one process: DDP communicates nothing
+  in.skew = device.rank_skew;
 
   const double e = static_cast<double>(element_size(o.grad_dtype));
-  const double wire16 = fabric.reduces_16bit_natively ? 2 : 4;
   auto ar = [&](double bytes) { return allreduce(bytes, gpus, fabric, algorithm); };
   auto memory = [&](double bytes) { return bytes / device.memory_bandwidth; };
   std::map<size_t, std::vector<std::vector<size_t>>> plans;
@@ -126,12 +126,18 @@ StepResult predict(const Workload& w, const Profile& profile, const Options& o, 
         }
         const bool last = k + 1 == plan.size();
         const BucketSize s = bucket_size(model.params, plan[k], o.hook == "powersgd" ? o.powersgd_rank : 0);
+        HookCost hook;
+        if (o.hook != "none" && device.hook_cost) {
+          hook = device.hook_cost(model, plan[k], o);  // CPU seconds, as the profile's
+          hook = {hook.launch * device.time_scale, hook.wait * device.time_scale};
+        }
         if (o.hook == "bf16" || o.hook == "fp16") {
-          c.first = memory(20 * s.elements) + ar(s.elements * std::min(e, wire16)) + (last ? ar(status) : 0);
+          if (!device.hook_cost) hook = {memory(14 * s.elements), memory(6 * s.elements)};
+          c.first = ar(s.elements * std::min(e, 2.0)) + (last ? ar(status) : 0);
         } else if (o.hook == "powersgd") {
           const double r = o.powersgd_rank;
-          c.first = memory(44 * s.compressed + 12 * r * (s.p + s.q)) + ar(s.plain * e) + ar(s.p * e) +
-                    (last ? ar(status) : 0);
+          if (!device.hook_cost) hook = {memory(16 * s.compressed), memory(28 * s.compressed + 12 * r * (s.p + s.q))};
+          c.first = ar(s.plain * e) + ar(s.p * e) + (last ? ar(status) : 0);
           c.second = ar(s.q * e);
         } else if (o.zero == 2) {
           c.first = reduce_scatter(s.elements * e, gpus, fabric, algorithm) + (last ? ar(status) : 0);
@@ -140,6 +146,8 @@ StepResult predict(const Workload& w, const Profile& profile, const Options& o, 
           c.first = ar(s.elements * e + (last ? status : 0));
           in.after += memory(2 * s.elements * e);  // the sum divided by the world size
         }
+        c.launch_compute = hook.launch;
+        c.wait_compute = hook.wait;
         buckets.push_back(c);
       }
       b.models.push_back(std::move(buckets));

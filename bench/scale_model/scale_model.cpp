@@ -16,7 +16,7 @@
 #include "common/png.h"
 #include "common/run.h"
 #include "json_line.h"
-#include "scale_model/predict.h"
+#include "scale_model/hook_cost.h"
 
 using namespace nd;
 using namespace nd::scale;
@@ -27,6 +27,7 @@ namespace {
 enum class Precision { kF32, kBf16 };
 const std::vector<std::string> kPrecisions{"f32", "bf16"};
 enum class Ready { kProfile, kBytes };
+enum class HookCostFrom { kMemory, kMeasured };
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -58,7 +59,7 @@ std::string field(const std::string& line, const std::string& key) {
   return line.substr(b, line.find_first_of(",}", b) - b);
 }
 
-// Fits the ring model to bench_ddp's collective rows in `path` of at most max_bytes (the
+// Fits the ring model to bench_ddp's f32 collective rows in `path` of at most max_bytes (the
 // median of repeated rows): the
 // all-reduces alone (what DDP's buckets are) and all three collectives; prints both and each
 // sample against the all-reduce fit.
@@ -69,7 +70,7 @@ int fit_main(const std::string& path, double max_bytes) {
   // other load does not pull the fit.
   std::map<std::tuple<std::string, int, double>, std::vector<double>> runs;
   for (std::string line; std::getline(in, line);) {
-    if (field(line, "op") != "collective") continue;
+    if (field(line, "op") != "collective" || field(line, "dtype") != "f32") continue;
     const double bytes = std::stod(field(line, "bytes"));
     if (bytes <= max_bytes)
       runs[{field(line, "collective"), std::stoi(field(line, "ranks")), bytes}].push_back(std::stod(field(line, "ms")));
@@ -144,8 +145,10 @@ int main(int argc, char** argv) {
                 buffers = "on";
     Precision precision = Precision::kF32;
     Ready ready = Ready::kProfile;
+    HookCostFrom hook_cost = HookCostFrom::kMemory;
     int64_t batch = 0, profile_batch = 0, profile_steps = 5, gpus_per_node = 0;
-    double step_ms = 0, backward_ms = 0, memory_gbs = 3350, fit_max_bytes = 1e18, first_cap = 1;
+    double step_ms = 0, backward_ms = 0, skew_ms = 0, memory_gbs = 3350, fit_max_bytes = 1e18, first_cap = 1,
+           backward_fraction = 2.0 / 3;
     app::Flags flags("scale_model",
                      "Predicts DDP step time, hidden communication and scaling efficiency at 1 to 4096 GPUs from the "
                      "Reducer's bucket plan, a CPU profile of the step and NCCL's collective costs.\nInterconnects:\n" +
@@ -164,9 +167,16 @@ int main(int argc, char** argv) {
     flags.add("--gpus", &gpus_list, "GPU counts, comma-separated", "LIST");
     flags.add("--step-ms", &step_ms, "one GPU's step time: the CPU profile is scaled to it");
     flags.add("--backward-ms", &backward_ms, "one GPU's backward time(s) in all: the profile is scaled to it");
+    flags.add("--backward-fraction", &backward_fraction,
+              "shapes: models (no step to profile): the backward's share of the step");
     flags.add_choice("--ready", &ready, {"profile", "bytes"},
                      "profile: gradients ready when measured; bytes: spread over each backward by bytes", "HOW");
     flags.add("--memory-gbs", &memory_gbs, "device memory bandwidth for the hooks' element-wise work (GB/s)");
+    flags.add_choice("--hook-cost", &hook_cost, {"memory", "measured"},
+                     "the hooks' compute: memory traffic over --memory-gbs, or the library's hooks timed on this CPU "
+                     "per bucket (scaled by --step-ms as the profile is)", "HOW");
+    flags.add("--skew-ms", &skew_ms, "how long a DDP step waits for the slowest rank beyond the typical step "
+              "(bench_ddp: baseline_slowest_ms - baseline_ms)");
     flags.add("--profile-steps", &profile_steps, "CPU steps profiled (medians)");
     flags.add("--profile-batch", &profile_batch, "images per CPU profile step (0: --batch); for the ViT configs", 0);
     flags.add("--png", &png, "write the efficiency plot here", "PATH");
@@ -193,12 +203,17 @@ int main(int argc, char** argv) {
     if (sets.empty() || gpus.empty() || fabrics.empty()) throw app::UsageError{"nothing to predict: empty option list"};
 
     Workload w = make_workload(model, batch, profile_batch);
-    Profile profile = profile_workload(w, static_cast<int>(profile_steps));
+    if (!w.step && step_ms <= 0 && backward_ms <= 0)
+      throw app::UsageError{"--model " + model + " has no step to profile: give --step-ms or --backward-ms"};
+    Profile profile =
+        w.step ? profile_workload(w, static_cast<int>(profile_steps)) : synthetic_profile(w, backward_fraction);
     if (ready == Ready::kBytes) spread_ready_by_bytes(profile, w);
     double cpu_backward = 0;
     for (const Profile::Backward& b : profile.backwards) cpu_backward += b.end - b.start;
     DeviceModel device;
     device.memory_bandwidth = memory_gbs * 1e9;
+    device.rank_skew = skew_ms * 1e-3;
+    if (hook_cost == HookCostFrom::kMeasured) device.hook_cost = MeasuredHookCosts();
     device.time_scale = step_ms > 0 ? step_ms * 1e-3 / profile.step : backward_ms > 0 ? backward_ms * 1e-3 / cpu_backward : 1;
     std::printf("scale_model: %s, batch %lld per GPU, %s gradients; CPU profile (batch %lld): step %.2f ms, backward "
                 "%.2f ms (%zu backward(s)); times x %.4g; all-reduce %s\n",
@@ -210,8 +225,8 @@ int main(int argc, char** argv) {
       for (const Tensor& p : w.models[m].params) numel += p.numel();
       std::printf("  %s: %lld parameters\n", w.models[m].name.c_str(), static_cast<long long>(numel));
     }
-    std::printf("%-44s %6s %6s %10s %10s %10s %10s %7s %6s\n", "fabric: options", "gpus", "nodes", "step_ms", "compute_ms",
-                "comm_ms", "exposed_ms", "hidden", "eff");
+    std::printf("%-44s %6s %6s %10s %10s %10s %10s %10s %7s %6s\n", "fabric: options", "gpus", "nodes", "step_ms",
+                "compute_ms", "comm_ms", "hook_ms", "exposed_ms", "hidden", "eff");
     std::vector<app::Series> curves;
     std::vector<std::string> json;
     for (const Fabric& fabric : fabrics)
@@ -223,8 +238,9 @@ int main(int argc, char** argv) {
           const StepResult r = predict(w, profile, o, device, fabric, p, algorithm);
           const double eff = t1 / r.step, hidden = r.comm > 0 ? r.hidden / r.comm : 1.0;
           const int nodes = (p + fabric.gpus_per_node - 1) / fabric.gpus_per_node;
-          std::printf("%-44s %6d %6d %10.3f %10.3f %10.3f %10.3f %6.0f%% %6.3f\n", label.c_str(), p, nodes,
-                      r.step * 1e3, (r.step - r.exposed) * 1e3, r.comm * 1e3, r.exposed * 1e3, 100 * hidden, eff);
+          std::printf("%-44s %6d %6d %10.3f %10.3f %10.3f %10.3f %10.3f %6.0f%% %6.3f\n", label.c_str(), p, nodes,
+                      r.step * 1e3, (r.step - r.exposed) * 1e3, r.comm * 1e3, r.hook * 1e3, r.exposed * 1e3,
+                      100 * hidden, eff);
           curves.back().points.emplace_back(p, eff);
           char shape[256];
           std::snprintf(shape, sizeof shape, "%s b%lld %s, %s x%d GPUs", model.c_str(),
@@ -237,6 +253,7 @@ int main(int argc, char** argv) {
                              .number("ratio", eff, "%.4f")
                              .integer("gpus", p)
                              .number("comm_ms", r.comm * 1e3, "%.4f")
+                             .number("hook_ms", r.hook * 1e3, "%.4f")
                              .number("exposed_ms", r.exposed * 1e3, "%.4f")
                              .number("hidden", hidden, "%.4f")
                              .str());

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <sstream>
 
 namespace nd::scale {
 
@@ -13,6 +15,40 @@ DdpModel ddp_model(const std::string& name, nn::Module& module) {
     if (p.requires_grad()) m.params.push_back(p);
   for (const Tensor& b : module.buffers())
     m.buffer_bytes.push_back(b.numel() * static_cast<int64_t>(element_size(b.dtype())));
+  return m;
+}
+
+DdpModel shapes_model(const std::string& path) {
+  std::ifstream in(path);
+  ND_CHECK(in.good(), "shapes: cannot read ", path);
+  DdpModel m{"model", {}, {}};
+  int number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    std::istringstream words(line.substr(0, line.find('#')));
+    std::string kind;
+    if (!(words >> kind)) continue;
+    std::vector<int64_t> sizes;
+    for (std::string word; words >> word;) {
+      size_t used = 0;
+      int64_t v = -1;
+      try {
+        v = std::stoll(word, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      ND_CHECK(used == word.size() && v >= 1, path, ":", number, ": expected sizes >= 1, found '", word, "'");
+      sizes.push_back(v);
+    }
+    if (kind == "param" && !sizes.empty())
+      m.params.push_back(empty(sizes));
+    else if (kind == "buffer" && sizes.size() == 1)
+      m.buffer_bytes.push_back(sizes[0]);
+    else
+      throw Error(path + ":" + std::to_string(number) + ": expected 'param D0 D1 ...' or 'buffer BYTES', found '" +
+                  line + "'");
+  }
+  ND_CHECK(!m.params.empty(), "shapes: ", path, " names no parameter ('param D0 D1 ...')");
   return m;
 }
 
@@ -48,7 +84,8 @@ void Recorder::optimizer(const std::function<void()>& step) {
 
 std::string workload_names() {
   return "dcgan28, dcgan32, dcgan64 (models::DCGANConfig), mae-tiny, mae-small, "
-         "mae-mae_vit_{base,large}_patch16_dec512d8b, mae-mae_vit_huge_patch14_dec512d8b (models::MAEConfig)";
+         "mae-mae_vit_{base,large}_patch16_dec512d8b, mae-mae_vit_huge_patch14_dec512d8b (models::MAEConfig), "
+         "shapes:PATH";
 }
 
 Workload make_workload(const std::string& name, int64_t batch, int64_t profile_batch) {
@@ -108,6 +145,10 @@ Workload make_workload(const std::string& name, int64_t batch, int64_t profile_b
       r.backward(s->mae(s->images).loss);
       r.optimizer([&] { s->opt->step(); });
     };
+  } else if (name.rfind("shapes:", 0) == 0) {
+    w.models = {shapes_model(name.substr(7))};
+    w.batch = batch;
+    return w;  // nothing to run or hook
   } else {
     throw Error("unknown model '" + name + "': expected " + workload_names());
   }
@@ -123,6 +164,7 @@ Workload make_workload(const std::string& name, int64_t batch, int64_t profile_b
 Profile profile_workload(Workload& w, int steps, int warmup) {
   ND_CHECK(steps >= 1 && warmup >= 0, "profile_workload: expected steps >= 1 and warmup >= 0, found ", steps, " and ",
            warmup);
+  ND_CHECK(w.step, "profile_workload: ", w.name, " has no step to run (synthetic_profile gives one)");
   std::shared_ptr<Recorder*> sink = w.sink;
   std::vector<Profile> runs;
   for (int i = 0; i < warmup + steps; ++i) {
@@ -160,6 +202,18 @@ Profile profile_workload(Workload& w, int steps, int warmup) {
     out.optimizer[k].second = med([&](const Profile& p) { return p.optimizer.at(k).second; });
   }
   return out;
+}
+
+Profile synthetic_profile(const Workload& w, double backward_fraction) {
+  ND_CHECK(backward_fraction > 0 && backward_fraction <= 1, "synthetic_profile: expected a backward fraction in (0, ",
+           "1], found ", backward_fraction);
+  Profile p;
+  p.step = 1;
+  p.backwards.push_back({1 - backward_fraction, 1, {}});
+  for (size_t m = 0; m < w.models.size(); ++m)
+    for (size_t i = w.models[m].params.size(); i-- > 0;) p.backwards[0].ready.push_back({m, i, 1});
+  spread_ready_by_bytes(p, w);
+  return p;
 }
 
 void spread_ready_by_bytes(Profile& profile, const Workload& w) {

@@ -37,7 +37,10 @@ struct Workload {
 // "dcgan<size>" for every models::DCGANConfig::by_name config (dcgan28: train_gan's default),
 // "mae-<config>" for every models::MAEConfig::by_name config, with the apps' optimizers (Adam
 // 2e-4, AdamW). batch 0: the apps' default (64, 128). profile_batch: the batch the CPU profile
-// runs (0: batch), for models too large to profile at theirs. Throws nd::Error naming the models.
+// runs (0: batch), for models too large to profile at theirs. "shapes:PATH": a model we do not
+// have, known by its parameters' and buffers' sizes only (a line each, in registration order:
+// "param D0 D1 ..." or "buffer BYTES"; '#' starts a comment), one DDP model without a step
+// (synthetic_profile). Throws nd::Error naming the models, or the file's line that is wrong.
 Workload make_workload(const std::string& name, int64_t batch, int64_t profile_batch = 0);
 std::string workload_names();
 
@@ -58,6 +61,11 @@ struct Profile {
 
 // Runs `warmup` then `steps` steps of the workload on the CPU and takes the medians.
 Profile profile_workload(Workload& workload, int steps, int warmup = 2);
+
+// A step of 1 s for a workload without one (shapes:): forward, then a backward of
+// `backward_fraction` of it that makes the gradients ready in reverse registration order (the
+// Reducer's first-iteration order), spread by elements as spread_ready_by_bytes; no optimizer.
+Profile synthetic_profile(const Workload& workload, double backward_fraction);
 
 // The Recorder the workload's step reports to (profile_workload makes it).
 class Recorder {

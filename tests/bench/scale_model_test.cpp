@@ -4,6 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -11,7 +14,7 @@
 #include <nanoddp.h>
 
 #include "scale_model/collective_cost.h"
-#include "scale_model/predict.h"
+#include "scale_model/hook_cost.h"
 
 using namespace nd::scale;
 
@@ -100,18 +103,19 @@ TEST_CASE("collective costs: presets and their figures") {
   CHECK(ib.inter.bandwidth == 400e9);  // 8 NICs x 400 Gb/s
   CHECK(fabric_preset("roce100").inter.bandwidth == 100e9);
   CHECK(fabric_preset("eth25").inter.bandwidth == 3.125e9);
+  CHECK(fabric_preset("dgx1").intra.bandwidth == 150e9);  // 6 NVLink 2 links x 25 GB/s
+  CHECK(fabric_preset("dgx1").inter.bandwidth == 50e9);   // 4 x 100 Gb/s
   // 8 H100 on NVLink, 25 MiB: 8.4 + 14*3.4 us + 2 (7/8) 26214400 / 450e9.
   CHECK(ring_allreduce(26214400, 8, fabric_preset("nvlink")) ==
         doctest::Approx(8.4e-6 + 14 * 3.4e-6 + 1.75 * 26214400 / 450e9).epsilon(1e-12));
   for (const std::string& name : fabric_preset_names()) CHECK(fabric_preset(name).name == name);
   CHECK(error_of([] { fabric_preset("infiniband"); }) ==
-        "unknown interconnect 'infiniband': expected one of nvlink, ib400, roce100, eth25, mpi-shm, mpi-tcp");
-  // Our MPI on one node: no overlap, 16-bit floats widened, every rank in one node.
+        "unknown interconnect 'infiniband': expected one of nvlink, ib400, roce100, eth25, dgx1, mpi-shm, mpi-tcp");
+  // Our MPI on one node: no overlap, every rank in one node.
   const Fabric mpi = fabric_preset("mpi:20:2.5");
   CHECK(mpi.intra.alpha == doctest::Approx(20e-6));
   CHECK(mpi.intra.bandwidth == doctest::Approx(2.5e9));
   CHECK(!mpi.overlaps_compute);
-  CHECK(!mpi.reduces_16bit_natively);
   // 4 ranks: 6 steps of 20 us + 1.5 * 1e6 / 2.5e9.
   CHECK(ring_allreduce(1e6, 4, mpi) == doctest::Approx(6 * 20e-6 + 1.5e6 / 2.5e9).epsilon(1e-12));
   CHECK(error_of([] { fabric_preset("mpi:20"); }) ==
@@ -203,6 +207,32 @@ TEST_CASE("step timeline: second rounds run after the end of backward, in index 
   CHECK(r.step == doctest::Approx(14));
   CHECK(r.comm == doctest::Approx(5));
   CHECK(r.hidden == doctest::Approx(1));
+}
+
+TEST_CASE("step timeline: a hook's compute delays backward at the launch and runs at the wait") {
+  // Backward [2, 10] of a 12 s step; each bucket's hook computes 0.5 s at its launch, 0.25 s at
+  // its wait. Bucket 0 (ready 4): hook 4-4.5, collective 4.5-5.5. The backward, 0.5 s late, ends
+  // at 10.5; the last bucket's hook 10.5-11, collective 11-13. The waits: bucket 0's 11-11.25,
+  // the last's 13-13.25, its second round 13.25-14.25: the step ends 12 + 4.25.
+  StepInput in;
+  in.compute = 12;
+  in.backwards = {Backward{2, 10, {{{4, 1, 0, 0.5, 0.25}, {10, 2, 1, 0.5, 0.25}}}}};
+  StepResult r = simulate_step(in);
+  CHECK(r.step == doctest::Approx(16.25));
+  CHECK(r.comm == doctest::Approx(4));
+  CHECK(r.hook == doctest::Approx(1.5));
+  CHECK(r.exposed == doctest::Approx(4.25));
+  CHECK(r.hidden == doctest::Approx(1.25));  // bucket 0's collective, its wait's compute
+  // No overlap: everything adds; a rank 0.5 s slower is waited for once, never hidden.
+  in.overlap = false;
+  CHECK(simulate_step(in).step == doctest::Approx(12 + 4 + 1.5));
+  in.skew = 0.5;
+  r = simulate_step(in);
+  CHECK(r.step == doctest::Approx(12 + 4 + 1.5 + 0.5));
+  CHECK(r.hidden == doctest::Approx(0).scale(1e-12));
+  in.backwards[0].models[0][0].wait_compute = -1;
+  CHECK(error_of([&] { simulate_step(in); }) ==
+        "simulate_step: negative cost (communication 1, 0; hook compute 0.5, -1)");
 }
 
 TEST_CASE("step timeline: two models in one backward share the channel, and backwards add up") {
@@ -297,11 +327,6 @@ TEST_CASE("predict: MAE tiny's one bucket, its hooks and ZeRO, priced on a bandw
   parse_hook("bf16", bf16);
   CHECK(predict(w, profile, bf16, device, f, 4, Algorithm::kRing).step ==
         doctest::Approx(0.030 + before + (numel * 2 + (P + 1) * 4) * ring).epsilon(1e-12));
-  // Where 16-bit floats travel widened (our MPI group), bf16 saves nothing.
-  Fabric widening = f;
-  widening.reduces_16bit_natively = false;
-  CHECK(predict(w, profile, bf16, device, widening, 4, Algorithm::kRing).step ==
-        doctest::Approx(0.030 + before + (numel + P + 1) * 4 * ring).epsilon(1e-12));
   // ZeRO stage 2: a reduce-scatter ((3/4) n / B) and the status all-reduce; the optimizer's 10 ms
   // becomes 2.5 ms, then all-gathers the parameters.
   Options zero2;
@@ -347,6 +372,54 @@ TEST_CASE("predict: PowerSGD sends P with the uncompressed rest, Q after the end
                                                          "': expected none, bf16, fp16 or powersgd:RANK (RANK >= 1)");
 }
 
+TEST_CASE("predict: the hooks' compute from DeviceModel::hook_cost, scaled as the profile, and timed") {
+  nd::NoGradGuard no_grad;
+  const Workload w = make_workload("mae-tiny", 2);
+  const Profile profile = one_backward(w);
+  const Fabric f = bandwidth_only(1e9);
+  const double ring = 2 * 3.0 / 4 / 1e9, P = static_cast<double>(w.models[0].params.size());
+  double numel = 0, buffers = 0;
+  for (const nd::Tensor& t : w.models[0].params) numel += static_cast<double>(t.numel());
+  for (const int64_t b : w.models[0].buffer_bytes) buffers += static_cast<double>(b);
+  Options bf16;
+  parse_hook("bf16", bf16);
+  DeviceModel device;
+  size_t calls = 0, members = 0;
+  device.hook_cost = [&](const DdpModel&, const std::vector<size_t>& bucket, const Options& o) {
+    ++calls;
+    members += bucket.size();
+    CHECK(o.hook == "bf16");
+    return HookCost{0.001, 0.002};
+  };
+  // The one bucket (launched at the end of backward, 20 ms): its hook's 1 ms delays the bf16
+  // all-reduce, its 2 ms follow it; x2 (a profile twice as fast as the step): all of it doubles.
+  const double comm = 32 * ring + buffers / 1e9 + (numel * 2 + (P + 1) * 4) * ring;
+  CHECK(predict(w, profile, bf16, device, f, 4, Algorithm::kRing).step ==
+        doctest::Approx(0.030 + comm + 0.003).epsilon(1e-12));
+  CHECK(calls == 1);
+  CHECK(members == w.models[0].params.size());
+  // A 4 ms skew between the ranks adds to every multi-rank step, unscaled, not to one GPU's.
+  device.rank_skew = 0.004;
+  CHECK(predict(w, profile, bf16, device, f, 4, Algorithm::kRing).step ==
+        doctest::Approx(0.030 + comm + 0.003 + 0.004).epsilon(1e-12));
+  CHECK(predict(w, profile, bf16, device, f, 1, Algorithm::kRing).step == doctest::Approx(0.030));
+  device.rank_skew = 0;
+  device.time_scale = 2;
+  CHECK(predict(w, profile, bf16, device, f, 4, Algorithm::kRing).step ==
+        doctest::Approx(0.060 + comm + 0.006).epsilon(1e-12));
+  // The library's own hooks on the bucket's real shapes: something is timed at both ends.
+  std::vector<size_t> all(w.models[0].params.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  Options psgd;
+  parse_hook("powersgd:4", psgd);
+  for (const Options& o : {bf16, psgd}) {
+    const HookCost c = time_hook(w.models[0], all, o, 1);
+    CHECK((c.launch > 0 && c.wait > 0));
+  }
+  CHECK(error_of([&] { time_hook(w.models[0], all, Options{}); }) ==
+        "time_hook: expected a hook (bf16, fp16 or powersgd), found 'none'");
+}
+
 TEST_CASE("workloads: the Reducer's buckets in gradient-ready order, and unknown names") {
   nd::NoGradGuard no_grad;
   const Workload w = make_workload("dcgan28", 2);
@@ -369,7 +442,8 @@ TEST_CASE("workloads: the Reducer's buckets in gradient-ready order, and unknown
   CHECK(g.front().front() == w.models[0].params.size() - 1);
   CHECK(error_of([] { make_workload("vit-h", 0); }) ==
         "unknown model 'vit-h': expected dcgan28, dcgan32, dcgan64 (models::DCGANConfig), mae-tiny, mae-small, "
-        "mae-mae_vit_{base,large}_patch16_dec512d8b, mae-mae_vit_huge_patch14_dec512d8b (models::MAEConfig)");
+        "mae-mae_vit_{base,large}_patch16_dec512d8b, mae-mae_vit_huge_patch14_dec512d8b (models::MAEConfig), "
+        "shapes:PATH");
   CHECK(error_of([] { make_workload("mae-huge", 0); }).rfind("MAEConfig: unknown configuration 'huge'", 0) == 0);
   CHECK(error_of([] { make_workload("dcgan16", 0); }).rfind("DCGANConfig", 0) == 0);
 }
@@ -394,4 +468,41 @@ TEST_CASE("workloads: --ready bytes spreads each backward's gradients by the ele
     CHECK(r.at == doctest::Approx(1 + 2 * so_far / total));
   }
   CHECK(p.backwards[0].ready.back().at == doctest::Approx(3));
+}
+
+TEST_CASE("workloads: shapes:PATH, a model by its sizes, with a synthetic step") {
+  const std::string path = (std::filesystem::temp_directory_path() / "nanoddp_scale_model_test_shapes.txt").string();
+  auto write = [&](const std::string& text) { std::ofstream(path) << text; };
+  // 3 parameters (1000 x 2048 = 2,048,000, 1000 and 64 x 3 x 7 x 7 = 9,408 elements) and a buffer.
+  write("# a comment\nparam 64 3 7 7\nbuffer 8  # num_batches_tracked\n\nparam 1000 2048\nparam 1000\n");
+  const Workload w = make_workload("shapes:" + path, 32);
+  REQUIRE(w.models.size() == 1);
+  REQUIRE(w.models[0].params.size() == 3);
+  CHECK(w.models[0].params[1].numel() == 2048000);
+  CHECK(w.models[0].buffer_bytes == std::vector<int64_t>{8});
+  CHECK(!w.step);
+  // Backward: the last 3/4 of the 1 s step; gradients ready last-registered first, by elements.
+  const Profile p = synthetic_profile(w, 0.75);
+  REQUIRE(p.backwards.size() == 1);
+  CHECK(p.backwards[0].start == doctest::Approx(0.25));
+  const double total = 2048000 + 1000 + 9408;
+  CHECK(p.backwards[0].ready[0].param == 2);
+  CHECK(p.backwards[0].ready[0].at == doctest::Approx(0.25 + 0.75 * 1000 / total));
+  CHECK(p.backwards[0].ready[1].at == doctest::Approx(0.25 + 0.75 * 2049000 / total));
+  CHECK(p.backwards[0].ready[2].at == doctest::Approx(1));
+  CHECK(error_of([&] { synthetic_profile(w, 0); }) ==
+        "synthetic_profile: expected a backward fraction in (0, 1], found 0");
+  Workload copy = make_workload("shapes:" + path, 32);
+  CHECK(error_of([&] { profile_workload(copy, 1); }) ==
+        "profile_workload: shapes:" + path + " has no step to run (synthetic_profile gives one)");
+  write("param 3 x\n");
+  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) == path + ":1: expected sizes >= 1, found 'x'");
+  write("param 3\nweight 3\n");
+  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) ==
+        path + ":2: expected 'param D0 D1 ...' or 'buffer BYTES', found 'weight 3'");
+  write("buffer 8\n");
+  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) ==
+        "shapes: " + path + " names no parameter ('param D0 D1 ...')");
+  std::remove(path.c_str());
+  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) == "shapes: cannot read " + path);
 }

@@ -85,6 +85,31 @@ TEST_CASE("allreduce: SUM, AVG, MAX, MIN for every dtype and awkward sizes") {
   }
 }
 
+TEST_CASE("allreduce of 16-bit floats: every rank's value widened, reduced in f32 in rank order, rounded once") {
+  // Random values (not the small integers above, whose sums are exact): the result must equal
+  // reducing the all-gathered 16-bit inputs in f32, rank 0 first, and rounding once, bit for
+  // bit (the rounding PyTorch's bf16 / fp16 hooks give on a group that sums in f32).
+  auto w = world();
+  const int W = w->size();
+  for (ScalarType dtype : {kBFloat16, kFloat16})
+    for (dist::ReduceOp op : {dist::ReduceOp::SUM, dist::ReduceOp::AVG, dist::ReduceOp::MAX})
+      for (int64_t n : kSizes) {
+        Generator gen{static_cast<uint64_t>(40 + w->rank()), 0};
+        const Tensor input = randn({n}, kFloat32, &gen).to(dtype);
+        std::vector<Tensor> all;
+        for (int r = 0; r < W; ++r) all.push_back(zeros({n}, dtype));
+        w->allgather(all, input)->wait();
+        Tensor acc = all[0].to(kFloat32);
+        for (int r = 1; r < W; ++r)
+          acc = op == dist::ReduceOp::MAX ? acc.maximum(all[r].to(kFloat32)) : acc + all[r].to(kFloat32);
+        if (op == dist::ReduceOp::AVG) acc = acc / static_cast<double>(W);
+        const Tensor result = input.clone();
+        w->allreduce(result, {op})->wait();
+        CAPTURE(label("allreduce", dtype, n));
+        CHECK(to_vector(result) == to_vector(acc.to(dtype)));
+      }
+}
+
 TEST_CASE("broadcast: every root, every dtype") {
   auto w = world();
   for (int root = 0; root < w->size(); ++root) {
