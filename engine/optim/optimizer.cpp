@@ -109,6 +109,10 @@ void Optimizer::zero_grad(bool set_to_none) {
     }
 }
 
+int64_t Optimizer::ParamState::steps_taken() const {
+  return step_on_device.defined() ? static_cast<int64_t>(step_on_device.item()) : step;
+}
+
 TensorDict Optimizer::state_dict() const {
   TensorDict out;
   int64_t k = 0;
@@ -119,7 +123,7 @@ TensorDict Optimizer::state_dict() const {
       auto it = state_.find(p.impl_ptr().get());
       if (it != state_.end()) {
         const std::string prefix = "state." + std::to_string(k) + ".";
-        out[prefix + "step"] = scalar_tensor(static_cast<double>(it->second.step), kFloat64);
+        out[prefix + "step"] = scalar_tensor(static_cast<double>(it->second.steps_taken()), kFloat64);
         for (const auto& [buf, t] : it->second.buffers) out[prefix + buf] = t;
       }
       ++k;

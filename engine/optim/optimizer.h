@@ -87,7 +87,12 @@ class Optimizer {
  protected:
   struct ParamState {
     int64_t step = 0;
+    // Adam on a CUDA parameter: the count of steps taken, an f64 scalar on its device that the
+    // step kernel increments (so a CUDA graph's replay counts on); it then holds the count and
+    // `step` only the one it was created from (0, or a loaded state's).
+    Tensor step_on_device;
     std::map<std::string, Tensor> buffers;  // "momentum_buffer", "exp_avg", ...
+    int64_t steps_taken() const;
   };
   Optimizer(std::string name, std::vector<OptimizerParamGroup> groups, const OptimizerOptions& defaults);
   struct ParamUpdate {

@@ -102,12 +102,15 @@ struct Adam {
   bool decoupled, amsgrad;
 };
 
-// The coefficients of a tensor at its `step` (counted from 1).
+// The coefficients of a tensor at its `step` (counted from 1), on the host or, for a step
+// count kept on the device (AdamCountedEntry), in the kernel.
 template <class T>
-inline Adam<T> adam(const AdamParams& hp, int64_t step) {
-  const double bc1 = 1 - std::pow(hp.beta1, static_cast<double>(step));
-  const double bc2 = 1 - std::pow(hp.beta2, static_cast<double>(step));
-  return {T(hp.lr / bc1), T(std::sqrt(bc2)), T(hp.beta1), T(hp.beta2), T(hp.eps), T(hp.weight_decay),
+ND_HOST_DEVICE Adam<T> adam(const AdamParams& hp, int64_t step) {
+  using std::pow;
+  using std::sqrt;
+  const double bc1 = 1 - pow(hp.beta1, static_cast<double>(step));
+  const double bc2 = 1 - pow(hp.beta2, static_cast<double>(step));
+  return {T(hp.lr / bc1), T(sqrt(bc2)), T(hp.beta1), T(hp.beta2), T(hp.eps), T(hp.weight_decay),
           T(1 - hp.lr * hp.weight_decay), hp.decoupled_weight_decay, hp.amsgrad};
 }
 
@@ -148,6 +151,17 @@ struct AdamEntry {
     IO::store(xv, v, i, count, vec);
     if (c.amsgrad) IO::store(xmax, vmax, i, count, vec);
   }
+};
+
+// An Adam entry whose step count lives on the device (CUDA only, AdamTensor::step_on_device):
+// every entry of a step shares the one coefficient set, the hyperparameters; a launch first
+// increments each entry's *step, then each block derives its coefficients from it with
+// adam() above, the host's arithmetic.
+template <class T>
+struct AdamCountedEntry : AdamEntry<T> {
+  using Coefficients = AdamParams;
+  using Scalar = T;
+  double* step;
 };
 
 // ---- GradScaler's unscale -------------------------------------------------------------------
@@ -213,16 +227,31 @@ Step<SgdEntry<T>> sgd_step_of(const std::vector<SgdTensor<T>>& tensors, const Sg
 }
 
 template <class T>
+bool adam_vector(const AdamTensor<T>& t) {
+  return aligned16(t.p) && aligned16(t.g) && aligned16(t.m) && aligned16(t.v) &&
+         (t.vmax == nullptr || aligned16(t.vmax));
+}
+
+template <class T>
 Step<AdamEntry<T>> adam_step_of(const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp) {
   Step<AdamEntry<T>> step;
   std::map<int64_t, int32_t> seen;
   for (const AdamTensor<T>& t : tensors) {
     if (t.n == 0) continue;
     const int32_t c = coefficients_for(step, seen, t.step, [&] { return adam<T>(hp, t.step); });
-    const bool vec = aligned16(t.p) && aligned16(t.g) && aligned16(t.m) && aligned16(t.v) &&
-                     (t.vmax == nullptr || aligned16(t.vmax));
-    step.entries.push_back({t.n, t.p, t.g, t.m, t.v, t.vmax, c, vec});
+    step.entries.push_back({t.n, t.p, t.g, t.m, t.v, t.vmax, c, adam_vector(t)});
   }
+  return step;
+}
+
+// The step counts stay on the device: one coefficient set, the hyperparameters. An empty
+// tensor keeps its entry (no chunk), so its count is incremented as the others'.
+template <class T>
+Step<AdamCountedEntry<T>> adam_counted_step_of(const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp) {
+  Step<AdamCountedEntry<T>> step;
+  step.coefficients.push_back(hp);
+  for (const AdamTensor<T>& t : tensors)
+    step.entries.push_back({{t.n, t.p, t.g, t.m, t.v, t.vmax, 0, adam_vector(t)}, t.step_on_device});
   return step;
 }
 

@@ -22,6 +22,12 @@
 //   one launch's parameters hold (kEntries: 59 f32 Adam tensors, 85 f32 SGD ones) or more
 //   distinct step counts than kMaxCoefficients takes one launch per such share, as
 //   PyTorch's multi_tensor_apply does (which holds 36 Adam tensors and 320 chunks a launch).
+// - Adam's step counts may instead live on the device (AdamTensor::step_on_device, what the
+//   engine does for CUDA parameters; PyTorch's capturable=True): the coefficient set is then
+//   the hyperparameters, a one-block kernel increments each entry's count, and every block of
+//   the update derives its bias corrections from the count, so a captured step replays with
+//   its own count. Two launches instead of one; the counts of a launch's entries are updated
+//   by the launch that updates the entries.
 // Checked: tests/emu/optim_emu_test.cpp (against the CPU twin and formulas in double;
 // aligned and misaligned tensors, partial groups, a step split over launches),
 // tests/emu/emulib_runtime_test.cpp (one launch and no upload in a steady step).
@@ -32,6 +38,7 @@
 #include <list>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "kernels/common/optim_math.h"
 #include "kernels/common/twin_types.h"
@@ -70,6 +77,29 @@ __global__ void multi_tensor_kernel(const Chunk* __restrict__ chunks, const Laun
     if (e.coefficients == k) c = launch.coefficients[k];
   optim_math::update_chunk<VectorIO>(e, c, chunk.start, threadIdx.x, blockDim.x);
 }
+
+// Adam with its step counts on the device (AdamCountedEntry): one thread per entry of the
+// launch counts the step, before the update kernel reads the count (the stream orders them).
+template <class Entry>
+__global__ void count_steps_kernel(const Launch<Entry> launch, int entries) {
+  if (int(threadIdx.x) < entries) *launch.entries[threadIdx.x].step += 1;
+}
+
+// Every block derives its coefficients from its entry's count with the host's arithmetic
+// (optim_math::adam), so a CUDA graph's replay takes the bias corrections of its own step.
+template <class Entry>
+__global__ void adam_counted_kernel(const Chunk* __restrict__ chunks, const Launch<Entry> launch) {
+  using T = typename Entry::Scalar;
+  const Chunk chunk = chunks[blockIdx.x];
+  const Entry e = launch.entries[chunk.entry];
+  const optim_math::Adam<T> c = optim_math::adam<T>(launch.coefficients[0], static_cast<int64_t>(*e.step));
+  optim_math::update_chunk<VectorIO, optim_math::AdamEntry<T>>(e, c, chunk.start, threadIdx.x, blockDim.x);
+}
+
+template <class Entry>
+struct IsCounted : std::false_type {};
+template <class T>
+struct IsCounted<optim_math::AdamCountedEntry<T>> : std::true_type {};
 
 // A launch's chunk table on the device, uploaded on the stream the launches that read it run
 // on (work on two streams is unordered: a launch on another stream than the upload's could
@@ -123,11 +153,19 @@ TableCache& table_cache() {
 template <class Entry>
 void launch_one(int device, const std::vector<Entry>& entries, const Launch<Entry>& launch, const char* op,
                 cudaStream_t stream) {
+  if constexpr (IsCounted<Entry>::value) {
+    if (entries.empty()) return;
+    count_steps_kernel<Entry><<<1, static_cast<unsigned>(entries.size()), 0, stream>>>(launch, int(entries.size()));
+    check_launch(op);
+  }
   const std::vector<Chunk> chunks = optim_math::chunks_of(entries);
   if (chunks.empty()) return;
   require(chunks.size() <= (size_t(1) << 31) - 1, op, "more chunks than one grid holds");
   const Chunk* table = table_cache().table(device, chunks, stream);
-  multi_tensor_kernel<Entry><<<static_cast<unsigned>(chunks.size()), kThreads, 0, stream>>>(table, launch);
+  if constexpr (IsCounted<Entry>::value)
+    adam_counted_kernel<Entry><<<static_cast<unsigned>(chunks.size()), kThreads, 0, stream>>>(table, launch);
+  else
+    multi_tensor_kernel<Entry><<<static_cast<unsigned>(chunks.size()), kThreads, 0, stream>>>(table, launch);
   check_launch(op);
 }
 
@@ -167,7 +205,14 @@ void sgd_step(int device, const std::vector<SgdTensor<T>>& tensors, const SgdPar
 
 template <class T>
 void adam_step(int device, const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp, cudaStream_t stream) {
-  launch_multi_tensor(device, optim_math::adam_step_of(tensors, hp), "adam_step", stream);
+  const auto counted = std::count_if(tensors.begin(), tensors.end(),
+                                     [](const AdamTensor<T>& t) { return t.step_on_device != nullptr; });
+  require(counted == 0 || static_cast<size_t>(counted) == tensors.size(), "adam_step",
+          "either every tensor or none has its step count on the device");
+  if (counted > 0)
+    launch_multi_tensor(device, optim_math::adam_counted_step_of(tensors, hp), "adam_step", stream);
+  else
+    launch_multi_tensor(device, optim_math::adam_step_of(tensors, hp), "adam_step", stream);
 }
 
 template <class T>

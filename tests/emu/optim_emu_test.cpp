@@ -5,7 +5,8 @@
 // a chunk and one, an empty tensor, several chunks with a tail (partial groups of 4), one
 // tensor whose buffers start off 16-byte alignment (element by element where the others
 // load float4 / double2), each tensor with its own step (Adam) or first step (SGD); more
-// tensors and distinct steps than one launch holds (several launches). GradScaler's unscale_grad (exact: one multiply by a
+// tensors and distinct steps than one launch holds (several launches); Adam with its step
+// counts on the device (counted by the launch, three steps in a row). GradScaler's unscale_grad (exact: one multiply by a
 // power of two, and the same non-finite answer). CUDA and CPU evaluate
 // kernels/common/optim_math.h per element, so they agree within 8 ulps of the largest value
 // (compilations may contract multiply-adds differently: check_ulps); the reference in
@@ -177,6 +178,36 @@ TEST_CASE("adam_step: more tensors and distinct steps than one launch holds") {
     INFO("tensor ", k / 4, " buffer ", k % 4);
     check_ulps("cuda vs cpu", gpu_buffers[k], cpu_buffers[k]);
   }
+}
+
+TEST_CASE("adam_step: step counts on the device are incremented by the launch and give its bias corrections") {
+  // Three steps with the same arguments (a captured step's replays): the CPU twin at steps
+  // 1, 2, 3 of tensor k, counted from k (so each takes its own corrections), and the empty
+  // tensor's count increments as the others'.
+  for (const cpu::AdamParams& hp : {cpu::AdamParams{1e-2, 0.9, 0.99, 1e-8, 0.01, false, true},
+                                    cpu::AdamParams{1e-3, 0.8, 0.95, 1e-8, 0.05, true, false}}) {
+    auto on_gpu = random_buffers<float>();
+    auto on_cpu = on_gpu;
+    std::vector<double> counts(kSizes.size());
+    for (size_t k = 0; k < counts.size(); ++k) counts[k] = double(k);
+    std::vector<cpu::AdamTensor<float>> counted = adam_tensors(on_gpu, hp);
+    for (size_t k = 0; k < counted.size(); ++k) counted[k].step_on_device = &counts[k];
+    for (int s = 1; s <= 3; ++s) {
+      INFO("step ", s, " decoupled ", hp.decoupled_weight_decay);
+      cuda::adam_step<float>(0, counted, hp, nullptr);
+      std::vector<cpu::AdamTensor<float>> host = adam_tensors(on_cpu, hp);
+      for (size_t k = 0; k < host.size(); ++k) host[k].step = int64_t(k) + s;
+      cpu::adam_step<float>(host, hp);
+      check_buffers("cuda (counts on the device) vs cpu", on_gpu, on_cpu);
+      for (size_t k = 0; k < counts.size(); ++k) CHECK(counts[k] == double(k) + s);
+    }
+  }
+  std::vector<float> one(1);
+  double count = 0;
+  const std::vector<cpu::AdamTensor<float>> mixed{{1, one.data(), one.data(), one.data(), one.data(), nullptr, 1, &count},
+                                                  {1, one.data(), one.data(), one.data(), one.data(), nullptr, 1}};
+  CHECK_THROWS_WITH(cuda::adam_step<float>(0, mixed, cpu::AdamParams{}, nullptr),
+                    "adam_step: either every tensor or none has its step count on the device");
 }
 
 // Tensor `bad_tensor` (or none, -1) holds `bad` at its element `bad_at` (clamped to its
