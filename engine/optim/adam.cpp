@@ -77,7 +77,9 @@ void Adam::update(const OptimizerOptions& options, std::vector<ParamUpdate>& par
       }
       ops::on_device(
           first, [&] { kernels::cpu::adam_step<T>(tensors, hp); },
-          [&](auto stream) { kernels::cuda::adam_step<T>(first.device().index, tensors, hp, stream); });
+          [&](auto stream) {
+            kernels::cuda::adam_step<T>(first.device().index, tensors, hp, stream, skip_flag(first));
+          });
     });
   }
 }

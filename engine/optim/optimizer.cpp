@@ -89,6 +89,36 @@ void Optimizer::step() {
   }
 }
 
+void Optimizer::step_unless(const Tensor& found_inf) {
+  ND_CHECK(found_inf.defined() && found_inf.is_cuda() && found_inf.dtype() == kInt32 && found_inf.numel() == 1, name_,
+           ".step_unless: expected an int32 flag on a CUDA device, found ", found_inf.describe());
+  bool any_grad = false;
+  for (const auto& group : groups_)
+    for (const Tensor& p : group.params()) {
+      if (!p.impl().grad) continue;
+      any_grad = true;
+      ND_CHECK(p.device() == found_inf.device(), name_, ".step_unless: parameter ", p.describe(),
+               " is not on the flag's device ", found_inf.device().str());
+    }
+  skip_if_ = found_inf;
+  skip_taken_ = false;
+  try {
+    step();
+  } catch (...) {
+    skip_if_ = Tensor();
+    throw;
+  }
+  skip_if_ = Tensor();
+  ND_CHECK(skip_taken_ || !any_grad, name_, ".step_unless: this optimizer's step cannot skip its update on the device "
+           "(step it on the host's answer instead, outside a CUDA graph)");
+}
+
+const int32_t* Optimizer::skip_flag(const Tensor& param) {
+  if (!skip_if_.defined() || !param.is_cuda()) return nullptr;
+  skip_taken_ = true;
+  return skip_if_.data_ptr<int32_t>();
+}
+
 std::vector<std::vector<Optimizer::ParamUpdate*>> Optimizer::by_device(std::vector<ParamUpdate>& params) {
   std::map<std::tuple<DeviceType, int, ScalarType>, std::vector<ParamUpdate*>> groups;
   for (ParamUpdate& u : params) groups[{u.param.device().type, u.param.device().index, u.param.dtype()}].push_back(&u);

@@ -169,10 +169,11 @@ struct AdamCountedEntry : AdamEntry<T> {
 template <class T>
 struct Unscale {
   T inv_scale;
+  const double* scale;  // when set, the factor is T(1 / *scale), read on the device
 };
 
-// Every element that is inf or NaN stores the same 1 into *found: the flag ends the same
-// whichever thread wins, so no atomic is needed.
+// Every group holding an inf or NaN sets *found to 1 through IO::flag (CUDA: an atomic max,
+// so that many non-finite values, a NaN loss's whole gradient, are no write conflict).
 template <class T>
 struct UnscaleEntry {
   using Coefficients = Unscale<T>;
@@ -185,15 +186,33 @@ struct UnscaleEntry {
   ND_HOST_DEVICE void update_group(const Unscale<T>& c, int64_t i, int64_t count, bool vec) const {
     T xg[kGroup];
     IO::load(xg, g, i, count, vec);  // 0 past the end: finite
+    const T inv_scale = c.scale != nullptr ? T(1.0 / *c.scale) : c.inv_scale;
     bool nonfinite = false;
     for (int k = 0; k < kGroup; ++k) {
       nonfinite = nonfinite || !(xg[k] - xg[k] == T(0));  // x - x: 0 if finite, NaN otherwise
-      xg[k] *= c.inv_scale;
+      xg[k] *= inv_scale;
     }
     IO::store(xg, g, i, count, vec);
-    if (nonfinite) *found = 1;
+    if (nonfinite) IO::flag(found);
   }
 };
+
+// GradScaler's update (torch.amp's _amp_update_scale_), on the host and on the device: after
+// a step with a non-finite gradient scale *= backoff and the count of good steps restarts;
+// else one more good step, and scale *= growth after `interval` of them in a row (unless the
+// product overflows).
+ND_HOST_DEVICE void update_scale(double& scale, int64_t& growth_tracker, bool found_nonfinite, double growth,
+                                 double backoff, int64_t interval) {
+  using std::isfinite;
+  if (found_nonfinite) {
+    scale *= backoff;
+    growth_tracker = 0;
+  } else if (++growth_tracker == interval) {
+    const double grown = scale * growth;
+    if (isfinite(grown)) scale = grown;
+    growth_tracker = 0;
+  }
+}
 
 // ---- the tables of a step -------------------------------------------------------------------
 

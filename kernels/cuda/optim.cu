@@ -64,10 +64,17 @@ struct Launch {
   static constexpr int kEntries = int((kParamBytes - sizeof(Coefficients) * kMaxCoefficients) / sizeof(Entry));
   Coefficients coefficients[kMaxCoefficients];
   Entry entries[kEntries];
+  const int32_t* skip;  // when set and *skip != 0 the launch changes nothing (GradScaler's skipped step)
 };
 
 template <class Entry>
+__device__ bool skipped(const Launch<Entry>& launch) {
+  return launch.skip != nullptr && *launch.skip != 0;
+}
+
+template <class Entry>
 __global__ void multi_tensor_kernel(const Chunk* __restrict__ chunks, const Launch<Entry> launch) {
+  if (skipped(launch)) return;
   const Chunk chunk = chunks[blockIdx.x];
   const Entry e = launch.entries[chunk.entry];
   // The entry's set, picked with constant indices (registers, not a copy of the list).
@@ -82,7 +89,7 @@ __global__ void multi_tensor_kernel(const Chunk* __restrict__ chunks, const Laun
 // launch counts the step, before the update kernel reads the count (the stream orders them).
 template <class Entry>
 __global__ void count_steps_kernel(const Launch<Entry> launch, int entries) {
-  if (int(threadIdx.x) < entries) *launch.entries[threadIdx.x].step += 1;
+  if (!skipped(launch) && int(threadIdx.x) < entries) *launch.entries[threadIdx.x].step += 1;
 }
 
 // Every block derives its coefficients from its entry's count with the host's arithmetic
@@ -90,6 +97,7 @@ __global__ void count_steps_kernel(const Launch<Entry> launch, int entries) {
 template <class Entry>
 __global__ void adam_counted_kernel(const Chunk* __restrict__ chunks, const Launch<Entry> launch) {
   using T = typename Entry::Scalar;
+  if (skipped(launch)) return;
   const Chunk chunk = chunks[blockIdx.x];
   const Entry e = launch.entries[chunk.entry];
   const optim_math::Adam<T> c = optim_math::adam<T>(launch.coefficients[0], static_cast<int64_t>(*e.step));
@@ -172,8 +180,10 @@ void launch_one(int device, const std::vector<Entry>& entries, const Launch<Entr
 // The step's entries in order, a launch whenever the next entry would not fit: kEntries
 // entries, kMaxCoefficients coefficient sets (one launch in the usual step).
 template <class Entry>
-void launch_multi_tensor(int device, const optim_math::Step<Entry>& step, const char* op, cudaStream_t stream) {
+void launch_multi_tensor(int device, const optim_math::Step<Entry>& step, const char* op, cudaStream_t stream,
+                         const int32_t* skip = nullptr) {
   Launch<Entry> launch{};
+  launch.skip = skip;
   std::vector<Entry> entries;
   std::vector<int32_t> local(step.coefficients.size(), -1);  // a set's index in this launch
   int32_t sets = 0;
@@ -199,35 +209,57 @@ void launch_multi_tensor(int device, const optim_math::Step<Entry>& step, const 
 }  // namespace
 
 template <class T>
-void sgd_step(int device, const std::vector<SgdTensor<T>>& tensors, const SgdParams& hp, cudaStream_t stream) {
-  launch_multi_tensor(device, optim_math::sgd_step_of(tensors, hp), "sgd_step", stream);
+void sgd_step(int device, const std::vector<SgdTensor<T>>& tensors, const SgdParams& hp, cudaStream_t stream,
+              const int32_t* skip_if) {
+  launch_multi_tensor(device, optim_math::sgd_step_of(tensors, hp), "sgd_step", stream, skip_if);
 }
 
 template <class T>
-void adam_step(int device, const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp, cudaStream_t stream) {
+void adam_step(int device, const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp, cudaStream_t stream,
+               const int32_t* skip_if) {
   const auto counted = std::count_if(tensors.begin(), tensors.end(),
                                      [](const AdamTensor<T>& t) { return t.step_on_device != nullptr; });
   require(counted == 0 || static_cast<size_t>(counted) == tensors.size(), "adam_step",
           "either every tensor or none has its step count on the device");
   if (counted > 0)
-    launch_multi_tensor(device, optim_math::adam_counted_step_of(tensors, hp), "adam_step", stream);
+    launch_multi_tensor(device, optim_math::adam_counted_step_of(tensors, hp), "adam_step", stream, skip_if);
   else
-    launch_multi_tensor(device, optim_math::adam_step_of(tensors, hp), "adam_step", stream);
+    launch_multi_tensor(device, optim_math::adam_step_of(tensors, hp), "adam_step", stream, skip_if);
 }
 
 template <class T>
-void unscale_grad(int device, const std::vector<UnscaleTensor<T>>& tensors, T inv_scale, cudaStream_t stream) {
+void unscale_grad(int device, const std::vector<UnscaleTensor<T>>& tensors, T inv_scale, cudaStream_t stream,
+                  const double* scale_on_device) {
   optim_math::Step<optim_math::UnscaleEntry<T>> step;
-  step.coefficients.push_back({inv_scale});
+  step.coefficients.push_back({inv_scale, scale_on_device});
   for (const UnscaleTensor<T>& t : tensors)
     if (t.n > 0) step.entries.push_back({t.n, t.g, t.found_nonfinite, 0, optim_math::aligned16(t.g)});
   launch_multi_tensor(device, step, "unscale_grad", stream);
 }
 
-#define ND_INSTANTIATE(T)                                                                           \
-  template void sgd_step<T>(int, const std::vector<SgdTensor<T>>&, const SgdParams&, cudaStream_t);   \
-  template void adam_step<T>(int, const std::vector<AdamTensor<T>>&, const AdamParams&, cudaStream_t); \
-  template void unscale_grad<T>(int, const std::vector<UnscaleTensor<T>>&, T, cudaStream_t);
+// GradScaler's update on the device: one thread.
+__global__ void update_scale_kernel(const ScaleUpdate u) {
+  bool found = false;
+  for (int i = 0; i < u.num_found; ++i) found = found || *u.found[i] != 0;
+  auto tracker = static_cast<int64_t>(*u.growth_tracker);
+  optim_math::update_scale(*u.scale, tracker, found, u.growth_factor, u.backoff_factor, u.growth_interval);
+  *u.growth_tracker = static_cast<double>(tracker);
+  *u.found_any = found ? 1 : 0;
+}
+
+void update_scale(int device, const ScaleUpdate& update, cudaStream_t stream) {
+  (void)device;
+  require(update.num_found >= 0 && update.num_found <= ScaleUpdate::kMaxFound, "update_scale",
+          "expected 0 to " + std::to_string(ScaleUpdate::kMaxFound) + " flags, found " +
+              std::to_string(update.num_found));
+  update_scale_kernel<<<1, 1, 0, stream>>>(update);
+  check_launch("update_scale");
+}
+
+#define ND_INSTANTIATE(T)                                                                                           \
+  template void sgd_step<T>(int, const std::vector<SgdTensor<T>>&, const SgdParams&, cudaStream_t, const int32_t*);   \
+  template void adam_step<T>(int, const std::vector<AdamTensor<T>>&, const AdamParams&, cudaStream_t, const int32_t*); \
+  template void unscale_grad<T>(int, const std::vector<UnscaleTensor<T>>&, T, cudaStream_t, const double*);
 ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
 
 }  // namespace nd::kernels::cuda

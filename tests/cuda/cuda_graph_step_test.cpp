@@ -1,0 +1,172 @@
+// CUDA graphs over a mixed-precision step (kernels/cuda/graph.h, engine/optim/grad_scaler.h):
+// forward under autocast (bf16 or f16), the loss scaled by a GradScaler, backward, the
+// scaler's unscale, its skip of a non-finite step and its scale update, all decided on the
+// device, captured after two eager warm-up steps and replayed 5 times on static tensors, equal
+// the same steps run eagerly bit for bit: every loss, parameter, gradient, Adam's state, the
+// scale and whether the step was skipped, including an iteration whose input holds an inf (its
+// gradients are not finite: the step is skipped and the scale backed off, as eagerly). Without
+// a GPU every case reports "SKIPPED:"; under the emulator (tests/emu) it runs in CI.
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda/cuda_compare.h"
+#include "harness.h"
+
+using namespace nd;
+using namespace nd::testing::cuda_compare;
+
+namespace {
+
+nn::Sequential build() {
+  manual_seed(7);
+  nn::Sequential m(nn::Linear(nn::LinearOptions(8, 32)), nn::Tanh(), nn::Linear(nn::LinearOptions(32, 8)));
+  m->to(kGpu);
+  return m;
+}
+
+constexpr int kBadStep = 4;  // its input holds an inf
+
+// Batch i on the CPU, from its own seed; batch kBadStep's input holds an inf.
+Tensor input(int i) {
+  Generator g{uint64_t(300 + i), 0};
+  Tensor x = randn({5, 8}, kFloat32, &g);
+  if (i == kBadStep) x.narrow(0, 2, 1).narrow(1, 3, 1).fill_(std::numeric_limits<double>::infinity());
+  return x;
+}
+
+Tensor target(int i) {
+  Generator g{uint64_t(400 + i), 0};
+  return randn({5, 8}, kFloat32, &g);
+}
+
+struct Trainer {
+  nn::Sequential net = build();
+  optim::Adam opt{net->parameters(), optim::AdamOptions(1e-2).weight_decay(1e-3)};
+  optim::GradScaler scaler{optim::GradScalerOptions().init_scale(1024.0).growth_interval(2)};
+  ScalarType dtype;
+  explicit Trainer(ScalarType autocast_dtype) : dtype(autocast_dtype) {}
+  Tensor step(const Tensor& x, const Tensor& y) {
+    opt.zero_grad();
+    Tensor loss;
+    {
+      AutocastGuard autocast(kCUDA, true, dtype);
+      loss = mse_loss(net->forward(x), y);
+    }
+    scaler.scale(loss).backward();
+    scaler.step(opt);
+    scaler.update();
+    return loss;
+  }
+};
+
+// What one iteration leaves: the loss, the scale and whether the step was skipped.
+struct After {
+  Tensor loss;
+  double scale;
+  bool skipped;
+};
+
+void check_same(const After& got, const After& want) {
+  CHECK(testing::bitwise_equal(got.loss.cpu(), want.loss.cpu()));
+  CHECK(got.scale == want.scale);
+  CHECK(got.skipped == want.skipped);
+}
+
+void check_amp_replays(ScalarType dtype) {
+  constexpr int kSteps = 7, kWarmup = 2;
+  Trainer eager(dtype), graphed(dtype);
+  std::vector<After> eager_after;
+  for (int i = 0; i < kSteps; ++i) {
+    const Tensor loss = eager.step(input(i).to(kGpu), target(i).to(kGpu));
+    eager_after.push_back({loss.cpu(), eager.scaler.get_scale(), eager.scaler.skipped()});
+  }
+  CHECK(eager_after[kBadStep].skipped);  // the case is what it claims
+  CHECK(eager_after[kBadStep].scale == eager_after[kBadStep - 1].scale / 2);
+  CHECK(eager_after[kBadStep - 1].scale == 4096.0);  // and growth before it: 1024 doubled twice
+
+  Tensor x = empty({5, 8}, TensorOptions().device(kGpu)), y = empty({5, 8}, TensorOptions().device(kGpu));
+  for (int i = 0; i < kWarmup; ++i) {
+    x.copy_(input(i));
+    y.copy_(target(i));
+    const Tensor loss = graphed.step(x, y);
+    check_same({loss, graphed.scaler.get_scale(), graphed.scaler.skipped()}, eager_after[i]);
+  }
+  cuda::Graph graph(0);
+  graph.capture_begin();
+  const Tensor loss = graphed.step(x, y);
+  graph.capture_end();
+  for (int i = kWarmup; i < kSteps; ++i) {
+    CAPTURE(i);
+    x.copy_(input(i));
+    y.copy_(target(i));
+    graph.replay();
+    check_same({loss, graphed.scaler.get_scale(), graphed.scaler.skipped()}, eager_after[i]);
+  }
+  CHECK(graphed.scaler.growth_tracker() == eager.scaler.growth_tracker());
+  const auto pe = eager.net->named_parameters(), pg = graphed.net->named_parameters();
+  REQUIRE(pe.size() == pg.size());
+  for (size_t i = 0; i < pe.size(); ++i) {
+    CAPTURE(pe[i].first);
+    CHECK(testing::bitwise_equal(pg[i].second.cpu(), pe[i].second.cpu()));
+    CHECK(testing::bitwise_equal(pg[i].second.grad().cpu(), pe[i].second.grad().cpu()));
+  }
+  const TensorDict se = eager.opt.state_dict(), sg = graphed.opt.state_dict();
+  REQUIRE(se.size() == sg.size());
+  for (const auto& [key, value] : se) {
+    CAPTURE(key);
+    REQUIRE(sg.count(key));
+    CHECK(testing::bitwise_equal(sg.at(key).cpu(), value.cpu()));
+  }
+  CHECK(testing::to_vector(sg.at("state.0.step")) == std::vector<double>{double(kSteps - 1)});  // one skipped
+  const TensorDict ke = eager.scaler.state_dict(), kg = graphed.scaler.state_dict();
+  for (const auto& [key, value] : ke) {
+    CAPTURE(key);
+    CHECK(testing::bitwise_equal(kg.at(key), value));
+  }
+  // An eager step after the replays goes on from the device's scale.
+  const Tensor le = eager.step(input(0).to(kGpu), target(0).to(kGpu));
+  x.copy_(input(0));
+  y.copy_(target(0));
+  const Tensor lg = graphed.step(x, y);
+  check_same({lg, graphed.scaler.get_scale(), graphed.scaler.skipped()},
+             {le, eager.scaler.get_scale(), eager.scaler.skipped()});
+}
+
+}  // namespace
+
+TEST_CASE("cuda graphs: an autocast + GradScaler + Adam step replayed 5 times equals eager bit for bit, a skipped non-finite step included") {
+  if (skip_without_gpu()) return;
+  SUBCASE("bf16") { check_amp_replays(kBFloat16); }
+  SUBCASE("f16") { check_amp_replays(kFloat16); }
+}
+
+TEST_CASE("cuda graphs: a GradScaler without an eager step on the device is refused by name in a capture") {
+  if (skip_without_gpu()) return;
+  optim::GradScaler scaler;
+  const Tensor loss = full({}, 2.0, TensorOptions().device(kGpu));
+  cuda::Graph graph(0);
+  graph.capture_begin();
+  CHECK_THROWS_WITH_AS(scaler.scale(loss),
+                       "GradScaler.scale: the scale is not on cuda:0 yet, so a CUDA graph cannot capture it (take an "
+                       "eager warm-up step with this scaler on that device before the capture)",
+                       Error);
+}
+
+TEST_CASE("cuda graphs: GradScaler's refusals in a capture are by name") {
+  if (skip_without_gpu()) return;
+  auto net = build();
+  optim::SGD sgd(net->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  optim::GradScaler scaler;
+  const Tensor x = input(0).to(kGpu), y = target(0).to(kGpu);
+  (void)scaler.scale(mse_loss(net->forward(x), y));  // the scale now lives on cuda:0
+  cuda::Graph graph(0);
+  graph.capture_begin();
+  scaler.scale(mse_loss(net->forward(x), y)).backward();
+  CHECK_THROWS_WITH_AS(scaler.step(sgd),
+                       ("SGD.step_unless: parameter " + net->parameters()[0].describe() +
+                        " has no momentum buffer yet (take a first step without the flag)")
+                           .c_str(),
+                       Error);
+}
