@@ -170,3 +170,88 @@ TEST_CASE("cuda graphs: GradScaler's refusals in a capture are by name") {
                            .c_str(),
                        Error);
 }
+
+// ---- GraphedStep (engine/optim/graphed_step.h): the capture-once helper and what it refuses ----
+
+namespace {
+
+struct Graphed {
+  nn::Sequential net = build();
+  optim::Adam opt{net->parameters(), optim::AdamOptions(1e-2)};
+  cuda::GraphedStep step{[this](const std::vector<Tensor>& in) {
+                           opt.zero_grad();
+                           Tensor loss = mse_loss(net->forward(in[0]), in[1]);
+                           loss.backward();
+                           opt.step();
+                           return std::vector<Tensor>{loss};
+                         },
+                         {&opt}};
+};
+
+}  // namespace
+
+TEST_CASE("cuda graphs: GraphedStep runs 2 warm-up calls, captures the third, replays the rest, equal to eager") {
+  if (skip_without_gpu()) return;
+  Graphed g;
+  auto net = build();
+  optim::Adam opt(net->parameters(), optim::AdamOptions(1e-2));
+  for (int i = 0; i < 6; ++i) {
+    CAPTURE(i);
+    opt.zero_grad();
+    const Tensor want = mse_loss(net->forward(input(i + 10).to(kGpu)), target(i).to(kGpu));
+    want.backward();
+    opt.step();
+    const std::vector<Tensor> got = g.step({input(i + 10).to(kGpu), target(i).to(kGpu)});
+    CHECK(g.step.captured() == (i >= 2));
+    REQUIRE(got.size() == 1);
+    CHECK(testing::bitwise_equal(got[0].cpu(), want.cpu()));
+  }
+  CHECK(g.step.num_nodes() > 0);
+  CHECK(testing::bitwise_equal(g.net->parameters()[2].cpu(), net->parameters()[2].cpu()));
+}
+
+TEST_CASE("cuda graphs: GraphedStep refuses a changed input, parameter set or hyperparameter by name, before it runs") {
+  if (skip_without_gpu()) return;
+  Graphed g;
+  const Tensor x = input(0).to(kGpu), y = target(0).to(kGpu);
+  CHECK_THROWS_WITH_AS(g.step({input(0), y}),
+                       ("GraphedStep: expected every input on one CUDA device, found input 0 " + input(0).describe()).c_str(),
+                       Error);
+  for (int i = 0; i < 3; ++i) (void)g.step({x, y});
+  REQUIRE(g.step.captured());
+  const std::vector<double> before = testing::to_vector(g.net->parameters()[2].cpu());
+  for (const auto& [changed, layout] : std::vector<std::pair<Tensor, std::string>>{
+           {empty({5, 9}, TensorOptions().device(kGpu)), "[5, 9] f32 on cuda:0"}, {x.to(kFloat64), "[5, 8] f64 on cuda:0"}})
+    CHECK(testing::error_message([&] { (void)g.step({changed, y}); }) ==
+          "GraphedStep: input 0 " + changed.describe() + " is " + layout +
+              ", but the step was captured for [5, 8] f32 on cuda:0 (a replay reads the captured shapes: make a new "
+              "GraphedStep for another shape)");
+  CHECK_THROWS_WITH_AS(g.step({x}), "GraphedStep: the step was captured with 2 input(s), found 1", Error);
+  g.opt.param_groups()[0].options().set_lr(5e-3);
+  CHECK_THROWS_WITH_AS(g.step({x, y}),
+                       "GraphedStep: Adam's parameter group 0 has lr 0.005, but the step was captured with 0.01 (the "
+                       "captured launches hold it by value: make a new GraphedStep after changing it)",
+                       Error);
+  g.opt.param_groups()[0].options().set_lr(1e-2);
+  Tensor extra = zeros({3}, TensorOptions().device(kGpu)).requires_grad_(true);
+  g.opt.add_param_group(optim::OptimizerParamGroup({extra}));
+  CHECK_THROWS_WITH_AS(g.step({x, y}),
+                       "GraphedStep: Adam holds 5 parameter(s), but the step was captured with 4 (a replay updates the "
+                       "captured parameters only: make a new GraphedStep)",
+                       Error);
+  g.opt.param_groups().pop_back();
+  const Tensor w = g.opt.param_groups()[0].params()[0];
+  const Tensor moved = zeros(w.sizes(), w.options()).requires_grad_(true);
+  g.opt.param_groups()[0].params()[0] = moved;
+  const std::string moved_msg = testing::error_message([&] { (void)g.step({x, y}); });
+  CHECK(moved_msg.starts_with("GraphedStep: Adam's parameter 0 is " + moved.describe() + " at "));
+  CHECK(moved_msg.ends_with(" (a replay updates the captured parameters' memory only: make a new GraphedStep)"));
+  g.opt.param_groups()[0].params()[0] = w;
+  CHECK(testing::to_vector(g.net->parameters()[2].cpu()) == before);  // nothing ran
+  (void)g.step({x, y});  // as captured again: replays
+  CHECK(testing::to_vector(g.net->parameters()[2].cpu()) != before);
+  CHECK_THROWS_WITH_AS(cuda::GraphedStep([](const std::vector<Tensor>&) { return std::vector<Tensor>{}; }, {}, 0),
+                       "GraphedStep: expected warmup >= 1 (the warm-up calls create the optimizers' state, which the "
+                       "capture reads), found 0",
+                       Error);
+}
