@@ -12,10 +12,14 @@
 #include <vector>
 
 #include "cuda/cuda_compare.h"
+#include "cuda/graph_iteration.h"
 #include "harness.h"
 
 using namespace nd;
 using namespace nd::testing::cuda_compare;
+using nd::testing::check_same_iteration;
+using nd::testing::iteration_of;
+using nd::testing::kNonFiniteIteration;
 
 namespace {
 
@@ -26,13 +30,11 @@ nn::Sequential build() {
   return m;
 }
 
-constexpr int kBadStep = 4;  // its input holds an inf
-
-// Batch i on the CPU, from its own seed; batch kBadStep's input holds an inf.
+// Batch i on the CPU, from its own seed; batch kNonFiniteIteration's input holds an inf.
 Tensor input(int i) {
   Generator g{uint64_t(300 + i), 0};
   Tensor x = randn({5, 8}, kFloat32, &g);
-  if (i == kBadStep) x.narrow(0, 2, 1).narrow(1, 3, 1).fill_(std::numeric_limits<double>::infinity());
+  if (i == kNonFiniteIteration) x.narrow(0, 2, 1).narrow(1, 3, 1).fill_(std::numeric_limits<double>::infinity());
   return x;
 }
 
@@ -61,37 +63,20 @@ struct Trainer {
   }
 };
 
-// What one iteration leaves: the loss, the scale and whether the step was skipped.
-struct After {
-  Tensor loss;
-  double scale;
-  bool skipped;
-};
-
-void check_same(const After& got, const After& want) {
-  CHECK(testing::bitwise_equal(got.loss.cpu(), want.loss.cpu()));
-  CHECK(got.scale == want.scale);
-  CHECK(got.skipped == want.skipped);
-}
-
 void check_amp_replays(ScalarType dtype) {
   constexpr int kSteps = 7, kWarmup = 2;
   Trainer eager(dtype), graphed(dtype);
-  std::vector<After> eager_after;
-  for (int i = 0; i < kSteps; ++i) {
-    const Tensor loss = eager.step(input(i).to(kGpu), target(i).to(kGpu));
-    eager_after.push_back({loss.cpu(), eager.scaler.get_scale(), eager.scaler.skipped()});
-  }
-  CHECK(eager_after[kBadStep].skipped);  // the case is what it claims
-  CHECK(eager_after[kBadStep].scale == eager_after[kBadStep - 1].scale / 2);
-  CHECK(eager_after[kBadStep - 1].scale == 4096.0);  // and growth before it: 1024 doubled twice
+  std::vector<testing::ScaledIteration> eager_after;
+  for (int i = 0; i < kSteps; ++i) eager_after.push_back(iteration_of(eager.step(input(i).to(kGpu), target(i).to(kGpu)), eager.scaler));
+  CHECK(eager_after[kNonFiniteIteration].skipped);  // the case is what it claims
+  CHECK(eager_after[kNonFiniteIteration].scale == eager_after[kNonFiniteIteration - 1].scale / 2);
+  CHECK(eager_after[kNonFiniteIteration - 1].scale == 4096.0);  // and growth before it: 1024 doubled twice
 
   Tensor x = empty({5, 8}, TensorOptions().device(kGpu)), y = empty({5, 8}, TensorOptions().device(kGpu));
   for (int i = 0; i < kWarmup; ++i) {
     x.copy_(input(i));
     y.copy_(target(i));
-    const Tensor loss = graphed.step(x, y);
-    check_same({loss, graphed.scaler.get_scale(), graphed.scaler.skipped()}, eager_after[i]);
+    check_same_iteration(iteration_of(graphed.step(x, y), graphed.scaler), eager_after[i]);
   }
   cuda::Graph graph(0);
   graph.capture_begin();
@@ -102,7 +87,7 @@ void check_amp_replays(ScalarType dtype) {
     x.copy_(input(i));
     y.copy_(target(i));
     graph.replay();
-    check_same({loss, graphed.scaler.get_scale(), graphed.scaler.skipped()}, eager_after[i]);
+    check_same_iteration(iteration_of(loss, graphed.scaler), eager_after[i]);
   }
   CHECK(graphed.scaler.growth_tracker() == eager.scaler.growth_tracker());
   const auto pe = eager.net->named_parameters(), pg = graphed.net->named_parameters();
@@ -126,12 +111,10 @@ void check_amp_replays(ScalarType dtype) {
     CHECK(testing::bitwise_equal(kg.at(key), value));
   }
   // An eager step after the replays goes on from the device's scale.
-  const Tensor le = eager.step(input(0).to(kGpu), target(0).to(kGpu));
+  const testing::ScaledIteration after_eager = iteration_of(eager.step(input(0).to(kGpu), target(0).to(kGpu)), eager.scaler);
   x.copy_(input(0));
   y.copy_(target(0));
-  const Tensor lg = graphed.step(x, y);
-  check_same({lg, graphed.scaler.get_scale(), graphed.scaler.skipped()},
-             {le, eager.scaler.get_scale(), eager.scaler.skipped()});
+  check_same_iteration(iteration_of(graphed.step(x, y), graphed.scaler), after_eager);
 }
 
 }  // namespace
