@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/common/host_device.h"
@@ -154,15 +155,20 @@ struct AdamEntry {
 };
 
 // An Adam entry whose step count lives on the device (CUDA only, AdamTensor::step_on_device):
-// every entry of a step shares the one coefficient set, the hyperparameters; a launch first
-// increments each entry's *step, then each block derives its coefficients from it with
-// adam() above, the host's arithmetic.
+// every entry of a step shares the one coefficient set, the hyperparameters; each block
+// derives its coefficients from *step + 1 with adam() above, the host's arithmetic, and the
+// entry's last block to finish stores *step + 1 (kernels/cuda/optim.cu).
 template <class T>
 struct AdamCountedEntry : AdamEntry<T> {
   using Coefficients = AdamParams;
   using Scalar = T;
-  double* step;
+  double* step;  // the steps taken before this one
 };
+
+template <class Entry>
+struct IsCounted : std::false_type {};
+template <class T>
+struct IsCounted<AdamCountedEntry<T>> : std::true_type {};
 
 // ---- GradScaler's unscale -------------------------------------------------------------------
 
@@ -264,7 +270,8 @@ Step<AdamEntry<T>> adam_step_of(const std::vector<AdamTensor<T>>& tensors, const
 }
 
 // The step counts stay on the device: one coefficient set, the hyperparameters. An empty
-// tensor keeps its entry (no chunk), so its count is incremented as the others'.
+// tensor keeps its entry (and a chunk of no elements), so its count is incremented as the
+// others'.
 template <class T>
 Step<AdamCountedEntry<T>> adam_counted_step_of(const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp) {
   Step<AdamCountedEntry<T>> step;
@@ -279,11 +286,19 @@ struct Chunk {
   int64_t entry, start;
 };
 
+// The chunks of an entry of n elements; one at least for an entry whose step is counted on
+// the device (an empty tensor's block counts its step).
+ND_HOST_DEVICE int64_t num_chunks(int64_t n, bool counted) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  return counted && chunks == 0 ? 1 : chunks;
+}
+
 template <class Entry>
 std::vector<Chunk> chunks_of(const std::vector<Entry>& entries) {
   std::vector<Chunk> chunks;
   for (size_t e = 0; e < entries.size(); ++e)
-    for (int64_t start = 0; start < entries[e].n; start += kChunk) chunks.push_back({int64_t(e), start});
+    for (int64_t k = 0; k < num_chunks(entries[e].n, IsCounted<Entry>::value); ++k)
+      chunks.push_back({int64_t(e), k * kChunk});
   return chunks;
 }
 

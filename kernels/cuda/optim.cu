@@ -24,10 +24,9 @@
 //   PyTorch's multi_tensor_apply does (which holds 36 Adam tensors and 320 chunks a launch).
 // - Adam's step counts may instead live on the device (AdamTensor::step_on_device, what the
 //   engine does for CUDA parameters; PyTorch's capturable=True): the coefficient set is then
-//   the hyperparameters, a one-block kernel increments each entry's count, and every block of
-//   the update derives its bias corrections from the count, so a captured step replays with
-//   its own count. Two launches instead of one; the counts of a launch's entries are updated
-//   by the launch that updates the entries.
+//   the hyperparameters, every block derives its bias corrections from its entry's count, and
+//   the entry's last block to finish (a counter per entry after the chunk table) stores the
+//   count + 1, so a captured step replays with its own count, still in one launch.
 // Checked: tests/emu/optim_emu_test.cpp (against the CPU twin and formulas in double;
 // aligned and misaligned tensors, partial groups, a step split over launches),
 // tests/emu/emulib_runtime_test.cpp (one launch and no upload in a steady step).
@@ -38,7 +37,6 @@
 #include <list>
 #include <mutex>
 #include <string>
-#include <type_traits>
 
 #include "kernels/common/optim_math.h"
 #include "kernels/common/twin_types.h"
@@ -85,29 +83,32 @@ __global__ void multi_tensor_kernel(const Chunk* __restrict__ chunks, const Laun
   optim_math::update_chunk<VectorIO>(e, c, chunk.start, threadIdx.x, blockDim.x);
 }
 
-// Adam with its step counts on the device (AdamCountedEntry): one thread per entry of the
-// launch counts the step, before the update kernel reads the count (the stream orders them).
+// Adam with its step counts on the device (AdamCountedEntry): every block derives its
+// coefficients from its entry's count + 1 with the host's arithmetic (optim_math::adam), so a
+// CUDA graph's replay takes the bias corrections of its own step; the entry's last block to
+// finish stores the new count. `finished` (one counter per entry, zero between launches):
+// each block adds one after its threads have read the count, and the block that brings it
+// to the entry's number of chunks writes the count and zeroes the counter. The bias
+// corrections' pow() in every thread would take 77 registers in f32 (3 blocks an SM): the
+// bounds hold it to 64 (4 blocks) without spills; f64 needs its 106.
 template <class Entry>
-__global__ void count_steps_kernel(const Launch<Entry> launch, int entries) {
-  if (!skipped(launch) && int(threadIdx.x) < entries) *launch.entries[threadIdx.x].step += 1;
-}
-
-// Every block derives its coefficients from its entry's count with the host's arithmetic
-// (optim_math::adam), so a CUDA graph's replay takes the bias corrections of its own step.
-template <class Entry>
-__global__ void adam_counted_kernel(const Chunk* __restrict__ chunks, const Launch<Entry> launch) {
+__global__ void __launch_bounds__(kThreads, sizeof(typename Entry::Scalar) == 4 ? 4 : 2)
+    adam_counted_kernel(const Chunk* __restrict__ chunks, unsigned* finished, const Launch<Entry> launch) {
   using T = typename Entry::Scalar;
   if (skipped(launch)) return;
   const Chunk chunk = chunks[blockIdx.x];
   const Entry e = launch.entries[chunk.entry];
-  const optim_math::Adam<T> c = optim_math::adam<T>(launch.coefficients[0], static_cast<int64_t>(*e.step));
+  const double taken = *e.step;
+  const optim_math::Adam<T> c = optim_math::adam<T>(launch.coefficients[0], static_cast<int64_t>(taken) + 1);
   optim_math::update_chunk<VectorIO, optim_math::AdamEntry<T>>(e, c, chunk.start, threadIdx.x, blockDim.x);
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  const auto blocks = static_cast<unsigned>(optim_math::num_chunks(e.n, true));
+  if (atomicAdd(&finished[chunk.entry], 1u) + 1 != blocks) return;
+  *e.step = taken + 1;
+  finished[chunk.entry] = 0;
 }
-
-template <class Entry>
-struct IsCounted : std::false_type {};
-template <class T>
-struct IsCounted<optim_math::AdamCountedEntry<T>> : std::true_type {};
 
 // A launch's chunk table on the device, uploaded on the stream the launches that read it run
 // on (work on two streams is unordered: a launch on another stream than the upload's could
@@ -127,6 +128,11 @@ class TableCache {
  public:
   static constexpr size_t kKept = 16;  // several optimizers per device, each with a few launches
 
+  // After the chunks, one zeroed unsigned per entry: adam_counted_kernel's counters.
+  static unsigned* finished(const Chunk* table, const std::vector<Chunk>& chunks) {
+    return reinterpret_cast<unsigned*>(const_cast<Chunk*>(table + chunks.size()));
+  }
+
   const Chunk* table(int device, const std::vector<Chunk>& chunks, cudaStream_t stream) {
     const size_t bytes = chunks.size() * sizeof(Chunk);
     std::string key(reinterpret_cast<const char*>(chunks.data()), bytes);
@@ -138,8 +144,10 @@ class TableCache {
       tables_.splice(tables_.begin(), tables_, it);
       return it->table;
     }
-    auto* table = static_cast<Chunk*>(allocate(device, bytes, stream));
-    copy_host_to_device(device, table, chunks.data(), bytes, stream);  // queued on `stream`: no wait
+    std::string upload = key;  // the chunks, then a zero counter per entry (chunks are in entry order)
+    upload.resize(bytes + size_t(chunks.back().entry + 1) * sizeof(unsigned), '\0');
+    auto* table = static_cast<Chunk*>(allocate(device, upload.size(), stream));
+    copy_host_to_device(device, table, upload.data(), upload.size(), stream);  // queued on `stream`: no wait
     tables_.push_front({device, stream, std::move(key), table});
     if (tables_.size() > kKept) {
       release(const_cast<Chunk*>(tables_.back().table));
@@ -161,17 +169,13 @@ TableCache& table_cache() {
 template <class Entry>
 void launch_one(int device, const std::vector<Entry>& entries, const Launch<Entry>& launch, const char* op,
                 cudaStream_t stream) {
-  if constexpr (IsCounted<Entry>::value) {
-    if (entries.empty()) return;
-    count_steps_kernel<Entry><<<1, static_cast<unsigned>(entries.size()), 0, stream>>>(launch, int(entries.size()));
-    check_launch(op);
-  }
   const std::vector<Chunk> chunks = optim_math::chunks_of(entries);
   if (chunks.empty()) return;
   require(chunks.size() <= (size_t(1) << 31) - 1, op, "more chunks than one grid holds");
   const Chunk* table = table_cache().table(device, chunks, stream);
-  if constexpr (IsCounted<Entry>::value)
-    adam_counted_kernel<Entry><<<static_cast<unsigned>(chunks.size()), kThreads, 0, stream>>>(table, launch);
+  if constexpr (optim_math::IsCounted<Entry>::value)
+    adam_counted_kernel<Entry><<<static_cast<unsigned>(chunks.size()), kThreads, 0, stream>>>(
+        table, TableCache::finished(table, chunks), launch);
   else
     multi_tensor_kernel<Entry><<<static_cast<unsigned>(chunks.size()), kThreads, 0, stream>>>(table, launch);
   check_launch(op);
