@@ -34,9 +34,11 @@ GraphedStep::OptimizerRecord GraphedStep::record(const optim::Optimizer& optimiz
     for (const Tensor& p : g.params()) {
       r.params.push_back(p);
       r.data.push_back(p.data_ptr());
+      r.requires_grad.push_back(p.requires_grad());
     }
     r.options.push_back(g.options().to_map());
   }
+  r.state_generation = optimizer.state_generation();
   return r;
 }
 
@@ -78,7 +80,14 @@ void GraphedStep::check_optimizers() const {
                "GraphedStep: ", opt.name(), "'s parameter ", k, " is ", p.describe(), " at ", now.data[k],
                ", but the step was captured with ", q.describe(), " at ", was.data[k],
                " (a replay updates the captured parameters' memory only: make a new GraphedStep)");
+      ND_CHECK(now.requires_grad[k] == was.requires_grad[k], "GraphedStep: ", opt.name(), "'s parameter ", k, " ",
+               p.describe(), now.requires_grad[k] ? " requires grad" : " does not require grad",
+               ", but did ", was.requires_grad[k] ? "" : "not ", "at the capture (a replay computes and applies the "
+               "captured gradients only: make a new GraphedStep)");
     }
+    ND_CHECK(now.state_generation == was.state_generation, "GraphedStep: ", opt.name(),
+             " loaded a state after the capture (load_state_dict makes new state tensors, which a replay would not "
+             "see: make a new GraphedStep after loading)");
     ND_CHECK(now.options.size() == was.options.size(), "GraphedStep: ", opt.name(), " has ", now.options.size(),
              " parameter group(s), but the step was captured with ", was.options.size());
     for (size_t g = 0; g < now.options.size(); ++g)

@@ -21,8 +21,9 @@
 // A replay repeats the captured kernels on the captured addresses with the captured values,
 // so every call first checks what the capture fixed, and throws an nd::Error naming what
 // changed, expected and found, before anything runs: an input's shape, dtype or device, the
-// number of inputs, each optimizer's parameters (their number, shapes, dtypes and memory)
-// and its groups' hyperparameters (lr and the others travel by value with the launches).
+// number of inputs, each optimizer's parameters (their number, shapes, dtypes, memory and
+// requires_grad), its groups' hyperparameters (lr and the others travel by value with the
+// launches) and its state (a load_state_dict after the capture).
 #include <functional>
 #include <map>
 #include <memory>
@@ -55,6 +56,8 @@ class GraphedStep {
   struct OptimizerRecord {
     std::vector<Tensor> params;  // every group's, in order
     std::vector<void*> data;     // each parameter's memory at the capture
+    std::vector<bool> requires_grad;
+    int64_t state_generation = 0;
     std::vector<std::map<std::string, double>> options;  // each group's
   };
   static OptimizerRecord record(const optim::Optimizer& optimizer);

@@ -213,6 +213,7 @@ void Optimizer::load_state_dict(const TensorDict& state) {
     if (!group_options[gi].empty()) groups_[gi].options().from_map(group_options[gi]);
   state_.clear();
   for (auto& [index, s] : loaded) state_[flat[index].impl_ptr().get()] = std::move(s);
+  ++state_generation_;
 }
 
 }  // namespace nd::optim

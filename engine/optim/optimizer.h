@@ -68,6 +68,9 @@ class Optimizer {
   // rank's shard.
   virtual int64_t state_bytes() const;
   const std::string& name() const { return name_; }
+  // Counts the load_state_dict calls: each replaces the state tensors (so a CUDA graph captured
+  // before it would update the old ones; nd::cuda::GraphedStep refuses that).
+  int64_t state_generation() const { return state_generation_; }
   // The first-step hooks (register_first_step_hook) will not run for this optimizer: for
   // one that steps a part of another's parameters (dist::ZeroRedundancyOptimizer's shard),
   // which the hooks see as the other.
@@ -122,6 +125,7 @@ class Optimizer {
   Tensor skip_if_;  // step_unless's flag while it runs
   bool skip_taken_ = false;
   bool warned_no_grad_ = false;
+  int64_t state_generation_ = 0;
   bool first_step_taken_ = false;
 };
 

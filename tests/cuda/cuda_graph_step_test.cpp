@@ -193,7 +193,7 @@ TEST_CASE("cuda graphs: GraphedStep runs 2 warm-up calls, captures the third, re
   CHECK(testing::bitwise_equal(g.net->parameters()[2].cpu(), net->parameters()[2].cpu()));
 }
 
-TEST_CASE("cuda graphs: GraphedStep refuses a changed input, parameter set or hyperparameter by name, before it runs") {
+TEST_CASE("cuda graphs: GraphedStep refuses a changed input, parameter set, hyperparameter or loaded state by name, before it runs") {
   if (skip_without_gpu()) return;
   Graphed g;
   const Tensor x = input(0).to(kGpu), y = target(0).to(kGpu);
@@ -230,9 +230,24 @@ TEST_CASE("cuda graphs: GraphedStep refuses a changed input, parameter set or hy
   CHECK(moved_msg.starts_with("GraphedStep: Adam's parameter 0 is " + moved.describe() + " at "));
   CHECK(moved_msg.ends_with(" (a replay updates the captured parameters' memory only: make a new GraphedStep)"));
   g.opt.param_groups()[0].params()[0] = w;
+  g.net->parameters()[1].requires_grad_(false);
+  CHECK_THROWS_WITH_AS(g.step({x, y}),
+                       ("GraphedStep: Adam's parameter 1 " + g.net->parameters()[1].describe() +
+                        " does not require grad, but did at the capture (a replay computes and applies the captured "
+                        "gradients only: make a new GraphedStep)")
+                           .c_str(),
+                       Error);
+  g.net->parameters()[1].requires_grad_(true);
   CHECK(testing::to_vector(g.net->parameters()[2].cpu()) == before);  // nothing ran
   (void)g.step({x, y});  // as captured again: replays
-  CHECK(testing::to_vector(g.net->parameters()[2].cpu()) != before);
+  const std::vector<double> replayed = testing::to_vector(g.net->parameters()[2].cpu());
+  CHECK(replayed != before);
+  g.opt.load_state_dict(g.opt.state_dict());
+  CHECK_THROWS_WITH_AS(g.step({x, y}),
+                       "GraphedStep: Adam loaded a state after the capture (load_state_dict makes new state tensors, "
+                       "which a replay would not see: make a new GraphedStep after loading)",
+                       Error);
+  CHECK(testing::to_vector(g.net->parameters()[2].cpu()) == replayed);
   CHECK_THROWS_WITH_AS(cuda::GraphedStep([](const std::vector<Tensor>&) { return std::vector<Tensor>{}; }, {}, 0),
                        "GraphedStep: expected warmup >= 1 (the warm-up calls create the optimizers' state, which the "
                        "capture reads), found 0",
