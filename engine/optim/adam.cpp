@@ -6,7 +6,6 @@
 #include "engine/factories.h"
 #include "engine/ops/common.h"
 #include "kernels/cpu/optim.h"
-#include "kernels/cuda/graph.h"
 #include "kernels/cuda/optim.h"
 
 namespace nd::optim {
@@ -53,7 +52,10 @@ void Adam::begin_step(const OptimizerOptions& options, const Tensor& p, ParamSta
     state.buffers["exp_avg_sq"] = zeros_like(p);
   }
   if (o.amsgrad_ && !state.buffers.count("max_exp_avg_sq")) state.buffers["max_exp_avg_sq"] = zeros_like(p);
-  ++state.step;
+  if (!p.is_cuda())
+    ++state.step;
+  else if (!state.step_on_device.defined())  // the kernel counts from here
+    state.step_on_device = full({}, static_cast<double>(state.step), TensorOptions(kFloat64).device(p.device()));
 }
 
 void Adam::update(const OptimizerOptions& options, std::vector<ParamUpdate>& params) {
@@ -62,25 +64,22 @@ void Adam::update(const OptimizerOptions& options, std::vector<ParamUpdate>& par
                                     o.amsgrad_};
   for (const std::vector<ParamUpdate*>& group : by_device(params)) {
     const Tensor& first = group.front()->param;
-    // Before any state changes: the bias corrections are computed here from the host's step
-    // count and passed by value.
-    if (first.is_cuda() && kernels::cuda::capture_active())
-      kernels::cuda::refuse_during_capture(first.device().index, "capture " + name() + ".step()",
-                                           "its bias corrections come from a step count on the host, so every replay "
-                                           "would repeat the captured step's; capture SGD, or call step() outside "
-                                           "the graph");
     ops::dispatch_floating("Adam.step", first, [&]<class T>() {
       std::vector<kernels::cpu::AdamTensor<T>> tensors;
       for (ParamUpdate* u : group) {
         begin_step(options, u->param, *u->state);
         std::map<std::string, Tensor>& b = u->state->buffers;
         T* vmax = hp.amsgrad ? b["max_exp_avg_sq"].data_ptr<T>() : nullptr;
+        const Tensor& counted = u->state->step_on_device;
         tensors.push_back({u->param.numel(), u->param.data_ptr<T>(), u->grad.data_ptr<T>(),
-                           b["exp_avg"].data_ptr<T>(), b["exp_avg_sq"].data_ptr<T>(), vmax, u->state->step});
+                           b["exp_avg"].data_ptr<T>(), b["exp_avg_sq"].data_ptr<T>(), vmax, u->state->step,
+                           counted.defined() ? counted.data_ptr<double>() : nullptr});
       }
       ops::on_device(
           first, [&] { kernels::cpu::adam_step<T>(tensors, hp); },
-          [&](auto stream) { kernels::cuda::adam_step<T>(first.device().index, tensors, hp, stream); });
+          [&](auto stream) {
+            kernels::cuda::adam_step<T>(first.device().index, tensors, hp, stream, skip_flag(first));
+          });
     });
   }
 }

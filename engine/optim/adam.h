@@ -52,7 +52,9 @@ class Adam : public Optimizer {
   void update(const OptimizerOptions& options, std::vector<ParamUpdate>& params) override;
 
  private:
-  // Creates the state buffers on first use and counts the step.
+  // Creates the state buffers on first use and counts a CPU parameter's step; a CUDA
+  // parameter's count is an f64 on its device (ParamState::step_on_device), created here and
+  // counted by the step kernel, so a CUDA graph can capture the step (PyTorch's capturable).
   void begin_step(const OptimizerOptions& options, const Tensor& param, ParamState& state);
   bool decoupled_ = false;
 };

@@ -10,6 +10,8 @@
 #include "engine/factories.h"
 #include "engine/ops/common.h"
 #include "kernels/cpu/optim.h"
+#include "kernels/common/optim_math.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/optim.h"
 
 namespace nd::optim {
@@ -29,11 +31,49 @@ void GradScaler::check_options() const {
   ND_CHECK(o.growth_interval() >= 1, "GradScaler: expected growth_interval >= 1, found ", o.growth_interval());
 }
 
+bool GradScaler::capturing() { return kernels::cuda::capture_active(); }
+
+void GradScaler::push() const {
+  on_device_.scale.fill_(scale_);
+  on_device_.growth_tracker.fill_(static_cast<double>(growth_tracker_));
+  on_device_.found_any.fill_(skipped_ ? 1.0 : 0.0);
+}
+
+void GradScaler::pull() {
+  if (!device_holds_truth()) return;
+  scale_ = on_device_.scale.item();
+  growth_tracker_ = static_cast<int64_t>(on_device_.growth_tracker.item());
+  skipped_ = on_device_.found_any.item() != 0;
+}
+
+double GradScaler::get_scale() const {
+  if (!is_enabled()) return 1.0;
+  return device_holds_truth() ? on_device_.scale.item() : scale_;
+}
+
+int64_t GradScaler::growth_tracker() const {
+  return device_holds_truth() ? static_cast<int64_t>(on_device_.growth_tracker.item()) : growth_tracker_;
+}
+
+bool GradScaler::skipped() const { return device_holds_truth() ? on_device_.found_any.item() != 0 : skipped_; }
+
 Tensor GradScaler::scale(const Tensor& loss) const {
   ND_CHECK(loss.defined(), "GradScaler.scale: expected a loss tensor, found an undefined tensor");
   if (!is_enabled()) return loss;
   ND_CHECK(loss.is_floating_point(), "GradScaler.scale: expected a floating point loss, found ", loss.describe());
-  return loss * scale_;
+  if (capturing() && loss.is_cuda()) {
+    // The replays scale by the device's scale as it is then (a power of two: the same bits).
+    ND_CHECK(on_device_.scale.defined() && on_device_.scale.device() == loss.device(),
+             "GradScaler.scale: the scale is not on ", loss.device().str(), " yet, so a CUDA graph cannot capture it "
+             "(take an eager warm-up step with this scaler on that device before the capture)");
+    return loss * on_device_.scale.to(loss.dtype());
+  }
+  if (loss.is_cuda() && !on_device_.scale.defined()) {
+    const TensorOptions f64 = TensorOptions(kFloat64).device(loss.device());
+    on_device_ = {empty({}, f64), empty({}, f64), empty({}, TensorOptions(kInt32).device(loss.device())), false};
+    push();
+  }
+  return loss * get_scale();
 }
 
 void GradScaler::unscale_(Optimizer& optimizer) {
@@ -45,6 +85,8 @@ void GradScaler::unscale_(Optimizer& optimizer) {
            " after its step(); unscale_ comes between backward and step");
   NoGradGuard no_grad;
   ops::InplaceOpLabel label("GradScaler.unscale_");
+  if (capturing()) return unscale_on_device(optimizer, st);
+  pull();
   // CPU gradients answer at once; CUDA gradients each get a flag in one int32 tensor per
   // device, set by one multi-tensor kernel per device and dtype, and read back together
   // (one synchronisation).
@@ -117,6 +159,10 @@ bool GradScaler::step(Optimizer& optimizer) {
   if (!per_optimizer_[&optimizer].unscaled) unscale_(optimizer);
   OptimizerState& st = per_optimizer_[&optimizer];
   st.stepped = true;
+  if (st.found_on_device.defined()) {
+    optimizer.step_unless(st.found_on_device);
+    return true;
+  }
   if (st.found_nonfinite()) {
     if (last_nonfinite_.empty()) last_nonfinite_ = st.first_nonfinite + " in " + optimizer.name();
     return false;
@@ -128,16 +174,21 @@ bool GradScaler::step(Optimizer& optimizer) {
 void GradScaler::update() {
   if (!is_enabled()) return;
   // Every inf check counts, also an unscale_ whose step() the caller left out (as in PyTorch).
-  bool checked = false, found = false;
+  bool checked = false, found = false, on_device = false;
   for (const auto& [opt, st] : per_optimizer_) {
     checked = checked || st.unscaled;
     found = found || st.found_nonfinite();
+    on_device = on_device || st.found_on_device.defined();
   }
   ND_CHECK(checked, "GradScaler.update: no step() or unscale_() since the last update(), so there is nothing to "
            "adjust the scale by (call scaler.step(optimizer) first)");
+  if (on_device) return update_on_device();
+  pull();
+  kernels::optim_math::update_scale(scale_, growth_tracker_, found, options_.growth_factor(), options_.backoff_factor(),
+                                    options_.growth_interval());
+  skipped_ = found;
+  if (on_device_.scale.defined()) push();
   if (found) {
-    scale_ *= options_.backoff_factor();
-    growth_tracker_ = 0;
     ++skipped_in_a_row_;
     if (skipped_in_a_row_ >= kWarnAfterSkips && !warned_) {
       warned_ = true;
@@ -149,12 +200,65 @@ void GradScaler::update() {
     }
   } else {
     skipped_in_a_row_ = 0;
-    if (++growth_tracker_ == options_.growth_interval()) {
-      const double grown = scale_ * options_.growth_factor();
-      if (std::isfinite(grown)) scale_ = grown;
-      growth_tracker_ = 0;
-    }
   }
+  last_nonfinite_.clear();
+  per_optimizer_.clear();
+}
+
+void GradScaler::unscale_on_device(Optimizer& optimizer, OptimizerState& st) {
+  // One flag for the optimizer's gradients, zeroed by the captured step itself; the factor
+  // read from the device's scale as each replay runs.
+  std::map<ScalarType, std::vector<Tensor>> by_dtype;
+  for (const auto& group : optimizer.param_groups())
+    for (const Tensor& p : group.params()) {
+      if (!p.impl().grad) continue;
+      const Tensor g = p.grad();
+      ND_CHECK(g.is_cuda() && on_device_.scale.defined() && g.device() == on_device_.scale.device(),
+               "GradScaler.unscale_: cannot capture the unscale of ", g.describe(), " of parameter ", p.describe(),
+               " (a CUDA graph captures gradients on the device of the scaler's eager warm-up step, ",
+               on_device_.scale.defined() ? on_device_.scale.device().str() : std::string("none yet"), ")");
+      ND_CHECK(g.dtype() == kFloat32 || g.dtype() == kFloat64, "GradScaler.unscale_: expected f32 or f64 gradients, found ",
+               g.describe(), " of parameter ", p.describe(), " in ", optimizer.name());
+      ND_CHECK(g.is_contiguous(), "GradScaler.unscale_: expected a contiguous gradient, found ", g.describe(),
+               " of parameter ", p.describe());
+      ops::check_inplace("GradScaler.unscale_", g, false);
+      by_dtype[g.dtype()].push_back(g);
+      ops::bump_version(g, "GradScaler.unscale_");
+    }
+  st.found_on_device = zeros({}, TensorOptions(kInt32).device(on_device_.scale.device()));
+  for (auto& entry : by_dtype) {
+    const std::vector<Tensor>& grads = entry.second;
+    ops::dispatch_floating("GradScaler.unscale_", grads.front(), [&]<class T>() {
+      std::vector<kernels::cuda::UnscaleTensor<T>> tensors;
+      for (const Tensor& g : grads) tensors.push_back({g.numel(), g.data_ptr<T>(), st.found_on_device.data_ptr<int32_t>()});
+      ops::on_device(grads.front(), [] {}, [&](auto stream) {
+        kernels::cuda::unscale_grad<T>(grads.front().device().index, tensors, T(0), stream,
+                                       on_device_.scale.data_ptr<double>());
+      });
+    });
+  }
+  st.unscaled = true;
+}
+
+void GradScaler::update_on_device() {
+  kernels::cuda::ScaleUpdate u;
+  u.scale = on_device_.scale.data_ptr<double>();
+  u.growth_tracker = on_device_.growth_tracker.data_ptr<double>();
+  u.found_any = on_device_.found_any.data_ptr<int32_t>();
+  for (const auto& [opt, st] : per_optimizer_) {
+    ND_CHECK(st.found_on_device.defined(), "GradScaler.update: ", opt->name(), " was unscaled outside the CUDA graph "
+             "being captured and the others inside it: capture every unscale_ and step() of the iteration");
+    ND_CHECK(u.num_found < kernels::cuda::ScaleUpdate::kMaxFound, "GradScaler.update: a captured update takes at most ",
+             kernels::cuda::ScaleUpdate::kMaxFound, " optimizers, found ", per_optimizer_.size());
+    u.found[u.num_found++] = st.found_on_device.data_ptr<int32_t>();
+  }
+  u.growth_factor = options_.growth_factor();
+  u.backoff_factor = options_.backoff_factor();
+  u.growth_interval = options_.growth_interval();
+  ops::on_device(on_device_.scale, [] {}, [&](auto stream) {
+    kernels::cuda::update_scale(on_device_.scale.device().index, u, stream);
+  });
+  on_device_.replayed = true;
   last_nonfinite_.clear();
   per_optimizer_.clear();
 }
@@ -162,11 +266,11 @@ void GradScaler::update() {
 TensorDict GradScaler::state_dict() const {
   if (!is_enabled()) return {};
   const TensorOptions f64(kFloat64);
-  return {{"scale", scalar_tensor(scale_, f64)},
+  return {{"scale", scalar_tensor(get_scale(), f64)},
           {"growth_factor", scalar_tensor(options_.growth_factor(), f64)},
           {"backoff_factor", scalar_tensor(options_.backoff_factor(), f64)},
           {"growth_interval", scalar_tensor(static_cast<double>(options_.growth_interval()), f64)},
-          {"_growth_tracker", scalar_tensor(static_cast<double>(growth_tracker_), f64)}};
+          {"_growth_tracker", scalar_tensor(static_cast<double>(growth_tracker()), f64)}};
 }
 
 void GradScaler::load_state_dict(const TensorDict& state) {
@@ -190,7 +294,12 @@ void GradScaler::load_state_dict(const TensorDict& state) {
   scale_ = loaded.scale_;
   growth_tracker_ = static_cast<int64_t>(tracker);
   skipped_in_a_row_ = 0;
+  skipped_ = false;
   per_optimizer_.clear();
+  if (on_device_.scale.defined()) {
+    on_device_.replayed = false;
+    push();
+  }
 }
 
 }  // namespace nd::optim

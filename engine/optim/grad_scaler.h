@@ -22,7 +22,15 @@
 // Beyond PyTorch: a scaler that skips kWarnAfterSkips steps in a row warns once, naming the
 // first non-finite gradient: a NaN in the model or the loss, not an f16 overflow, keeps every
 // step skipped and the model silently stops training (docs/traps.md, trap 9).
-// Tests: tests/optim/grad_scaler_test.cpp, tests/dist (2 ranks), tests/emu/optim_emu_test.cpp.
+// Under a CUDA graph capture (docs/cuda_graphs.md) the host cannot read the non-finite
+// flags: the scale and the count of good steps then also live on the loss's device (made by
+// the first eager scale() of a CUDA loss, kept equal to the host's by every eager update()),
+// unscale_ reads the scale there and leaves its answer in a device flag, step() passes the flag
+// to the optimizer's kernels (Optimizer::step_unless) and update() adjusts the scale in a
+// kernel. After a replay get_scale(), growth_tracker(), skipped() and state_dict() read the
+// device's values. The warning about skipped steps counts eager steps only.
+// Tests: tests/optim/grad_scaler_test.cpp, tests/dist (2 ranks), tests/emu/optim_emu_test.cpp,
+// tests/cuda/cuda_graph_step_test.cpp (captured).
 #include <map>
 #include <string>
 
@@ -56,7 +64,8 @@ class GradScaler {
   // call it yourself to clip or inspect unscaled gradients, else step() calls it.
   void unscale_(Optimizer& optimizer);
   // optimizer.step() unless one of its gradients was non-finite; returns whether it stepped.
-  // Once per optimizer between update()s.
+  // Once per optimizer between update()s. While a CUDA graph is captured: always true, the
+  // skip is decided on the device as each replay runs (skipped() tells after it).
   bool step(Optimizer& optimizer);
   // After the step()s of an iteration: scale *= backoff_factor if any of them was skipped
   // (and the count of good steps restarts), else one more good step, and scale *=
@@ -66,8 +75,10 @@ class GradScaler {
   void update();
 
   bool is_enabled() const { return options_.enabled(); }
-  double get_scale() const { return is_enabled() ? scale_ : 1.0; }
-  int64_t growth_tracker() const { return growth_tracker_; }
+  double get_scale() const;
+  int64_t growth_tracker() const;
+  // Whether the last update() saw a non-finite gradient (its iteration's steps were skipped).
+  bool skipped() const;
   // Steps skipped in a row (update()s that saw a non-finite gradient since the last good one).
   int64_t skipped_in_a_row() const { return skipped_in_a_row_; }
 
@@ -80,15 +91,31 @@ class GradScaler {
  private:
   struct OptimizerState {
     bool unscaled = false, stepped = false;
+    Tensor found_on_device;  // int32, under capture: set by unscale_ when a gradient was not finite
     std::string first_nonfinite;  // the first parameter whose gradient was inf or NaN, if any
     bool found_nonfinite() const { return !first_nonfinite.empty(); }
   };
   void check_options() const;
+  // The device's state, for a captured step: made by the first eager scale() of a CUDA loss.
+  struct OnDevice {
+    Tensor scale, growth_tracker;  // f64 scalars
+    Tensor found_any;              // int32: the last update()'s answer
+    bool replayed = false;         // a capture's update() was recorded: the device holds the truth
+  };
+  // Sets the device's values to the host's (eager: fill kernels, no wait), and the host's to
+  // the device's after replays (a read).
+  void push() const;
+  void pull();
+  bool device_holds_truth() const { return on_device_.scale.defined() && on_device_.replayed && !capturing(); }
+  static bool capturing();
+  void unscale_on_device(Optimizer& optimizer, OptimizerState& st);
+  void update_on_device();
 
   GradScalerOptions options_;
   double scale_;
   int64_t growth_tracker_ = 0, skipped_in_a_row_ = 0;
-  bool warned_ = false;
+  bool warned_ = false, skipped_ = false;
+  mutable OnDevice on_device_;
   std::string last_nonfinite_;
   std::map<const Optimizer*, OptimizerState> per_optimizer_;
 };

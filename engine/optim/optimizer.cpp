@@ -89,6 +89,36 @@ void Optimizer::step() {
   }
 }
 
+void Optimizer::step_unless(const Tensor& found_inf) {
+  ND_CHECK(found_inf.defined() && found_inf.is_cuda() && found_inf.dtype() == kInt32 && found_inf.numel() == 1, name_,
+           ".step_unless: expected an int32 flag on a CUDA device, found ", found_inf.describe());
+  bool any_grad = false;
+  for (const auto& group : groups_)
+    for (const Tensor& p : group.params()) {
+      if (!p.impl().grad) continue;
+      any_grad = true;
+      ND_CHECK(p.device() == found_inf.device(), name_, ".step_unless: parameter ", p.describe(),
+               " is not on the flag's device ", found_inf.device().str());
+    }
+  skip_if_ = found_inf;
+  skip_taken_ = false;
+  try {
+    step();
+  } catch (...) {
+    skip_if_ = Tensor();
+    throw;
+  }
+  skip_if_ = Tensor();
+  ND_CHECK(skip_taken_ || !any_grad, name_, ".step_unless: this optimizer's step cannot skip its update on the device "
+           "(step it on the host's answer instead, outside a CUDA graph)");
+}
+
+const int32_t* Optimizer::skip_flag(const Tensor& param) {
+  if (!skip_if_.defined() || !param.is_cuda()) return nullptr;
+  skip_taken_ = true;
+  return skip_if_.data_ptr<int32_t>();
+}
+
 std::vector<std::vector<Optimizer::ParamUpdate*>> Optimizer::by_device(std::vector<ParamUpdate>& params) {
   std::map<std::tuple<DeviceType, int, ScalarType>, std::vector<ParamUpdate*>> groups;
   for (ParamUpdate& u : params) groups[{u.param.device().type, u.param.device().index, u.param.dtype()}].push_back(&u);
@@ -109,6 +139,10 @@ void Optimizer::zero_grad(bool set_to_none) {
     }
 }
 
+int64_t Optimizer::ParamState::steps_taken() const {
+  return step_on_device.defined() ? static_cast<int64_t>(step_on_device.item()) : step;
+}
+
 TensorDict Optimizer::state_dict() const {
   TensorDict out;
   int64_t k = 0;
@@ -119,7 +153,7 @@ TensorDict Optimizer::state_dict() const {
       auto it = state_.find(p.impl_ptr().get());
       if (it != state_.end()) {
         const std::string prefix = "state." + std::to_string(k) + ".";
-        out[prefix + "step"] = scalar_tensor(static_cast<double>(it->second.step), kFloat64);
+        out[prefix + "step"] = scalar_tensor(static_cast<double>(it->second.steps_taken()), kFloat64);
         for (const auto& [buf, t] : it->second.buffers) out[prefix + buf] = t;
       }
       ++k;
@@ -179,6 +213,7 @@ void Optimizer::load_state_dict(const TensorDict& state) {
     if (!group_options[gi].empty()) groups_[gi].options().from_map(group_options[gi]);
   state_.clear();
   for (auto& [index, s] : loaded) state_[flat[index].impl_ptr().get()] = std::move(s);
+  ++state_generation_;
 }
 
 }  // namespace nd::optim

@@ -52,6 +52,12 @@ class Optimizer {
   // Virtual, as state_dict and load_state_dict, for dist::ZeroRedundancyOptimizer, which
   // steps only its rank's shard and gathers the rest.
   virtual void step();
+  // step(), with every CUDA kernel of it skipping its update (parameters, state, step counts)
+  // when `found_inf`, an int32 scalar on the parameters' device, holds a nonzero value as the
+  // kernel runs: GradScaler's skip decided on the device, which a CUDA graph can capture
+  // (docs/cuda_graphs.md). An nd::Error when a parameter is not on found_inf's device, or
+  // when this optimizer's step did not take the flag (dist::ZeroRedundancyOptimizer's).
+  void step_unless(const Tensor& found_inf);
   void zero_grad(bool set_to_none = true);
   void add_param_group(const OptimizerParamGroup& group);
   std::vector<OptimizerParamGroup>& param_groups() { return groups_; }
@@ -62,6 +68,9 @@ class Optimizer {
   // rank's shard.
   virtual int64_t state_bytes() const;
   const std::string& name() const { return name_; }
+  // Counts the load_state_dict calls: each replaces the state tensors (so a CUDA graph captured
+  // before it would update the old ones; nd::cuda::GraphedStep refuses that).
+  int64_t state_generation() const { return state_generation_; }
   // The first-step hooks (register_first_step_hook) will not run for this optimizer: for
   // one that steps a part of another's parameters (dist::ZeroRedundancyOptimizer's shard),
   // which the hooks see as the other.
@@ -87,7 +96,12 @@ class Optimizer {
  protected:
   struct ParamState {
     int64_t step = 0;
+    // Adam on a CUDA parameter: the count of steps taken, an f64 scalar on its device that the
+    // step kernel increments (so a CUDA graph's replay counts on); it then holds the count and
+    // `step` only the one it was created from (0, or a loaded state's).
+    Tensor step_on_device;
     std::map<std::string, Tensor> buffers;  // "momentum_buffer", "exp_avg", ...
+    int64_t steps_taken() const;
   };
   Optimizer(std::string name, std::vector<OptimizerParamGroup> groups, const OptimizerOptions& defaults);
   struct ParamUpdate {
@@ -99,13 +113,19 @@ class Optimizer {
   virtual void update(const OptimizerOptions& options, std::vector<ParamUpdate>& params) = 0;
   // `params` split by (device, dtype), each list in the group's order.
   static std::vector<std::vector<ParamUpdate*>> by_device(std::vector<ParamUpdate>& params);
+  // The flag of step_unless for the kernels updating `param` (null outside step_unless);
+  // taking it marks the flag used.
+  const int32_t* skip_flag(const Tensor& param);
 
  private:
   std::string name_;
   std::unique_ptr<OptimizerOptions> defaults_;
   std::vector<OptimizerParamGroup> groups_;
   std::map<const TensorImpl*, ParamState> state_;
+  Tensor skip_if_;  // step_unless's flag while it runs
+  bool skip_taken_ = false;
   bool warned_no_grad_ = false;
+  int64_t state_generation_ = 0;
   bool first_step_taken_ = false;
 };
 

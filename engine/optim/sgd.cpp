@@ -42,6 +42,7 @@ void SGD::update(const OptimizerOptions& options, std::vector<ParamUpdate>& para
   const kernels::cpu::SgdParams hp{o.lr_, o.momentum_, o.dampening_, o.weight_decay_, o.nesterov_};
   for (const std::vector<ParamUpdate*>& group : by_device(params)) {
     const Tensor& first = group.front()->param;
+    const int32_t* skip = skip_flag(first);
     ops::dispatch_floating("SGD.step", first, [&]<class T>() {
       std::vector<kernels::cpu::SgdTensor<T>> tensors;
       for (ParamUpdate* u : group) {
@@ -49,6 +50,9 @@ void SGD::update(const OptimizerOptions& options, std::vector<ParamUpdate>& para
         if (o.momentum_ != 0) {
           std::map<std::string, Tensor>& b = u->state->buffers;
           t.first_step = !b.count("momentum_buffer");
+          // A first step skipped on the device would leave the buffer unwritten for the next.
+          ND_CHECK(!(t.first_step && skip), "SGD.step_unless: parameter ", u->param.describe(),
+                   " has no momentum buffer yet (take a first step without the flag)");
           if (t.first_step) b["momentum_buffer"] = empty_like(u->param);
           t.buf = b["momentum_buffer"].data_ptr<T>();
         }
@@ -57,7 +61,7 @@ void SGD::update(const OptimizerOptions& options, std::vector<ParamUpdate>& para
       }
       ops::on_device(
           first, [&] { kernels::cpu::sgd_step<T>(tensors, hp); },
-          [&](auto stream) { kernels::cuda::sgd_step<T>(first.device().index, tensors, hp, stream); });
+          [&](auto stream) { kernels::cuda::sgd_step<T>(first.device().index, tensors, hp, stream, skip); });
     });
   }
 }

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/common/host_device.h"
@@ -102,12 +103,15 @@ struct Adam {
   bool decoupled, amsgrad;
 };
 
-// The coefficients of a tensor at its `step` (counted from 1).
+// The coefficients of a tensor at its `step` (counted from 1), on the host or, for a step
+// count kept on the device (AdamCountedEntry), in the kernel.
 template <class T>
-inline Adam<T> adam(const AdamParams& hp, int64_t step) {
-  const double bc1 = 1 - std::pow(hp.beta1, static_cast<double>(step));
-  const double bc2 = 1 - std::pow(hp.beta2, static_cast<double>(step));
-  return {T(hp.lr / bc1), T(std::sqrt(bc2)), T(hp.beta1), T(hp.beta2), T(hp.eps), T(hp.weight_decay),
+ND_HOST_DEVICE Adam<T> adam(const AdamParams& hp, int64_t step) {
+  using std::pow;
+  using std::sqrt;
+  const double bc1 = 1 - pow(hp.beta1, static_cast<double>(step));
+  const double bc2 = 1 - pow(hp.beta2, static_cast<double>(step));
+  return {T(hp.lr / bc1), T(sqrt(bc2)), T(hp.beta1), T(hp.beta2), T(hp.eps), T(hp.weight_decay),
           T(1 - hp.lr * hp.weight_decay), hp.decoupled_weight_decay, hp.amsgrad};
 }
 
@@ -150,15 +154,32 @@ struct AdamEntry {
   }
 };
 
+// An Adam entry whose step count lives on the device (CUDA only, AdamTensor::step_on_device):
+// every entry of a step shares the one coefficient set, the hyperparameters; each block
+// derives its coefficients from *step + 1 with adam() above, the host's arithmetic, and the
+// entry's last block to finish stores *step + 1 (kernels/cuda/optim.cu).
+template <class T>
+struct AdamCountedEntry : AdamEntry<T> {
+  using Coefficients = AdamParams;
+  using Scalar = T;
+  double* step;  // the steps taken before this one
+};
+
+template <class Entry>
+struct IsCounted : std::false_type {};
+template <class T>
+struct IsCounted<AdamCountedEntry<T>> : std::true_type {};
+
 // ---- GradScaler's unscale -------------------------------------------------------------------
 
 template <class T>
 struct Unscale {
   T inv_scale;
+  const double* scale;  // when set, the factor is T(1 / *scale), read on the device
 };
 
-// Every element that is inf or NaN stores the same 1 into *found: the flag ends the same
-// whichever thread wins, so no atomic is needed.
+// Every group holding an inf or NaN sets *found to 1 through IO::flag (CUDA: an atomic max,
+// so that many non-finite values, a NaN loss's whole gradient, are no write conflict).
 template <class T>
 struct UnscaleEntry {
   using Coefficients = Unscale<T>;
@@ -171,15 +192,33 @@ struct UnscaleEntry {
   ND_HOST_DEVICE void update_group(const Unscale<T>& c, int64_t i, int64_t count, bool vec) const {
     T xg[kGroup];
     IO::load(xg, g, i, count, vec);  // 0 past the end: finite
+    const T inv_scale = c.scale != nullptr ? T(1.0 / *c.scale) : c.inv_scale;
     bool nonfinite = false;
     for (int k = 0; k < kGroup; ++k) {
       nonfinite = nonfinite || !(xg[k] - xg[k] == T(0));  // x - x: 0 if finite, NaN otherwise
-      xg[k] *= c.inv_scale;
+      xg[k] *= inv_scale;
     }
     IO::store(xg, g, i, count, vec);
-    if (nonfinite) *found = 1;
+    if (nonfinite) IO::flag(found);
   }
 };
+
+// GradScaler's update (torch.amp's _amp_update_scale_), on the host and on the device: after
+// a step with a non-finite gradient scale *= backoff and the count of good steps restarts;
+// else one more good step, and scale *= growth after `interval` of them in a row (unless the
+// product overflows).
+ND_HOST_DEVICE void update_scale(double& scale, int64_t& growth_tracker, bool found_nonfinite, double growth,
+                                 double backoff, int64_t interval) {
+  using std::isfinite;
+  if (found_nonfinite) {
+    scale *= backoff;
+    growth_tracker = 0;
+  } else if (++growth_tracker == interval) {
+    const double grown = scale * growth;
+    if (isfinite(grown)) scale = grown;
+    growth_tracker = 0;
+  }
+}
 
 // ---- the tables of a step -------------------------------------------------------------------
 
@@ -213,16 +252,32 @@ Step<SgdEntry<T>> sgd_step_of(const std::vector<SgdTensor<T>>& tensors, const Sg
 }
 
 template <class T>
+bool adam_vector(const AdamTensor<T>& t) {
+  return aligned16(t.p) && aligned16(t.g) && aligned16(t.m) && aligned16(t.v) &&
+         (t.vmax == nullptr || aligned16(t.vmax));
+}
+
+template <class T>
 Step<AdamEntry<T>> adam_step_of(const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp) {
   Step<AdamEntry<T>> step;
   std::map<int64_t, int32_t> seen;
   for (const AdamTensor<T>& t : tensors) {
     if (t.n == 0) continue;
     const int32_t c = coefficients_for(step, seen, t.step, [&] { return adam<T>(hp, t.step); });
-    const bool vec = aligned16(t.p) && aligned16(t.g) && aligned16(t.m) && aligned16(t.v) &&
-                     (t.vmax == nullptr || aligned16(t.vmax));
-    step.entries.push_back({t.n, t.p, t.g, t.m, t.v, t.vmax, c, vec});
+    step.entries.push_back({t.n, t.p, t.g, t.m, t.v, t.vmax, c, adam_vector(t)});
   }
+  return step;
+}
+
+// The step counts stay on the device: one coefficient set, the hyperparameters. An empty
+// tensor keeps its entry (and a chunk of no elements), so its count is incremented as the
+// others'.
+template <class T>
+Step<AdamCountedEntry<T>> adam_counted_step_of(const std::vector<AdamTensor<T>>& tensors, const AdamParams& hp) {
+  Step<AdamCountedEntry<T>> step;
+  step.coefficients.push_back(hp);
+  for (const AdamTensor<T>& t : tensors)
+    step.entries.push_back({{t.n, t.p, t.g, t.m, t.v, t.vmax, 0, adam_vector(t)}, t.step_on_device});
   return step;
 }
 
@@ -231,11 +286,19 @@ struct Chunk {
   int64_t entry, start;
 };
 
+// The chunks of an entry of n elements; one at least for an entry whose step is counted on
+// the device (an empty tensor's block counts its step).
+ND_HOST_DEVICE int64_t num_chunks(int64_t n, bool counted) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  return counted && chunks == 0 ? 1 : chunks;
+}
+
 template <class Entry>
 std::vector<Chunk> chunks_of(const std::vector<Entry>& entries) {
   std::vector<Chunk> chunks;
   for (size_t e = 0; e < entries.size(); ++e)
-    for (int64_t start = 0; start < entries[e].n; start += kChunk) chunks.push_back({int64_t(e), start});
+    for (int64_t k = 0; k < num_chunks(entries[e].n, IsCounted<Entry>::value); ++k)
+      chunks.push_back({int64_t(e), k * kChunk});
   return chunks;
 }
 

@@ -29,7 +29,10 @@ struct AdamParams {
 };
 
 // One parameter of an Adam step: its n elements and buffers (vmax null unless amsgrad),
-// and the step it takes, counted from 1 (bias corrections are per parameter).
+// and the step it takes, counted from 1 (bias corrections are per parameter). CUDA only:
+// `step_on_device` instead, the parameter's count of steps taken as an f64 on the device,
+// which the launch increments and takes the bias corrections from (PyTorch's capturable
+// Adam: a replayed CUDA graph then counts on); `step` is ignored.
 template <class T>
 struct AdamTensor {
   int64_t n = 0;
@@ -37,6 +40,7 @@ struct AdamTensor {
   const T* g = nullptr;
   T *m = nullptr, *v = nullptr, *vmax = nullptr;
   int64_t step = 1;
+  double* step_on_device = nullptr;
 };
 
 }  // namespace nd::kernels

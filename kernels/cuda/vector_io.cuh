@@ -28,6 +28,8 @@ struct VectorIO {
       x[0] = a.x, x[1] = a.y, x[2] = b.x, x[3] = b.y;
     }
   }
+  // Sets a flag that many threads may set at once (GradScaler's non-finite answer).
+  __device__ static void flag(int32_t* p) { atomicMax(p, 1); }
   template <class T>
   __host__ __device__ static void store(const T (&x)[kGroup], T* __restrict__ dst, int64_t i, int64_t count, bool vector) {
     if (!vector) return optim_math::ScalarIO::store(x, dst, i, count, vector);

@@ -252,7 +252,7 @@ TEST_CASE("emulib: SGD, Adam and AdamW update every GPU parameter of a group in 
     backward();
     const long launches = emu_launches, copies = emu_rt::stats().memcpys;
     opt.step();
-    CHECK(emu_launches == launches + 1);  // four parameters, one multi-tensor step
+    CHECK(emu_launches == launches + 1);  // four parameters, one multi-tensor step (Adam's counting its steps)
     // Its table of tensors (pointers, lengths) stayed on the device from the first step.
     CHECK(emu_rt::stats().memcpys == copies);
   };

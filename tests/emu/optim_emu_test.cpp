@@ -5,7 +5,10 @@
 // a chunk and one, an empty tensor, several chunks with a tail (partial groups of 4), one
 // tensor whose buffers start off 16-byte alignment (element by element where the others
 // load float4 / double2), each tensor with its own step (Adam) or first step (SGD); more
-// tensors and distinct steps than one launch holds (several launches). GradScaler's unscale_grad (exact: one multiply by a
+// tensors and distinct steps than one launch holds (several launches); Adam with its step
+// counts on the device (counted by the launch, three steps in a row); a GradScaler skip flag
+// on the device (nothing changes), the unscale's factor and the scale's update on the device
+// against the host's. GradScaler's unscale_grad (exact: one multiply by a
 // power of two, and the same non-finite answer). CUDA and CPU evaluate
 // kernels/common/optim_math.h per element, so they agree within 8 ulps of the largest value
 // (compilations may contract multiply-adds differently: check_ulps); the reference in
@@ -16,9 +19,11 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "emu_test.h"
+#include "kernels/common/optim_math.h"
 #include "kernels/cpu/optim.h"
 #include "kernels/cuda/optim.h"
 
@@ -179,6 +184,36 @@ TEST_CASE("adam_step: more tensors and distinct steps than one launch holds") {
   }
 }
 
+TEST_CASE("adam_step: step counts on the device are incremented by the launch and give its bias corrections") {
+  // Three steps with the same arguments (a captured step's replays): the CPU twin at steps
+  // 1, 2, 3 of tensor k, counted from k (so each takes its own corrections), and the empty
+  // tensor's count increments as the others'.
+  for (const cpu::AdamParams& hp : {cpu::AdamParams{1e-2, 0.9, 0.99, 1e-8, 0.01, false, true},
+                                    cpu::AdamParams{1e-3, 0.8, 0.95, 1e-8, 0.05, true, false}}) {
+    auto on_gpu = random_buffers<float>();
+    auto on_cpu = on_gpu;
+    std::vector<double> counts(kSizes.size());
+    for (size_t k = 0; k < counts.size(); ++k) counts[k] = double(k);
+    std::vector<cpu::AdamTensor<float>> counted = adam_tensors(on_gpu, hp);
+    for (size_t k = 0; k < counted.size(); ++k) counted[k].step_on_device = &counts[k];
+    for (int s = 1; s <= 3; ++s) {
+      INFO("step ", s, " decoupled ", hp.decoupled_weight_decay);
+      cuda::adam_step<float>(0, counted, hp, nullptr);
+      std::vector<cpu::AdamTensor<float>> host = adam_tensors(on_cpu, hp);
+      for (size_t k = 0; k < host.size(); ++k) host[k].step = int64_t(k) + s;
+      cpu::adam_step<float>(host, hp);
+      check_buffers("cuda (counts on the device) vs cpu", on_gpu, on_cpu);
+      for (size_t k = 0; k < counts.size(); ++k) CHECK(counts[k] == double(k) + s);
+    }
+  }
+  std::vector<float> one(1);
+  double count = 0;
+  const std::vector<cpu::AdamTensor<float>> mixed{{1, one.data(), one.data(), one.data(), one.data(), nullptr, 1, &count},
+                                                  {1, one.data(), one.data(), one.data(), one.data(), nullptr, 1}};
+  CHECK_THROWS_WITH(cuda::adam_step<float>(0, mixed, cpu::AdamParams{}, nullptr),
+                    "adam_step: either every tensor or none has its step count on the device");
+}
+
 // Tensor `bad_tensor` (or none, -1) holds `bad` at its element `bad_at` (clamped to its
 // last); one multi-tensor launch against the CPU's unscale per tensor.
 template <class T>
@@ -190,7 +225,7 @@ void check_unscale(int bad_tensor, int64_t bad_at, T bad) {
     if (int(k) == bad_tensor) on_cpu[k][std::min(bad_at, kSizes[k] - 1)] = bad;
   }
   on_gpu = on_cpu;
-  std::vector<int32_t> flags(kSizes.size(), 7);  // left alone when every value is finite
+  std::vector<int32_t> flags(kSizes.size(), -1);  // left alone when every value is finite
   std::vector<cuda::UnscaleTensor<T>> tensors;
   for (size_t k = 0; k < kSizes.size(); ++k) tensors.push_back({kSizes[k], on_gpu[k].data(), &flags[k]});
   cuda::unscale_grad<T>(0, tensors, T(1.0 / 1024), nullptr);
@@ -198,7 +233,7 @@ void check_unscale(int bad_tensor, int64_t bad_at, T bad) {
     INFO("tensor ", k);
     const bool cpu_found = cpu::unscale_grad<T>(kSizes[k], on_cpu[k].data(), T(1.0 / 1024));
     CHECK(cpu_found == (int(k) == bad_tensor));
-    CHECK(flags[k] == (int(k) == bad_tensor ? 1 : 7));
+    CHECK(flags[k] == (int(k) == bad_tensor ? 1 : -1));
     for (int64_t i = 0; i < kSizes[k]; ++i)
       if (!(int(k) == bad_tensor && i == std::min(bad_at, kSizes[k] - 1))) REQUIRE(on_gpu[k][i] == on_cpu[k][i]);
   }
@@ -217,3 +252,66 @@ TEST_CASE("unscale_grad: every value of every tensor scaled, inf and NaN found i
 }
 
 }  // namespace
+
+TEST_CASE("a GradScaler skip on the device: the steps change nothing while the flag is set, the scale is read and updated on the device") {
+  // SGD and Adam (step counts on the device) with the flag set: every buffer and count as it
+  // was; with it clear: the same as without a flag.
+  auto gpu = random_buffers<float>();
+  const auto before = gpu;
+  std::vector<double> counts(kSizes.size(), 3.0);
+  const cpu::AdamParams hp{1e-2, 0.9, 0.99, 1e-8, 0.01, false, true};
+  std::vector<cpu::AdamTensor<float>> adam = adam_tensors(gpu, hp);
+  for (size_t k = 0; k < adam.size(); ++k) adam[k].step_on_device = &counts[k];
+  const cpu::SgdParams sgd_hp{0.1, 0.9, 0, 0.01, false};
+  std::vector<cpu::SgdTensor<float>> sgd;
+  for (size_t k = 0; k < gpu.size(); ++k)
+    sgd.push_back({kSizes[k], gpu[k].p.data() + kShifts[k], gpu[k].g.data() + kShifts[k], gpu[k].s1.data() + kShifts[k], false});
+  int32_t found = 1;
+  cuda::adam_step<float>(0, adam, hp, nullptr, &found);
+  cuda::sgd_step<float>(0, sgd, sgd_hp, nullptr, &found);
+  check_buffers("skipped", gpu, before);
+  CHECK(counts == std::vector<double>(kSizes.size(), 3.0));
+  found = 0;
+  auto unflagged = before;
+  std::vector<double> unflagged_counts(kSizes.size(), 3.0);
+  std::vector<cpu::AdamTensor<float>> adam2 = adam_tensors(unflagged, hp);
+  for (size_t k = 0; k < adam2.size(); ++k) adam2[k].step_on_device = &unflagged_counts[k];
+  cuda::adam_step<float>(0, adam, hp, nullptr, &found);
+  cuda::adam_step<float>(0, adam2, hp, nullptr);
+  check_buffers("flag clear", gpu, unflagged);
+  CHECK(counts == std::vector<double>(kSizes.size(), 4.0));
+
+  // The unscale's factor from an f64 scale on the device: the same values as 1 / scale by value.
+  // Then NaNs all over two tensors that share one flag (a NaN loss's gradients): many threads
+  // of many blocks set it, which the sanitizer accepts only as an atomic.
+  std::vector<float> g1 = cast<float>(uniform(4099, 9, -1e3, 1e3)), g2 = g1;
+  int32_t f1 = 0, f2 = 0;
+  const double scale = 4096.0;
+  cuda::unscale_grad<float>(0, {{4099, g1.data(), &f1}}, 0.0f, nullptr, &scale);
+  cuda::unscale_grad<float>(0, {{4099, g2.data(), &f2}}, float(1.0 / scale), nullptr);
+  CHECK(g1 == g2);
+  CHECK(f1 == 0);
+  std::vector<float> nan1(9000, std::nanf("")), nan2(77, -std::numeric_limits<float>::infinity());
+  cuda::unscale_grad<float>(0, {{9000, nan1.data(), &f1}, {77, nan2.data(), &f1}}, 0.0f, nullptr, &scale);
+  CHECK(f1 == 1);
+
+  // The scale's update against the host's (optim_math::update_scale) over a run of flags:
+  // growth every 2 good steps, backoff on a non-finite one, any of two optimizers' flags.
+  double dev_scale = 1024, dev_tracker = 0, host_scale = 1024;
+  int64_t host_tracker = 0;
+  int32_t any = 7, a = 0, b = 0;
+  cuda::ScaleUpdate u;
+  u.scale = &dev_scale, u.growth_tracker = &dev_tracker, u.found_any = &any, u.found[0] = &a, u.found[1] = &b;
+  u.num_found = 2, u.growth_factor = 2, u.backoff_factor = 0.5, u.growth_interval = 2;
+  for (const auto& [fa, fb] : std::vector<std::pair<int, int>>{{0, 0}, {0, 0}, {0, 1}, {0, 0}, {1, 1}, {0, 0}, {0, 0}}) {
+    a = fa, b = fb;
+    cuda::update_scale(0, u, nullptr);
+    optim_math::update_scale(host_scale, host_tracker, fa || fb, 2, 0.5, 2);
+    CHECK(dev_scale == host_scale);
+    CHECK(dev_tracker == double(host_tracker));
+    CHECK(any == ((fa || fb) ? 1 : 0));
+  }
+  CHECK(host_scale == 1024);  // 2048, 1024, 512, 1024 (after two good ones)
+  u.num_found = cuda::ScaleUpdate::kMaxFound + 1;
+  CHECK_THROWS_WITH(cuda::update_scale(0, u, nullptr), "update_scale: expected 0 to 16 flags, found 17");
+}
