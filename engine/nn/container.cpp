@@ -1,6 +1,8 @@
 #include "engine/nn/container.h"
 
 #include "engine/error.h"
+#include "engine/nn/activation.h"
+#include "engine/nn/batch_norm.h"
 
 namespace nd::nn {
 
@@ -27,9 +29,37 @@ void ModuleListBase::throw_wrong_type(size_t index, const char* type) const {
               ", not the requested " + type);
 }
 
+namespace {
+
+// The activation `m` applies when BatchNorm2d can apply it in its own pass (ReLU,
+// LeakyReLU with a slope >= 0), none otherwise.
+BatchNormActivation fusable_activation(const Module& m) {
+  using Kind = BatchNormActivation::Kind;
+  if (dynamic_cast<const ReLUImpl*>(&m)) return {Kind::relu, 0};
+  if (const auto* leaky = dynamic_cast<const LeakyReLUImpl*>(&m); leaky && leaky->options.negative_slope() >= 0)
+    return {Kind::leaky_relu, leaky->options.negative_slope()};
+  return {};
+}
+
+}  // namespace
+
 Tensor SequentialImpl::forward(const Tensor& input) {
   Tensor x = input;
-  for (const auto& m : *this) x = m->forward(x);
+  const auto modules = begin();
+  for (size_t i = 0; i < size(); ++i) {
+    // BatchNorm2d then ReLU / LeakyReLU: one op (BatchNorm2dImpl::forward_activated), the
+    // same values and gradients as the pair. SyncBatchNorm is not a BatchNorm2dImpl: its
+    // pair stays two ops.
+    auto* bn = dynamic_cast<BatchNorm2dImpl*>(modules[i].get());
+    const BatchNormActivation act =
+        bn && i + 1 < size() ? fusable_activation(*modules[i + 1]) : BatchNormActivation{};
+    if (act.on()) {
+      x = bn->forward_activated(x, act);
+      ++i;
+    } else {
+      x = modules[i]->forward(x);
+    }
+  }
   return x;
 }
 
