@@ -1,5 +1,7 @@
 #include "engine/nn/container.h"
 
+#include <typeinfo>
+
 #include "engine/error.h"
 #include "engine/nn/activation.h"
 #include "engine/nn/batch_norm.h"
@@ -32,13 +34,14 @@ void ModuleListBase::throw_wrong_type(size_t index, const char* type) const {
 namespace {
 
 // The activation `m` applies when BatchNorm2d can apply it in its own pass (ReLU,
-// LeakyReLU with a slope >= 0), none otherwise.
+// LeakyReLU with a slope >= 0), none otherwise. Exact types only: a subclass may have
+// its own forward, which the fused op would skip.
 BatchNormActivation fusable_activation(const Module& m) {
   using Kind = BatchNormActivation::Kind;
-  if (dynamic_cast<const ReLUImpl*>(&m)) return {Kind::relu, 0};
-  if (const auto* leaky = dynamic_cast<const LeakyReLUImpl*>(&m); leaky && leaky->options.negative_slope() >= 0)
-    return {Kind::leaky_relu, leaky->options.negative_slope()};
-  return {};
+  if (typeid(m) == typeid(ReLUImpl)) return {Kind::relu, 0};
+  if (typeid(m) != typeid(LeakyReLUImpl)) return {};
+  const double slope = static_cast<const LeakyReLUImpl&>(m).options.negative_slope();
+  return slope >= 0 ? BatchNormActivation{Kind::leaky_relu, slope} : BatchNormActivation{};
 }
 
 }  // namespace
@@ -48,16 +51,17 @@ Tensor SequentialImpl::forward(const Tensor& input) {
   const auto modules = begin();
   for (size_t i = 0; i < size(); ++i) {
     // BatchNorm2d then ReLU / LeakyReLU: one op (BatchNorm2dImpl::forward_activated), the
-    // same values and gradients as the pair. SyncBatchNorm is not a BatchNorm2dImpl: its
-    // pair stays two ops.
-    auto* bn = dynamic_cast<BatchNorm2dImpl*>(modules[i].get());
+    // same values and gradients as the pair. SyncBatchNorm (or any other type, a subclass
+    // of BatchNorm2d included) keeps its pair two ops.
+    Module& m = *modules[i];
+    auto* bn = typeid(m) == typeid(BatchNorm2dImpl) ? static_cast<BatchNorm2dImpl*>(&m) : nullptr;
     const BatchNormActivation act =
         bn && i + 1 < size() ? fusable_activation(*modules[i + 1]) : BatchNormActivation{};
     if (act.on()) {
       x = bn->forward_activated(x, act);
       ++i;
     } else {
-      x = modules[i]->forward(x);
+      x = m.forward(x);
     }
   }
   return x;

@@ -131,8 +131,12 @@ TEST_CASE("containers: Sequential and ModuleList") {
 
 // Sequential runs BatchNorm2d and the ReLU / LeakyReLU after it as one op (its node names
 // both), with the values, running statistics and gradients of the modules one by one; a
-// LeakyReLU with a negative slope, or a BatchNorm2d followed by anything else, runs alone.
+// LeakyReLU with a negative slope, a subclass with its own forward, or a BatchNorm2d
+// followed by anything else, runs alone.
 TEST_CASE("containers: Sequential runs BatchNorm2d + ReLU / LeakyReLU as one op, the same bits") {
+  struct TwiceReLU : nn::ReLUImpl {
+    Tensor forward(const Tensor& input) override { return nn::ReLUImpl::forward(input) * 2.0; }
+  };
   const auto leaky = [](double slope) { return nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(slope)); };
   struct Case {
     nn::Sequential seq;
@@ -143,6 +147,7 @@ TEST_CASE("containers: Sequential runs BatchNorm2d + ReLU / LeakyReLU as one op,
   cases.push_back({nn::Sequential(nn::BatchNorm2d(3), leaky(0.2)), "NativeBatchNormLeakyReluBackward"});
   cases.push_back({nn::Sequential(nn::BatchNorm2d(3), leaky(-0.2)), "LeakyReluBackward"});
   cases.push_back({nn::Sequential(nn::BatchNorm2d(3), nn::Tanh()), "TanhBackward"});
+  cases.push_back({nn::Sequential(nn::BatchNorm2d(3), std::make_shared<TwiceReLU>()), "MulBackward"});
   for (Case& c : cases) {
     CAPTURE(c.node);
     for (const bool training : {true, false}) {
