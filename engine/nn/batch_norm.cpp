@@ -70,18 +70,20 @@ double BatchNormBase::next_momentum() {
   return factor;
 }
 
-Tensor BatchNormBase::batch_norm_local(const Tensor& input, double momentum) const {
+Tensor BatchNormBase::batch_norm_local(const Tensor& input, double momentum, BatchNormActivation activation) const {
   // Running stats go in whenever they exist: updated in training, used in eval.
   const bool track = options.track_running_stats();
   return batch_norm(input, track ? running_mean : Tensor(), track ? running_var : Tensor(), weight, bias,
-                    /*training=*/is_training() || !track, momentum, options.eps());
+                    /*training=*/is_training() || !track, momentum, options.eps(), activation);
 }
 
-Tensor BatchNorm2dImpl::forward(const Tensor& input) {
+Tensor BatchNorm2dImpl::forward(const Tensor& input) { return forward_activated(input, {}); }
+
+Tensor BatchNorm2dImpl::forward_activated(const Tensor& input, BatchNormActivation activation) {
   ND_CHECK(input.dim() == 4, "BatchNorm2d: expected 4D input [N, C, H, W], got ", input.describe());
   ND_CHECK(input.size(1) == options.num_features(), "BatchNorm2d: expected ", options.num_features(),
            " channels (num_features), got input ", input.describe());
-  return batch_norm_local(input, next_momentum());
+  return batch_norm_local(input, next_momentum(), activation);
 }
 
 }  // namespace nd::nn

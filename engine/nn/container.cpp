@@ -1,6 +1,10 @@
 #include "engine/nn/container.h"
 
+#include <typeinfo>
+
 #include "engine/error.h"
+#include "engine/nn/activation.h"
+#include "engine/nn/batch_norm.h"
 
 namespace nd::nn {
 
@@ -27,9 +31,39 @@ void ModuleListBase::throw_wrong_type(size_t index, const char* type) const {
               ", not the requested " + type);
 }
 
+namespace {
+
+// The activation `m` applies when BatchNorm2d can apply it in its own pass (ReLU,
+// LeakyReLU with a slope >= 0), none otherwise. Exact types only: a subclass may have
+// its own forward, which the fused op would skip.
+BatchNormActivation fusable_activation(const Module& m) {
+  using Kind = BatchNormActivation::Kind;
+  if (typeid(m) == typeid(ReLUImpl)) return {Kind::relu, 0};
+  if (typeid(m) != typeid(LeakyReLUImpl)) return {};
+  const double slope = static_cast<const LeakyReLUImpl&>(m).options.negative_slope();
+  return slope >= 0 ? BatchNormActivation{Kind::leaky_relu, slope} : BatchNormActivation{};
+}
+
+}  // namespace
+
 Tensor SequentialImpl::forward(const Tensor& input) {
   Tensor x = input;
-  for (const auto& m : *this) x = m->forward(x);
+  const auto modules = begin();
+  for (size_t i = 0; i < size(); ++i) {
+    // BatchNorm2d then ReLU / LeakyReLU: one op (BatchNorm2dImpl::forward_activated), the
+    // same values and gradients as the pair. SyncBatchNorm (or any other type, a subclass
+    // of BatchNorm2d included) keeps its pair two ops.
+    Module& m = *modules[i];
+    auto* bn = typeid(m) == typeid(BatchNorm2dImpl) ? static_cast<BatchNorm2dImpl*>(&m) : nullptr;
+    const BatchNormActivation act =
+        bn && i + 1 < size() ? fusable_activation(*modules[i + 1]) : BatchNormActivation{};
+    if (act.on()) {
+      x = bn->forward_activated(x, act);
+      ++i;
+    } else {
+      x = m.forward(x);
+    }
+  }
   return x;
 }
 

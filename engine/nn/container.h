@@ -1,6 +1,6 @@
 #pragma once
 // nn::Sequential (children "0", "1", ...; forward chains each child's single-tensor
-// forward) and nn::ModuleList (children "0", "1", ...; no forward). Both accept any
+// forward, a BatchNorm2d and the ReLU / LeakyReLU after it as one op) and nn::ModuleList (children "0", "1", ...; no forward). Both accept any
 // holder (nn::Linear) or shared_ptr to a Module. Tests: tests/nn/layers_test.cpp.
 #include <memory>
 #include <string>
@@ -57,7 +57,9 @@ class SequentialImpl : public ModuleListBase {
   explicit SequentialImpl(Modules&&... modules) : SequentialImpl() {
     (push_back(std::forward<Modules>(modules)), ...);
   }
-  // Chains each child's forward(const Tensor&); an empty Sequential returns input.
+  // Chains each child's forward(const Tensor&); an empty Sequential returns input. A
+  // BatchNorm2d directly followed by ReLU or LeakyReLU (slope >= 0) runs as one op,
+  // BatchNorm2dImpl::forward_activated: the same values and gradients, one pass.
   Tensor forward(const Tensor& input) override;
 };
 class Sequential : public ContainerHolder<SequentialImpl> {

@@ -25,9 +25,23 @@ struct BatchNormNode : autograd::Node {
 
 struct NativeBatchNormBackward : BatchNormNode {
   bool training = true;
-  std::string name() const override { return "NativeBatchNormBackward"; }
+  BatchNormActivation activation;
+  autograd::SavedTensor output;  // the forward's y, when activation.on()
+  std::string name() const override {
+    switch (activation.kind) {
+      case BatchNormActivation::Kind::relu: return "NativeBatchNormReluBackward";
+      case BatchNormActivation::Kind::leaky_relu: return "NativeBatchNormLeakyReluBackward";
+      case BatchNormActivation::Kind::none: break;
+    }
+    return "NativeBatchNormBackward";
+  }
+  void release_saved_tensors() override {
+    BatchNormNode::release_saved_tensors();
+    output.reset();
+  }
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     const Tensor x = input.unpack(*this), w = weight.unpack(*this);
+    const Tensor y = activation.on() ? output.unpack(*this).contiguous() : Tensor();
     const Tensor mu = mean.unpack(*this).contiguous(), is = invstd.unpack(*this);
     const Tensor g = grads[0].contiguous();
     Tensor dx, dw, db;
@@ -40,12 +54,13 @@ struct NativeBatchNormBackward : BatchNormNode {
           x,
           [&] {
             kernels::cpu::batch_norm_backward<T>(g.data_ptr<T>(), x.data_ptr<T>(), mu.data_ptr<T>(), is.data_ptr<T>(),
-                                                 ptr(w), N, C, S, training, ptr(dx), ptr(dw), ptr(db));
+                                                 ptr(w), N, C, S, training, ptr(dx), ptr(dw), ptr(db), activation,
+                                                 ptr(y));
           },
           [&](auto stream) {
             kernels::cuda::batch_norm_backward<T>(g.data_ptr<T>(), x.data_ptr<T>(), mu.data_ptr<T>(),
                                                   is.data_ptr<T>(), ptr(w), N, C, S, training, ptr(dx), ptr(dw),
-                                                  ptr(db), stream);
+                                                  ptr(db), stream, activation, ptr(y));
           });
     });
     return {dx, dw, db};
@@ -142,7 +157,8 @@ void record_batch_norm(const char* op, const Tensor& input, const Tensor& weight
 }  // namespace
 
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
-                  const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
+                  const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps,
+                  BatchNormActivation activation) {
   const char* op = "batch_norm";
   ops::check_same_device_dtype(op, {input, running_mean, running_var, weight, bias});
   ND_CHECK(input.dim() >= 2, op, ": expected input of at least 2 dims ([N, C, *]), found ", input.describe());
@@ -158,6 +174,9 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
   ND_CHECK(training || running_mean.defined(), op,
            ": running_mean and running_var must be defined in evaluation mode (training=false)");
   ND_CHECK(eps >= 0, op, ": expected eps >= 0, found ", eps);
+  ND_CHECK(activation.kind != BatchNormActivation::Kind::leaky_relu || activation.negative_slope >= 0, op,
+           ": expected a LeakyReLU negative_slope >= 0 to apply in the same pass, found ",
+           activation.negative_slope);
   if (training) {
     ND_CHECK(N * S > 1, op, ": expected more than 1 value per channel when training, got input ",
              input.describe());
@@ -184,12 +203,12 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
           [&] {
             kernels::cpu::batch_norm_forward_training<T>(x.data_ptr<T>(), ptr(w), ptr(b), ptr(running_mean),
                                                          ptr(running_var), N, C, S, momentum, eps, y.data_ptr<T>(),
-                                                         mean.data_ptr<T>(), invstd.data_ptr<T>());
+                                                         mean.data_ptr<T>(), invstd.data_ptr<T>(), activation);
           },
           [&](auto stream) {
             kernels::cuda::batch_norm_forward_training<T>(x.data_ptr<T>(), ptr(w), ptr(b), ptr(running_mean),
                                                           ptr(running_var), N, C, S, momentum, eps, y.data_ptr<T>(),
-                                                          mean.data_ptr<T>(), invstd.data_ptr<T>(), stream);
+                                                          mean.data_ptr<T>(), invstd.data_ptr<T>(), stream, activation);
           });
     } else {
       mean = running_mean.detach().contiguous();
@@ -200,18 +219,22 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
           [&] {
             kernels::cpu::batch_norm_invstd<T>(var.data_ptr<T>(), C, eps, invstd.data_ptr<T>());
             kernels::cpu::batch_norm_apply<T>(x.data_ptr<T>(), mean.data_ptr<T>(), invstd.data_ptr<T>(), ptr(w),
-                                              ptr(b), N, C, S, y.data_ptr<T>());
+                                              ptr(b), N, C, S, y.data_ptr<T>(), activation);
           },
           [&](auto stream) {
             kernels::cuda::batch_norm_invstd<T>(var.data_ptr<T>(), C, eps, invstd.data_ptr<T>(), stream);
             kernels::cuda::batch_norm_apply<T>(x.data_ptr<T>(), mean.data_ptr<T>(), invstd.data_ptr<T>(), ptr(w),
-                                               ptr(b), N, C, S, y.data_ptr<T>(), stream);
+                                               ptr(b), N, C, S, y.data_ptr<T>(), stream, activation);
           });
     }
   });
   record_batch_norm<NativeBatchNormBackward>(op, input, weight, bias, training ? running_mean : Tensor(),
                                              running_var, y, x, w, mean, invstd, N, C, S,
-                                             [&](NativeBatchNormBackward& n) { n.training = training; });
+                                             [&](NativeBatchNormBackward& n) {
+                                               n.training = training;
+                                               n.activation = activation;
+                                               if (activation.on()) n.output = autograd::SavedTensor(y);
+                                             });
   return y;
 }
 

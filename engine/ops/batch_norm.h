@@ -7,19 +7,26 @@
 #include <functional>
 
 #include "engine/tensor.h"
+#include "kernels/common/batch_norm_activation.h"
 
 namespace nd {
+
+// none, ReLU or LeakyReLU (negative_slope >= 0) applied to batch_norm's output in the same
+// pass: batch_norm(..., {Kind::relu}) equals relu(batch_norm(...)) bit for bit, forward and
+// backward, in one launch fewer each way on CUDA (kernels/common/batch_norm_activation.h).
+using kernels::BatchNormActivation;
 
 // training: y = (x - mean_B) / sqrt(var_B + eps) * weight + bias with the batch's biased
 //   variance; running stats (when given) are updated in place, bumping their versions:
 //   running_mean = (1 - momentum) running_mean + momentum mean_B,
 //   running_var  = (1 - momentum) running_var  + momentum var_B * n / (n - 1).
 // eval:     the same with running_mean / running_var in place of the batch statistics.
+// activation: y = act(...) (the backward takes the activation's gradient from y).
 // requires: input [N, C, *]; running_mean, running_var [C] (both or neither; required
-//           in eval); weight, bias [C] or undefined.
+//           in eval); weight, bias [C] or undefined; activation's negative_slope >= 0.
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
-                  double eps = 1e-5);
+                  double eps = 1e-5, BatchNormActivation activation = {});
 
 // Sums the f64 tensor t over every process taking part, in place (on a GPU the kernels
 // queued after it wait for it); `what` names the sums ("statistics", "gradient sums").

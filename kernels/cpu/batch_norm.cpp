@@ -56,7 +56,8 @@ void batch_norm_invstd(const T* var, int64_t C, double eps, T* invstd) {
 
 template <typename T>
 void batch_norm_apply(const T* x, const T* mean, const T* invstd, const T* weight,
-                      const T* bias, int64_t N, int64_t C, int64_t S, T* y) {
+                      const T* bias, int64_t N, int64_t C, int64_t S, T* y,
+                      BatchNormActivation act) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t c = 0; c < C; ++c) {
@@ -66,7 +67,7 @@ void batch_norm_apply(const T* x, const T* mean, const T* invstd, const T* weigh
       const T b = bias ? bias[c] : T(0);
       const T* xr = x + (n * C + c) * S;
       T* yr = y + (n * C + c) * S;
-      for (int64_t i = 0; i < S; ++i) yr[i] = (xr[i] - m) * a + b;
+      for (int64_t i = 0; i < S; ++i) yr[i] = act.forward((xr[i] - m) * a + b);
     }
   }
 }
@@ -120,27 +121,36 @@ template <typename T>
 void batch_norm_forward_training(const T* x, const T* weight, const T* bias, T* running_mean,
                                  T* running_var, int64_t N, int64_t C, int64_t S,
                                  double momentum, double eps, T* y, T* save_mean,
-                                 T* save_invstd) {
+                                 T* save_invstd, BatchNormActivation act) {
   std::vector<double> sum(C), sumsq(C);
   batch_norm_channel_stats(x, N, C, S, sum.data(), sumsq.data());
   batch_norm_stats_to_mean_invstd(sum.data(), sumsq.data(), static_cast<double>(N * S), C, eps,
                                   momentum, save_mean, save_invstd, running_mean, running_var);
-  batch_norm_apply(x, save_mean, save_invstd, weight, bias, N, C, S, y);
+  batch_norm_apply(x, save_mean, save_invstd, weight, bias, N, C, S, y, act);
 }
 
 template <typename T>
 void batch_norm_forward_eval(const T* x, const T* running_mean, const T* running_var,
                              const T* weight, const T* bias, int64_t N, int64_t C, int64_t S,
-                             double eps, T* y) {
+                             double eps, T* y, BatchNormActivation act) {
   std::vector<T> invstd(C);
   batch_norm_invstd(running_var, C, eps, invstd.data());
-  batch_norm_apply(x, running_mean, invstd.data(), weight, bias, N, C, S, y);
+  batch_norm_apply(x, running_mean, invstd.data(), weight, bias, N, C, S, y, act);
 }
 
 template <typename T>
 void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd,
                          const T* weight, int64_t N, int64_t C, int64_t S, bool training,
-                         T* grad_input, T* grad_weight, T* grad_bias) {
+                         T* grad_input, T* grad_weight, T* grad_bias, BatchNormActivation act,
+                         const T* y) {
+  std::vector<T> through;  // dy taken back through the activation (the unfused pair's dx)
+  if (act.on()) {
+    const int64_t total = N * C * S;
+    through.resize(total);
+#pragma omp parallel for schedule(static) if (total > 65536)
+    for (int64_t i = 0; i < total; ++i) through[i] = act.backward(dy[i], y[i]);
+    dy = through.data();
+  }
   std::vector<double> sum_dy(C), sum_dy_xmu(C);
   batch_norm_backward_reduce(dy, x, mean, N, C, S, sum_dy.data(), sum_dy_xmu.data());
   for (int64_t c = 0; c < C; ++c) {
@@ -172,18 +182,21 @@ void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd
                                                    int64_t, double, double, T*, T*, T*, T*);   \
   template void batch_norm_invstd<T>(const T*, int64_t, double, T*);                          \
   template void batch_norm_apply<T>(const T*, const T*, const T*, const T*, const T*, int64_t, \
-                                    int64_t, int64_t, T*);                                     \
+                                    int64_t, int64_t, T*, BatchNormActivation);                \
   template void batch_norm_backward_reduce<T>(const T*, const T*, const T*, int64_t, int64_t,  \
                                               int64_t, double*, double*);                      \
   template void batch_norm_backward_elemt<T>(const T*, const T*, const T*, const T*, const T*, \
                                              const double*, const double*, double, int64_t,    \
                                              int64_t, int64_t, T*);                            \
   template void batch_norm_forward_training<T>(const T*, const T*, const T*, T*, T*, int64_t,  \
-                                               int64_t, int64_t, double, double, T*, T*, T*);  \
+                                               int64_t, int64_t, double, double, T*, T*, T*,   \
+                                               BatchNormActivation);                           \
   template void batch_norm_forward_eval<T>(const T*, const T*, const T*, const T*, const T*,   \
-                                           int64_t, int64_t, int64_t, double, T*);             \
+                                           int64_t, int64_t, int64_t, double, T*,              \
+                                           BatchNormActivation);                               \
   template void batch_norm_backward<T>(const T*, const T*, const T*, const T*, const T*,       \
-                                       int64_t, int64_t, int64_t, bool, T*, T*, T*);
+                                       int64_t, int64_t, int64_t, bool, T*, T*, T*,            \
+                                       BatchNormActivation, const T*);
 ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
 #undef ND_INSTANTIATE
 

@@ -12,6 +12,8 @@
 // data and so that ranks with unequal batch sizes combine exactly.
 #include <cstdint>
 
+#include "kernels/common/batch_norm_activation.h"
+
 namespace nd::kernels::cpu {
 
 // sum[c] = sum_{n,s} x[n,c,s],  sumsq[c] = sum_{n,s} x[n,c,s]^2   (count is N*S).
@@ -37,13 +39,14 @@ void batch_norm_stats_to_mean_invstd(const double* sum, const double* sumsq, dou
 template <typename T>
 void batch_norm_invstd(const T* var, int64_t C, double eps, T* invstd);
 
-// y[n,c,s] = (x[n,c,s] - mean[c]) * invstd[c] * weight[c] + bias[c]
-// (weight = 1 and bias = 0 when null).
+// y[n,c,s] = act((x[n,c,s] - mean[c]) * invstd[c] * weight[c] + bias[c])
+// (weight = 1 and bias = 0 when null; act: kernels/common/batch_norm_activation.h).
 // requires: x, y [N, C, S]; mean, invstd [C]; weight, bias [C] or null.
 // ensures: writes y.  in-place: y may equal x.
 template <typename T>
 void batch_norm_apply(const T* x, const T* mean, const T* invstd, const T* weight,
-                      const T* bias, int64_t N, int64_t C, int64_t S, T* y);
+                      const T* bias, int64_t N, int64_t C, int64_t S, T* y,
+                      BatchNormActivation act = {});
 
 // sum_dy[c] = sum_{n,s} dy,  sum_dy_xmu[c] = sum_{n,s} dy * (x - mean[c]).
 // requires: dy, x [N, C, S]; mean [C]; sum_dy, sum_dy_xmu [C].  ensures: writes both sums.
@@ -70,7 +73,7 @@ template <typename T>
 void batch_norm_forward_training(const T* x, const T* weight, const T* bias, T* running_mean,
                                  T* running_var, int64_t N, int64_t C, int64_t S,
                                  double momentum, double eps, T* y, T* save_mean,
-                                 T* save_invstd);
+                                 T* save_invstd, BatchNormActivation act = {});
 
 // Eval forward: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias
 // (batch_norm_invstd, then batch_norm_apply).
@@ -79,7 +82,7 @@ void batch_norm_forward_training(const T* x, const T* weight, const T* bias, T* 
 template <typename T>
 void batch_norm_forward_eval(const T* x, const T* running_mean, const T* running_var,
                              const T* weight, const T* bias, int64_t N, int64_t C, int64_t S,
-                             double eps, T* y);
+                             double eps, T* y, BatchNormActivation act = {});
 
 // Backward of either forward. mean/invstd are the saved batch statistics (training) or
 // the running mean and 1/sqrt(running_var + eps) (eval, where they are constants):
@@ -87,12 +90,15 @@ void batch_norm_forward_eval(const T* x, const T* running_mean, const T* running
 //   grad_weight[c] = sum dy * (x - mean) * invstd
 //   grad_input     = training ? backward_elemt(...) with count = N*S
 //                              : dy * weight * invstd
+// With an activation (act.on()), dy is the gradient at the forward's output y = act(...)
+// and is taken back through it first: dy := act.backward(dy, y) (the unfused pair's values).
 // requires: dy, x [N, C, S]; mean, invstd [C]; weight [C] or null; each output may be
-//           null (not needed); grad_weight, grad_bias [C].
+//           null (not needed); grad_weight, grad_bias [C]; y [N, C, S] when act.on().
 // ensures: writes (not accumulates) the non-null outputs.  in-place: grad_input may equal dy.
 template <typename T>
 void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd,
                          const T* weight, int64_t N, int64_t C, int64_t S, bool training,
-                         T* grad_input, T* grad_weight, T* grad_bias);
+                         T* grad_input, T* grad_weight, T* grad_bias,
+                         BatchNormActivation act = {}, const T* y = nullptr);
 
 }  // namespace nd::kernels::cpu

@@ -143,6 +143,7 @@ struct TrainingStatsOp : StatsReduction<T> {
   T *mean, *invstd, *running_mean, *running_var;
   const T *weight, *bias;
   T* y;
+  BatchNormActivation act;
   __device__ void finish(const Welford& w, int64_t c) const {
     write_channel_stats(w.mean, w.m2 / w.count, w.count, eps, momentum, c, mean, invstd, running_mean, running_var);
   }
@@ -153,7 +154,7 @@ struct TrainingStatsOp : StatsReduction<T> {
   __device__ void revisit(const Affine& k, int64_t offset, const T (&v)[W]) const {
     T out[W];
 #pragma unroll
-    for (int i = 0; i < W; ++i) out[i] = (v[i] - k.m) * k.a + k.b;
+    for (int i = 0; i < W; ++i) out[i] = act.forward((v[i] - k.m) * k.a + k.b);
     store_values<W>(out, y, offset);
   }
 };
@@ -163,7 +164,8 @@ struct DySums {
 };
 
 // Backward: sum dy and sum dy * (x - mean[c]) in double; finished into the sums (when
-// sum_dy is not null) and the parameter gradients (either may be null).
+// sum_dy is not null) and the parameter gradients (either may be null). With an activation,
+// dy is taken back through it (the forward's output y) as it is loaded.
 template <class T>
 struct BackwardReduceOp {
   struct Acc {
@@ -178,12 +180,20 @@ struct BackwardReduceOp {
   const T *dy, *x, *mean, *invstd;
   double *sum_dy, *sum_dy_xmu;
   T *grad_weight, *grad_bias;
+  BatchNormActivation act;
+  const T* y;  // the forward's output when act.on()
   __device__ Acc start(int64_t c) const { return {static_cast<double>(mean[c]), 0.0, 0.0}; }
   template <int W>
   __device__ void load(int64_t offset, Value (&v)[W]) const {
     T g[W], xv[W];
     load_values<W>(dy, offset, g);
     load_values<W>(x, offset, xv);
+    if (act.on()) {
+      T out[W];
+      load_values<W>(y, offset, out);
+#pragma unroll
+      for (int i = 0; i < W; ++i) g[i] = act.backward(g[i], out[i]);
+    }
 #pragma unroll
     for (int i = 0; i < W; ++i) v[i] = {g[i], xv[i]};
   }
@@ -254,10 +264,11 @@ __global__ void invstd_kernel(const T* var, int64_t C, double eps, T* invstd) {
 template <class T>
 void backward_elemt(const T* dy, const T* x, const T* mean, const T* invstd, const T* weight, const double* sum_dy,
                     const double* sum_dy_xmu, const double* device_count, double count, int64_t N, int64_t C,
-                    int64_t S, T* dx, cudaStream_t stream) {
-  launch_elementwise("batch_norm_backward_elemt",
-                     InputGradMap<T>{dy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, device_count, count, 0.0, dx},
-                     N, C, S, aligned({dy, x, dx}), stream);
+                    int64_t S, T* dx, cudaStream_t stream, BatchNormActivation act = {}, const T* y = nullptr) {
+  launch_elementwise(
+      "batch_norm_backward_elemt",
+      InputGradMap<T>{dy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, device_count, count, 0.0, dx, act, y}, N, C,
+      S, aligned({dy, x, dx, y}), stream);
 }
 
 }  // namespace
@@ -299,16 +310,16 @@ void batch_norm_invstd(const T* var, int64_t C, double eps, T* invstd, cudaStrea
 
 template <typename T>
 void batch_norm_apply(const T* x, const T* mean, const T* invstd, const T* weight, const T* bias, int64_t N,
-                      int64_t C, int64_t S, T* y, cudaStream_t stream) {
-  launch_elementwise("batch_norm_apply", ApplyMap<T>{x, mean, invstd, weight, bias, y}, N, C, S, aligned({x, y}),
-                     stream);
+                      int64_t C, int64_t S, T* y, cudaStream_t stream, BatchNormActivation act) {
+  launch_elementwise("batch_norm_apply", ApplyMap<T>{x, mean, invstd, weight, bias, y, act}, N, C, S,
+                     aligned({x, y}), stream);
 }
 
 template <typename T>
 void batch_norm_backward_reduce(const T* dy, const T* x, const T* mean, int64_t N, int64_t C, int64_t S,
                                 double* sum_dy, double* sum_dy_xmu, cudaStream_t stream) {
   channels::reduce("batch_norm_backward_reduce",
-                   BackwardReduceOp<T>{dy, x, mean, nullptr, sum_dy, sum_dy_xmu, nullptr, nullptr}, N, C, S, C,
+                   BackwardReduceOp<T>{dy, x, mean, nullptr, sum_dy, sum_dy_xmu, nullptr, nullptr, {}, nullptr}, N, C, S, C,
                    aligned({dy, x}), stream);
 }
 
@@ -331,30 +342,31 @@ void batch_norm_backward_elemt(const T* dy, const T* x, const T* mean, const T* 
 template <typename T>
 void batch_norm_forward_training(const T* x, const T* weight, const T* bias, T* running_mean, T* running_var,
                                  int64_t N, int64_t C, int64_t S, double momentum, double eps, T* y, T* save_mean,
-                                 T* save_invstd, cudaStream_t stream) {
+                                 T* save_invstd, cudaStream_t stream, BatchNormActivation act) {
   if (C == 0) return;
   require(N * S > 0, "batch_norm_forward_training",
           "expected values in every channel (N*S > 0), found N = " + std::to_string(N) + ", S = " + std::to_string(S));
   const TrainingStatsOp<T> stats{
-      {x, S}, eps, momentum, save_mean, save_invstd, running_mean, running_var, weight, bias, y};
+      {x, S}, eps, momentum, save_mean, save_invstd, running_mean, running_var, weight, bias, y, act};
   if (!channels::reduce("batch_norm_forward_training", stats, N, C, S, C, aligned({x, y}), stream))
-    batch_norm_apply(x, save_mean, save_invstd, weight, bias, N, C, S, y, stream);
+    batch_norm_apply(x, save_mean, save_invstd, weight, bias, N, C, S, y, stream, act);
 }
 
 template <typename T>
 void batch_norm_forward_eval(const T* x, const T* running_mean, const T* running_var, const T* weight,
-                             const T* bias, int64_t N, int64_t C, int64_t S, double eps, T* y, cudaStream_t stream) {
+                             const T* bias, int64_t N, int64_t C, int64_t S, double eps, T* y, cudaStream_t stream,
+                             BatchNormActivation act) {
   if (C == 0) return;
   const Scratch scratch("batch_norm_forward_eval", sizeof(T) * C, stream);
   T* invstd = scratch.as<T>();
   batch_norm_invstd(running_var, C, eps, invstd, stream);
-  batch_norm_apply(x, running_mean, invstd, weight, bias, N, C, S, y, stream);
+  batch_norm_apply(x, running_mean, invstd, weight, bias, N, C, S, y, stream, act);
 }
 
 template <typename T>
 void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd, const T* weight, int64_t N,
                          int64_t C, int64_t S, bool training, T* grad_input, T* grad_weight, T* grad_bias,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, BatchNormActivation act, const T* y) {
   if (C == 0) return;
   const bool input_grad = grad_input != nullptr && N * C * S > 0;
   const bool need_sums = training && input_grad;
@@ -365,18 +377,18 @@ void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd
   if (need_sums) {
     const double count = static_cast<double>(N * S);
     const TrainingBackwardOp<T> op{
-        {dy, x, mean, invstd, sums, sums + C, grad_weight, grad_bias}, weight, 1.0 / count, grad_input};
-    if (!channels::reduce("batch_norm_backward", op, N, C, S, C, aligned({dy, x, grad_input}), stream))
-      backward_elemt(dy, x, mean, invstd, weight, sums, sums + C, nullptr, count, N, C, S, grad_input, stream);
+        {dy, x, mean, invstd, sums, sums + C, grad_weight, grad_bias, act, y}, weight, 1.0 / count, grad_input};
+    if (!channels::reduce("batch_norm_backward", op, N, C, S, C, aligned({dy, x, grad_input, y}), stream))
+      backward_elemt(dy, x, mean, invstd, weight, sums, sums + C, nullptr, count, N, C, S, grad_input, stream, act, y);
     return;
   }
   if (grad_weight != nullptr || grad_bias != nullptr) {
-    const BackwardReduceOp<T> op{dy, x, mean, invstd, nullptr, nullptr, grad_weight, grad_bias};
-    channels::reduce("batch_norm_backward", op, N, C, S, C, aligned({dy, x}), stream);
+    const BackwardReduceOp<T> op{dy, x, mean, invstd, nullptr, nullptr, grad_weight, grad_bias, act, y};
+    channels::reduce("batch_norm_backward", op, N, C, S, C, aligned({dy, x, y}), stream);
   }
   if (!input_grad) return;
-  launch_elementwise("batch_norm_backward (eval input gradient)", EvalInputGradMap<T>{dy, invstd, weight, grad_input},
-                     N, C, S, aligned({dy, grad_input}), stream);
+  launch_elementwise("batch_norm_backward (eval input gradient)", EvalInputGradMap<T>{dy, invstd, weight, grad_input, act, y},
+                     N, C, S, aligned({dy, grad_input, y}), stream);
 }
 
 #define ND_INSTANTIATE(T)                                                                                            \
@@ -387,7 +399,7 @@ void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd
                                                    double, T*, T*, T*, T*, cudaStream_t);                          \
   template void batch_norm_invstd<T>(const T*, int64_t, double, T*, cudaStream_t);                                  \
   template void batch_norm_apply<T>(const T*, const T*, const T*, const T*, const T*, int64_t, int64_t, int64_t,    \
-                                    T*, cudaStream_t);                                                              \
+                                    T*, cudaStream_t, BatchNormActivation);                                         \
   template void batch_norm_backward_reduce<T>(const T*, const T*, const T*, int64_t, int64_t, int64_t, double*,     \
                                               double*, cudaStream_t);                                               \
   template void batch_norm_backward_elemt<T>(const T*, const T*, const T*, const T*, const T*, const double*,       \
@@ -396,11 +408,11 @@ void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd
                                              const double*, const double*, int64_t, int64_t, int64_t, T*,          \
                                              cudaStream_t);                                                        \
   template void batch_norm_forward_training<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, int64_t,     \
-                                               double, double, T*, T*, T*, cudaStream_t);                           \
+                                               double, double, T*, T*, T*, cudaStream_t, BatchNormActivation);      \
   template void batch_norm_forward_eval<T>(const T*, const T*, const T*, const T*, const T*, int64_t, int64_t,      \
-                                           int64_t, double, T*, cudaStream_t);                                      \
+                                           int64_t, double, T*, cudaStream_t, BatchNormActivation);                 \
   template void batch_norm_backward<T>(const T*, const T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, \
-                                       bool, T*, T*, T*, cudaStream_t);
+                                       bool, T*, T*, T*, cudaStream_t, BatchNormActivation, const T*);
 ND_FOR_EACH_TWIN_TYPE(ND_INSTANTIATE)
 #undef ND_INSTANTIATE
 

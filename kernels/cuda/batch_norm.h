@@ -19,6 +19,7 @@
 // (the shared math).
 #include <cstdint>
 
+#include "kernels/common/batch_norm_activation.h"
 #include "kernels/cuda/stream.h"
 
 namespace nd::kernels::cuda {
@@ -48,11 +49,11 @@ void batch_norm_stats_to_mean_invstd(const double* sum, const double* sumsq, con
 template <typename T>
 void batch_norm_invstd(const T* var, int64_t C, double eps, T* invstd, cudaStream_t stream);
 
-// y = (x - mean[c]) * invstd[c] * weight[c] + bias[c] (weight 1, bias 0 when null).
+// y = act((x - mean[c]) * invstd[c] * weight[c] + bias[c]) (weight 1, bias 0 when null).
 // requires: x, y [N, C, S]; mean, invstd [C]; weight, bias [C] or null.  in-place: y may equal x.
 template <typename T>
 void batch_norm_apply(const T* x, const T* mean, const T* invstd, const T* weight, const T* bias, int64_t N,
-                      int64_t C, int64_t S, T* y, cudaStream_t stream);
+                      int64_t C, int64_t S, T* y, cudaStream_t stream, BatchNormActivation act = {});
 
 // sum_dy[c] = sum dy,  sum_dy_xmu[c] = sum dy * (x - mean[c])  (double).
 // requires: dy, x [N, C, S]; mean [C]; sum_dy, sum_dy_xmu [C].  ensures: writes both (0 when N*S = 0).
@@ -79,12 +80,13 @@ void batch_norm_backward_elemt(const T* dy, const T* x, const T* mean, const T* 
 template <typename T>
 void batch_norm_forward_training(const T* x, const T* weight, const T* bias, T* running_mean, T* running_var,
                                  int64_t N, int64_t C, int64_t S, double momentum, double eps, T* y, T* save_mean,
-                                 T* save_invstd, cudaStream_t stream);
+                                 T* save_invstd, cudaStream_t stream, BatchNormActivation act = {});
 
 // invstd from running_var, then apply with running_mean.  in-place: y may equal x.
 template <typename T>
 void batch_norm_forward_eval(const T* x, const T* running_mean, const T* running_var, const T* weight,
-                             const T* bias, int64_t N, int64_t C, int64_t S, double eps, T* y, cudaStream_t stream);
+                             const T* bias, int64_t N, int64_t C, int64_t S, double eps, T* y, cudaStream_t stream,
+                             BatchNormActivation act = {});
 
 // grad_bias = sum dy, grad_weight = sum dy * (x - mean) * invstd, grad_input as the CPU twin
 // (training: backward_elemt with count = N*S; eval: dy * weight * invstd). Null outputs
@@ -92,9 +94,11 @@ void batch_norm_forward_eval(const T* x, const T* running_mean, const T* running
 // Training: one launch where a block holds whole channels (N*S <= 4096, or N <= 128 when
 // S = 1): the sums, grad_weight and grad_bias, then grad_input from the values just read;
 // two otherwise (the sums, then grad_input). Eval: the sums when asked for, then grad_input.
+// With an activation (act.on()), dy is the gradient at the forward's output y and every
+// pass takes it back through the activation as it loads it (no launch of its own).
 template <typename T>
 void batch_norm_backward(const T* dy, const T* x, const T* mean, const T* invstd, const T* weight, int64_t N,
                          int64_t C, int64_t S, bool training, T* grad_input, T* grad_weight, T* grad_bias,
-                         cudaStream_t stream);
+                         cudaStream_t stream, BatchNormActivation act = {}, const T* y = nullptr);
 
 }  // namespace nd::kernels::cuda

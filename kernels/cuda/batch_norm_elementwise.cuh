@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "kernels/common/batch_norm_activation.h"
 #include "kernels/common/batch_norm_index.h"
 #include "kernels/common/optim_math.h"
 #include "kernels/cuda/stream.h"
@@ -54,12 +55,13 @@ __global__ void elementwise_kernel(const Map unprepared, int64_t total, int64_t 
   }
 }
 
-// y = (x - mean[c]) * (invstd[c] * weight[c]) + bias[c]. Subtract the mean first, as the
-// CPU: folding it into the shift cancels when |mean| >> std.
+// y = act((x - mean[c]) * (invstd[c] * weight[c]) + bias[c]). Subtract the mean first, as
+// the CPU: folding it into the shift cancels when |mean| >> std.
 template <class T>
 struct ApplyMap {
   const T *x, *mean, *invstd, *weight, *bias;
   T* y;
+  BatchNormActivation act;
   __device__ ApplyMap prepared() const { return *this; }
   __device__ void group(int64_t i, int64_t count, const int64_t (&c)[kGroup], bool vector) const {
     T v[kGroup];
@@ -72,7 +74,7 @@ struct ApplyMap {
         a = invstd[c[k]] * (weight ? weight[c[k]] : T(1));
         b = bias ? bias[c[k]] : T(0);
       }
-      v[k] = (v[k] - m) * a + b;
+      v[k] = act.forward((v[k] - m) * a + b);
     }
     VectorIO::store(v, y, i, count, vector);
   }
@@ -98,6 +100,18 @@ __device__ InputGradCoefficients<T> input_grad_coefficients(const T* mean, const
           static_cast<T>(ad * (sum_dy[c] * inv_count))};
 }
 
+// dy taken back through the activation (the forward's output y) as it is loaded, when on.
+template <class T>
+__device__ void load_dy(T (&g)[kGroup], const T* dy, const T* y, BatchNormActivation act, int64_t i, int64_t count,
+                        bool vector) {
+  VectorIO::load(g, dy, i, count, vector);
+  if (!act.on()) return;
+  T out[kGroup];
+  VectorIO::load(out, y, i, count, vector);
+#pragma unroll
+  for (int k = 0; k < kGroup; ++k) g[k] = act.backward(g[k], out[k]);
+}
+
 template <class T>
 struct InputGradMap {
   const T *dy, *x, *mean, *invstd, *weight;
@@ -106,6 +120,8 @@ struct InputGradMap {
   double count;
   double inv_count;  // 1 / count, set by prepared()
   T* dx;
+  BatchNormActivation act;
+  const T* y;  // the forward's output when act.on()
   __device__ InputGradMap prepared() const {
     InputGradMap m = *this;
     m.inv_count = 1.0 / (device_count ? *device_count : count);
@@ -113,7 +129,7 @@ struct InputGradMap {
   }
   __device__ void group(int64_t i, int64_t count, const int64_t (&c)[kGroup], bool vector) const {
     T g[kGroup], v[kGroup];
-    VectorIO::load(g, dy, i, count, vector);
+    load_dy(g, dy, y, act, i, count, vector);
     VectorIO::load(v, x, i, count, vector);
     InputGradCoefficients<T> coefficients{};
 #pragma unroll
@@ -131,10 +147,12 @@ template <class T>
 struct EvalInputGradMap {
   const T *dy, *invstd, *weight;
   T* dx;
+  BatchNormActivation act;
+  const T* y;  // the forward's output when act.on()
   __device__ EvalInputGradMap prepared() const { return *this; }
   __device__ void group(int64_t i, int64_t count, const int64_t (&c)[kGroup], bool vector) const {
     T g[kGroup];
-    VectorIO::load(g, dy, i, count, vector);
+    load_dy(g, dy, y, act, i, count, vector);
     T a = 0;
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) {

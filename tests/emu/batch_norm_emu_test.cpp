@@ -294,6 +294,118 @@ TEST_CASE("batch_norm fused forward and backward: one launch each where a block 
   }
 }
 
+// The activation applied in the same pass (ReLU, LeakyReLU(0.2)) against the unfused pair
+// on the same side: forward, then the activation by its formula; the activation's gradient
+// by its formula (from the output y: slope where y <= 0), then the plain backward. Bit for
+// bit on the CPU and on the emulated GPU (the fused kernels round as the pair), within the
+// fused tolerance across the two; the fused calls launch as many kernels as the plain ones.
+template <class T>
+void check_activation(const Shape& sh, BatchNormActivation act, int launches) {
+  const bool relu = act.kind == BatchNormActivation::Kind::relu;
+  INFO(std::string(sh.name), sizeof(T) == 4 ? " f32" : " f64", relu ? " relu" : " leaky_relu");
+  const int64_t N = sh.N, C = sh.C, S = sh.S, total = N * C * S;
+  const auto x = cast<T>(uniform(total, 1, -1.0, 3.0)), dy = cast<T>(uniform(total, 2)),
+             w = cast<T>(uniform(C, 3, 0.5, 1.5)), b = cast<T>(uniform(C, 4));
+  const T slope = relu ? T(0) : T(act.negative_slope);
+  auto activate = [&](std::vector<T> v) {
+    for (T& e : v) e = e > T(0) ? e : (relu ? T(0) : e * slope);
+    return v;
+  };
+  auto through = [&](const std::vector<T>& g, const std::vector<T>& y) {
+    std::vector<T> out(total);
+    for (int64_t i = 0; i < total; ++i) out[i] = g[i] * (y[i] > T(0) ? T(1) : slope);
+    return out;
+  };
+  struct Side {
+    std::vector<T> y, mean, invstd, rm, rv, dx, dw, db;
+  };
+  // One side's training forward, eval forward and both backwards, fused (act) or not.
+  auto run = [&](bool gpu, BatchNormActivation a) {
+    Side o{nans<T>(total), nans<T>(C), nans<T>(C), cast<T>(uniform(C, 8)), cast<T>(uniform(C, 9, 0.5, 2.0)),
+           nans<T>(total), nans<T>(C), nans<T>(C)};
+    long before = emu_launches;
+    if (gpu) {
+      cuda::batch_norm_forward_training<T>(x.data(), w.data(), b.data(), o.rm.data(), o.rv.data(), N, C, S, 0.1,
+                                           1e-5, o.y.data(), o.mean.data(), o.invstd.data(), nullptr, a);
+      CHECK(emu_launches - before == launches);
+    } else {
+      cpu::batch_norm_forward_training<T>(x.data(), w.data(), b.data(), o.rm.data(), o.rv.data(), N, C, S, 0.1, 1e-5,
+                                          o.y.data(), o.mean.data(), o.invstd.data(), a);
+    }
+    return o;
+  };
+  auto backward = [&](bool gpu, const Side& f, const std::vector<T>& g, BatchNormActivation a, bool training,
+                      Side& o) {
+    o.dx = nans<T>(total), o.dw = nans<T>(C), o.db = nans<T>(C);
+    const long before = emu_launches;
+    if (gpu) {
+      cuda::batch_norm_backward<T>(g.data(), x.data(), f.mean.data(), f.invstd.data(), w.data(), N, C, S, training,
+                                   o.dx.data(), o.dw.data(), o.db.data(), nullptr, a, f.y.data());
+      if (training) CHECK(emu_launches - before == launches);
+    } else {
+      cpu::batch_norm_backward<T>(g.data(), x.data(), f.mean.data(), f.invstd.data(), w.data(), N, C, S, training,
+                                  o.dx.data(), o.dw.data(), o.db.data(), a, f.y.data());
+    }
+  };
+  const double rel = 64 * unit<T>() + 4 * 2.0 * 4 * double(N * S) * std::ldexp(1.0, -53);
+  Side sides[2];
+  for (bool gpu : {false, true}) {
+    const std::string at = gpu ? " (emulated CUDA)" : " (CPU)";
+    Side plain = run(gpu, {}), fused = run(gpu, act);
+    check_equal("y" + at, fused.y, activate(plain.y));
+    check_equal("save_mean" + at, fused.mean, plain.mean);
+    check_equal("save_invstd" + at, fused.invstd, plain.invstd);
+    check_equal("running_mean" + at, fused.rm, plain.rm);
+    check_equal("running_var" + at, fused.rv, plain.rv);
+    for (bool training : {true, false}) {
+      const std::string mode = (training ? " training" : " eval") + at;
+      backward(gpu, fused, through(dy, fused.y), {}, training, plain);
+      backward(gpu, fused, dy, act, training, fused);
+      check_equal("grad_input" + mode, fused.dx, plain.dx);
+      check_equal("grad_weight" + mode, fused.dw, plain.dw);
+      check_equal("grad_bias" + mode, fused.db, plain.db);
+    }
+    if (gpu) {  // in place (grad_input = dy), training
+      auto in_place = dy;
+      cuda::batch_norm_backward<T>(in_place.data(), x.data(), fused.mean.data(), fused.invstd.data(), w.data(), N, C,
+                                   S, true, in_place.data(), nullptr, nullptr, nullptr, act, fused.y.data());
+      backward(gpu, fused, dy, act, true, fused);
+      check_equal("grad_input in place" + at, in_place, fused.dx);
+    }
+    // The eval forward: the running statistics, then the activation.
+    auto ye_plain = nans<T>(total), ye_fused = nans<T>(total);
+    if (gpu) {
+      cuda::batch_norm_forward_eval<T>(x.data(), fused.rm.data(), fused.rv.data(), w.data(), b.data(), N, C, S, 1e-5,
+                                       ye_plain.data(), nullptr);
+      cuda::batch_norm_forward_eval<T>(x.data(), fused.rm.data(), fused.rv.data(), w.data(), b.data(), N, C, S, 1e-5,
+                                       ye_fused.data(), nullptr, act);
+    } else {
+      cpu::batch_norm_forward_eval<T>(x.data(), fused.rm.data(), fused.rv.data(), w.data(), b.data(), N, C, S, 1e-5,
+                                      ye_plain.data());
+      cpu::batch_norm_forward_eval<T>(x.data(), fused.rm.data(), fused.rv.data(), w.data(), b.data(), N, C, S, 1e-5,
+                                      ye_fused.data(), act);
+    }
+    check_equal("eval y" + at, ye_fused, activate(ye_plain));
+    backward(gpu, fused, dy, act, true, fused);
+    sides[gpu] = fused;
+  }
+  check_rel("y, emulated CUDA against CPU", sides[1].y, sides[0].y, rel);
+  check_rel("grad_input, emulated CUDA against CPU", sides[1].dx, sides[0].dx, rel);
+  check_rel("grad_weight, emulated CUDA against CPU", sides[1].dw, sides[0].dw, rel);
+  check_rel("grad_bias, emulated CUDA against CPU", sides[1].db, sides[0].db, rel);
+}
+
+TEST_CASE("batch_norm with ReLU / LeakyReLU in the same pass: bit for bit the unfused pair, no launch more") {
+  using Kind = BatchNormActivation::Kind;
+  for (const auto& [sh, launches] : {std::pair{kPlanes, 1}, std::pair{kFewRows, 1}, std::pair{kOdd, 1},
+                                     std::pair{kSplit, 2}, std::pair{kSplitOdd, 2}, std::pair{kColumns, 2}}) {
+    for (BatchNormActivation act : {BatchNormActivation{Kind::relu, 0}, BatchNormActivation{Kind::leaky_relu, 0.2}}) {
+      check_activation<float>(sh, act, launches);
+      check_activation<double>(sh, act, launches);
+    }
+  }
+}
+
 TEST_CASE("batch_norm statistics of an empty batch are zero") {
   std::vector<double> sum = nans<double>(4), sumsq = nans<double>(4), sdy = nans<double>(4), sdx = nans<double>(4);
   std::vector<float> mean(4, 0.5f);

@@ -1,6 +1,7 @@
 // DCGAN: the configs by name, shapes, PyTorch's state_dict names and parameter counts
 // (examples/dcgan's at dcgan64), init statistics, forward/backward through G and D,
-// input and config checks.
+// input and config checks, and the training step with each BatchNorm2d + activation as one
+// op bit for bit that of the modules one by one (SyncBatchNorm keeping the pair apart).
 #include <algorithm>
 #include <cmath>
 
@@ -178,6 +179,63 @@ TEST_CASE("DCGAN: dcgan_init also reaches BatchNorm layers already converted to 
   REQUIRE(w.defined());
   CHECK(w.sub(1.0).abs().max().item() > 0);   // drawn, not the default ones
   CHECK(w.sub(1.0).abs().max().item() < 0.2);  // around 1 with spread 0.02
+}
+
+// apps/train_gan's step (D on real and fake, then G through D, Adam on both) three times on
+// the same seeds: once through the models' Sequentials (each BatchNorm2d + ReLU /
+// LeakyReLU one op), once with every module called one by one. The losses, every
+// parameter, gradient and buffer equal bit for bit. Converted to SyncBatchNorm, the
+// pair stays two ops (its output is the activation's).
+TEST_CASE("DCGAN: a training step with BatchNorm + activation as one op is the modules' step, bit for bit") {
+  auto chain = [](const nn::Sequential& seq, Tensor x, bool fused) {
+    if (fused) return seq->forward(x);
+    for (const auto& m : *seq) x = m->forward(x);
+    return x;
+  };
+  auto train = [&](bool fused) {
+    manual_seed(11);
+    models::DCGANGenerator G(8, 4);
+    models::DCGANDiscriminator D(4);
+    models::dcgan_init(*G);
+    models::dcgan_init(*D);
+    optim::Adam opt_g(G->parameters(), optim::AdamOptions(2e-4)), opt_d(D->parameters(), optim::AdamOptions(2e-4));
+    auto d = [&](const Tensor& images) { return chain(D->main, images, fused).reshape({images.size(0)}); };
+    std::vector<Tensor> out;
+    for (int step = 0; step < 3; ++step) {
+      const Tensor real = rand({4, 1, 28, 28}) * 2.0 - 1.0;
+      const Tensor fake = chain(G->main, randn({4, 8, 1, 1}), fused);
+      opt_d.zero_grad();
+      const Tensor loss_d = binary_cross_entropy_with_logits(d(real), ones({4})) +
+                            binary_cross_entropy_with_logits(d(fake.detach()), zeros({4}));
+      loss_d.backward();
+      opt_d.step();
+      opt_g.zero_grad();
+      const Tensor loss_g = binary_cross_entropy_with_logits(d(fake), ones({4}));
+      loss_g.backward();
+      opt_g.step();
+      out.push_back(loss_d.detach());
+      out.push_back(loss_g.detach());
+    }
+    for (const nn::Module* m : {static_cast<nn::Module*>(G.get()), static_cast<nn::Module*>(D.get())}) {
+      for (const auto& [name, t] : m->state_dict()) out.push_back(t);
+      for (const Tensor& p : m->parameters()) out.push_back(p.grad());
+    }
+    return out;
+  };
+  const std::vector<Tensor> fused = train(true), one_by_one = train(false);
+  REQUIRE(fused.size() == one_by_one.size());
+  for (size_t i = 0; i < fused.size(); ++i) {
+    CAPTURE(i);
+    CHECK(nd::testing::bitwise_equal(fused[i], one_by_one[i]));
+  }
+  // The fused op is there: D's BatchNorm (main.3) and its LeakyReLU (main.4) as one node.
+  models::DCGANDiscriminator D(4);
+  const Tensor x = randn({2, 4, 14, 14});
+  const nn::Sequential pair(D->main[2], D->main[3], D->main[4]);
+  CHECK(pair->forward(x).grad_fn()->name() == "NativeBatchNormLeakyReluBackward");
+  nn::convert_sync_batchnorm(D.ptr());
+  const nn::Sequential converted(D->main[2], D->main[3], D->main[4]);
+  CHECK(converted->forward(x).grad_fn()->name() == "LeakyReluBackward");
 }
 
 TEST_CASE("DCGAN: wrong input shapes are clear errors") {

@@ -129,6 +129,63 @@ TEST_CASE("containers: Sequential and ModuleList") {
   CHECK(error_message([&] { seq->push_back(nn::Linear(nullptr)); }).find("empty module") != std::string::npos);
 }
 
+// Sequential runs BatchNorm2d and the ReLU / LeakyReLU after it as one op (its node names
+// both), with the values, running statistics and gradients of the modules one by one; a
+// LeakyReLU with a negative slope, a subclass with its own forward, or a BatchNorm2d
+// followed by anything else, runs alone.
+TEST_CASE("containers: Sequential runs BatchNorm2d + ReLU / LeakyReLU as one op, the same bits") {
+  struct TwiceReLU : nn::ReLUImpl {
+    Tensor forward(const Tensor& input) override { return nn::ReLUImpl::forward(input) * 2.0; }
+  };
+  const auto leaky = [](double slope) { return nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(slope)); };
+  struct Case {
+    nn::Sequential seq;
+    const char* node;
+  };
+  std::vector<Case> cases;
+  cases.push_back({nn::Sequential(nn::BatchNorm2d(3), nn::ReLU()), "NativeBatchNormReluBackward"});
+  cases.push_back({nn::Sequential(nn::BatchNorm2d(3), leaky(0.2)), "NativeBatchNormLeakyReluBackward"});
+  cases.push_back({nn::Sequential(nn::BatchNorm2d(3), leaky(-0.2)), "LeakyReluBackward"});
+  cases.push_back({nn::Sequential(nn::BatchNorm2d(3), nn::Tanh()), "TanhBackward"});
+  cases.push_back({nn::Sequential(nn::BatchNorm2d(3), std::make_shared<TwiceReLU>()), "MulBackward"});
+  for (Case& c : cases) {
+    CAPTURE(c.node);
+    for (const bool training : {true, false}) {
+      CAPTURE(training);
+      auto bn = c.seq->ptr<nn::BatchNorm2dImpl>(0);
+      {
+        NoGradGuard no_grad;
+        nn::init::normal_(bn->weight, 1.0, 0.5);
+        nn::init::normal_(bn->bias, 0.0, 0.5);
+        nn::init::normal_(bn->running_mean, 0.0, 0.5);
+      }
+      const Tensor rm0 = bn->running_mean.clone(), rv0 = bn->running_var.clone();
+      const Tensor x = randn({4, 3, 5, 5}), dy = randn({4, 3, 5, 5});
+      auto run = [&](bool whole) {
+        c.seq->train(training);
+        {
+          NoGradGuard no_grad;
+          bn->running_mean.copy_(rm0);
+          bn->running_var.copy_(rv0);
+        }
+        c.seq->zero_grad();
+        const Tensor xg = x.clone().requires_grad_();
+        const Tensor y = whole ? c.seq->forward(xg) : c.seq[1]->forward(c.seq[0]->forward(xg));
+        if (whole) CHECK(y.grad_fn()->name() == c.node);
+        (y * dy).sum().backward();
+        return std::vector<Tensor>{y.detach(), bn->running_mean.clone(), bn->running_var.clone(), xg.grad(),
+                                   bn->weight.grad(), bn->bias.grad()};
+      };
+      const std::vector<Tensor> whole = run(true), one_by_one = run(false);
+      const char* names[] = {"y", "running_mean", "running_var", "x.grad", "weight.grad", "bias.grad"};
+      for (size_t i = 0; i < whole.size(); ++i) {
+        CAPTURE(names[i]);
+        CHECK(nd::testing::bitwise_equal(whole[i], one_by_one[i]));
+      }
+    }
+  }
+}
+
 TEST_CASE("init: PyTorch's distributions and bounds") {
   manual_seed(7);
   SUBCASE("Linear: kaiming_uniform_(a=sqrt(5)) weight, U(+-1/sqrt(in)) bias") {

@@ -1,8 +1,9 @@
 // batch_norm and layer_norm ops: gradcheck table, known values, running stats and
-// their versions, argument errors.
+// their versions, batch_norm with its activation against the unfused pair, argument errors.
 #include <cmath>
 
 #include "engine/ops/batch_norm.h"
+#include "engine/ops/elementwise.h"
 #include "engine/ops/layer_norm.h"
 #include "harness.h"
 
@@ -27,6 +28,13 @@ TEST_CASE("norm: gradcheck table (f64, non-contiguous, batch size 1)") {
       {"batch_norm eval", {{4, 3, 2}, {3}, {3}},
        [&](const V& x) { return batch_norm(x[0], eval_mean, eval_var, x[1], x[2], false, 0.1, 1e-3); }},
       {"batch_norm then tanh", {{3, 3, 3}, {3}}, [&](const V& x) { return tanh(batch_norm(x[0], {}, {}, x[1], {}, true)); }},
+      {"batch_norm + relu train", {{4, 3, 5}, {3}, {3}},
+       [&](const V& x) { return batch_norm(x[0], {}, {}, x[1], x[2], true, 0.1, 1e-5, {BatchNormActivation::Kind::relu}); }},
+      {"batch_norm + leaky_relu eval", {{4, 3, 2}, {3}, {3}},
+       [&](const V& x) {
+         return batch_norm(x[0], eval_mean, eval_var, x[1], x[2], false, 0.1, 1e-3,
+                           {BatchNormActivation::Kind::leaky_relu, 0.2});
+       }},
       {"layer_norm [M, D]", {{3, 7}, {7}, {7}}, [](const V& x) { return layer_norm(x[0], {7}, x[1], x[2]); }},
       {"layer_norm two trailing dims", {{2, 3, 4}, {3, 4}, {3, 4}},
        [](const V& x) { return layer_norm(x[0], {3, 4}, x[1], x[2], 1e-3); }},
@@ -76,6 +84,53 @@ TEST_CASE("batch_norm: eval backward sees a running-stat update made after its f
   CHECK(msg.find("last modified by batch_norm") != std::string::npos);
 }
 
+// batch_norm(..., activation) is relu(batch_norm(...)) / leaky_relu(batch_norm(...), 0.2) bit
+// for bit: the output, the running statistics and every gradient, training and eval, f32
+// and f64; its backward checks the output's version as the activation's would.
+TEST_CASE("batch_norm with its activation: bit for bit the unfused pair") {
+  using Kind = BatchNormActivation::Kind;
+  for (const ScalarType dtype : {kFloat32, kFloat64}) {
+    for (const BatchNormActivation act : {BatchNormActivation{Kind::relu, 0}, BatchNormActivation{Kind::leaky_relu, 0.2}}) {
+      for (const bool training : {true, false}) {
+        CAPTURE(dtype == kFloat32);
+        CAPTURE(static_cast<int>(act.kind));
+        CAPTURE(training);
+        auto run = [&](bool fused) {
+          Tensor x = nd::testing::random_input({4, 3, 5, 5}, 1).to(dtype).requires_grad_();
+          Tensor w = nd::testing::random_input({3}, 2, false, 0.5, 1.5).to(dtype).requires_grad_();
+          Tensor b = nd::testing::random_input({3}, 3).to(dtype).requires_grad_();
+          Tensor rm = nd::testing::random_input({3}, 4).to(dtype), rv = ones({3}, dtype);
+          Tensor y;
+          if (fused) {
+            y = batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5, act);
+          } else {
+            y = batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5);
+            y = act.kind == Kind::relu ? relu(y) : leaky_relu(y, act.negative_slope);
+          }
+          (y * nd::testing::random_input({4, 3, 5, 5}, 5).to(dtype)).sum().backward();
+          return std::vector<Tensor>{y.detach(), rm, rv, x.grad(), w.grad(), b.grad()};
+        };
+        const std::vector<Tensor> fused = run(true), plain = run(false);
+        const char* names[] = {"y", "running_mean", "running_var", "x.grad", "weight.grad", "bias.grad"};
+        for (size_t i = 0; i < fused.size(); ++i) {
+          CAPTURE(names[i]);
+          CHECK(nd::testing::bitwise_equal(fused[i], plain[i]));
+        }
+      }
+    }
+  }
+  // The backward reads the output: modified in place after the forward, it is refused.
+  Tensor x = nd::testing::random_input({4, 2, 3}, 6).requires_grad_();
+  Tensor y = batch_norm(x, {}, {}, {}, {}, true, 0.1, 1e-5, {BatchNormActivation::Kind::relu});
+  {
+    NoGradGuard no_grad;
+    y.mul_(2.0);
+  }
+  const std::string msg = nd::testing::error_message([&] { y.sum().backward(); });
+  CHECK(msg.find("modified by an inplace operation") != std::string::npos);
+  CHECK(msg.find("NativeBatchNormReluBackward") != std::string::npos);
+}
+
 TEST_CASE("layer_norm: known values") {
   // Row (1, 3): mean 2, var 1 -> (-1, 1); times weight (2, 3) plus bias (0, 1).
   Tensor x = tensor({1, 3}, kFloat64).reshape({1, 2});
@@ -103,6 +158,10 @@ TEST_CASE("norm: argument errors name what was expected and found") {
             .find("same dtype") != std::string::npos);
   CHECK(error_message([] { batch_norm(ones({2, 3}, kInt64), {}, {}, {}, {}, true); })
             .find("expected a f32 or f64 tensor") != std::string::npos);
+  CHECK(error_message([] {
+          batch_norm(ones({2, 3}), {}, {}, {}, {}, true, 0.1, 1e-5, {BatchNormActivation::Kind::leaky_relu, -0.5});
+        }).find("batch_norm: expected a LeakyReLU negative_slope >= 0 to apply in the same pass, found -0.5") !=
+        std::string::npos);
   CHECK(error_message([] { layer_norm(ones({2, 3}), {4}); })
             .find("layer_norm: given normalized_shape=[4], expected input with shape [*, 4], found [cpu f32 [2, 3]]") !=
         std::string::npos);
