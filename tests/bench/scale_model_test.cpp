@@ -522,23 +522,19 @@ TEST_CASE("workloads: shapes:PATH, a model by its sizes, with a synthetic step")
   Workload copy = make_workload("shapes:" + path, 32);
   CHECK(error_of([&] { profile_workload(copy, 1); }) ==
         "profile_workload: shapes:" + path + " has no step to run (synthetic_profile gives one)");
-  write("param 3 x\n");
-  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) == path + ":1: expected sizes >= 1, found 'x'");
-  write("param 3\nweight 3\n");
-  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) ==
-        path + ":2: expected 'param D0 D1 ...' or 'buffer BYTES DTYPE', found 'weight 3'");
-  write("param 3\nbuffer 8\n");
-  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) ==
-        path + ":2: expected 'param D0 D1 ...' or 'buffer BYTES DTYPE', found 'buffer 8'");
-  write("param 3\nbuffer 8 f8\n");
-  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) ==
-        path + ":2: expected a dtype (f32, f64, bf16, f16, i64, i32, u8, bool), found 'f8'");
-  write("param 3\nbuffer 6 f32\n");
-  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) ==
-        path + ":2: 6 bytes is not a whole number of f32 elements (4 bytes each)");
-  write("buffer 8 i64\n");
-  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) ==
-        "shapes: " + path + " names no parameter ('param D0 D1 ...')");
+  // Each bad file and the error it gets.
+  const std::vector<std::pair<std::string, std::string>> bad{
+      {"param 3 x\n", path + ":1: expected sizes >= 1, found 'x'"},
+      {"param 3\nweight 3\n", path + ":2: expected 'param D0 D1 ...' or 'buffer BYTES DTYPE', found 'weight 3'"},
+      {"param 3\nbuffer 8\n", path + ":2: expected 'param D0 D1 ...' or 'buffer BYTES DTYPE', found 'buffer 8'"},
+      {"param 3\nbuffer 8 f8\n", path + ":2: expected a dtype (f32, f64, bf16, f16, i64, i32, u8, bool), found 'f8'"},
+      {"param 3\nbuffer 6 f32\n", path + ":2: 6 bytes is not a whole number of f32 elements (4 bytes each)"},
+      {"buffer 8 i64\n", "shapes: " + path + " names no parameter ('param D0 D1 ...')"}};
+  for (const auto& [text, message] : bad) {
+    CAPTURE(text);
+    write(text);
+    CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) == message);
+  }
   std::remove(path.c_str());
   CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) == "shapes: cannot read " + path);
 }
