@@ -142,27 +142,6 @@ void Reducer::verify_layout() {
   }
 }
 
-void Reducer::broadcast_state(bool params_too) {
-  if (pg_->size() == 1) return;
-  CollectivePurpose purpose(std::string(params_too ? "parameters and buffers" : "buffers") + " of DDP model '" +
-                            name_ + "' from rank 0");
-  NoGradGuard no_grad;
-  std::vector<std::shared_ptr<Work>> works;
-  auto send = [&](const Tensor& t) {
-    ND_CHECK(t.is_contiguous(), "DistributedDataParallel '", name_, "': cannot broadcast non-contiguous ",
-             t.describe());
-    works.push_back(pg_->broadcast(t, 0));
-  };
-  if (params_too)
-    for (const Tensor& p : params_) send(p);
-  for (const Tensor& b : buffers_) send(b);
-  // NCCL: the forward's kernels wait for the broadcasts, the host does not (MPI: blocks).
-  for (auto& w : works) w->wait_on_device();
-  if (params_too)
-    for (const Tensor& p : params_) p.storage()->bump_version("DistributedDataParallel.broadcast");
-  for (const Tensor& b : buffers_) b.storage()->bump_version("DistributedDataParallel.broadcast_buffers");
-}
-
 void Reducer::build_buckets(const std::vector<size_t>& order) {
   // Keep the gradients accumulated so far (no_sync, or the first iteration's) across a rebuild.
   std::vector<Tensor> old_grads(params_.size());

@@ -87,6 +87,15 @@ struct DistributedDataParallelOptions {
 std::vector<std::vector<size_t>> plan_buckets(const std::vector<Tensor>& params, const std::vector<size_t>& order,
                                               const DistributedDataParallelOptions& options);
 
+// How DDP broadcasts its parameters (at construction) and buffers (before a forward) from rank 0,
+// as PyTorch's _broadcast_coalesced: the tensors of one dtype and device flattened into one
+// broadcast, a group closed when the next tensor would take its bytes past `cap_bytes` (a tensor
+// larger than the cap gets one of its own). Per broadcast, its tensors' indices in order;
+// the groups in the order they were opened. bench/scale_model prices the buffers with it.
+constexpr int64_t kBroadcastCapBytes = 250 * 1024 * 1024;  // PyTorch's buffer_broadcast bucket
+std::vector<std::vector<size_t>> plan_broadcasts(const std::vector<Tensor>& tensors,
+                                                 int64_t cap_bytes = kBroadcastCapBytes);
+
 class Reducer : public std::enable_shared_from_this<Reducer> {
  public:
   // Verifies that every rank holds the same parameters (names the first difference

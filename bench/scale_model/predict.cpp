@@ -112,8 +112,13 @@ StepResult predict(const Workload& w, const Profile& profile, const Options& o, 
     for (size_t m : reached) {
       const DdpModel& model = w.models[m];
       in.before += ar(32);  // the per-iteration fingerprint
-      if (o.broadcast_buffers)
-        for (const int64_t bytes : model.buffer_bytes) in.before += broadcast(static_cast<double>(bytes), gpus, fabric);
+      if (o.broadcast_buffers)  // as the Reducer: one broadcast per dtype (dist::plan_broadcasts)
+        for (const std::vector<size_t>& group : dist::plan_broadcasts(model.buffers)) {
+          double bytes = 0;
+          for (size_t i : group)
+            bytes += static_cast<double>(model.buffers[i].numel()) * element_size(model.buffers[i].dtype());
+          in.before += broadcast(bytes, gpus, fabric);
+        }
       const std::vector<std::vector<size_t>>& plan = plans[m];
       const double status = (static_cast<double>(model.params.size()) + 1) * e;
       std::vector<BucketComm> buckets;

@@ -22,8 +22,8 @@
 //   zero 2    buckets reduce-scattered (the chunk copied back: 2 n e bytes of memory traffic);
 //             status slots all-reduced apart; the same all-gather
 // Every backward also pays DDP's 32-byte fingerprint all-reduce, and each model's buffers are
-// broadcast once per backward that reaches it (both counted as blocking; broadcast_buffers off:
-// none).
+// broadcast once per backward that reaches it, one broadcast per dtype as the Reducer coalesces
+// them (dist::plan_broadcasts; both counted as blocking; broadcast_buffers off: none).
 #pragma once
 
 #include <functional>

@@ -13,9 +13,18 @@ DdpModel ddp_model(const std::string& name, nn::Module& module) {
   DdpModel m{name, {}, {}};
   for (const Tensor& p : module.parameters())
     if (p.requires_grad()) m.params.push_back(p);
-  for (const Tensor& b : module.buffers())
-    m.buffer_bytes.push_back(b.numel() * static_cast<int64_t>(element_size(b.dtype())));
+  m.buffers = module.buffers();
   return m;
+}
+
+// The dtype dtype_name calls `name`; else an error at `where` listing the names.
+ScalarType dtype_named(const std::string& name, const std::string& where) {
+  std::string names;
+  for (const ScalarType t : {kFloat32, kFloat64, kBFloat16, kFloat16, kInt64, kInt32, kUInt8, kBool}) {
+    if (name == dtype_name(t)) return t;
+    names += std::string(names.empty() ? "" : ", ") + dtype_name(t);
+  }
+  throw Error(where + ": expected a dtype (" + names + "), found '" + name + "'");
 }
 
 DdpModel shapes_model(const std::string& path) {
@@ -28,8 +37,9 @@ DdpModel shapes_model(const std::string& path) {
     std::istringstream words(line.substr(0, line.find('#')));
     std::string kind;
     if (!(words >> kind)) continue;
-    std::vector<int64_t> sizes;
-    for (std::string word; words >> word;) {
+    std::vector<std::string> rest;
+    for (std::string word; words >> word;) rest.push_back(word);
+    auto size = [&](const std::string& word) {
       size_t used = 0;
       int64_t v = -1;
       try {
@@ -38,15 +48,23 @@ DdpModel shapes_model(const std::string& path) {
         used = 0;
       }
       ND_CHECK(used == word.size() && v >= 1, path, ":", number, ": expected sizes >= 1, found '", word, "'");
-      sizes.push_back(v);
-    }
-    if (kind == "param" && !sizes.empty())
+      return v;
+    };
+    if (kind == "param" && !rest.empty()) {
+      Shape sizes;
+      for (const std::string& word : rest) sizes.push_back(size(word));
       m.params.push_back(empty(sizes));
-    else if (kind == "buffer" && sizes.size() == 1)
-      m.buffer_bytes.push_back(sizes[0]);
-    else
-      throw Error(path + ":" + std::to_string(number) + ": expected 'param D0 D1 ...' or 'buffer BYTES', found '" +
-                  line + "'");
+    } else if (kind == "buffer" && rest.size() == 2) {
+      const int64_t bytes = size(rest[0]);
+      const ScalarType t = dtype_named(rest[1], path + ":" + std::to_string(number));
+      const auto e = static_cast<int64_t>(element_size(t));
+      ND_CHECK(bytes % e == 0, path, ":", number, ": ", bytes, " bytes is not a whole number of ", dtype_name(t),
+               " elements (", e, " bytes each)");
+      m.buffers.push_back(empty({bytes / e}, t));
+    } else {
+      throw Error(path + ":" + std::to_string(number) +
+                  ": expected 'param D0 D1 ...' or 'buffer BYTES DTYPE', found '" + line + "'");
+    }
   }
   ND_CHECK(!m.params.empty(), "shapes: ", path, " names no parameter ('param D0 D1 ...')");
   return m;

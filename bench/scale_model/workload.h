@@ -18,7 +18,8 @@ namespace nd::scale {
 struct DdpModel {
   std::string name;
   std::vector<Tensor> params;          // those that require grad, in registration order
-  std::vector<int64_t> buffer_bytes;   // what DDP broadcasts before a forward, per buffer
+  // What DDP broadcasts before a forward, one broadcast per dist::plan_broadcasts group (per dtype).
+  std::vector<Tensor> buffers;
 };
 
 class Recorder;
@@ -39,7 +40,7 @@ struct Workload {
 // 2e-4, AdamW). batch 0: the apps' default (64, 128). profile_batch: the batch the CPU profile
 // runs (0: batch), for models too large to profile at theirs. "shapes:PATH": a model we do not
 // have, known by its parameters' and buffers' sizes only (a line each, in registration order:
-// "param D0 D1 ..." or "buffer BYTES"; '#' starts a comment), one DDP model without a step
+// "param D0 D1 ..." or "buffer BYTES DTYPE", DTYPE as dtype_name writes it; '#' starts a comment), one DDP model without a step
 // (synthetic_profile). Throws nd::Error naming the models, or the file's line that is wrong.
 Workload make_workload(const std::string& name, int64_t batch, int64_t profile_batch = 0);
 std::string workload_names();

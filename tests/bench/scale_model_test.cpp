@@ -290,6 +290,13 @@ Profile one_backward(const Workload& w) {
   return p;
 }
 
+// What the model's buffers hold, in bytes.
+double buffer_bytes(const DdpModel& m) {
+  double bytes = 0;
+  for (const nd::Tensor& b : m.buffers) bytes += static_cast<double>(b.numel()) * nd::element_size(b.dtype());
+  return bytes;
+}
+
 // Bandwidth only (no latency), 8 ranks per node.
 Fabric bandwidth_only(double bw) {
   Fabric f;
@@ -304,9 +311,9 @@ TEST_CASE("predict: MAE tiny's one bucket, its hooks and ZeRO, priced on a bandw
   const Workload w = make_workload("mae-tiny", 2);
   REQUIRE(w.models.size() == 1);
   const Profile profile = one_backward(w);
-  double numel = 0, buffers = 0;
+  double numel = 0;
+  const double buffers = buffer_bytes(w.models[0]);
   for (const nd::Tensor& t : w.models[0].params) numel += static_cast<double>(t.numel());
-  for (const int64_t b : w.models[0].buffer_bytes) buffers += static_cast<double>(b);
   CHECK(numel == 116656);  // docs/models.md
   const double P = static_cast<double>(w.models[0].params.size());
   const Fabric f = bandwidth_only(1e9);
@@ -362,8 +369,7 @@ TEST_CASE("predict: PowerSGD sends P with the uncompressed rest, Q after the end
   DeviceModel device;
   device.memory_bandwidth = 1e300;
   const double ring = 2 * 3.0 / 4 / 1e9, P = static_cast<double>(w.models[0].params.size());
-  double buffers = 0;
-  for (const int64_t b : w.models[0].buffer_bytes) buffers += static_cast<double>(b);
+  const double buffers = buffer_bytes(w.models[0]);
   CHECK(predict(w, profile, psgd, device, f, 4, Algorithm::kRing).step ==
         doctest::Approx(0.030 + 32 * ring + buffers / 1e9 + (plain + p_elems + q_elems + P + 1) * 4 * ring)
             .epsilon(1e-12));
@@ -378,9 +384,9 @@ TEST_CASE("predict: the hooks' compute from DeviceModel::hook_cost, scaled as th
   const Profile profile = one_backward(w);
   const Fabric f = bandwidth_only(1e9);
   const double ring = 2 * 3.0 / 4 / 1e9, P = static_cast<double>(w.models[0].params.size());
-  double numel = 0, buffers = 0;
+  double numel = 0;
+  const double buffers = buffer_bytes(w.models[0]);
   for (const nd::Tensor& t : w.models[0].params) numel += static_cast<double>(t.numel());
-  for (const int64_t b : w.models[0].buffer_bytes) buffers += static_cast<double>(b);
   Options bf16;
   parse_hook("bf16", bf16);
   DeviceModel device;
@@ -470,16 +476,37 @@ TEST_CASE("workloads: --ready bytes spreads each backward's gradients by the ele
   CHECK(p.backwards[0].ready.back().at == doctest::Approx(3));
 }
 
+TEST_CASE("predict: the buffers cost one broadcast per dtype, as DDP coalesces them, not one per buffer") {
+  const std::string path = (std::filesystem::temp_directory_path() / "nanoddp_scale_model_test_buffers.txt").string();
+  // Two f32 buffers (40 + 400 bytes) and two i64 counts (8 bytes each), interleaved: 2 broadcasts.
+  std::ofstream(path) << "param 10\nbuffer 40 f32\nbuffer 8 i64\nbuffer 400 f32\nbuffer 8 i64\n";
+  const Workload w = make_workload("shapes:" + path, 1);
+  std::remove(path.c_str());
+  const Profile profile = synthetic_profile(w, 0.75);
+  Fabric f;
+  f.intra = f.inter = Link{1e-6, 1e9};
+  f.base_latency = 5e-6;
+  Options on, off;
+  off.broadcast_buffers = false;
+  const DeviceModel device;
+  // 4 ranks on one node: a broadcast costs 5 us + 3 x 1 us + n / (1 GB/s), blocking before the step.
+  const double added = predict(w, profile, on, device, f, 4, Algorithm::kRing).step -
+                       predict(w, profile, off, device, f, 4, Algorithm::kRing).step;
+  CHECK(added == doctest::Approx(2 * 8e-6 + 456 / 1e9).epsilon(1e-9));
+}
+
 TEST_CASE("workloads: shapes:PATH, a model by its sizes, with a synthetic step") {
   const std::string path = (std::filesystem::temp_directory_path() / "nanoddp_scale_model_test_shapes.txt").string();
   auto write = [&](const std::string& text) { std::ofstream(path) << text; };
   // 3 parameters (1000 x 2048 = 2,048,000, 1000 and 64 x 3 x 7 x 7 = 9,408 elements) and a buffer.
-  write("# a comment\nparam 64 3 7 7\nbuffer 8  # num_batches_tracked\n\nparam 1000 2048\nparam 1000\n");
+  write("# a comment\nparam 64 3 7 7\nbuffer 8 i64  # num_batches_tracked\n\nparam 1000 2048\nparam 1000\n");
   const Workload w = make_workload("shapes:" + path, 32);
   REQUIRE(w.models.size() == 1);
   REQUIRE(w.models[0].params.size() == 3);
   CHECK(w.models[0].params[1].numel() == 2048000);
-  CHECK(w.models[0].buffer_bytes == std::vector<int64_t>{8});
+  REQUIRE(w.models[0].buffers.size() == 1);
+  CHECK(w.models[0].buffers[0].dtype() == nd::kInt64);
+  CHECK(w.models[0].buffers[0].numel() == 1);
   CHECK(!w.step);
   // Backward: the last 3/4 of the 1 s step; gradients ready last-registered first, by elements.
   const Profile p = synthetic_profile(w, 0.75);
@@ -495,14 +522,19 @@ TEST_CASE("workloads: shapes:PATH, a model by its sizes, with a synthetic step")
   Workload copy = make_workload("shapes:" + path, 32);
   CHECK(error_of([&] { profile_workload(copy, 1); }) ==
         "profile_workload: shapes:" + path + " has no step to run (synthetic_profile gives one)");
-  write("param 3 x\n");
-  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) == path + ":1: expected sizes >= 1, found 'x'");
-  write("param 3\nweight 3\n");
-  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) ==
-        path + ":2: expected 'param D0 D1 ...' or 'buffer BYTES', found 'weight 3'");
-  write("buffer 8\n");
-  CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) ==
-        "shapes: " + path + " names no parameter ('param D0 D1 ...')");
+  // Each bad file and the error it gets.
+  const std::vector<std::pair<std::string, std::string>> bad{
+      {"param 3 x\n", path + ":1: expected sizes >= 1, found 'x'"},
+      {"param 3\nweight 3\n", path + ":2: expected 'param D0 D1 ...' or 'buffer BYTES DTYPE', found 'weight 3'"},
+      {"param 3\nbuffer 8\n", path + ":2: expected 'param D0 D1 ...' or 'buffer BYTES DTYPE', found 'buffer 8'"},
+      {"param 3\nbuffer 8 f8\n", path + ":2: expected a dtype (f32, f64, bf16, f16, i64, i32, u8, bool), found 'f8'"},
+      {"param 3\nbuffer 6 f32\n", path + ":2: 6 bytes is not a whole number of f32 elements (4 bytes each)"},
+      {"buffer 8 i64\n", "shapes: " + path + " names no parameter ('param D0 D1 ...')"}};
+  for (const auto& [text, message] : bad) {
+    CAPTURE(text);
+    write(text);
+    CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) == message);
+  }
   std::remove(path.c_str());
   CHECK(error_of([&] { make_workload("shapes:" + path, 0); }) == "shapes: cannot read " + path);
 }

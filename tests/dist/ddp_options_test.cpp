@@ -1,7 +1,9 @@
 // DistributedDataParallel's options and layout, run at 1, 2 and 4 ranks: what
-// construction checks and broadcasts, broadcast_buffers, gradient_as_bucket_view, bucket
+// construction checks and broadcasts, broadcast_buffers (coalesced: one broadcast per dtype), gradient_as_bucket_view, bucket
 // caps and their rebuild in gradient-ready order, and the state_dict it exposes.
+#include <cstring>
 #include <map>
+#include <random>
 #include <set>
 
 #include "collectives/ddp.h"
@@ -68,6 +70,87 @@ TEST_CASE("ddp: broadcast_buffers(true) gives every rank rank 0's buffers at eac
       for (auto& [name, b] : model->named_buffers())
         nd::testing::check_close(b, std::vector<double>(b.numel(), expected), 0, 0, name);
     }
+  }
+}
+
+TEST_CASE("ddp: plan_broadcasts groups tensors by dtype, each group up to the cap, a larger tensor alone") {
+  // f32 x 10 (40 bytes), i64 x 1, f32 x 10, f32 x 10, f64 x 100 (800 bytes), cap 80 bytes.
+  const std::vector<Tensor> tensors{empty({10}), empty({1}, kInt64), empty({2, 5}), empty({10}),
+                                    empty({100}, kFloat64)};
+  CHECK(dist::plan_broadcasts(tensors, 80) == std::vector<std::vector<size_t>>{{0, 2}, {1}, {3}, {4}});
+  // PyTorch's 250 MiB: one broadcast per dtype.
+  CHECK(dist::plan_broadcasts(tensors) == std::vector<std::vector<size_t>>{{0, 2, 3}, {1}, {4}});
+  CHECK(dist::plan_broadcasts({}).empty());
+  CHECK(nd::testing::error_message([&] { dist::plan_broadcasts(tensors, 0); }) ==
+        "plan_broadcasts: expected a positive cap in bytes, found 0");
+}
+
+namespace {
+// A Linear (f32 weight and bias) with buffers of six dtypes that its forward never reads, so
+// any bit pattern may sit in them: f64, f32 (two), bf16, i64 (two), i32, u8.
+nn::Sequential make_mixed_buffers() {
+  nn::Sequential m(nn::Linear(nn::LinearOptions(4, 3)));
+  m->register_buffer("f64", empty({3}, kFloat64));
+  m->register_buffer("f32", empty({5}, kFloat32));
+  m->register_buffer("bf16", empty({7}, kBFloat16));
+  m->register_buffer("i64", empty({1}, kInt64));
+  m->register_buffer("f32b", empty({2, 3}, kFloat32));
+  m->register_buffer("i32", empty({3}, kInt32));
+  m->register_buffer("i64b", empty({4}, kInt64));
+  m->register_buffer("u8", empty({9}, kUInt8));
+  return m;
+}
+constexpr uint64_t kMixedGroups = 6;
+
+size_t nbytes(const Tensor& t) { return static_cast<size_t>(t.numel()) * element_size(t.dtype()); }
+
+// Random bytes from `seed` in every buffer (NaNs, infinities and -0 included); what was written.
+std::vector<std::vector<unsigned char>> fill_random_bytes(const nn::Module& m, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::vector<std::vector<unsigned char>> written;
+  for (auto& [name, b] : m.named_buffers()) {
+    std::vector<unsigned char> bytes(nbytes(b));
+    for (unsigned char& c : bytes) c = static_cast<unsigned char>(gen());
+    std::memcpy(b.data_ptr(), bytes.data(), bytes.size());
+    written.push_back(std::move(bytes));
+  }
+  return written;
+}
+}  // namespace
+
+TEST_CASE("ddp: buffers of six dtypes end bit for bit rank 0's, in one broadcast per dtype, not one per buffer") {
+  if (skip_at_one_rank()) return;
+  manual_seed(43);
+  nn::Sequential model = make_mixed_buffers();
+  const auto group = dist::world();
+  const dist::CollectiveRecord start = group->record();
+  DistributedDataParallel ddp(model, "mixed");
+  // Construction: the f32 parameters travel with the f32 buffers.
+  CHECK(group->record().count - start.count == kMixedGroups);
+  Tensor x = randn({2, 4});
+  for (int step = 0; step < 2; ++step) {
+    CAPTURE(step);
+    const auto expected = fill_random_bytes(*model, 100 * step);  // rank 0's
+    fill_random_bytes(*model, 100 * step + rank());
+    std::vector<int64_t> versions;
+    for (auto& [name, b] : model->named_buffers()) versions.push_back(b.storage()->version());
+    const dist::CollectiveRecord before = group->record();
+    Tensor y = ddp(x);  // the buffers' broadcast, then the forward
+    const dist::CollectiveRecord after = group->record();
+    CHECK(after.count - before.count == kMixedGroups);
+    size_t total = 0;
+    for (auto& [name, b] : model->named_buffers()) total += nbytes(b);
+    CHECK(after.bytes - before.bytes == total);
+    for (const dist::CollectiveInfo& info : after.last_since(before, dist::CollectiveRecord::kDepth))
+      CHECK(info.op == "broadcast");
+    size_t k = 0;
+    for (auto& [name, b] : model->named_buffers()) {
+      CAPTURE(name);
+      CHECK(std::memcmp(b.data_ptr(), expected[k].data(), expected[k].size()) == 0);
+      CHECK(b.storage()->version() > versions[k]);  // what read the old values sees the change
+      ++k;
+    }
+    y.sum().backward();  // makes the buffers stale again
   }
 }
 
