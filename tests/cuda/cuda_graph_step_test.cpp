@@ -143,7 +143,12 @@ TEST_CASE("cuda graphs: GradScaler's refusals in a capture are by name") {
   optim::SGD sgd(net->parameters(), optim::SGDOptions(0.1).momentum(0.9));
   optim::GradScaler scaler;
   const Tensor x = input(0).to(kGpu), y = target(0).to(kGpu);
-  (void)scaler.scale(mse_loss(net->forward(x), y));  // the scale now lives on cuda:0
+  // An eager unscale_ without a step: the scale now lives on cuda:0, the gradients exist (the
+  // capture's backward accumulates into them) and the unscale's chunk table is uploaded, but SGD
+  // has no momentum buffer yet.
+  scaler.scale(mse_loss(net->forward(x), y)).backward();
+  scaler.unscale_(sgd);
+  scaler.update();
   cuda::Graph graph(0);
   graph.capture_begin();
   scaler.scale(mse_loss(net->forward(x), y)).backward();
