@@ -76,6 +76,21 @@ Tensor GradScaler::scale(const Tensor& loss) const {
   return loss * get_scale();
 }
 
+namespace {
+// p's gradient, checked for an in-place unscale (eagerly or in a capture): f32 or f64,
+// contiguous and fit for an in-place write (ops::check_inplace).
+Tensor unscalable_grad(const Tensor& p, const Optimizer& optimizer) {
+  Tensor g = p.grad();
+  ND_CHECK(g.dtype() == kFloat32 || g.dtype() == kFloat64, "GradScaler.unscale_: expected f32 or f64 gradients (",
+           "master weights; f16 autocast keeps parameters and gradients f32), found ", g.describe(), " of parameter ",
+           p.describe(), " in ", optimizer.name());
+  ND_CHECK(g.is_contiguous(), "GradScaler.unscale_: expected a contiguous gradient, found ", g.describe(),
+           " of parameter ", p.describe());
+  ops::check_inplace("GradScaler.unscale_", g, false);
+  return g;
+}
+}  // namespace
+
 void GradScaler::unscale_(Optimizer& optimizer) {
   if (!is_enabled()) return;
   OptimizerState& st = per_optimizer_[&optimizer];
@@ -99,13 +114,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   for (const auto& group : optimizer.param_groups()) {
     for (const Tensor& p : group.params()) {
       if (!p.impl().grad) continue;
-      Tensor g = p.grad();
-      ND_CHECK(g.dtype() == kFloat32 || g.dtype() == kFloat64, "GradScaler.unscale_: expected f32 or f64 gradients (",
-               "master weights; f16 autocast keeps parameters and gradients f32), found ", g.describe(),
-               " of parameter ", p.describe(), " in ", optimizer.name());
-      ND_CHECK(g.is_contiguous(), "GradScaler.unscale_: expected a contiguous gradient, found ", g.describe(),
-               " of parameter ", p.describe());
-      ops::check_inplace("GradScaler.unscale_", g, false);
+      Tensor g = unscalable_grad(p, optimizer);
       if (!g.is_cuda()) {
         const bool bad = ops::dispatch_floating("GradScaler.unscale_", g, [&]<class T>() {
           return kernels::cpu::unscale_grad<T>(g.numel(), g.data_ptr<T>(), static_cast<T>(inv));
@@ -212,16 +221,11 @@ void GradScaler::unscale_on_device(Optimizer& optimizer, OptimizerState& st) {
   for (const auto& group : optimizer.param_groups())
     for (const Tensor& p : group.params()) {
       if (!p.impl().grad) continue;
-      const Tensor g = p.grad();
+      const Tensor g = unscalable_grad(p, optimizer);
       ND_CHECK(g.is_cuda() && on_device_.scale.defined() && g.device() == on_device_.scale.device(),
                "GradScaler.unscale_: cannot capture the unscale of ", g.describe(), " of parameter ", p.describe(),
                " (a CUDA graph captures gradients on the device of the scaler's eager warm-up step, ",
                on_device_.scale.defined() ? on_device_.scale.device().str() : std::string("none yet"), ")");
-      ND_CHECK(g.dtype() == kFloat32 || g.dtype() == kFloat64, "GradScaler.unscale_: expected f32 or f64 gradients, found ",
-               g.describe(), " of parameter ", p.describe(), " in ", optimizer.name());
-      ND_CHECK(g.is_contiguous(), "GradScaler.unscale_: expected a contiguous gradient, found ", g.describe(),
-               " of parameter ", p.describe());
-      ops::check_inplace("GradScaler.unscale_", g, false);
       by_dtype[g.dtype()].push_back(g);
       ops::bump_version(g, "GradScaler.unscale_");
     }
