@@ -70,12 +70,12 @@ DdpModel shapes_model(const std::string& path) {
   return m;
 }
 
+}  // namespace
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
-
-}  // namespace
 
 double Recorder::now() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() - t0_;

@@ -94,4 +94,7 @@ void spread_ready_by_bytes(Profile& profile, const Workload& workload);
 std::vector<std::vector<size_t>> bucket_plan(const Workload& workload, const Profile& profile, size_t model,
                                              double bucket_cap_mb, double first_bucket_cap_mb, ScalarType dtype);
 
+// The middle value of v (the upper one of an even count): the profile's and the hooks' timings.
+double median(std::vector<double> v);
+
 }  // namespace nd::scale
